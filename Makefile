@@ -1,0 +1,69 @@
+# NovelForge Session Runtime — developer entry points.
+#
+#   make setup      venv + PostgreSQL + database (+ Redis, Chromium)   [scripts/bootstrap.sh test]
+#   make run        migrate, collectstatic, load_demo, then daphne on http://$(RUN_HOST):$(RUN_PORT)/
+#   make test       pytest -m "not browser", then pytest -m browser (exit 5 = none collected is OK)
+#   make reconcile  manage.py reconcile_runtimes --loop
+#   make bench      python bench/run.py $(BENCH_ARGS), when bench/run.py exists
+#   make stop-local stop the project-local PostgreSQL/Redis the bootstrap may have started
+#
+# scripts/bootstrap.sh prints `export NAME=value` lines on stdout (logs go to stderr); every
+# recipe evals them, so DATABASE_URL (and TEST_REDIS_URL in test mode) reach Django and pytest.
+# Extra pytest arguments: make test PYTEST_ARGS="-x -k session"
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.ONESHELL:
+.DEFAULT_GOAL := help
+
+VENV        := .venv
+PY          := $(VENV)/bin/python
+MANAGE      := $(PY) manage.py
+PYTEST_ARGS ?=
+BENCH_ARGS  ?=
+RUN_HOST    ?= 127.0.0.1
+RUN_PORT    ?= 8000
+
+# $(call bootstrap,MODE): run the bootstrap, abort on failure, import its exports.
+bootstrap = bootstrap_env="$$(scripts/bootstrap.sh $(1))"; eval "$$bootstrap_env"
+
+.PHONY: help setup run test reconcile bench stop-local
+
+help:
+	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
+
+setup:
+	@$(call bootstrap,test)
+
+run:
+	@$(call bootstrap,run)
+	$(MANAGE) migrate --noinput
+	$(MANAGE) collectstatic --noinput
+	$(MANAGE) load_demo
+	echo "Serving on http://$(RUN_HOST):$(RUN_PORT)/"
+	exec $(VENV)/bin/daphne -b $(RUN_HOST) -p $(RUN_PORT) novelforge_sessions.asgi:application
+
+test:
+	@$(call bootstrap,test)
+	rc_main=0; rc_browser=0
+	# Browser tests run in their own process (sync Playwright and pytest-asyncio do not mix);
+	# they run first so that the main suite's summary is the closing line.
+	echo "== pytest -m browser =="
+	$(PY) -m pytest -m browser $(PYTEST_ARGS) || rc_browser=$$?
+	if [ "$$rc_browser" -eq 5 ]; then echo "(no browser tests collected; treated as success)"; rc_browser=0; fi
+	echo "== pytest -m 'not browser' =="
+	$(PY) -m pytest -m "not browser" $(PYTEST_ARGS) || rc_main=$$?
+	echo "pytest exit codes: not-browser=$$rc_main browser=$$rc_browser"
+	[ "$$rc_main" -eq 0 ] && [ "$$rc_browser" -eq 0 ]
+
+reconcile:
+	@$(call bootstrap,run)
+	exec $(MANAGE) reconcile_runtimes --loop
+
+bench:
+	@if [ ! -f bench/run.py ]; then echo "bench/run.py does not exist yet; nothing to run"; exit 0; fi
+	$(call bootstrap,run)
+	$(PY) bench/run.py $(BENCH_ARGS)
+
+stop-local:
+	@scripts/bootstrap.sh stop

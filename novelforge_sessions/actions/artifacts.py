@@ -1,0 +1,64 @@
+"""Artifacts and their immutable, content-addressed versions.
+
+Adding a version never changes what is current: making a version current is a consequential
+write (a write intent, contract §08). The first version of a new artifact is current.
+"""
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+
+from novelforge_sessions import events
+from novelforge_sessions.access import Caller
+from novelforge_sessions.errors import Conflict, NotFound, ValidationFailed
+from novelforge_sessions.models import Artifact, ArtifactVersion, content_fingerprint
+
+MAX_ARTIFACT_BYTES = 1024 * 1024
+
+
+def _check_content(content: str) -> bytes:
+    data = content.encode()
+    if len(data) > MAX_ARTIFACT_BYTES:
+        raise ValidationFailed(f"content is {len(data)} bytes; at most {MAX_ARTIFACT_BYTES}", field="content")
+    return data
+
+
+def create_artifact(caller: Caller, *, name: str, kind: str, content: str) -> Artifact:
+    caller.require("write")
+    if not name.strip() or len(name) > 200:
+        raise ValidationFailed("name must be 1–200 characters", field="name")
+    data = _check_content(content)
+    project = caller.single_project()
+    try:
+        with transaction.atomic():
+            artifact = Artifact.objects.create(project=project, name=name, kind=kind or "document")
+            version = ArtifactVersion.objects.create(
+                artifact=artifact, number=1, content=content, fingerprint=content_fingerprint(data), created_by=caller.label
+            )
+            artifact.current_version = version
+            artifact.save(update_fields=["current_version"])
+            events.append(
+                project_id=project.id, type="artifact.created", actor=caller.label,
+                payload={"artifact_id": artifact.id, "name": name, "version": 1, "fingerprint": version.fingerprint},
+            )
+    except IntegrityError:
+        raise Conflict("an artifact with this name exists in the project", code="artifact_exists", name=name) from None
+    return artifact
+
+
+def add_artifact_version(caller: Caller, artifact_id: int, *, content: str) -> ArtifactVersion:
+    caller.require("write")
+    data = _check_content(content)
+    with transaction.atomic():
+        try:
+            artifact = Artifact.objects.select_for_update().get(id=artifact_id, project_id__in=caller.project_ids)
+        except Artifact.DoesNotExist:
+            raise NotFound("artifact not found", artifact_id=artifact_id) from None
+        last = artifact.versions.order_by("-number").values_list("number", flat=True).first() or 0
+        version = ArtifactVersion.objects.create(
+            artifact=artifact, number=last + 1, content=content, fingerprint=content_fingerprint(data), created_by=caller.label
+        )
+        events.append(
+            project_id=artifact.project_id, type="artifact.version_added", actor=caller.label,
+            payload={"artifact_id": artifact.id, "version": version.number, "fingerprint": version.fingerprint},
+        )
+    return version

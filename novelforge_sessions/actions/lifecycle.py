@@ -1,0 +1,130 @@
+"""The one place a session's status is written.
+
+``apply_transition`` checks the contract's table (pure core), then applies what the new
+state implies for the session's open run and live runtime. It expects the caller to hold
+the session row lock (``lock_session``) and to be inside ``transaction.atomic()``. It does
+not append events itself: it returns them, and the action appends every event last (see
+``events`` for why).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from novelforge_sessions import events
+from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.access import Caller
+from novelforge_sessions.errors import NotFound, VersionConflict, from_rule_error
+from novelforge_sessions.models import Run, RuntimeAttachment, Session
+
+
+@dataclass
+class Outbox:
+    """Events an action will append, in order, as its last statements."""
+
+    actor: str
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, session: Session, type: str, run_id: int | None = None, **payload: Any) -> None:
+        self.items.append(
+            {"project_id": session.project_id, "session_id": session.id, "run_id": run_id, "type": type, "payload": payload}
+        )
+
+    def flush(self) -> list[int]:
+        return [events.append(actor=self.actor, **item) for item in self.items]
+
+
+def lock_session(caller: Caller, session_id: int) -> Session:
+    """Lock the session row (lock order: session, then its run, then its runtime)."""
+    assert transaction.get_connection().in_atomic_block
+    try:
+        # of=("self",): lock only the session row, not the joined project.
+        return caller.sessions().select_related("project").select_for_update(of=("self",)).get(id=session_id)
+    except Session.DoesNotExist:
+        raise NotFound("session not found", session_id=session_id) from None
+
+
+def check(fn, *args, **kwargs):
+    """Call a pure validator, turning its refusal into a service error."""
+    try:
+        return fn(*args, **kwargs)
+    except rt.RuntimeRuleError as exc:
+        raise from_rule_error(exc) from None
+
+
+def open_run(session: Session, *, lock: bool = True) -> Run | None:
+    qs = Run.objects.filter(session=session, state=rt.RunState.OPEN)
+    if lock:
+        qs = qs.select_for_update()
+    return qs.first()
+
+
+def live_runtime(session: Session, *, lock: bool = True) -> RuntimeAttachment | None:
+    qs = RuntimeAttachment.objects.filter(session=session, state=rt.RuntimeState.LIVE)
+    if lock:
+        qs = qs.select_for_update()
+    return qs.first()
+
+
+def end_run(run: Run, state: rt.RunState, reason: str, outbox: Outbox, session: Session) -> None:
+    run.state = state.value
+    run.end_reason = reason
+    run.ended_at = timezone.now()
+    run.save(update_fields=["state", "end_reason", "ended_at"])
+    outbox.add(session, "run.ended", run_id=run.id, seq=run.seq, state=run.state, reason=reason)
+
+
+def end_runtime(attachment: RuntimeAttachment, state: rt.RuntimeState, reason: str, outbox: Outbox, session: Session) -> None:
+    attachment.state = state.value
+    attachment.end_reason = reason
+    attachment.ended_at = timezone.now()
+    attachment.save(update_fields=["state", "end_reason", "ended_at"])
+    outbox.add(
+        session, f"runtime.{state.value}", runtime_id=attachment.id, generation=attachment.generation, reason=reason
+    )
+
+
+def apply_transition(
+    session: Session,
+    target: str,
+    *,
+    reason: str,
+    outbox: Outbox,
+    expected_version: int | None = None,
+    run_end_state: rt.RunState | None = None,
+    current_run: Run | None | bool = True,
+) -> rt.SessionStatus:
+    """Move a locked session to ``target`` and settle its run/runtime accordingly.
+
+    ``current_run``: the session's open run if the caller already holds it, ``None`` if it
+    knows there is none, or ``True`` (default) to look it up here.
+    """
+    if expected_version is not None and expected_version != session.version:
+        raise VersionConflict(
+            "the session changed since you read it", expected_version=expected_version, version=session.version,
+            status=session.status,
+        )
+    source = rt.SessionStatus(session.status)
+    dst = check(rt.check_transition, source, target)
+
+    leaving_run = source in rt.RUN_HOLDING_STATES and dst not in rt.RUN_HOLDING_STATES
+    if leaving_run:
+        run = open_run(session) if current_run is True else current_run
+        if run is not None:
+            end_run(run, run_end_state or rt.RUN_END_ON_STATUS[dst], reason or dst.value, outbox, session)
+    if dst is rt.SessionStatus.TERMINATED:
+        attachment = live_runtime(session)
+        if attachment is not None:
+            end_runtime(attachment, rt.RuntimeState.CLOSED, "terminated", outbox, session)
+
+    session.status = dst.value
+    session.status_reason = reason
+    session.version += 1
+    session.save(update_fields=["status", "status_reason", "version", "generation", "run_count", "updated_at"])
+    outbox.add(
+        session, "session.transitioned", **{"from": source.value, "to": dst.value, "reason": reason, "version": session.version}
+    )
+    return dst

@@ -1,0 +1,136 @@
+"""Runs: one invocation inside a session (contract §05). At most one open run per session."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.access import Caller
+from novelforge_sessions.actions.lifecycle import (
+    Outbox,
+    apply_transition,
+    check,
+    live_runtime,
+    lock_session,
+    open_run,
+)
+from novelforge_sessions.errors import Conflict, NoLiveRuntime, NotFound, OpenRunExists, ValidationFailed
+from novelforge_sessions.models import Checkpoint, Run, Session
+
+
+def create_run(
+    session: Session, outbox: Outbox, *, task_mode: str, target: str = "", cursor: dict | None = None,
+    frozen_inputs: list | None = None, resumed_from: Checkpoint | None = None,
+) -> Run:
+    """Insert run N+1 for a locked session and move it to ``running``."""
+    session.run_count += 1
+    run = Run.objects.create(
+        session=session,
+        seq=session.run_count,
+        generation=session.generation,
+        task_mode=task_mode,
+        target=target,
+        cursor=cursor or {},
+        frozen_inputs=frozen_inputs or [],
+        resumed_from=resumed_from,
+    )
+    outbox.add(
+        session, "run.started", run_id=run.id, seq=run.seq, generation=run.generation, task_mode=task_mode,
+        cursor=run.cursor, resumed_from_checkpoint=resumed_from.id if resumed_from else None,
+    )
+    apply_transition(session, rt.SessionStatus.RUNNING, reason="run started", outbox=outbox, current_run=None)
+    return run
+
+
+def start_run(
+    caller: Caller, session_id: int, *, task_mode: str | None = None, target: str = "",
+    cursor: dict[str, Any] | None = None, frozen_inputs: list | None = None,
+) -> Run:
+    caller.require("write")
+    if task_mode is not None:
+        check(rt.validate_name, task_mode, "task_mode")
+    if cursor is not None and not isinstance(cursor, dict):
+        raise ValidationFailed("cursor must be a JSON object", field="cursor")
+    check(rt.validate_metadata, {"cursor": cursor, "frozen_inputs": frozen_inputs}, "run", 16 * 1024)
+    with transaction.atomic():
+        session = lock_session(caller, session_id)
+        if live_runtime(session, lock=False) is None:
+            raise NoLiveRuntime("attach a runtime before starting a run", status=session.status)
+        existing = open_run(session, lock=False)
+        if existing is not None:
+            raise OpenRunExists("this session already has an open run", run_id=existing.id, seq=existing.seq)
+        outbox = Outbox(caller.label)
+        run = create_run(
+            session, outbox, task_mode=task_mode or session.task_mode, target=target, cursor=cursor,
+            frozen_inputs=frozen_inputs,
+        )
+        outbox.flush()
+    return run
+
+
+def _lock_run(caller: Caller, run_id: int) -> tuple[Session, Run]:
+    """Lock session then run (the global lock order)."""
+    try:
+        session_id = Run.objects.filter(session__in=caller.sessions()).values_list("session_id", flat=True).get(id=run_id)
+    except Run.DoesNotExist:
+        raise NotFound("run not found", run_id=run_id) from None
+    session = lock_session(caller, session_id)
+    run = Run.objects.select_for_update().get(id=run_id)
+    return session, run
+
+
+def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any]) -> Run:
+    caller.require("write")
+    if not isinstance(cursor, dict) or not cursor:
+        raise ValidationFailed("cursor must be a non-empty JSON object", field="cursor")
+    check(rt.validate_metadata, cursor, "cursor", 8 * 1024)
+    with transaction.atomic():
+        try:
+            run = (
+                Run.objects.select_for_update(of=("self",)).select_related("session")
+                .get(id=run_id, session__in=caller.sessions())
+            )
+        except Run.DoesNotExist:
+            raise NotFound("run not found", run_id=run_id) from None
+        if run.state != rt.RunState.OPEN:
+            raise Conflict("the run has ended", code="run_not_open", state=run.state)
+        run.cursor = cursor
+        run.save(update_fields=["cursor"])
+        outbox = Outbox(caller.label)
+        outbox.add(run.session, "run.cursor_advanced", run_id=run.id, seq=run.seq, cursor=cursor)
+        outbox.flush()
+    return run
+
+
+#: outcome → (run end state, default next session status, allowed next statuses)
+_OUTCOMES = {
+    "completed": (rt.RunState.COMPLETED, rt.SessionStatus.IDLE, {rt.SessionStatus.IDLE, rt.SessionStatus.COMPLETED}),
+    "aborted": (rt.RunState.ABORTED, rt.SessionStatus.IDLE, {rt.SessionStatus.IDLE}),
+    "failed": (rt.RunState.FAILED, rt.SessionStatus.FAILED, {rt.SessionStatus.FAILED}),
+}
+
+
+def end_run(caller: Caller, run_id: int, *, outcome: str, session_status: str | None = None, reason: str = "") -> Run:
+    """End the open run; the session leaves ``running`` for ``idle``/``completed``/``failed``."""
+    caller.require("write")
+    if outcome not in _OUTCOMES:
+        raise ValidationFailed("outcome must be completed, aborted or failed", field="outcome", allowed=sorted(_OUTCOMES))
+    run_state, default_status, allowed = _OUTCOMES[outcome]
+    target = rt.SessionStatus(session_status) if session_status in {s.value for s in rt.SessionStatus} else None
+    if session_status is not None and (target is None or target not in allowed):
+        raise ValidationFailed(
+            f"after a {outcome} run the session may go to {sorted(s.value for s in allowed)}",
+            field="session_status",
+        )
+    with transaction.atomic():
+        session, run = _lock_run(caller, run_id)
+        if run.state != rt.RunState.OPEN:
+            raise Conflict("the run has already ended", code="run_not_open", state=run.state)
+        outbox = Outbox(caller.label)
+        apply_transition(
+            session, target or default_status, reason=reason or f"run {outcome}", outbox=outbox,
+            run_end_state=run_state, current_run=run,
+        )
+        outbox.flush()
+    return run

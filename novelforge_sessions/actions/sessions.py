@@ -1,0 +1,169 @@
+"""Session actions: create, transition, close, abort, forget (seed 003; contract §04).
+
+Resume lives in ``actions/resume.py``: it is a validation act of its own (contract §07).
+Each action: authorize (``caller``), validate (pure core), then one ``transaction.atomic()``
+that locks the session row, writes, and appends its events last.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.access import Caller
+from novelforge_sessions.actions.lifecycle import (
+    Outbox,
+    apply_transition,
+    check,
+    end_runtime,
+    live_runtime,
+    lock_session,
+    open_run,
+)
+from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment
+from novelforge_sessions.errors import LiveRuntimeExists, NoOpenRun
+from novelforge_sessions.models import Session
+
+
+@dataclass(frozen=True)
+class NewSession:
+    role: str
+    memory_policy: str
+    task_mode: str
+    runtime_family: str
+    role_extension: str = ""
+    provider_metadata: dict[str, Any] | None = None
+
+
+def create_session(caller: Caller, spec: NewSession, *, runtime: RuntimeSpec | None = None) -> Session:
+    """Create the durable record (status ``created``), optionally with runtime generation 1."""
+    caller.require("write")
+    valid = check(
+        rt.validate_session_spec,
+        role=spec.role,
+        role_extension=spec.role_extension,
+        memory_policy=spec.memory_policy,
+        task_mode=spec.task_mode,
+        runtime_family=spec.runtime_family,
+    )
+    metadata = check(rt.validate_metadata, spec.provider_metadata, "provider_metadata")
+    project = caller.single_project()
+    with transaction.atomic():
+        session = Session.objects.create(
+            project=project,
+            role=valid.role.value,
+            role_extension=valid.role_extension,
+            memory_policy=valid.memory_policy.value,
+            task_mode=valid.task_mode,
+            runtime_family=valid.runtime_family,
+            provider_metadata=metadata,
+            created_by=caller.label,
+        )
+        outbox = Outbox(caller.label)
+        outbox.add(
+            session, "session.created", role=session.role, memory_policy=session.memory_policy,
+            task_mode=session.task_mode, runtime_family=session.runtime_family, status=session.status,
+        )
+        if runtime is not None:
+            insert_attachment(session, runtime, outbox)
+            session.save(update_fields=["generation"])
+        outbox.flush()
+    return session
+
+
+def transition_session(
+    caller: Caller, session_id: int, target: str, *, reason: str = "", expected_version: int | None = None
+) -> Session:
+    """A client-requested lifecycle change. Entering ``running`` needs a run: use
+    ``start_run`` (from created/idle/failed) or ``resume_session``; from an awaiting state the
+    waiting run simply continues."""
+    caller.require("write")
+    with transaction.atomic():
+        session = lock_session(caller, session_id)
+        run = open_run(session) if session.status in rt.RUN_HOLDING_STATES else None
+        if target == rt.SessionStatus.RUNNING and run is None and rt.is_legal(session.status, target):
+            raise NoOpenRun(
+                "entering running needs a run: start one (POST /sessions/{id}/runs) or resume the session",
+                status=session.status,
+            )
+        outbox = Outbox(caller.label)
+        apply_transition(session, target, reason=reason, outbox=outbox, expected_version=expected_version, current_run=run)
+        outbox.flush()
+    return session
+
+
+@dataclass(frozen=True)
+class CloseResult:
+    session: Session
+    closed_runtime_id: int | None
+
+    @property
+    def already_closed(self) -> bool:
+        return self.closed_runtime_id is None
+
+
+def close_session(caller: Caller, session_id: int, *, reason: str = "closed") -> CloseResult:
+    """End the live runtime generation; keep the record, runs, checkpoints and transcript.
+
+    Idempotent: closing a session with no live runtime changes nothing and writes nothing.
+    A ``running`` session goes ``idle`` (its run is interrupted); a waiting session keeps
+    waiting — it waits on a person or a worker, not on its runtime.
+    """
+    caller.require("write")
+    with transaction.atomic():
+        session = lock_session(caller, session_id)
+        attachment = live_runtime(session)
+        if attachment is None:
+            return CloseResult(session, None)
+        outbox = Outbox(caller.label)
+        if session.status == rt.SessionStatus.RUNNING:
+            apply_transition(session, rt.SessionStatus.IDLE, reason=reason, outbox=outbox, run_end_state=rt.RunState.INTERRUPTED)
+        end_runtime(attachment, rt.RuntimeState.CLOSED, reason, outbox, session)
+        outbox.flush()
+    return CloseResult(session, attachment.id)
+
+
+@dataclass(frozen=True)
+class AbortResult:
+    session: Session
+    run_id: int
+    already_requested: bool
+
+
+def abort_session(caller: Caller, session_id: int, *, reason: str = "abort requested") -> AbortResult:
+    """Cooperatively interrupt the current run: flag it; the runtime sees the flag on its next
+    heartbeat and ends the run (outcome ``aborted``). Not close: the runtime stays live."""
+    caller.require("write")
+    with transaction.atomic():
+        session = lock_session(caller, session_id)
+        run = open_run(session)
+        if run is None:
+            raise NoOpenRun("there is no open run to abort", status=session.status)
+        if run.abort_requested_at is not None:
+            return AbortResult(session, run.id, True)
+        run.abort_requested_at = timezone.now()
+        run.save(update_fields=["abort_requested_at"])
+        outbox = Outbox(caller.label)
+        outbox.add(session, "run.abort_requested", run_id=run.id, seq=run.seq, reason=reason)
+        outbox.flush()
+    return AbortResult(session, run.id, False)
+
+
+def forget_session(caller: Caller, session_id: int) -> None:
+    """Delete the session's record (runs, checkpoints, transcript). Refused while a runtime is live."""
+    caller.require("write")
+    with transaction.atomic():
+        session = lock_session(caller, session_id)
+        attachment = live_runtime(session, lock=False)
+        if attachment is not None:
+            raise LiveRuntimeExists(
+                "close the live runtime before forgetting the session",
+                runtime_id=attachment.id, generation=attachment.generation,
+            )
+        outbox = Outbox(caller.label)
+        outbox.add(session, "session.forgotten", status=session.status, runs=session.run_count)
+        session.delete()
+        outbox.flush()

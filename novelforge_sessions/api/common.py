@@ -1,0 +1,38 @@
+"""Shared pieces of the API routers: declared error responses, pagination, lookups."""
+from __future__ import annotations
+
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest
+
+from novelforge_sessions.access import Caller
+from novelforge_sessions.api.schemas import ErrorOut
+from novelforge_sessions.errors import NotFound
+
+MAX_PAGE = 200
+
+
+def errors(*statuses: int) -> dict[int, type[ErrorOut]]:
+    """Declare the error statuses an endpoint can return (401 always: every route is authed)."""
+    return {status: ErrorOut for status in sorted({401, 422, *statuses})}
+
+
+def caller(request: HttpRequest) -> Caller:
+    return request.auth  # set by TokenAuth
+
+
+def keyset(qs: QuerySet, *, after: int | None, limit: int) -> dict:
+    """Keyset pagination on the primary key: cost stays flat however long the table grows."""
+    limit = max(1, min(limit, MAX_PAGE))
+    if after is not None:
+        qs = qs.filter(id__gt=after)
+    items = list(qs.order_by("id")[: limit + 1])
+    more = len(items) > limit
+    items = items[:limit]
+    return {"items": items, "next_after": items[-1].id if more and items else None}
+
+
+def get_or_404(qs: QuerySet, what: str, **lookup) -> Model:
+    try:
+        return qs.get(**lookup)
+    except qs.model.DoesNotExist:
+        raise NotFound(f"{what} not found", **lookup) from None

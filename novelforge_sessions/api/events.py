@@ -1,0 +1,30 @@
+"""The event log over HTTP: ``GET /api/v1/events?after=<id>`` (keyset; ids are commit-ordered)."""
+from __future__ import annotations
+
+from django.http import HttpRequest
+from ninja import Router
+
+from novelforge_sessions.api.common import caller, errors, keyset
+from novelforge_sessions.api.schemas import EventOut, Page
+from novelforge_sessions.models import Event
+
+router = Router(tags=["events"])
+
+
+@router.get(
+    "/events", response={200: Page[EventOut], **errors(403)},
+    summary="Events after an id, oldest first (filter by session or type)",
+)
+def list_events(
+    request: HttpRequest, after: int | None = None, session_id: int | None = None, type: str | None = None, limit: int = 100
+):
+    who = caller(request)
+    who.require("read")
+    qs = Event.objects.filter(project_id__in=who.project_ids)
+    if who.session_id is not None:
+        qs = qs.filter(session_id=who.session_id)
+    if session_id is not None:
+        qs = qs.filter(session_id=session_id)
+    if type:
+        qs = qs.filter(type=type)
+    return keyset(qs, after=after, limit=limit)

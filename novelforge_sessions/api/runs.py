@@ -1,0 +1,82 @@
+"""Runs and checkpoints."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Router, Status
+
+from novelforge_sessions.actions import runs as actions
+from novelforge_sessions.actions.checkpoints import record_checkpoint
+from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
+from novelforge_sessions.api.schemas import CheckpointIn, CheckpointOut, CursorIn, Page, RunEndIn, RunIn, RunOut
+from novelforge_sessions.models import Checkpoint, Run
+
+router = Router(tags=["runs"])
+
+
+@router.post(
+    "/sessions/{session_id}/runs", response={201: RunOut, **errors(403, 404, 409)},
+    summary="Start a run (needs a live runtime; at most one open run)",
+)
+def start_run(request: HttpRequest, session_id: int, body: RunIn):
+    run = actions.start_run(
+        caller(request), session_id, task_mode=body.task_mode, target=body.target, cursor=body.cursor,
+        frozen_inputs=body.frozen_inputs,
+    )
+    return Status(201, run)
+
+
+@router.get("/sessions/{session_id}/runs", response={200: Page[RunOut], **errors(403, 404)}, summary="List a session's runs")
+def list_runs(request: HttpRequest, session_id: int, state: str | None = None, after: int | None = None, limit: int = 50):
+    who = caller(request)
+    who.require("read")
+    session = get_or_404(who.sessions(), "session", id=session_id)
+    qs = Run.objects.filter(session=session)
+    if state:
+        qs = qs.filter(state=state)
+    return keyset(qs, after=after, limit=limit)
+
+
+@router.get("/runs/{run_id}", response={200: RunOut, **errors(403, 404)}, summary="Get a run")
+def get_run(request: HttpRequest, run_id: int):
+    who = caller(request)
+    who.require("read")
+    return get_or_404(Run.objects.filter(session__in=who.sessions()), "run", id=run_id)
+
+
+@router.post("/runs/{run_id}/cursor", response={200: RunOut, **errors(403, 404, 409)}, summary="Advance the workflow cursor")
+def advance_cursor(request: HttpRequest, run_id: int, body: CursorIn):
+    return actions.advance_cursor(caller(request), run_id, body.cursor)
+
+
+@router.post(
+    "/runs/{run_id}/end", response={200: RunOut, **errors(403, 404, 409)},
+    summary="End the open run (the session goes idle, completed or failed)",
+)
+def end_run(request: HttpRequest, run_id: int, body: RunEndIn):
+    return actions.end_run(caller(request), run_id, outcome=body.outcome, session_status=body.session_status, reason=body.reason)
+
+
+@router.post(
+    "/runs/{run_id}/checkpoints", response={201: CheckpointOut, **errors(403, 404, 409, 413)},
+    summary="Record a bounded checkpoint (422 checkpoint_not_bounded for transcript-like or oversized bodies)",
+)
+def create_checkpoint(request: HttpRequest, run_id: int, body: CheckpointIn):
+    payload: dict[str, Any] = body.model_dump(exclude_unset=True)
+    return Status(201, record_checkpoint(caller(request), run_id, payload))
+
+
+@router.get("/runs/{run_id}/checkpoints", response={200: Page[CheckpointOut], **errors(403, 404)}, summary="List a run's checkpoints")
+def list_checkpoints(request: HttpRequest, run_id: int, after: int | None = None, limit: int = 50):
+    who = caller(request)
+    who.require("read")
+    run = get_or_404(Run.objects.filter(session__in=who.sessions()), "run", id=run_id)
+    return keyset(Checkpoint.objects.filter(run=run), after=after, limit=limit)
+
+
+@router.get("/checkpoints/{checkpoint_id}", response={200: CheckpointOut, **errors(403, 404)}, summary="Get a checkpoint")
+def get_checkpoint(request: HttpRequest, checkpoint_id: int):
+    who = caller(request)
+    who.require("read")
+    return get_or_404(Checkpoint.objects.filter(session__in=who.sessions()), "checkpoint", id=checkpoint_id)

@@ -1,0 +1,296 @@
+"""Request and response schemas of the agent API (pydantic, via django-ninja)."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from ninja import Field, Schema
+from pydantic import ConfigDict
+
+from novelforge_sessions import session_runtime as rt
+
+T = TypeVar("T")
+
+StatusName = Literal[tuple(s.value for s in rt.SessionStatus)]  # type: ignore[valid-type]
+Role = Literal[tuple(r.value for r in rt.SessionRole)]  # type: ignore[valid-type]
+Memory = Literal[tuple(m.value for m in rt.MemoryPolicy)]  # type: ignore[valid-type]
+Boundary = Literal[tuple(b.value for b in rt.CheckpointBoundary)]  # type: ignore[valid-type]
+
+
+class Strict(Schema):
+    """Inputs refuse unknown fields: a typo is an error, not a silently ignored value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(Schema):
+    code: str
+    message: str
+    details: dict[str, Any] = {}
+
+
+class ErrorOut(Schema):
+    error: ErrorBody
+
+
+class Page(Schema, Generic[T]):
+    items: list[T]
+    next_after: int | None = Field(None, description="pass as `after` to get the next page; null at the end")
+
+
+# ---- projects & artifacts -------------------------------------------------------------
+class ProjectOut(Schema):
+    id: int
+    slug: str
+    name: str
+    authority_version: int
+    lock_fingerprint: str
+    framework_version: str
+    requires_write_approval: bool
+
+
+class ArtifactIn(Strict):
+    name: str = Field(..., max_length=200)
+    kind: str = Field("document", max_length=64)
+    content: str
+
+
+class ArtifactVersionIn(Strict):
+    content: str
+
+
+class ArtifactVersionOut(Schema):
+    id: int
+    artifact_id: int
+    number: int
+    fingerprint: str
+    created_at: datetime
+
+
+class ArtifactVersionContentOut(ArtifactVersionOut):
+    content: str
+
+
+class ArtifactOut(Schema):
+    id: int
+    name: str
+    kind: str
+    current_version_id: int | None
+    current_fingerprint: str | None = None
+    created_at: datetime
+
+
+# ---- sessions ---------------------------------------------------------------------------
+class RuntimeIn(Strict):
+    runtime_family: str = Field(..., max_length=64, examples=["claude-code"])
+    capabilities: list[str] = Field(default_factory=list, examples=[["draft", "review"]])
+    provider_metadata: dict[str, Any] | None = Field(None, description="metadata only; never a key, never authority")
+    lease_seconds: int | None = Field(None, ge=1, le=3600)
+
+
+class SessionIn(Strict):
+    role: Role
+    role_extension: str = Field("", max_length=64, description="required with role `other`, forbidden otherwise")
+    memory_policy: Memory
+    task_mode: str = Field(..., max_length=64, examples=["drafting"])
+    runtime_family: str = Field(..., max_length=64, examples=["claude-code"])
+    provider_metadata: dict[str, Any] | None = Field(None, description="provider thread ids etc.: metadata only")
+    runtime: RuntimeIn | None = Field(None, description="attach runtime generation 1 in the same transaction")
+
+
+class SessionOut(Schema):
+    id: int
+    project_id: int
+    role: str
+    role_extension: str
+    memory_policy: str
+    task_mode: str
+    runtime_family: str
+    provider_metadata: dict[str, Any]
+    status: str
+    status_reason: str
+    version: int
+    generation: int
+    run_count: int
+    transcript_length: int
+    open_conflict: str
+    created_at: datetime
+    updated_at: datetime
+    allowed_transitions: list[str]
+
+    @staticmethod
+    def resolve_allowed_transitions(obj: Any) -> list[str]:
+        return sorted(t.value for t in rt.allowed_targets(obj.status))
+
+
+class TransitionIn(Strict):
+    to: StatusName
+    reason: str = Field("", max_length=200)
+    expected_version: int | None = Field(None, description="refuse with version_conflict if the session moved on")
+
+
+class ReasonIn(Strict):
+    reason: str = Field("", max_length=200)
+
+
+class CloseOut(Schema):
+    session: SessionOut
+    already_closed: bool
+    closed_runtime_id: int | None
+
+
+class AbortOut(Schema):
+    session: SessionOut
+    run_id: int
+    already_requested: bool
+
+
+class ResumeIn(Strict):
+    runtime: RuntimeIn
+    checkpoint_id: int | None = Field(None, description="default: the session's latest checkpoint")
+    dry_run: bool = False
+
+
+class ResumeStepOut(Schema):
+    step: str
+    ok: bool
+    detail: str
+    data: dict[str, Any]
+    repair: str | None
+
+
+class ResumeReportOut(Schema):
+    ok: bool
+    dry_run: bool
+    session_id: int
+    checkpoint_id: int | None
+    steps: list[ResumeStepOut]
+    repairs: list[str]
+    generation: int | None
+    runtime_id: int | None
+    run_id: int | None
+
+
+# ---- runtimes -----------------------------------------------------------------------------
+class RuntimeOut(Schema):
+    id: int
+    session_id: int
+    generation: int
+    runtime_family: str
+    capabilities: list[str]
+    provider_metadata: dict[str, Any]
+    state: str
+    lease_seconds: int
+    lease_expires_at: datetime
+    heartbeat_at: datetime
+    attached_at: datetime
+    ended_at: datetime | None
+    end_reason: str
+
+
+class HeartbeatIn(Strict):
+    lease_seconds: int | None = Field(None, ge=1, le=3600)
+
+
+class HeartbeatOut(Schema):
+    runtime_id: int
+    session_id: int
+    lease_expires_at: datetime
+    open_run_id: int | None
+    abort_requested: bool = Field(..., description="the open run was asked to stop: end it with outcome `aborted`")
+
+
+# ---- runs & checkpoints -------------------------------------------------------------------
+class RunIn(Strict):
+    task_mode: str | None = Field(None, max_length=64)
+    target: str = Field("", max_length=200)
+    cursor: dict[str, Any] | None = None
+    frozen_inputs: list[Any] | None = None
+
+
+class RunOut(Schema):
+    id: int
+    session_id: int
+    seq: int
+    generation: int
+    task_mode: str
+    target: str
+    cursor: dict[str, Any]
+    frozen_inputs: list[Any]
+    state: str
+    end_reason: str
+    abort_requested_at: datetime | None
+    resumed_from_id: int | None
+    checkpoint_count: int
+    started_at: datetime
+    ended_at: datetime | None
+
+
+class CursorIn(Strict):
+    cursor: dict[str, Any]
+
+
+class RunEndIn(Strict):
+    outcome: Literal["completed", "aborted", "failed"]
+    session_status: Literal["idle", "completed", "failed"] | None = None
+    reason: str = Field("", max_length=200)
+
+
+class ArtifactRefIn(Strict):
+    artifact_id: int
+    fingerprint: str
+
+
+class CheckpointIn(Schema):
+    """Validated by the pure core; unknown keys are checked for transcript content, then refused."""
+
+    boundary: Boundary
+    cursor: dict[str, Any]
+    artifacts: list[ArtifactRefIn] = Field(default_factory=list)
+    authority: dict[str, Any] | None = Field(None, description="the refs you froze against; must equal current")
+    pending: dict[str, Any] = Field(default_factory=dict)
+    approvals: list[Any] = Field(default_factory=list)
+    resume_policy: str = "revalidate"
+
+    model_config = ConfigDict(extra="allow")
+
+
+class CheckpointOut(Schema):
+    id: int
+    session_id: int
+    run_id: int
+    seq: int
+    boundary: str
+    cursor: dict[str, Any]
+    artifacts: list[dict[str, Any]]
+    authority: dict[str, Any]
+    pending: dict[str, Any]
+    approvals: list[Any]
+    resume_policy: str
+    schema_version: int
+    size_bytes: int
+    created_at: datetime
+
+
+class TranscriptIn(Strict):
+    role: Literal["user", "assistant", "system", "tool"]
+    content: str
+
+
+class TranscriptOut(Schema):
+    seq: int
+    role: str
+    content: str
+    created_at: datetime
+
+
+# ---- events -----------------------------------------------------------------------------------
+class EventOut(Schema):
+    id: int
+    project_id: int
+    session_id: int | None
+    run_id: int | None
+    type: str
+    payload: dict[str, Any]
+    actor: str
+    created_at: datetime

@@ -1,0 +1,112 @@
+"""The event log: appended inside the writing transaction, broadcast after commit.
+
+Ordering guarantee. A plain ``bigserial`` hands out ids at insert time, so a transaction
+that got id 7 may commit after one that got id 8; a reader who saw 8 and remembers "after
+8" would never see 7. To make ids visible in commit order, every insert here first takes
+one transaction-scoped advisory lock (``pg_advisory_xact_lock``), held until commit. So a
+writer can only draw ids once every earlier id-holder has committed or rolled back, and
+``after=<id>`` replay has no gaps. The price is that writers serialise from their first
+event insert to their commit: actions therefore append their events *last*, right before
+the transaction commits (the lock is held for one insert and the commit).
+
+Broadcast. After commit, one wake-up per transaction and project goes to the channel layer
+group ``events.project.<id>``; subscribers then read the table. The channel layer is
+at-most-once and only a wake-up; the table is the truth (PITFALLS.md).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection, transaction
+
+from novelforge_sessions.models import Event
+
+log = logging.getLogger("novelforge.events")
+
+#: Arbitrary constant: "NFSE". One lock for the whole log (ids are global).
+EVENT_LOG_LOCK = 0x4E465345
+
+
+def project_group(project_id: int) -> str:
+    return f"events.project.{project_id}"
+
+
+class _Wakeup:
+    """One per transaction: collects the projects touched and the highest id, sends once."""
+
+    def __init__(self) -> None:
+        self.max_ids: dict[int, int] = {}
+
+    def add(self, project_id: int, event_id: int) -> None:
+        self.max_ids[project_id] = max(event_id, self.max_ids.get(project_id, 0))
+
+    def __call__(self) -> None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        for project_id, max_id in self.max_ids.items():
+            try:
+                async_to_sync(layer.group_send)(
+                    project_group(project_id), {"type": "events.wakeup", "project_id": project_id, "max_id": max_id}
+                )
+            except Exception:  # a lost wake-up is recoverable: readers replay from the table
+                log.warning("event wake-up for project %s failed", project_id, exc_info=True)
+
+
+def _current_wakeup() -> _Wakeup:
+    for _sids, func, _robust in connection.run_on_commit:
+        if isinstance(func, _Wakeup):
+            return func
+    wakeup = _Wakeup()
+    transaction.on_commit(wakeup, robust=True)
+    return wakeup
+
+
+_INSERT = (
+    f"WITH l AS (SELECT pg_advisory_xact_lock({EVENT_LOG_LOCK})) "
+    f"INSERT INTO {Event._meta.db_table} (project_id, session_id, run_id, type, payload, actor, created_at) "
+    "SELECT %s, %s, %s, %s, %s::jsonb, %s, now() FROM l RETURNING id"
+)
+
+
+def append(
+    *,
+    project_id: int,
+    type: str,
+    session_id: int | None = None,
+    run_id: int | None = None,
+    payload: dict[str, Any] | None = None,
+    actor: str = "",
+) -> int:
+    """Append one event in the current transaction and return its id.
+
+    Must be called inside ``transaction.atomic()``; call it after the change it records.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("events.append must run inside the writing transaction")
+    body = json.dumps(payload or {}, cls=DjangoJSONEncoder)
+    with connection.cursor() as cur:
+        cur.execute(_INSERT, [project_id, session_id, run_id, type, body, actor])
+        event_id = cur.fetchone()[0]
+    _current_wakeup().add(project_id, event_id)
+    log.info("event %s %s project=%s session=%s run=%s actor=%s", event_id, type, project_id, session_id, run_id, actor)
+    return event_id
+
+
+def serialize(event: Event) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "project_id": event.project_id,
+        "session_id": event.session_id,
+        "run_id": event.run_id,
+        "type": event.type,
+        "payload": event.payload,
+        "actor": event.actor,
+        "created_at": event.created_at.isoformat(),
+    }

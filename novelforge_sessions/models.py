@@ -1,0 +1,322 @@
+"""Durable records of the Session Runtime (DESIGN §3).
+
+Identities are kept apart on purpose (contract §01, §13.1): a Project is not a Session, a
+Session is not a Run, a Run is not a Checkpoint. Provider-native ids live in
+``provider_metadata`` JSON and nothing keys on them (§13.2).
+
+Statuses are never assigned directly: every status write goes through
+``session_runtime.check_transition`` inside an action (``novelforge_sessions/actions``).
+The database enforces what it can: enums, one live runtime and one open run per session,
+unique sequence numbers.
+"""
+from __future__ import annotations
+
+import hashlib
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from novelforge_sessions import session_runtime as rt
+
+
+def _choices(enum: type) -> list[tuple[str, str]]:
+    return [(m.value, m.value) for m in enum]
+
+
+def _in_enum(field: str, enum: type) -> Q:
+    return Q(**{f"{field}__in": [m.value for m in enum]})
+
+
+def content_fingerprint(content: bytes) -> str:
+    """Server-computed content address of an artifact version: ``sha256:<hex>`` of its bytes."""
+    return "sha256:" + hashlib.sha256(content).hexdigest()
+
+
+class Project(models.Model):
+    """The durable novel or framework being worked on; carries its authority (Canon) refs."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    # Authority: only an approved write changes these (contract §13.7).
+    authority_version = models.PositiveIntegerField(default=1)
+    lock_fingerprint = models.CharField(max_length=80, default="")
+    framework_version = models.CharField(max_length=64, default="1")
+    requires_write_approval = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    def authority_ref(self) -> dict:
+        return {
+            "authority_version": self.authority_version,
+            "lock_fingerprint": self.lock_fingerprint,
+            "framework_version": self.framework_version,
+        }
+
+
+class Membership(models.Model):
+    """A human's role in a project: managers supervise, reviewers review (DESIGN §10)."""
+
+    class Role(models.TextChoices):
+        MANAGER = "manager"
+        REVIEWER = "reviewer"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "project", "role"], name="membership_unique"),
+            models.CheckConstraint(condition=Q(role__in=["manager", "reviewer"]), name="membership_role_enum"),
+        ]
+
+
+class Artifact(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="artifacts")
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=64, default="document")
+    current_version = models.ForeignKey(
+        "ArtifactVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="artifact_name_unique_per_project")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ArtifactVersion(models.Model):
+    """Immutable, content-addressed. Created once, never updated (no API or admin edits it)."""
+
+    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    content = models.TextField()
+    fingerprint = models.CharField(max_length=71, db_index=True)
+    created_by = models.CharField(max_length=200, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["artifact_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["artifact", "number"], name="artifact_version_number_unique"),
+            models.CheckConstraint(condition=Q(fingerprint__regex=r"^sha256:[0-9a-f]{64}$"), name="artifact_version_fp_format"),
+        ]
+
+
+class Session(models.Model):
+    """A resumable execution container (contract §01). Role is responsibility, not authority."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="sessions")
+    role = models.CharField(max_length=32, choices=_choices(rt.SessionRole))
+    role_extension = models.CharField(max_length=64, blank=True, default="")
+    memory_policy = models.CharField(max_length=32, choices=_choices(rt.MemoryPolicy))
+    task_mode = models.CharField(max_length=64)
+    runtime_family = models.CharField(max_length=64)
+    # Provider-native thread/conversation ids: metadata only, never a key (contract §13.2).
+    provider_metadata = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=32, choices=_choices(rt.SessionStatus), default=rt.SessionStatus.CREATED.value)
+    status_reason = models.CharField(max_length=200, blank=True, default="")
+    # Bumped by every status change: the optimistic-concurrency token clients may send.
+    version = models.PositiveIntegerField(default=1)
+    # Last runtime generation handed out (seed 003's runtime_generation).
+    generation = models.PositiveIntegerField(default=0)
+    run_count = models.PositiveIntegerField(default=0)
+    transcript_length = models.PositiveIntegerField(default=0)
+    # An open hard-stop flag (e.g. a conflicting result where the table forbids `failed`).
+    open_conflict = models.CharField(max_length=200, blank=True, default="")
+    created_by = models.CharField(max_length=200, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["project", "status", "id"], name="session_project_status"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=_in_enum("status", rt.SessionStatus), name="session_status_enum"),
+            models.CheckConstraint(condition=_in_enum("role", rt.SessionRole), name="session_role_enum"),
+            models.CheckConstraint(condition=_in_enum("memory_policy", rt.MemoryPolicy), name="session_memory_policy_enum"),
+            # role `other` only with an explicit extension name (contract §02).
+            models.CheckConstraint(
+                condition=(Q(role="other") & ~Q(role_extension="")) | (~Q(role="other") & Q(role_extension="")),
+                name="session_role_extension_only_for_other",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"session {self.pk} ({self.role}, {self.status})"
+
+
+class RuntimeAttachment(models.Model):
+    """One live process/chat/worker serving a session for one generation (seed 003 SessionProcess)."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runtimes")
+    generation = models.PositiveIntegerField()
+    runtime_family = models.CharField(max_length=64)
+    capabilities = models.JSONField(default=list, blank=True)
+    provider_metadata = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=_choices(rt.RuntimeState), default=rt.RuntimeState.LIVE.value)
+    lease_seconds = models.PositiveIntegerField()
+    lease_expires_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    attached_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["lease_expires_at"], condition=Q(state="live"), name="runtime_live_lease"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=_in_enum("state", rt.RuntimeState), name="runtime_state_enum"),
+            # At most one live runtime per session: two executors never write one history.
+            models.UniqueConstraint(fields=["session"], condition=Q(state="live"), name="one_live_runtime_per_session"),
+            models.UniqueConstraint(fields=["session", "generation"], name="runtime_generation_unique"),
+        ]
+
+
+class Run(models.Model):
+    """One invocation inside a session (contract §05)."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runs")
+    seq = models.PositiveIntegerField()
+    generation = models.PositiveIntegerField()
+    task_mode = models.CharField(max_length=64)
+    target = models.CharField(max_length=200, blank=True, default="")
+    cursor = models.JSONField(default=dict, blank=True)
+    frozen_inputs = models.JSONField(default=list, blank=True)
+    pending_external = models.JSONField(default=list, blank=True)
+    state = models.CharField(max_length=16, choices=_choices(rt.RunState), default=rt.RunState.OPEN.value)
+    end_reason = models.CharField(max_length=200, blank=True, default="")
+    abort_requested_at = models.DateTimeField(null=True, blank=True)
+    resumed_from = models.ForeignKey("Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    checkpoint_count = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(condition=_in_enum("state", rt.RunState), name="run_state_enum"),
+            models.UniqueConstraint(fields=["session", "seq"], name="run_seq_unique_per_session"),
+            # At most one open run per session.
+            models.UniqueConstraint(fields=["session"], condition=Q(state="open"), name="one_open_run_per_session"),
+        ]
+
+
+class Checkpoint(models.Model):
+    """A validated cursor plus fingerprints and preconditions (contract §06). Immutable."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="checkpoints")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    seq = models.PositiveIntegerField()
+    boundary = models.CharField(max_length=40, choices=_choices(rt.CheckpointBoundary))
+    cursor = models.JSONField()
+    artifacts = models.JSONField(default=list, blank=True)
+    authority = models.JSONField(default=dict)
+    pending = models.JSONField(default=dict, blank=True)
+    approvals = models.JSONField(default=list, blank=True)
+    resume_policy = models.CharField(max_length=64, default="revalidate")
+    schema_version = models.PositiveSmallIntegerField(default=rt.CHECKPOINT_SCHEMA_VERSION)
+    size_bytes = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["session", "id"], name="checkpoint_session_id")]
+        constraints = [
+            models.CheckConstraint(condition=_in_enum("boundary", rt.CheckpointBoundary), name="checkpoint_boundary_enum"),
+            models.UniqueConstraint(fields=["run", "seq"], name="checkpoint_seq_unique_per_run"),
+        ]
+
+
+class TranscriptEntry(models.Model):
+    """Per-session, append-only, bounded. Not memory, not authority (seed 003)."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="transcript")
+    seq = models.PositiveIntegerField()
+    role = models.CharField(max_length=16)
+    content = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["session_id", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "seq"], name="transcript_seq_unique_per_session"),
+            models.CheckConstraint(condition=Q(role__in=["user", "assistant", "system", "tool"]), name="transcript_role_enum"),
+        ]
+
+
+class Event(models.Model):
+    """The append-only log: every state change, in the same transaction as the change.
+
+    ``id`` is global and monotonic, and — because inserts take a transaction-scoped advisory
+    lock held to commit (see ``events.append``) — ids become visible in commit order, so a
+    reader that has seen id N will never later discover a committed id below N.
+    ``session_id``/``run_id`` are plain columns, not foreign keys: the log outlives a
+    forgotten session.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="events")
+    session_id = models.BigIntegerField(null=True, blank=True)
+    run_id = models.BigIntegerField(null=True, blank=True)
+    type = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict)
+    actor = models.CharField(max_length=200, default="")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["project", "id"], name="event_project_id"),
+            models.Index(fields=["session_id", "id"], name="event_session_id"),
+        ]
+
+
+class ApiToken(models.Model):
+    """A bearer token for agents: hashed at rest, scoped to a project and permissions.
+
+    Only the SHA-256 of the token is stored. Tokens are 256-bit random values, so a fast hash
+    is enough (no password stretching needed); the plaintext is shown once at creation.
+    """
+
+    class Permission(models.TextChoices):
+        READ = "read"  # list/get everything in the project
+        WRITE = "write"  # sessions, runtimes, runs, checkpoints, transcript
+        WORK = "work"  # claim handoffs, deliver results (workers)
+        APPROVE = "approve"  # approve write intents, mark stale (managers)
+        REVIEW = "review"  # claim review packets, submit verdicts (agent reviewers)
+
+    name = models.CharField(max_length=200)
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tokens")
+    session = models.ForeignKey(Session, null=True, blank=True, on_delete=models.CASCADE, related_name="tokens")
+    key_hash = models.CharField(max_length=64, unique=True)
+    key_prefix = models.CharField(max_length=16)
+    permissions = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.key_prefix}…)"
+
+    @staticmethod
+    def hash_key(raw: str) -> str:
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def has(self, permission: str) -> bool:
+        return permission in self.permissions

@@ -1,0 +1,414 @@
+"""The Session Runtime contract's deterministic core (contract §04–§06, §11).
+
+This module owns the lifecycle table and the validation of session, run and checkpoint
+payloads. It imports nothing from Django and does no I/O, so every rule here is testable in
+microseconds and the same input always yields the same result or the same typed error.
+
+Every write of a session status in the service goes through :func:`check_transition`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class SessionStatus(StrEnum):
+    CREATED = "created"
+    RUNNING = "running"
+    IDLE = "idle"
+    AWAITING_USER = "awaiting_user"
+    AWAITING_EXTERNAL = "awaiting_external"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TERMINATED = "terminated"
+    STALE = "stale"
+
+
+S = SessionStatus
+
+#: Contract §04, exactly. Anything not listed is illegal.
+LIFECYCLE: Mapping[SessionStatus, frozenset[SessionStatus]] = {
+    S.CREATED: frozenset({S.RUNNING}),
+    S.RUNNING: frozenset(
+        {S.IDLE, S.AWAITING_USER, S.AWAITING_EXTERNAL, S.COMPLETED, S.FAILED, S.TERMINATED, S.STALE}
+    ),
+    S.IDLE: frozenset({S.RUNNING, S.COMPLETED, S.TERMINATED, S.STALE}),
+    S.AWAITING_USER: frozenset({S.RUNNING, S.FAILED, S.TERMINATED, S.STALE}),
+    S.AWAITING_EXTERNAL: frozenset({S.RUNNING, S.FAILED, S.TERMINATED, S.STALE}),
+    S.FAILED: frozenset({S.RUNNING, S.TERMINATED, S.STALE}),
+    S.COMPLETED: frozenset({S.STALE}),
+    S.STALE: frozenset({S.TERMINATED}),
+    S.TERMINATED: frozenset(),
+}
+
+#: States that hold an open run (the run is executing or waiting inside the session).
+RUN_HOLDING_STATES = frozenset({S.RUNNING, S.AWAITING_USER, S.AWAITING_EXTERNAL})
+#: No exit at all.
+TERMINAL_STATES = frozenset(s for s, targets in LIFECYCLE.items() if not targets)
+
+
+class SessionRole(StrEnum):
+    MANAGER = "manager"
+    WRITER = "writer"
+    SPECIALIST = "specialist"
+    SEMANTIC_REVIEWER = "semantic_reviewer"
+    HUMAN_REVIEWER = "human_reviewer"
+    OTHER = "other"
+
+
+class MemoryPolicy(StrEnum):
+    NONE = "none"
+    BOUNDED = "bounded"
+    SESSION = "session"
+    EXTERNAL = "external"
+    CHECKPOINT_ONLY = "checkpoint_only"
+
+
+class CheckpointBoundary(StrEnum):
+    """Contract §06: the places where repeating or forgetting work would be dangerous."""
+
+    CONTEXT_FREEZE = "context_freeze"
+    CANDIDATE_FROZEN = "candidate_frozen"
+    USER_WAIT = "user_wait"
+    EXTERNAL_WAIT = "external_wait"
+    BEFORE_CONSEQUENTIAL_WRITE = "before_consequential_write"
+    AFTER_EXTERNAL_RESULT = "after_external_result"
+    BEFORE_CANON_SETTLEMENT = "before_canon_settlement"
+    BEFORE_LONG_HANDOFF = "before_long_handoff"
+
+
+class RunState(StrEnum):
+    OPEN = "open"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABORTED = "aborted"
+    INTERRUPTED = "interrupted"
+    TERMINATED = "terminated"
+
+
+class RuntimeState(StrEnum):
+    LIVE = "live"
+    CLOSED = "closed"
+    LOST = "lost"
+
+
+#: When a session leaves the run-holding states, its open run ends with this state.
+RUN_END_ON_STATUS: Mapping[SessionStatus, RunState] = {
+    S.IDLE: RunState.COMPLETED,
+    S.COMPLETED: RunState.COMPLETED,
+    S.FAILED: RunState.FAILED,
+    S.TERMINATED: RunState.TERMINATED,
+    S.STALE: RunState.INTERRUPTED,
+}
+
+CHECKPOINT_SCHEMA_VERSION = 1
+
+
+# --------------------------------------------------------------------------------------
+# Errors: pure, carrying a code; the service maps them onto HTTP statuses.
+# --------------------------------------------------------------------------------------
+class RuntimeRuleError(Exception):
+    """A deterministic refusal: the same input always produces the same code and details."""
+
+    code = "rule_violation"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class IllegalTransition(RuntimeRuleError):
+    code = "illegal_transition"
+
+
+class InvalidPayload(RuntimeRuleError):
+    code = "validation_error"
+
+
+class CheckpointNotBounded(RuntimeRuleError):
+    code = "checkpoint_not_bounded"
+
+
+def _coerce_status(value: str | SessionStatus, field_name: str) -> SessionStatus:
+    try:
+        return SessionStatus(value)
+    except ValueError:
+        raise InvalidPayload(
+            f"{field_name} {value!r} is not a lifecycle state",
+            field=field_name,
+            allowed=[s.value for s in SessionStatus],
+        ) from None
+
+
+def allowed_targets(current: str | SessionStatus) -> frozenset[SessionStatus]:
+    return LIFECYCLE[_coerce_status(current, "from")]
+
+
+def is_legal(current: str | SessionStatus, target: str | SessionStatus) -> bool:
+    return _coerce_status(target, "to") in allowed_targets(current)
+
+
+def check_transition(current: str | SessionStatus, target: str | SessionStatus) -> SessionStatus:
+    """Return the target state if the contract's table allows ``current → target``.
+
+    Raises :class:`IllegalTransition` otherwise. Self-transitions are illegal too: the table
+    lists none, and a "no-op" transition would hide a client's confused state.
+    """
+    src = _coerce_status(current, "from")
+    dst = _coerce_status(target, "to")
+    if dst not in LIFECYCLE[src]:
+        raise IllegalTransition(
+            f"{src.value} → {dst.value} is not a legal session transition",
+            **{"from": src.value, "to": dst.value, "allowed": sorted(t.value for t in LIFECYCLE[src])},
+        )
+    return dst
+
+
+def check_table() -> None:
+    """Structural checks of the table (used by tests and at import in DEBUG)."""
+    states = set(SessionStatus)
+    assert set(LIFECYCLE) == states, "every state has a row"
+    reachable = {S.CREATED}
+    frontier = [S.CREATED]
+    while frontier:
+        for nxt in LIFECYCLE[frontier.pop()]:
+            if nxt not in reachable:
+                reachable.add(nxt)
+                frontier.append(nxt)
+    assert reachable == states, f"unreachable: {states - reachable}"
+
+
+# --------------------------------------------------------------------------------------
+# Session payloads
+# --------------------------------------------------------------------------------------
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_.:-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    role: SessionRole
+    role_extension: str
+    memory_policy: MemoryPolicy
+    task_mode: str
+    runtime_family: str
+
+
+def validate_session_spec(
+    *, role: str, role_extension: str | None, memory_policy: str, task_mode: str, runtime_family: str
+) -> SessionSpec:
+    try:
+        role_v = SessionRole(role)
+    except ValueError:
+        raise InvalidPayload(
+            f"role {role!r} is not a session role", field="role", allowed=[r.value for r in SessionRole]
+        ) from None
+    try:
+        memory_v = MemoryPolicy(memory_policy)
+    except ValueError:
+        raise InvalidPayload(
+            f"memory_policy {memory_policy!r} is not a memory policy",
+            field="memory_policy",
+            allowed=[m.value for m in MemoryPolicy],
+        ) from None
+    ext = (role_extension or "").strip()
+    if role_v is SessionRole.OTHER and not ext:
+        raise InvalidPayload("role 'other' needs an explicit role_extension name", field="role_extension")
+    if role_v is not SessionRole.OTHER and ext:
+        raise InvalidPayload("role_extension is only allowed with role 'other'", field="role_extension")
+    if ext and not _NAME_RE.match(ext):
+        raise InvalidPayload(
+            "role_extension must be a short lowercase name ([a-z][a-z0-9_.:-]*)", field="role_extension"
+        )
+    validate_name(task_mode, "task_mode")
+    validate_name(runtime_family, "runtime_family")
+    return SessionSpec(role_v, ext, memory_v, task_mode, runtime_family)
+
+
+def validate_name(value: Any, field_name: str) -> str:
+    """Short machine names: task modes, runtime families, capabilities, policies."""
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise InvalidPayload(f"{field_name} must be a short lowercase name ([a-z][a-z0-9_.:-]*)", field=field_name)
+    return value
+
+
+def validate_capabilities(capabilities: Iterable[str]) -> list[str]:
+    caps = sorted(set(capabilities))
+    for cap in caps:
+        if not _NAME_RE.match(cap):
+            raise InvalidPayload(f"capability {cap!r} must be a short lowercase name", field="capabilities")
+    if len(caps) > 64:
+        raise InvalidPayload("at most 64 capabilities", field="capabilities")
+    return caps
+
+
+def json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+
+
+def validate_metadata(value: Mapping[str, Any] | None, field_name: str, max_bytes: int = 8 * 1024) -> dict:
+    """Provider metadata and similar free-form maps: bounded, JSON objects, stored as-is."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidPayload(f"{field_name} must be a JSON object", field=field_name)
+    size = json_size(value)
+    if size > max_bytes:
+        raise InvalidPayload(
+            f"{field_name} is {size} bytes; at most {max_bytes}", field=field_name, size=size, limit=max_bytes
+        )
+    return dict(value)
+
+
+# --------------------------------------------------------------------------------------
+# Checkpoints (contract §06: bounded resume state, never a transcript)
+# --------------------------------------------------------------------------------------
+#: Keys that mean "a copy of the conversation or of private reasoning" wherever they appear.
+TRANSCRIPT_KEYS = frozenset(
+    {
+        "transcript",
+        "messages",
+        "chat",
+        "chat_history",
+        "history",
+        "conversation",
+        "dialogue",
+        "turns",
+        "reasoning",
+        "private_reasoning",
+        "chain_of_thought",
+        "thoughts",
+        "scratchpad",
+    }
+)
+#: A single string longer than this is prose, not a cursor or a reference.
+MAX_CHECKPOINT_STRING = 2048
+_MESSAGE_ROLES = {"user", "assistant", "system", "tool", "human", "ai", "model"}
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    artifact_id: int
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    boundary: CheckpointBoundary
+    cursor: dict[str, Any]
+    artifacts: tuple[ArtifactRef, ...]
+    pending: dict[str, Any]
+    approvals: list[Any]
+    resume_policy: str
+    size_bytes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+CHECKPOINT_FIELDS = frozenset(
+    {"boundary", "cursor", "artifacts", "authority", "pending", "approvals", "resume_policy", "schema_version"}
+)
+FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _looks_like_message(value: Any) -> bool:
+    return (
+        isinstance(value, Mapping)
+        and "content" in value
+        and str(value.get("role", "")).lower() in _MESSAGE_ROLES
+    )
+
+
+def find_transcript_content(value: Any, path: str = "$") -> str | None:
+    """Return the JSON path of the first transcript-like part of ``value``, or None."""
+    if isinstance(value, Mapping):
+        for key, sub in value.items():
+            sub_path = f"{path}.{key}"
+            if str(key).lower() in TRANSCRIPT_KEYS:
+                return sub_path
+            found = find_transcript_content(sub, sub_path)
+            if found:
+                return found
+        return None
+    if isinstance(value, list):
+        if any(_looks_like_message(item) for item in value):
+            return path
+        for index, sub in enumerate(value):
+            found = find_transcript_content(sub, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, str) and len(value) > MAX_CHECKPOINT_STRING:
+        return path
+    return None
+
+
+def validate_fingerprint(value: Any, field_name: str) -> str:
+    if not isinstance(value, str) or not FINGERPRINT_RE.match(value):
+        raise InvalidPayload(f"{field_name} must look like sha256:<64 hex digits>", field=field_name)
+    return value
+
+
+def validate_checkpoint(payload: Mapping[str, Any], *, max_bytes: int) -> CheckpointSpec:
+    """Validate a checkpoint body; refuse anything unbounded with ``checkpoint_not_bounded``."""
+    size = json_size(payload)
+    if size > max_bytes:
+        raise CheckpointNotBounded(
+            f"checkpoint is {size} bytes; the cap is {max_bytes}", size=size, limit=max_bytes
+        )
+    where = find_transcript_content(payload)
+    if where:
+        raise CheckpointNotBounded(
+            "checkpoints hold a cursor and references, never transcript, chat or private reasoning",
+            path=where,
+        )
+    unknown = sorted(set(payload) - CHECKPOINT_FIELDS)
+    if unknown:
+        raise InvalidPayload(f"unknown checkpoint field {unknown[0]!r}", field=unknown[0], allowed=sorted(CHECKPOINT_FIELDS))
+    try:
+        boundary = CheckpointBoundary(payload.get("boundary"))
+    except ValueError:
+        raise InvalidPayload(
+            "boundary is not a checkpoint boundary",
+            field="boundary",
+            allowed=[b.value for b in CheckpointBoundary],
+        ) from None
+    cursor = payload.get("cursor")
+    if not isinstance(cursor, Mapping) or not cursor:
+        raise InvalidPayload("cursor must be a non-empty JSON object (the workflow step)", field="cursor")
+    refs: list[ArtifactRef] = []
+    for index, ref in enumerate(payload.get("artifacts") or []):
+        if not isinstance(ref, Mapping) or not isinstance(ref.get("artifact_id"), int):
+            raise InvalidPayload("each artifact ref needs an integer artifact_id", field=f"artifacts[{index}]")
+        refs.append(
+            ArtifactRef(ref["artifact_id"], validate_fingerprint(ref.get("fingerprint"), f"artifacts[{index}].fingerprint"))
+        )
+    pending = payload.get("pending") or {}
+    if not isinstance(pending, Mapping):
+        raise InvalidPayload("pending must be an object of gate/event/handoff references", field="pending")
+    approvals = payload.get("approvals") or []
+    if not isinstance(approvals, list):
+        raise InvalidPayload("approvals must be a list of approval/write-intent references", field="approvals")
+    resume_policy = payload.get("resume_policy") or "revalidate"
+    if not isinstance(resume_policy, str) or not _NAME_RE.match(resume_policy):
+        raise InvalidPayload("resume_policy must be a short lowercase name", field="resume_policy")
+    return CheckpointSpec(
+        boundary=boundary,
+        cursor=dict(cursor),
+        artifacts=tuple(refs),
+        pending=dict(pending),
+        approvals=list(approvals),
+        resume_policy=resume_policy,
+        size_bytes=size,
+    )
+
+
+def validate_transcript_entry(*, role: str, content: str, max_bytes: int) -> None:
+    if role not in {"user", "assistant", "system", "tool"}:
+        raise InvalidPayload("role must be user, assistant, system or tool", field="role")
+    size = len(content.encode())
+    if size > max_bytes:
+        raise InvalidPayload(f"entry is {size} bytes; at most {max_bytes}", field="content", size=size, limit=max_bytes)

@@ -1,0 +1,180 @@
+"""Settings, read from the environment (12-factor) and strict about bad values.
+
+Every variable has a default that serves local development; a value that is present but
+malformed (``DEBUG=maybe``, a ``DATABASE_URL`` that is not PostgreSQL) stops start-up with
+``ImproperlyConfigured`` instead of running with a surprise.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+
+def _strict_bool(name: str, default: bool) -> bool:
+    raw = env.str(name, default="")
+    if raw == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (true/false/1/0), got {raw!r}")
+
+
+def _strict_int(name: str, default: int, minimum: int = 0) -> int:
+    raw = env.str(name, default="")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+DEBUG = _strict_bool("DEBUG", default=False)
+_DEV_SECRET = "insecure-development-key-change-me-0123456789abcdefghijklmnopqrstuvwxyz"
+SECRET_KEY = env.str("SECRET_KEY", default=_DEV_SECRET)
+if SECRET_KEY == _DEV_SECRET and not DEBUG and _strict_bool("REQUIRE_SECRET_KEY", default=False):
+    raise ImproperlyConfigured("SECRET_KEY must be set when REQUIRE_SECRET_KEY is true")
+if len(SECRET_KEY) < 32:
+    raise ImproperlyConfigured("SECRET_KEY must be at least 32 characters long")
+
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "daphne",  # must come first so runserver is the ASGI one (PITFALLS.md)
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "channels",
+    "novelforge_sessions",
+    "reviews",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "novelforge_sessions.middleware.ApiBodyLimitMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "novelforge_sessions.urls"
+ASGI_APPLICATION = "novelforge_sessions.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/novelforge"
+try:
+    _db = env.db_url("DATABASE_URL", default=_DEFAULT_DB)
+except Exception as exc:  # environ raises several types for a malformed URL
+    raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from exc
+if _db.get("ENGINE") != "django.db.backends.postgresql":
+    raise ImproperlyConfigured(
+        f"DATABASE_URL must point at PostgreSQL (postgres://...), got engine {_db.get('ENGINE')!r}"
+    )
+# Under ASGI every sync view runs in a worker thread; persistent per-thread connections
+# pile up (PITFALLS.md), so connections are closed at the end of each request by default.
+_db["CONN_MAX_AGE"] = _strict_int("DB_CONN_MAX_AGE", default=0)
+_db.setdefault("OPTIONS", {})
+_db["OPTIONS"].setdefault("connect_timeout", 5)
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env.str("REDIS_URL", default="")
+if REDIS_URL:
+    if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured(f"REDIS_URL must be a redis:// URL, got {REDIS_URL!r}")
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    # One process: the in-memory layer is enough. The layer is only a wake-up; the Event
+    # table is the record and sockets replay from it.
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True  # serve from static/ without collectstatic in dev and tests
+
+# Bodies: the API refuses oversized bodies with a typed 413 before parsing them.
+API_MAX_BODY_BYTES = _strict_int("API_MAX_BODY_BYTES", default=256 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES * 4, 2_621_440)
+
+# Runtime policy knobs (see README "Configuration").
+CHECKPOINT_MAX_BYTES = _strict_int("CHECKPOINT_MAX_BYTES", default=64 * 1024, minimum=1024)
+TRANSCRIPT_MAX_ENTRIES = _strict_int("TRANSCRIPT_MAX_ENTRIES", default=10_000, minimum=1)
+TRANSCRIPT_ENTRY_MAX_BYTES = _strict_int("TRANSCRIPT_ENTRY_MAX_BYTES", default=32 * 1024, minimum=64)
+RUNTIME_LEASE_SECONDS = _strict_int("RUNTIME_LEASE_SECONDS", default=60, minimum=1)
+TOKEN_LAST_USED_RESOLUTION_SECONDS = _strict_int("TOKEN_LAST_USED_RESOLUTION_SECONDS", default=300)
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # the dashboard's JS reads it for POSTs
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+    },
+}

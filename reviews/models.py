@@ -1,0 +1,1 @@
+"""Review gates, blind packets and verdicts live here (see the review issue)."""

@@ -1,0 +1,81 @@
+"""The pure lifecycle core: every one of the 9×9 (from, to) pairs against contract §04."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from novelforge_sessions import session_runtime as rt
+
+S = rt.SessionStatus
+
+# Contract §04, written out independently of the module under test.
+CONTRACT = {
+    "created": {"running"},
+    "running": {"idle", "awaiting_user", "awaiting_external", "completed", "failed", "terminated", "stale"},
+    "idle": {"running", "completed", "terminated", "stale"},
+    "awaiting_user": {"running", "failed", "terminated", "stale"},
+    "awaiting_external": {"running", "failed", "terminated", "stale"},
+    "failed": {"running", "terminated", "stale"},
+    "completed": {"stale"},
+    "stale": {"terminated"},
+    "terminated": set(),
+}
+
+PAIRS = list(itertools.product([s.value for s in S], repeat=2))
+
+
+def test_there_are_nine_states_and_81_pairs():
+    assert len(S) == 9
+    assert len(PAIRS) == 81
+    assert set(CONTRACT) == {s.value for s in S}
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS)
+def test_every_pair_matches_the_contract(src, dst):
+    legal = dst in CONTRACT[src]
+    assert rt.is_legal(src, dst) is legal
+    if legal:
+        assert rt.check_transition(src, dst) is S(dst)
+    else:
+        with pytest.raises(rt.IllegalTransition) as info:
+            rt.check_transition(src, dst)
+        assert info.value.code == "illegal_transition"
+        assert info.value.details["from"] == src and info.value.details["to"] == dst
+        assert info.value.details["allowed"] == sorted(CONTRACT[src])
+
+
+def test_illegal_transitions_are_deterministic():
+    errors = []
+    for _ in range(3):
+        with pytest.raises(rt.IllegalTransition) as info:
+            rt.check_transition("completed", "running")
+        errors.append((info.value.code, info.value.message, info.value.details))
+    assert errors[0] == errors[1] == errors[2]
+
+
+def test_table_is_structurally_sound():
+    rt.check_table()
+    assert rt.TERMINAL_STATES == {S.TERMINATED}
+    assert S.CREATED not in set().union(*rt.LIFECYCLE.values()), "nothing returns to created"
+
+
+def test_unknown_states_are_validation_errors_not_crashes():
+    with pytest.raises(rt.InvalidPayload) as info:
+        rt.check_transition("running", "paused")
+    assert info.value.details["field"] == "to"
+    with pytest.raises(rt.InvalidPayload):
+        rt.check_transition("zombie", "running")
+
+
+def test_the_core_imports_nothing_from_django():
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(rt))
+    imported = {
+        (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert not any(name.startswith("django") for name in imported), imported
