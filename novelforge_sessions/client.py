@@ -1,0 +1,131 @@
+"""A small Python client for the agent API (standard library only).
+
+    from novelforge_sessions.client import Client, ApiError
+    nf = Client("http://127.0.0.1:8000", token="nfs_…")
+    s = nf.create_session(role="writer", memory_policy="bounded", task_mode="drafting",
+                          runtime_family="claude-code", runtime={"runtime_family": "claude-code"})
+    run = nf.start_run(s["id"], cursor={"step": "outline"})
+    nf.checkpoint(run["id"], boundary="context_freeze", cursor={"step": "outline"})
+    for event in nf.iter_events(after=0): ...
+
+Every error is raised as :class:`ApiError` carrying the service's typed ``code``.
+"""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, details: dict[str, Any]) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.details = status, code, message, details
+
+
+class Client:
+    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0) -> None:
+        self.base = base_url.rstrip("/") + "/api/v1"
+        self.token = token
+        self.timeout = timeout
+
+    # ---- transport -------------------------------------------------------------------------
+    def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
+        query = {k: v for k, v in params.items() if v is not None}
+        url = self.base + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.token}")
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+                return json.loads(raw) if raw else None
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                err = json.loads(raw)["error"]
+            except (ValueError, KeyError, TypeError):
+                err = {"code": "http_error", "message": raw.decode(errors="replace")[:200], "details": {}}
+            raise ApiError(exc.code, err["code"], err["message"], err.get("details", {})) from None
+
+    def _pages(self, path: str, **params: Any) -> Iterator[dict]:
+        after = params.pop("after", None)
+        while True:
+            page = self.request("GET", path, after=after, **params)
+            yield from page["items"]
+            after = page["next_after"]
+            if after is None:
+                return
+
+    # ---- sessions ----------------------------------------------------------------------------
+    def project(self) -> dict:
+        return self.request("GET", "/project")
+
+    def create_session(self, **fields: Any) -> dict:
+        return self.request("POST", "/sessions", fields)
+
+    def sessions(self, **filters: Any) -> Iterator[dict]:
+        return self._pages("/sessions", **filters)
+
+    def session(self, session_id: int) -> dict:
+        return self.request("GET", f"/sessions/{session_id}")
+
+    def transition(self, session_id: int, to: str, *, reason: str = "", expected_version: int | None = None) -> dict:
+        return self.request("POST", f"/sessions/{session_id}/transition",
+                            {"to": to, "reason": reason, "expected_version": expected_version})
+
+    def close(self, session_id: int) -> dict:
+        return self.request("POST", f"/sessions/{session_id}/close", {})
+
+    def abort(self, session_id: int, reason: str = "") -> dict:
+        return self.request("POST", f"/sessions/{session_id}/abort", {"reason": reason})
+
+    def resume(self, session_id: int, runtime: dict, *, checkpoint_id: int | None = None, dry_run: bool = False) -> dict:
+        return self.request("POST", f"/sessions/{session_id}/resume",
+                            {"runtime": runtime, "checkpoint_id": checkpoint_id, "dry_run": dry_run})
+
+    def forget(self, session_id: int) -> None:
+        self.request("DELETE", f"/sessions/{session_id}")
+
+    def append_transcript(self, session_id: int, role: str, content: str) -> dict:
+        return self.request("POST", f"/sessions/{session_id}/transcript", {"role": role, "content": content})
+
+    # ---- runtimes ------------------------------------------------------------------------------
+    def attach(self, session_id: int, runtime_family: str, **fields: Any) -> dict:
+        return self.request("POST", f"/sessions/{session_id}/runtimes", {"runtime_family": runtime_family, **fields})
+
+    def heartbeat(self, runtime_id: int, lease_seconds: int | None = None) -> dict:
+        return self.request("POST", f"/runtimes/{runtime_id}/heartbeat", {"lease_seconds": lease_seconds})
+
+    def detach(self, runtime_id: int) -> dict:
+        return self.request("POST", f"/runtimes/{runtime_id}/detach", {})
+
+    # ---- runs & checkpoints ----------------------------------------------------------------------
+    def start_run(self, session_id: int, **fields: Any) -> dict:
+        return self.request("POST", f"/sessions/{session_id}/runs", fields)
+
+    def advance(self, run_id: int, cursor: dict) -> dict:
+        return self.request("POST", f"/runs/{run_id}/cursor", {"cursor": cursor})
+
+    def end_run(self, run_id: int, outcome: str, *, session_status: str | None = None, reason: str = "") -> dict:
+        return self.request("POST", f"/runs/{run_id}/end",
+                            {"outcome": outcome, "session_status": session_status, "reason": reason})
+
+    def checkpoint(self, run_id: int, *, boundary: str, cursor: dict, **fields: Any) -> dict:
+        return self.request("POST", f"/runs/{run_id}/checkpoints", {"boundary": boundary, "cursor": cursor, **fields})
+
+    # ---- artifacts & events ------------------------------------------------------------------------
+    def create_artifact(self, name: str, content: str, kind: str = "document") -> dict:
+        return self.request("POST", "/artifacts", {"name": name, "content": content, "kind": kind})
+
+    def add_version(self, artifact_id: int, content: str) -> dict:
+        return self.request("POST", f"/artifacts/{artifact_id}/versions", {"content": content})
+
+    def iter_events(self, *, after: int | None = None, session_id: int | None = None) -> Iterator[dict]:
+        return self._pages("/events", after=after, session_id=session_id)

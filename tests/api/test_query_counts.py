@@ -1,0 +1,52 @@
+"""The hot write paths use a small, fixed number of queries (DESIGN §12).
+
+Pinned so the write path cannot silently grow. Counts include the token lookup and the
+BEGIN/COMMIT of the one write transaction (psycopg 3 reports both as queries).
+"""
+from __future__ import annotations
+
+import pytest
+
+from novelforge_sessions.models import RuntimeAttachment
+
+# transaction=True: inside a test transaction every atomic() would add SAVEPOINT/RELEASE queries
+# that production (autocommit) does not run, so the counts here are the real ones.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_checkpoint_write_queries(owner, new_session, django_assert_max_num_queries):
+    s = new_session(run=True)
+    art = owner.post("/artifacts", {"name": "ch", "content": "text"}).json()
+    body = {"boundary": "context_freeze", "cursor": {"step": 1},
+            "artifacts": [{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}]}
+    owner.post(f"/runs/{s['run']['id']}/checkpoints", body)  # warm: token last_used_at write
+    # token, BEGIN, run lock (+project join), artifact check, insert, update run, event, COMMIT
+    with django_assert_max_num_queries(8):
+        assert owner.post(f"/runs/{s['run']['id']}/checkpoints", body).status_code == 201
+
+
+def test_heartbeat_queries(owner, new_session, django_assert_max_num_queries):
+    s = new_session(run=True)
+    runtime_id = RuntimeAttachment.objects.get(session_id=s["id"]).id
+    owner.post(f"/runtimes/{runtime_id}/heartbeat", {})
+    # token, one conditional UPDATE … RETURNING (with the open run's abort flag)
+    with django_assert_max_num_queries(2):
+        assert owner.post(f"/runtimes/{runtime_id}/heartbeat", {}).status_code == 200
+
+
+def test_transition_queries(owner, new_session, django_assert_max_num_queries):
+    s = new_session(run=True)
+    owner.get("/sessions")
+    # token, BEGIN, session lock, open run lookup, session update, event, COMMIT
+    with django_assert_max_num_queries(7):
+        assert owner.post(f"/sessions/{s['id']}/transition", {"to": "awaiting_user"}).status_code == 200
+    # leaving the run-holding states also ends the run: + run update + its event
+    with django_assert_max_num_queries(9):
+        assert owner.post(f"/sessions/{s['id']}/transition", {"to": "failed"}).status_code == 200
+
+
+def test_duplicate_close_is_read_only(owner, new_session, django_assert_max_num_queries):
+    s = new_session()
+    owner.post(f"/sessions/{s['id']}/close")
+    with django_assert_max_num_queries(5):  # token, BEGIN, session lock, live-runtime lookup, COMMIT
+        assert owner.post(f"/sessions/{s['id']}/close").json()["already_closed"] is True

@@ -1,0 +1,83 @@
+"""Health probes, strict settings, the demo loader, and provider ids as metadata only."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+
+from novelforge_sessions.management.commands.load_demo import DEMO_SLUG, demo_token
+from novelforge_sessions.models import ApiToken, Project, Session
+
+from tests.conftest import SESSION, Api
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.django_db
+def test_health_and_readiness():
+    assert Client().get("/healthz").json() == {"status": "ok"}
+    assert Client().get("/readyz").json() == {"status": "ok", "database": "ok"}
+
+
+def _settings_with(**env: str) -> subprocess.CompletedProcess:
+    full = {**os.environ, **env}
+    return subprocess.run(
+        [sys.executable, "-c", "import django; from django.conf import settings; django.setup(); print('ok')"],
+        cwd=ROOT, env=full, capture_output=True, text=True, timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"DEBUG": "maybe"}, "DEBUG must be a boolean"),
+        ({"DATABASE_URL": "sqlite:///x.db"}, "must point at PostgreSQL"),
+        ({"REDIS_URL": "http://nope"}, "REDIS_URL must be a redis:// URL"),
+        ({"SECRET_KEY": "short"}, "SECRET_KEY must be at least 32"),
+        ({"CHECKPOINT_MAX_BYTES": "lots"}, "CHECKPOINT_MAX_BYTES must be an integer"),
+    ],
+)
+def test_bad_settings_fail_loudly(env, message):
+    result = _settings_with(**env)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and message in result.stderr
+
+
+def test_good_settings_load():
+    result = _settings_with(DEBUG="false", ALLOWED_HOSTS="example.org,localhost")
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+@pytest.mark.django_db
+def test_demo_loader_is_idempotent_and_its_token_lists_sessions(capsys):
+    call_command("load_demo")
+    first = capsys.readouterr().out
+    counts = (Project.objects.count(), Session.objects.count(), ApiToken.objects.count())
+    call_command("load_demo")
+    second = capsys.readouterr().out
+    assert (Project.objects.count(), Session.objects.count(), ApiToken.objects.count()) == counts
+    assert demo_token() in first and demo_token() in second
+    statuses = set(Session.objects.filter(project__slug=DEMO_SLUG).values_list("status", flat=True))
+    assert {"running", "idle", "awaiting_user", "failed", "completed", "created"} <= statuses
+    listed = Api(demo_token()).get("/sessions").json()["items"]
+    assert len(listed) == Session.objects.filter(project__slug=DEMO_SLUG).count() >= 6
+
+
+@pytest.mark.django_db
+def test_provider_ids_are_stored_but_never_keys(owner):
+    """Two sessions may carry the same provider thread id; it identifies nothing and grants nothing."""
+    meta = {"thread_id": "thr_123", "conversation_id": "conv_9", "role": "admin"}
+    a = owner.post("/sessions", {**SESSION, "provider_metadata": meta}).json()
+    b = owner.post("/sessions", {**SESSION, "provider_metadata": meta}).json()
+    assert a["id"] != b["id"] and a["provider_metadata"] == b["provider_metadata"] == meta
+    # Not addressable by provider id, and never unique on it.
+    assert owner.get("/sessions/thr_123").status_code == 422
+    assert owner.get("/sessions", thread_id="thr_123").json()["items"][0]["id"] == a["id"]  # ignored filter
+    unique_fields = {f.name for f in Session._meta.fields if f.unique}
+    assert unique_fields == {"id"}
+    constrained = {tuple(c.fields) for c in Session._meta.constraints if getattr(c, "fields", None)}
+    assert not any("provider_metadata" in fields for fields in constrained)
