@@ -16,7 +16,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent  # tests/live/__init__.py → repo root
 
 
 def free_port() -> int:
