@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "novelforge_sessions",
+    "novelforge_sessions.control",
     "reviews",
 ]
 

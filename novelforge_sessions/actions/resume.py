@@ -5,8 +5,26 @@ report. If any step fails, nothing changes: the action raises ``ResumeRefused`` 
 the report and each failed step's repair route. ``dry_run`` returns the report and acts on
 nothing. Resume never reads the transcript.
 
-The steps are plain functions of a :class:`ResumeContext`; the control plane adds its own
-(approvals, capabilities, results, consumption) by extending ``RESUME_STEPS``.
+The steps are plain functions of a :class:`ResumeContext`, in contract §07 order:
+
+    load → framework → authority → context → artifacts → approvals → capabilities → results
+    → consumed → continue
+
+What a checkpoint binds, for the control-plane steps:
+
+* ``approvals`` — write-intent refs ``{"write_intent_id": N, "approval_id": M?}``: the
+  write the cursor is about to make. *approvals* checks each unexecuted one: its before-state
+  is still current (else re-freeze) and its approval — the one named, or the standing one —
+  still valid: not revoked, same authority version (else re-approve).
+* ``pending.handoffs`` — logical ids (or ``{"logical_id"}``) of external results the cursor
+  waits on. *capabilities* checks that every still-unbound handoff of the session can be served
+  by the runtime being attached or by another live runtime of the project; *results* that no
+  delivery is in conflict (nor ``Session.open_conflict`` set) and every unbound result can
+  still be bound to its frozen job (no named handoff missing, no invalid delivery waiting).
+* *consumed* — the saved cursor must not repeat an effect that already happened: a write
+  intent it names was executed after the checkpoint; a result it names was consumed and the
+  session checkpointed past it since; a ``before_long_handoff`` cursor names a handoff whose
+  result is already consumed. Repair: re-freeze (resume from, or record, a later checkpoint).
 """
 from __future__ import annotations
 
@@ -19,10 +37,23 @@ from django.db import transaction
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import Outbox, check, end_run, live_runtime, lock_session, open_run
+from novelforge_sessions.actions.intents import approval_problem, target_state
+from novelforge_sessions.actions.routing import live_runtimes_for
 from novelforge_sessions.actions.runs import create_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment
 from novelforge_sessions.errors import Conflict, LiveRuntimeExists, NotFound
 from novelforge_sessions.models import Artifact, Checkpoint, Project, RuntimeAttachment, Session
+from novelforge_sessions.control.models import (
+    UNBOUND_STATES,
+    ConsumeReceipt,
+    DeliveryOutcome,
+    Handoff,
+    HandoffState,
+    IntentState,
+    ResultDelivery,
+    WriteIntent,
+)
+from novelforge_sessions.control.fingerprints import fingerprint
 
 
 class Repair:
@@ -113,10 +144,180 @@ def step_artifacts(ctx: ResumeContext) -> StepResult:
     return StepResult("artifacts", True, f"{len(refs)} artifact fingerprint(s) still current")
 
 
+# ---- control-plane steps ------------------------------------------------------------------------
+def _intent_refs(ctx: ResumeContext) -> list[dict[str, Any]]:
+    refs = []
+    for ref in (ctx.checkpoint.approvals if ctx.checkpoint else []) or []:
+        if isinstance(ref, dict) and isinstance(ref.get("write_intent_id"), int):
+            refs.append({"write_intent_id": ref["write_intent_id"],
+                         "approval_id": ref.get("approval_id") if isinstance(ref.get("approval_id"), int) else None})
+    return refs
+
+
+def _intents(ctx: ResumeContext) -> dict[int, WriteIntent]:
+    if "intents" not in ctx.facts:
+        ids = [r["write_intent_id"] for r in _intent_refs(ctx)]
+        ctx.facts["intents"] = {
+            i.id: i for i in WriteIntent.objects.filter(id__in=ids, project=ctx.project).prefetch_related("approvals")
+        } if ids else {}
+    return ctx.facts["intents"]
+
+
+def _handoff_refs(ctx: ResumeContext) -> list[str]:
+    pending = (ctx.checkpoint.pending if ctx.checkpoint else {}) or {}
+    refs = []
+    for ref in pending.get("handoffs") or []:
+        if isinstance(ref, dict):
+            ref = ref.get("logical_id")
+        if isinstance(ref, str):
+            refs.append(ref)
+    return refs
+
+
+def _handoffs(ctx: ResumeContext) -> list[Handoff]:
+    if "handoffs" not in ctx.facts:
+        ctx.facts["handoffs"] = list(Handoff.objects.filter(session=ctx.session).select_related("receipt").order_by("id"))
+    return ctx.facts["handoffs"]
+
+
+def step_approvals(ctx: ResumeContext) -> StepResult:
+    """Approvals and write preconditions of the writes the saved cursor is about to make."""
+    refs = _intent_refs(ctx)
+    intents = _intents(ctx)
+    problems: list[dict[str, Any]] = []
+    checked = 0
+    for ref in refs:
+        intent = intents.get(ref["write_intent_id"])
+        if intent is None:
+            problems.append({"write_intent_id": ref["write_intent_id"], "problem": "unknown write intent",
+                             "repair": Repair.REFREEZE})
+            continue
+        if intent.state == IntentState.EXECUTED:
+            continue  # an effect that already happened: the "consumed" step's business
+        checked += 1
+        if intent.state in (IntentState.REJECTED, IntentState.REFUSED):
+            problems.append({"write_intent_id": intent.id, "problem": f"write intent {intent.state}",
+                             "repair": Repair.REFREEZE})
+            continue
+        current = fingerprint(target_state(intent, ctx.project))
+        if current != intent.before_fingerprint:
+            problems.append({"write_intent_id": intent.id, "problem": "write precondition stale",
+                             "before_fingerprint": intent.before_fingerprint, "current": current,
+                             "repair": Repair.REFREEZE})
+            continue
+        approvals = list(intent.approvals.all())
+        standing = next((a for a in approvals if a.revoked_at is None), None)
+        if ref["approval_id"] is not None:
+            if not any(a.id == ref["approval_id"] for a in approvals):
+                problems.append({"write_intent_id": intent.id, "approval_id": ref["approval_id"],
+                                 "problem": "unknown approval", "repair": Repair.REAPPROVE})
+                continue
+        elif intent.state != IntentState.APPROVED:
+            continue  # no approval bound yet: the cursor is still waiting for one
+        # The standing approval is what counts (a re-approval replaces a revoked one).
+        why = approval_problem(intent, standing, ctx.project)
+        if why is not None:
+            problems.append({"write_intent_id": intent.id, "approval_id": standing.id if standing else ref["approval_id"],
+                             "problem": f"approval stale ({'revoked' if why == 'missing' else why})",
+                             "repair": Repair.REAPPROVE})
+    if problems:
+        repair = Repair.REFREEZE if any(p["repair"] == Repair.REFREEZE for p in problems) else Repair.REAPPROVE
+        return StepResult("approvals", False, f"{len(problems)} approval/write precondition(s) no longer valid",
+                          {"problems": problems}, repair)
+    return StepResult("approvals", True, f"{checked} pending write(s): approvals and preconditions valid",
+                      {"checked": checked})
+
+
+def step_capabilities(ctx: ResumeContext) -> StepResult:
+    """Every unbound handoff can be served: by the runtime being attached, or another live one."""
+    offered = set(ctx.runtime.capabilities or [])
+    pending = [h for h in _handoffs(ctx) if h.state in UNBOUND_STATES]
+    missing: list[dict[str, Any]] = []
+    served: dict[str, Any] = {}
+    answers: dict[tuple[str, ...], list[int]] = {}
+    for handoff in pending:
+        needed = tuple(sorted(handoff.required_capabilities or []))
+        if set(needed) <= offered:
+            served[handoff.logical_id] = "resumed runtime"
+            continue
+        if needed not in answers:
+            answers[needed] = list(
+                live_runtimes_for([ctx.project.id], needed, exclude_session_id=ctx.session.id).values_list("id", flat=True)[:5]
+            )
+        if answers[needed]:
+            served[handoff.logical_id] = {"runtime_ids": answers[needed]}
+        else:
+            missing.append({"logical_id": handoff.logical_id, "handoff_id": handoff.id,
+                            "missing": sorted(set(needed) - offered)})
+    if missing:
+        return StepResult("capabilities", False, f"{len(missing)} pending handoff(s) need capabilities no live runtime declares",
+                          {"missing": missing}, Repair.ATTACH_CAPABLE_RUNTIME)
+    return StepResult("capabilities", True, f"{len(pending)} pending handoff(s) can be served", {"served": served})
+
+
+def step_results(ctx: ResumeContext) -> StepResult:
+    """Returned results are bound to their frozen jobs; no conflict is open."""
+    handoffs = _handoffs(ctx)
+    conflicted = [h.logical_id for h in handoffs if h.state == HandoffState.CONFLICTED]
+    if ctx.session.open_conflict or conflicted:
+        return StepResult("results", False, "a conflicting result is unresolved",
+                          {"open_conflict": ctx.session.open_conflict or None, "conflicted": conflicted},
+                          Repair.RESOLVE_CONFLICT)
+    by_logical = {h.logical_id: h for h in handoffs}
+    unknown = [ref for ref in _handoff_refs(ctx) if ref not in by_logical]
+    unbound_ids = [h.id for h in handoffs if h.state in UNBOUND_STATES]
+    invalid = sorted(set(
+        ResultDelivery.objects.filter(handoff_id__in=unbound_ids, outcome=DeliveryOutcome.INVALID)
+        .values_list("handoff__logical_id", flat=True)
+    )) if unbound_ids else []
+    if unknown or invalid:
+        return StepResult("results", False, "a returned result cannot be bound to its frozen job",
+                          {"unknown_handoffs": unknown, "invalid_deliveries_for": invalid}, Repair.REFREEZE)
+    bound = {h.logical_id: h.receipt.result_hash for h in handoffs
+             if h.state == HandoffState.BOUND and _receipt(h) is not None}
+    return StepResult("results", True, f"{len(bound)} result(s) bound to their frozen jobs", {"bound": bound})
+
+
+def _receipt(handoff: Handoff) -> ConsumeReceipt | None:
+    try:
+        return handoff.receipt
+    except ConsumeReceipt.DoesNotExist:
+        return None
+
+
+def step_consumed(ctx: ResumeContext) -> StepResult:
+    """The saved cursor would not repeat an effect that has already happened."""
+    cp = ctx.checkpoint
+    if cp is None:
+        return StepResult("consumed", True, "nothing bound yet")
+    repeated: list[dict[str, Any]] = []
+    for ref in _intent_refs(ctx):
+        intent = _intents(ctx).get(ref["write_intent_id"])
+        if intent is not None and intent.state == IntentState.EXECUTED and intent.executed_at > cp.created_at:
+            repeated.append({"write_intent_id": intent.id, "executed_at": intent.executed_at.isoformat(),
+                             "outcome": intent.outcome})
+    refs = set(_handoff_refs(ctx))
+    if refs:
+        receipts = {r.logical_id: r for r in ConsumeReceipt.objects.filter(project=ctx.project, logical_id__in=refs)}
+        for logical_id in sorted(receipts):
+            receipt = receipts[logical_id]
+            later = Checkpoint.objects.filter(session=ctx.session, id__gt=cp.id, created_at__gte=receipt.consumed_at)
+            if cp.boundary == rt.CheckpointBoundary.BEFORE_LONG_HANDOFF or later.exists():
+                repeated.append({"logical_id": logical_id, "receipt_id": receipt.id,
+                                 "consumed_at": receipt.consumed_at.isoformat(), "result_hash": receipt.result_hash})
+    if repeated:
+        return StepResult("consumed", False, "the saved cursor would repeat effects that were already consumed",
+                          {"already_consumed": repeated}, Repair.REFREEZE)
+    return StepResult("consumed", True, "no logical result or side effect would be repeated")
+
+
 ResumeStep = Callable[[ResumeContext], StepResult]
 
-#: Contract §07 order. The control plane inserts its steps before "continue".
-RESUME_STEPS: list[ResumeStep] = [step_load, step_framework, step_authority, step_context, step_artifacts]
+#: Contract §07 order; "continue" is appended by ``resume_session``.
+RESUME_STEPS: list[ResumeStep] = [
+    step_load, step_framework, step_authority, step_context, step_artifacts,
+    step_approvals, step_capabilities, step_results, step_consumed,
+]
 
 
 class ResumeRefused(Conflict):
@@ -173,7 +374,9 @@ def resume_session(
         steps = [step(ctx) for step in RESUME_STEPS]
         ok = all(s.ok for s in steps)
         cursor = checkpoint.cursor if checkpoint else {}
-        steps.append(StepResult("continue", ok, "continue the saved cursor in a new run" if ok else "not continued",
+        failed = [s.step for s in steps if not s.ok]
+        steps.append(StepResult("continue", ok, "continue the saved cursor in a new run" if ok
+                                else f"not continued: {', '.join(failed)} failed",
                                 {"cursor": cursor}))
         outcome = ResumeOutcome(ok, dry_run, steps, session, checkpoint.id if checkpoint else None)
         if not ok:
@@ -190,7 +393,16 @@ def resume_session(
             frozen_inputs=checkpoint.artifacts if checkpoint else [], resumed_from=checkpoint,
         )
         outcome.run_id = run.id
+        # The new run inherits the external work still in flight: bindings and the
+        # awaiting_external round-trip follow the run that now continues the cursor.
+        waiting_for = list(
+            Handoff.objects.filter(session=session, state__in=UNBOUND_STATES).order_by("id").values_list("logical_id", flat=True)
+        )
+        if waiting_for:
+            Handoff.objects.filter(session=session, state__in=UNBOUND_STATES).update(run=run)
+            run.pending_external = waiting_for
+            run.save(update_fields=["pending_external"])
         outbox.add(session, "session.resumed", run_id=run.id, generation=session.generation,
-                   checkpoint_id=outcome.checkpoint_id, reason=reason)
+                   checkpoint_id=outcome.checkpoint_id, reason=reason, pending_external=waiting_for)
         outbox.flush()
     return outcome

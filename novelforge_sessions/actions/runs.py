@@ -57,6 +57,10 @@ def start_run(
         session = lock_session(caller, session_id)
         if live_runtime(session, lock=False) is None:
             raise NoLiveRuntime("attach a runtime before starting a run", status=session.status)
+        if session.open_conflict:
+            # A conflicting result is a hard stop (contract §08): no new work until a manager resolves it.
+            raise Conflict("the session has an open conflict; a manager must resolve it first",
+                           code="open_conflict", reason=session.open_conflict)
         existing = open_run(session, lock=False)
         if existing is not None:
             raise OpenRunExists("this session already has an open run", run_id=existing.id, seq=existing.seq)

@@ -24,7 +24,7 @@ from novelforge_sessions.actions.lifecycle import (
     open_run,
 )
 from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment
-from novelforge_sessions.errors import LiveRuntimeExists, NoOpenRun
+from novelforge_sessions.errors import Conflict, LiveRuntimeExists, NoOpenRun
 from novelforge_sessions.models import Session
 
 
@@ -89,6 +89,9 @@ def transition_session(
                 "entering running needs a run: start one (POST /sessions/{id}/runs) or resume the session",
                 status=session.status,
             )
+        if target == rt.SessionStatus.RUNNING and session.open_conflict:
+            raise Conflict("the session has an open conflict; a manager must resolve it first",
+                           code="open_conflict", reason=session.open_conflict)
         outbox = Outbox(caller.label)
         apply_transition(session, target, reason=reason, outbox=outbox, expected_version=expected_version, current_run=run)
         outbox.flush()

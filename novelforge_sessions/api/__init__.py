@@ -91,5 +91,10 @@ def _register_routers() -> None:
     api.add_router("/v1/", runs.router)
     api.add_router("/v1/", events.router)
 
+    from novelforge_sessions.api import control
+
+    for control_router in control.routers:
+        api.add_router("/v1/", control_router)
+
 
 _register_routers()

@@ -262,3 +262,13 @@ def test_transcript_is_bounded(owner, new_session, settings):
     big = owner.post(f"/sessions/{s['id']}/transcript", {"role": "user", "content": "x" * 65})
     assert big.status_code == 422 and big.json()["error"]["details"]["field"] == "content"
     assert TranscriptEntry.objects.filter(session_id=s["id"]).count() == 2
+
+
+def test_an_open_conflict_blocks_new_work(owner, new_session):
+    """A conflicting result (contract §08) is a hard stop: no new run, no return to running."""
+    s = new_session(run=True)
+    owner.post(f"/runs/{s['run']['id']}/end", {"outcome": "completed"})
+    Session.objects.filter(id=s["id"]).update(open_conflict="conflicting_result for job-1")
+    resp = owner.post(f"/sessions/{s['id']}/runs", {})
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "open_conflict"
+    assert Run.objects.filter(session_id=s["id"]).count() == 1

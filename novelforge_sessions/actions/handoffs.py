@@ -1,0 +1,387 @@
+"""Handoffs: frozen external jobs, claimed under leases with fencing tokens (contract §08, §11).
+
+* ``create_handoff`` — an open run of a ``running`` (or already ``awaiting_external``) session
+  freezes a job: input artifact refs + fingerprints → server-computed job fingerprint, a
+  logical id unique per project, required capabilities, a timeout. The session goes
+  ``awaiting_external``; its run stays open and lists the logical id in ``pending_external``.
+* ``claim_handoff`` — a worker (token permission ``work``) declares its capabilities and gets
+  the oldest eligible handoff: one conditional ``UPDATE`` (``FOR UPDATE SKIP LOCKED``), so two
+  racing claims never both win. The lease lasts ``timeout_seconds``; the attempt and the
+  fencing token advance by one per claim. A claim whose lease ran out can be claimed again.
+* ``heartbeat_handoff`` — extends the lease of the current token holder; a superseded token
+  is refused with ``stale_lease``. No event: liveness is not a state change.
+* ``cancel_handoff`` — the run gives up on a job it no longer needs.
+
+Lock order everywhere: session row, then handoff/run rows. Claims and heartbeats touch only
+the handoff row (one statement), so they never wait on a session lock while holding one.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NoReturn
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from novelforge_sessions import events
+from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.access import Caller
+from novelforge_sessions.actions.lifecycle import Outbox, apply_transition, check, lock_session
+from novelforge_sessions.control.errors import (
+    AlreadyConsumed,
+    HandoffClosed,
+    HandoffNotClaimable,
+    LogicalIdTaken,
+    StaleLease,
+)
+from novelforge_sessions.control.fingerprints import job_fingerprint
+from novelforge_sessions.control.models import UNBOUND_STATES, ConsumeReceipt, Handoff, HandoffState
+from novelforge_sessions.errors import Conflict, NotFound, ValidationFailed
+from novelforge_sessions.models import ArtifactVersion, Run, Session
+
+LOGICAL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@#+=-]{0,199}$")
+RESULT_TYPES = frozenset({"string", "integer", "number", "boolean", "object", "array", "any"})
+DEFAULT_TIMEOUT_SECONDS = 300
+MAX_TIMEOUT_SECONDS = 24 * 3600
+MAX_INPUTS = 100
+MAX_PARAMS_BYTES = 16 * 1024
+
+
+# ---- pure validation ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobSpec:
+    logical_id: str
+    inputs: list[dict[str, Any]]
+    params: dict[str, Any]
+    result_schema: dict[str, str]
+    required_capabilities: list[str]
+    timeout_seconds: int
+    job_fingerprint: str
+
+
+def validate_logical_id(value: Any) -> str:
+    if not isinstance(value, str) or not LOGICAL_ID_RE.match(value):
+        raise ValidationFailed(
+            "logical_id must be 1–200 characters of [A-Za-z0-9_.:/@#+=-], starting with a letter or digit",
+            field="logical_id",
+        )
+    return value
+
+
+def validate_job(
+    *, logical_id: Any, inputs: Any, params: Any, result_schema: Any, required_capabilities: Any, timeout_seconds: Any,
+) -> JobSpec:
+    """Validate a job body and compute its fingerprint (pure)."""
+    validate_logical_id(logical_id)
+    if not isinstance(inputs, list) or len(inputs) > MAX_INPUTS:
+        raise ValidationFailed(f"inputs must be a list of at most {MAX_INPUTS} artifact refs", field="inputs")
+    refs: set[tuple[int, str]] = set()
+    for index, ref in enumerate(inputs):
+        if not isinstance(ref, dict) or not isinstance(ref.get("artifact_id"), int) or isinstance(ref.get("artifact_id"), bool):
+            raise ValidationFailed("each input needs an integer artifact_id", field=f"inputs[{index}]")
+        if set(ref) - {"artifact_id", "fingerprint"}:
+            raise ValidationFailed("an input ref has only artifact_id and fingerprint", field=f"inputs[{index}]")
+        fp = check(rt.validate_fingerprint, ref.get("fingerprint"), f"inputs[{index}].fingerprint")
+        refs.add((ref["artifact_id"], fp))
+    frozen = [{"artifact_id": a, "fingerprint": f} for a, f in sorted(refs)]
+    params = check(rt.validate_metadata, params, "params", MAX_PARAMS_BYTES)
+    schema = check(rt.validate_metadata, result_schema, "result_schema", 4096)
+    for key, kind in schema.items():
+        if not isinstance(kind, str) or kind not in RESULT_TYPES:
+            raise ValidationFailed(
+                f"result_schema[{key!r}] must be one of {sorted(RESULT_TYPES)}", field=f"result_schema.{key}",
+            )
+    caps = check(rt.validate_capabilities, required_capabilities or [])
+    timeout = DEFAULT_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
+    if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= MAX_TIMEOUT_SECONDS:
+        raise ValidationFailed(f"timeout_seconds must be between 1 and {MAX_TIMEOUT_SECONDS}", field="timeout_seconds")
+    return JobSpec(
+        logical_id=logical_id, inputs=frozen, params=params, result_schema=schema, required_capabilities=caps,
+        timeout_seconds=timeout, job_fingerprint=job_fingerprint(inputs=frozen, params=params, result_schema=schema),
+    )
+
+
+# ---- shared with results/resume ----------------------------------------------------------------
+def visible_handoffs(caller: Caller) -> QuerySet[Handoff]:
+    qs = Handoff.objects.filter(project_id__in=caller.project_ids)
+    if caller.session_id is not None:
+        qs = qs.filter(session_id=caller.session_id)
+    return qs
+
+
+def settle_waiting_run(session: Session, run_id: int, outbox: Outbox) -> list[str]:
+    """After a handoff of ``run_id`` stopped waiting (bound or cancelled): refresh the run's
+    ``pending_external`` and, if nothing of the open run is pending any more, move a session
+    that was ``awaiting_external`` back to ``running`` (its run continues). Expects the
+    session row lock."""
+    remaining = list(
+        Handoff.objects.filter(run_id=run_id, state__in=UNBOUND_STATES).order_by("id").values_list("logical_id", flat=True)
+    )
+    Run.objects.filter(id=run_id).update(pending_external=remaining)
+    if not remaining and session.status == rt.SessionStatus.AWAITING_EXTERNAL:
+        waiting_run = Run.objects.filter(id=run_id, state=rt.RunState.OPEN).only("id").first()
+        if waiting_run is not None:
+            apply_transition(
+                session, rt.SessionStatus.RUNNING, reason="external results bound", outbox=outbox, current_run=waiting_run,
+            )
+    return remaining
+
+
+# ---- create -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CreatedHandoff:
+    handoff: Handoff
+    created: bool  # False: an identical request was replayed and the first handoff returned
+
+
+def create_handoff(
+    caller: Caller, run_id: int, *, logical_id: str, inputs: list[dict[str, Any]] | None = None,
+    params: dict[str, Any] | None = None, result_schema: dict[str, str] | None = None,
+    required_capabilities: list[str] | None = None, timeout_seconds: int | None = None,
+) -> CreatedHandoff:
+    caller.require("write")
+    spec = validate_job(
+        logical_id=logical_id, inputs=inputs or [], params=params, result_schema=result_schema,
+        required_capabilities=required_capabilities, timeout_seconds=timeout_seconds,
+    )
+    try:
+        session_id = Run.objects.filter(session__in=caller.sessions()).values_list("session_id", flat=True).get(id=run_id)
+    except Run.DoesNotExist:
+        raise NotFound("run not found", run_id=run_id) from None
+    with transaction.atomic():
+        # Session first, then its run (the global lock order): the status check, the
+        # transition and the run's pending list are decided under these locks.
+        session = lock_session(caller, session_id)
+        run = Run.objects.select_for_update().get(id=run_id)
+        existing = Handoff.objects.filter(project_id=session.project_id, logical_id=spec.logical_id).first()
+        if existing is not None:
+            if existing.session_id == session.id and existing.job_fingerprint == spec.job_fingerprint \
+                    and existing.required_capabilities == spec.required_capabilities:
+                return CreatedHandoff(existing, False)
+            raise LogicalIdTaken(
+                "this logical id already names another job in the project", logical_id=spec.logical_id,
+                handoff_id=existing.id if existing.session_id == session.id else None,
+            )
+        if ConsumeReceipt.objects.filter(project_id=session.project_id, logical_id=spec.logical_id).exists():
+            raise AlreadyConsumed(
+                "a result for this logical id was already consumed; it is not handed off again",
+                logical_id=spec.logical_id,
+            )
+        if run.state != rt.RunState.OPEN:
+            raise Conflict("handoffs are created by an open run", code="run_not_open", state=run.state)
+        if session.status not in (rt.SessionStatus.RUNNING, rt.SessionStatus.AWAITING_EXTERNAL):
+            raise Conflict(
+                "only a running session hands off work", code="session_not_running", status=session.status,
+            )
+        if spec.inputs:
+            wanted = {(r["artifact_id"], r["fingerprint"]) for r in spec.inputs}
+            found = set(
+                ArtifactVersion.objects.filter(
+                    artifact__project_id=session.project_id,
+                    artifact_id__in={a for a, _ in wanted},
+                    fingerprint__in={f for _, f in wanted},
+                ).values_list("artifact_id", "fingerprint")
+            )
+            missing = sorted(wanted - found)
+            if missing:
+                raise ValidationFailed(
+                    "inputs must name existing versions of this project's artifacts", code="unknown_artifact_version",
+                    missing=[{"artifact_id": a, "fingerprint": f} for a, f in missing],
+                )
+        try:
+            # A savepoint: another session of the project may race us to the same logical id.
+            with transaction.atomic():
+                handoff = Handoff.objects.create(
+                    project_id=session.project_id, session=session, run=run, logical_id=spec.logical_id,
+                    inputs=spec.inputs, params=spec.params, result_schema=spec.result_schema,
+                    job_fingerprint=spec.job_fingerprint, required_capabilities=spec.required_capabilities,
+                    timeout_seconds=spec.timeout_seconds, created_by=caller.label,
+                )
+        except IntegrityError:
+            raise LogicalIdTaken("this logical id already names another job in the project", logical_id=spec.logical_id) from None
+        run.pending_external = [*run.pending_external, spec.logical_id]
+        run.save(update_fields=["pending_external"])
+        outbox = Outbox(caller.label)
+        outbox.add(
+            session, "handoff.created", run_id=run.id, handoff_id=handoff.id, logical_id=handoff.logical_id,
+            job_fingerprint=handoff.job_fingerprint, required_capabilities=handoff.required_capabilities,
+            timeout_seconds=handoff.timeout_seconds, inputs=handoff.inputs,
+        )
+        if session.status == rt.SessionStatus.RUNNING:
+            apply_transition(
+                session, rt.SessionStatus.AWAITING_EXTERNAL, reason=f"waiting on handoff {handoff.logical_id}",
+                outbox=outbox, current_run=run,
+            )
+        outbox.flush()
+    return CreatedHandoff(handoff, True)
+
+
+# ---- claim -------------------------------------------------------------------------------------------
+_H = Handoff._meta.db_table
+_S = Session._meta.db_table
+
+_CLAIM_SQL = f"""
+WITH candidate AS (
+    SELECT h.id, h.lease_holder AS previous_holder
+      FROM {_H} h JOIN {_S} s ON s.id = h.session_id
+     WHERE h.project_id = ANY(%(projects)s)
+       AND (%(bound)s::bigint IS NULL OR h.session_id = %(bound)s::bigint)
+       AND (%(handoff)s::bigint IS NULL OR h.id = %(handoff)s::bigint)
+       AND (h.state = 'pending' OR (h.state = 'claimed' AND h.lease_expires_at <= %(now)s))
+       AND h.required_capabilities <@ %(caps)s::jsonb
+       AND s.status NOT IN ('terminated', 'stale')
+     ORDER BY h.id
+     LIMIT 1
+       FOR UPDATE OF h SKIP LOCKED
+)
+UPDATE {_H} h
+   SET state = 'claimed', attempt = h.attempt + 1, fencing_token = h.fencing_token + 1,
+       lease_holder = %(holder)s, lease_token_id = %(token)s, claimed_at = %(now)s, heartbeat_at = %(now)s,
+       lease_expires_at = %(now)s + make_interval(secs => h.timeout_seconds)
+  FROM candidate c
+ WHERE h.id = c.id
+RETURNING h.*, c.previous_holder
+"""
+
+
+def claim_handoff(
+    caller: Caller, *, worker: str, capabilities: list[str], handoff_id: int | None = None,
+) -> Handoff | None:
+    """Claim the oldest eligible handoff (or the named one). ``None``: nothing to claim.
+
+    Eligible: pending, or claimed with an expired lease; required capabilities ⊆ declared;
+    its session not terminated/stale. One statement decides: the row is locked with
+    ``SKIP LOCKED`` and updated in place, so of two racing claims exactly one gets a row.
+    """
+    caller.require("work")
+    caps = check(rt.validate_capabilities, capabilities)
+    if not isinstance(worker, str) or not worker.strip() or len(worker) > 200:
+        raise ValidationFailed("worker must name the claiming worker (1–200 characters)", field="worker")
+
+    now = timezone.now()
+    with transaction.atomic():
+        claimed = list(
+            Handoff.objects.raw(
+                _CLAIM_SQL,
+                {"projects": list(caller.project_ids), "bound": caller.session_id, "handoff": handoff_id,
+                 "now": now, "caps": json.dumps(caps), "holder": worker, "token": caller.token_id},
+            )
+        )
+        if not claimed:
+            if handoff_id is not None:
+                _explain_unclaimable(caller, handoff_id, caps, now)
+            return None
+        handoff = claimed[0]
+        events.append(
+            project_id=handoff.project_id, session_id=handoff.session_id, run_id=handoff.run_id, type="handoff.claimed",
+            actor=caller.label,
+            payload={
+                "handoff_id": handoff.id, "logical_id": handoff.logical_id, "attempt": handoff.attempt,
+                "fencing_token": handoff.fencing_token, "worker": worker,
+                "lease_expires_at": handoff.lease_expires_at,
+                # attempt > 1 only happens when the previous lease expired unfinished
+                "reclaimed_after_expiry": handoff.attempt > 1,
+                "previous_holder": handoff.previous_holder or None,
+            },
+        )
+    return handoff
+
+
+def _explain_unclaimable(caller: Caller, handoff_id: int, caps: list[str], now: datetime) -> NoReturn:
+    try:
+        handoff = visible_handoffs(caller).select_related("session").get(id=handoff_id)
+    except Handoff.DoesNotExist:
+        raise NotFound("handoff not found", handoff_id=handoff_id) from None
+    missing = sorted(set(handoff.required_capabilities) - set(caps))
+    lease_live = handoff.state == HandoffState.CLAIMED and handoff.lease_expires_at and handoff.lease_expires_at > now
+    raise HandoffNotClaimable(
+        "this handoff cannot be claimed now", handoff_id=handoff.id, state=handoff.state,
+        missing_capabilities=missing, lease_held=bool(lease_live),
+        lease_expires_at=handoff.lease_expires_at.isoformat() if handoff.lease_expires_at else None,
+        session_status=handoff.session.status,
+    )
+
+
+# ---- heartbeat ----------------------------------------------------------------------------------------
+_HEARTBEAT_SQL = f"""
+UPDATE {_H}
+   SET heartbeat_at = %(now)s, lease_expires_at = %(now)s + make_interval(secs => timeout_seconds)
+ WHERE id = %(id)s AND project_id = ANY(%(projects)s)
+   AND (%(bound)s::bigint IS NULL OR session_id = %(bound)s::bigint)
+   AND state = 'claimed' AND fencing_token = %(token)s
+RETURNING lease_expires_at, attempt
+"""
+
+
+@dataclass(frozen=True)
+class Lease:
+    handoff_id: int
+    attempt: int
+    fencing_token: int
+    lease_expires_at: datetime
+
+
+def heartbeat_handoff(caller: Caller, handoff_id: int, *, fencing_token: int) -> Lease:
+    """Extend the lease of the current token holder: one conditional UPDATE.
+
+    The fencing token decides, not the clock: a holder whose lease ran out may renew it
+    as long as nobody has claimed the handoff since (then its token is superseded).
+    """
+    caller.require("work")
+    now = timezone.now()
+    with connection.cursor() as cur:
+        cur.execute(
+            _HEARTBEAT_SQL,
+            {"now": now, "id": handoff_id, "projects": list(caller.project_ids), "bound": caller.session_id,
+             "token": fencing_token},
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise_lease_refusal(caller, handoff_id, fencing_token)
+    return Lease(handoff_id, row[1], fencing_token, row[0])
+
+
+def raise_lease_refusal(caller: Caller, handoff_id: int, fencing_token: int) -> NoReturn:
+    """Explain why a lease write matched nothing: unknown, superseded token, or closed."""
+    try:
+        handoff = visible_handoffs(caller).get(id=handoff_id)
+    except Handoff.DoesNotExist:
+        raise NotFound("handoff not found", handoff_id=handoff_id) from None
+    if fencing_token != handoff.fencing_token:
+        raise StaleLease(
+            "this fencing token was superseded by a later claim", handoff_id=handoff.id,
+            fencing_token=fencing_token, current_fencing_token=handoff.fencing_token, attempt=handoff.attempt,
+        )
+    if handoff.state == HandoffState.PENDING:
+        raise HandoffNotClaimable("this handoff is not claimed", handoff_id=handoff.id, state=handoff.state)
+    raise HandoffClosed("this handoff takes no more lease traffic", handoff_id=handoff.id, state=handoff.state)
+
+
+# ---- cancel -------------------------------------------------------------------------------------------
+def cancel_handoff(caller: Caller, handoff_id: int, *, reason: str = "") -> Handoff:
+    """The run no longer needs this job. A bound result stays bound (refused with 409)."""
+    caller.require("write")
+    try:
+        session_id = visible_handoffs(caller).values_list("session_id", flat=True).get(id=handoff_id)
+    except Handoff.DoesNotExist:
+        raise NotFound("handoff not found", handoff_id=handoff_id) from None
+    with transaction.atomic():
+        session = lock_session(caller, session_id)
+        handoff = Handoff.objects.select_for_update().get(id=handoff_id)
+        if handoff.state == HandoffState.CANCELLED:
+            return handoff
+        if handoff.state not in UNBOUND_STATES:
+            raise HandoffClosed("only a handoff still waiting for its result can be cancelled", state=handoff.state)
+        handoff.state = HandoffState.CANCELLED
+        handoff.cancelled_at = timezone.now()
+        handoff.save(update_fields=["state", "cancelled_at"])
+        outbox = Outbox(caller.label)
+        outbox.add(session, "handoff.cancelled", run_id=handoff.run_id, handoff_id=handoff.id,
+                   logical_id=handoff.logical_id, reason=reason)
+        settle_waiting_run(session, handoff.run_id, outbox)
+        outbox.flush()
+    return handoff

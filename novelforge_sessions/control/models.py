@@ -1,0 +1,312 @@
+"""Control-plane records (contract §08, §11; DESIGN §7).
+
+Four distinct records for one external result, never merged:
+
+    ResultDelivery  (every arrival, logged)
+  ≠ ResultValidation (schema + bound to the frozen job's fingerprint)
+  ≠ ConsumeReceipt  (at most one per logical id: a DB unique constraint)
+  ≠ WriteIntent     (the side effect, with before-state, idempotency key, approval, post-condition)
+
+Statuses here, like the session's, are only written by the actions in
+``novelforge_sessions/actions`` (``handoffs``, ``results``, ``intents``).
+"""
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from novelforge_sessions.models import Artifact, Project, Run, Session
+
+FINGERPRINT_REGEX = r"^sha256:[0-9a-f]{64}$"
+
+
+class HandoffState(models.TextChoices):
+    PENDING = "pending"  # frozen, waiting for a worker
+    CLAIMED = "claimed"  # a worker holds the lease (it may have expired: then it is claimable again)
+    BOUND = "bound"  # a valid result was consumed and bound to the frozen job
+    CONFLICTED = "conflicted"  # a different result arrived for the consumed logical id: hard stop
+    CANCELLED = "cancelled"
+
+
+#: Handoffs still waiting for a result.
+UNBOUND_STATES = (HandoffState.PENDING.value, HandoffState.CLAIMED.value)
+
+
+class Handoff(models.Model):
+    """A frozen job handed to an external worker (DESIGN §3): logical id, job fingerprint,
+    required capabilities, lease, attempts."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="handoffs")
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="handoffs")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="handoffs")
+    logical_id = models.CharField(max_length=200)
+    #: frozen input refs: [{"artifact_id", "fingerprint"}], sorted
+    inputs = models.JSONField(default=list)
+    #: the job's instructions (bounded); part of the frozen job
+    params = models.JSONField(default=dict, blank=True)
+    #: required result keys and their JSON types: {"text": "string", ...}
+    result_schema = models.JSONField(default=dict, blank=True)
+    #: server-computed sha256 over the frozen inputs (+ params, result schema)
+    job_fingerprint = models.CharField(max_length=71)
+    required_capabilities = models.JSONField(default=list, blank=True)
+    #: how long one attempt's lease lasts without a heartbeat
+    timeout_seconds = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=HandoffState.choices, default=HandoffState.PENDING)
+    attempt = models.PositiveIntegerField(default=0)
+    fencing_token = models.PositiveBigIntegerField(default=0)
+    lease_holder = models.CharField(max_length=200, blank=True, default="")
+    lease_token_id = models.BigIntegerField(null=True, blank=True)  # the API token that claimed (audit only)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    bound_at = models.DateTimeField(null=True, blank=True)
+    conflict_at = models.DateTimeField(null=True, blank=True)
+    conflict_resolved_at = models.DateTimeField(null=True, blank=True)
+    conflict_resolution = models.CharField(max_length=200, blank=True, default="")
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.CharField(max_length=200, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            # The claim query scans a project's claimable handoffs in id order.
+            models.Index(fields=["project", "id"], condition=Q(state__in=UNBOUND_STATES), name="handoff_claimable"),
+            models.Index(fields=["session", "state"], name="handoff_session_state"),
+        ]
+        constraints = [
+            # Contract §08 / DESIGN §3: a logical id names one logical job per project, so its
+            # result can be recognised (duplicate) or refused (conflict) on every later arrival.
+            models.UniqueConstraint(fields=["project", "logical_id"], name="handoff_logical_id_unique_per_project"),
+            # Statuses only from the declared set (no free-form state, STYLE "lifecycle as data").
+            models.CheckConstraint(condition=Q(state__in=HandoffState.values), name="handoff_state_enum"),
+            # A job is identified by a server-computed content address (DESIGN §3, §7).
+            models.CheckConstraint(condition=Q(job_fingerprint__regex=FINGERPRINT_REGEX), name="handoff_job_fp_format"),
+            # A lease is only ever held with a holder, an expiry and a fencing token ≥ 1.
+            models.CheckConstraint(
+                condition=~Q(state="claimed") | (Q(lease_expires_at__isnull=False) & Q(fencing_token__gte=1)),
+                name="handoff_claimed_has_lease",
+            ),
+            # The fencing token advances with every claim: never behind the attempt count.
+            models.CheckConstraint(condition=Q(fencing_token__gte=models.F("attempt")), name="handoff_token_tracks_attempts"),
+            # Bound/conflicted handoffs carry the time their result was bound (a receipt exists).
+            models.CheckConstraint(
+                condition=~Q(state__in=["bound", "conflicted"]) | Q(bound_at__isnull=False),
+                name="handoff_bound_has_time",
+            ),
+            # Every attempt's lease ends (an expired lease is what makes a job re-claimable).
+            models.CheckConstraint(condition=Q(timeout_seconds__gte=1), name="handoff_timeout_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"handoff {self.logical_id} ({self.state})"
+
+
+class DeliveryOutcome(models.TextChoices):
+    CONSUMED = "consumed"  # this arrival was validated and consumed (the receipt points at it)
+    ALREADY_CONSUMED = "already_consumed"  # same logical id, same hash: recognised duplicate
+    CONFLICTING_RESULT = "conflicting_result"  # same logical id, different hash: hard stop
+    STALE_LEASE = "stale_lease"  # carried a superseded fencing token
+    INVALID = "invalid"  # failed validation (schema, or does not cite the frozen job)
+    NOT_CLAIMABLE = "not_claimable"  # the handoff was never claimed, or was cancelled
+
+
+class ResultDelivery(models.Model):
+    """Every arrival of a result, whatever became of it (the delivery log)."""
+
+    handoff = models.ForeignKey(Handoff, on_delete=models.CASCADE, related_name="deliveries")
+    attempt = models.PositiveIntegerField()
+    fencing_token = models.PositiveBigIntegerField()
+    result_hash = models.CharField(max_length=71)
+    #: kept for arrivals that were examined (consumed, conflicting, invalid); a recognised
+    #: duplicate stores only its hash — it is byte-identical to the consumed payload.
+    payload = models.JSONField(null=True, blank=True)
+    outcome = models.CharField(max_length=24, choices=DeliveryOutcome.choices)
+    delivered_by = models.CharField(max_length=200, default="")
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["handoff", "id"], name="delivery_handoff_id")]
+        constraints = [
+            # Every arrival is classified by what became of it (contract §08: delivery ≠ consumption).
+            models.CheckConstraint(condition=Q(outcome__in=DeliveryOutcome.values), name="delivery_outcome_enum"),
+            # The hash is the server's sha256 of the canonical result: the identity duplicates are recognised by.
+            models.CheckConstraint(condition=Q(result_hash__regex=FINGERPRINT_REGEX), name="delivery_hash_format"),
+        ]
+
+
+class ResultValidation(models.Model):
+    """The validation of one (non-duplicate) delivery: schema, and bound to the frozen job."""
+
+    delivery = models.OneToOneField(ResultDelivery, on_delete=models.CASCADE, related_name="validation")
+    valid = models.BooleanField()
+    cites_job_fingerprint = models.BooleanField()
+    stated_job_fingerprint = models.CharField(max_length=80, blank=True, default="")
+    errors = models.JSONField(default=list, blank=True)
+    validated_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            # A result that does not cite the frozen job can never be valid (contract §12).
+            models.CheckConstraint(condition=~Q(valid=True) | Q(cites_job_fingerprint=True), name="validation_valid_cites_job"),
+        ]
+
+
+class ConsumeReceipt(models.Model):
+    """Proof that a logical result was consumed — once.
+
+    Outlives its handoff (``handoff`` is SET_NULL when a session is forgotten), so a consumed
+    logical id can never be consumed again, even through a new handoff.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="receipts")
+    logical_id = models.CharField(max_length=200)
+    handoff = models.OneToOneField(Handoff, null=True, blank=True, on_delete=models.SET_NULL, related_name="receipt")
+    session_id = models.BigIntegerField(null=True, blank=True)  # plain column: outlives the session
+    run_id = models.BigIntegerField(null=True, blank=True)
+    delivery = models.ForeignKey(ResultDelivery, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    job_fingerprint = models.CharField(max_length=71)
+    result_hash = models.CharField(max_length=71)
+    result = models.JSONField()
+    consumed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            # Contract §08, §13.5: a logical result is consumed at most once. Concurrent
+            # deliveries race on this index; exactly one insert wins.
+            models.UniqueConstraint(fields=["project", "logical_id"], name="receipt_one_per_logical_id"),
+            # A same-hash arrival is a duplicate, any other hash a conflict: the hash must be exact.
+            models.CheckConstraint(condition=Q(result_hash__regex=FINGERPRINT_REGEX), name="receipt_hash_format"),
+        ]
+
+
+class IntentKind(models.TextChoices):
+    ARTIFACT_MAKE_CURRENT = "artifact.make_current"
+    AUTHORITY_SETTLE = "authority.settle"
+    FRAMEWORK_CHANGE = "framework.change"
+
+
+class IntentState(models.TextChoices):
+    PROPOSED = "proposed"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXECUTED = "executed"
+    REFUSED = "refused"  # the compare-and-swap found a stale before-state: terminal
+
+
+class WriteIntent(models.Model):
+    """A consequential write (contract §08): before-state, idempotency key, approval,
+    compare-and-swap execution and a recorded post-condition. Session state, role and
+    provider metadata play no part in whether it may execute (contract §13.7)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="write_intents")
+    session = models.ForeignKey(Session, null=True, blank=True, on_delete=models.SET_NULL, related_name="write_intents")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    kind = models.CharField(max_length=32, choices=IntentKind.choices)
+    artifact = models.ForeignKey(Artifact, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    params = models.JSONField(default=dict, blank=True)
+    before_fingerprint = models.CharField(max_length=71)
+    before_state = models.JSONField()
+    idempotency_key = models.CharField(max_length=200)
+    #: sha256 of (kind, target, params, before-state): a reused key with another request is refused
+    request_fingerprint = models.CharField(max_length=71)
+    state = models.CharField(max_length=16, choices=IntentState.choices, default=IntentState.PROPOSED)
+    #: the first outcome, returned verbatim to every replay
+    outcome = models.JSONField(null=True, blank=True)
+    after_fingerprint = models.CharField(max_length=71, blank=True, default="")
+    #: {"expected": fp, "observed": fp, "ok": bool}: checked after the write, recorded here
+    postcondition = models.JSONField(null=True, blank=True)
+    refusal_code = models.CharField(max_length=32, blank=True, default="")
+    executed_at = models.DateTimeField(null=True, blank=True)
+    executed_by = models.CharField(max_length=200, blank=True, default="")
+    created_by = models.CharField(max_length=200, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["project", "state", "id"], name="intent_project_state")]
+        constraints = [
+            # Contract §08: replaying an idempotency key returns the first outcome; the key
+            # names one intent per project.
+            models.UniqueConstraint(fields=["project", "idempotency_key"], name="intent_idempotency_key_unique"),
+            # Only the consequential writes the service knows how to compare-and-swap.
+            models.CheckConstraint(condition=Q(kind__in=IntentKind.values), name="intent_kind_enum"),
+            models.CheckConstraint(condition=Q(state__in=IntentState.values), name="intent_state_enum"),
+            # Contract §08: every consequential write names the before-state it expects.
+            models.CheckConstraint(condition=Q(before_fingerprint__regex=FINGERPRINT_REGEX), name="intent_before_fp_format"),
+            # An artifact write names its artifact; an authority write names none.
+            models.CheckConstraint(
+                condition=(Q(kind="artifact.make_current") & Q(artifact__isnull=False))
+                | (~Q(kind="artifact.make_current") & Q(artifact__isnull=True)),
+                name="intent_target_matches_kind",
+            ),
+            # Executed ⇔ a recorded post-condition and an execution time.
+            models.CheckConstraint(
+                condition=~Q(state="executed") | (Q(postcondition__isnull=False) & Q(executed_at__isnull=False)),
+                name="intent_executed_has_postcondition",
+            ),
+        ]
+
+
+class ApprovalDecision(models.TextChoices):
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+class Approval(models.Model):
+    """A manager's decision on a write intent, bound to the before-state and authority it saw.
+
+    It goes stale when revoked, or when the project's authority moved since it was given.
+    """
+
+    intent = models.ForeignKey(WriteIntent, on_delete=models.CASCADE, related_name="approvals")
+    decision = models.CharField(max_length=16, choices=ApprovalDecision.choices)
+    approver = models.CharField(max_length=200)
+    approver_token_id = models.BigIntegerField(null=True, blank=True)
+    approver_user_id = models.BigIntegerField(null=True, blank=True)
+    before_fingerprint = models.CharField(max_length=71)
+    authority_version = models.PositiveIntegerField()
+    note = models.CharField(max_length=500, blank=True, default="")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(decision__in=ApprovalDecision.values), name="approval_decision_enum"),
+            # §13.7: write authority comes from one standing manager decision, never from two
+            # contradictory ones (nor from the session).
+            models.UniqueConstraint(fields=["intent"], condition=Q(revoked_at__isnull=True), name="approval_one_standing_per_intent"),
+        ]
+
+
+class AuthorityChange(models.Model):
+    """History of the project's authority/framework: what each executed intent changed."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="authority_changes")
+    intent = models.OneToOneField(WriteIntent, on_delete=models.CASCADE, related_name="authority_change")
+    kind = models.CharField(max_length=32, choices=IntentKind.choices)
+    before = models.JSONField()
+    after = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            # Only authority/framework writes change what sessions are bound to (binding invalidation).
+            models.CheckConstraint(
+                condition=Q(kind__in=[IntentKind.AUTHORITY_SETTLE.value, IntentKind.FRAMEWORK_CHANGE.value]),
+                name="authority_change_kind",
+            ),
+        ]
+
+
+__all__ = [
+    "Approval", "ApprovalDecision", "AuthorityChange", "ConsumeReceipt", "DeliveryOutcome",
+    "Handoff", "HandoffState", "IntentKind", "IntentState", "ResultDelivery", "ResultValidation", "WriteIntent",
+    "UNBOUND_STATES",
+]

@@ -1,0 +1,48 @@
+"""The hot path (DESIGN §12): queries per claim, heartbeat and delivery are pinned.
+
+``transaction=True`` so each action's ``atomic()`` is a real transaction, exactly as in
+production: no test-wrapper savepoints in the counts, and BEGIN/COMMIT (which psycopg 3 logs)
+are counted as the round trips they are.
+"""
+from __future__ import annotations
+
+import pytest
+
+from novelforge_sessions.actions.handoffs import claim_handoff, create_handoff, heartbeat_handoff
+from novelforge_sessions.actions.results import deliver_result
+from novelforge_sessions.actions.runs import start_run
+from novelforge_sessions.actions.runtimes import RuntimeSpec
+from novelforge_sessions.actions.sessions import NewSession, create_session
+from novelforge_sessions.actions.tokens import create_token
+from tests.conftest import Api, caller_for, make_project
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_claim_heartbeat_and_delivery_query_counts(django_assert_max_num_queries, django_assert_num_queries):
+    project = make_project("hot")
+    who = caller_for(project)
+    s = create_session(who, NewSession("writer", "bounded", "drafting", "codex"), runtime=RuntimeSpec("codex"))
+    run = start_run(who, s.id)
+    h = create_handoff(who, run.id, logical_id="hot-1", result_schema={"text": "string"}).handoff
+
+    with django_assert_num_queries(4):  # BEGIN, UPDATE … RETURNING (the claim), its event, COMMIT
+        claimed = claim_handoff(who, worker="w", capabilities=[])
+    with django_assert_num_queries(1):  # one conditional UPDATE
+        heartbeat_handoff(who, claimed.id, fencing_token=claimed.fencing_token)
+    kw = {"fencing_token": claimed.fencing_token, "job_fingerprint": h.job_fingerprint, "result": {"text": "x"}}
+    # read handoff+receipt, BEGIN, lock session, fenced UPDATE, delivery, validation, receipt,
+    # remaining handoffs, run's pending list, open run, session (→ running), 2 events, COMMIT
+    with django_assert_max_num_queries(14):
+        assert deliver_result(who, claimed.id, **kw).outcome == "consumed"
+    with django_assert_num_queries(2):  # the duplicate: one read, its delivery-log row (autocommit)
+        assert deliver_result(who, claimed.id, **kw).outcome == "already_consumed"
+
+    # over HTTP the duplicate adds only the token lookup
+    _, raw = create_token(project, name="w", permissions=["work"])
+    api = Api(raw)
+    body = {"fencing_token": claimed.fencing_token, "job_fingerprint": h.job_fingerprint, "result": {"text": "x"}}
+    assert api.post(f"/handoffs/{claimed.id}/results", body).status_code == 200  # warms last_used_at
+    with django_assert_num_queries(3):
+        resp = api.post(f"/handoffs/{claimed.id}/results", body)
+    assert resp.json()["outcome"] == "already_consumed"
