@@ -1,4 +1,10 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels."""
+"""ASGI entry point: HTTP through Django, websockets through Channels.
+
+Websockets are wrapped, outermost first, in ``AllowedHostsOriginValidator`` (a page from a
+foreign Origin cannot open a socket with the manager's cookie: the handshake is refused) and
+``AuthMiddlewareStack`` (the Django session cookie becomes ``scope["user"]``). Agents present
+a bearer token instead; the consumer checks it (``novelforge_sessions.live.consumers``).
+"""
 import os
 
 from django.core.asgi import get_asgi_application
@@ -7,6 +13,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "novelforge_sessions.settings")
 # Build the Django app before importing anything that touches models (PITFALLS.md).
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from novelforge_sessions.live.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)

@@ -160,6 +160,11 @@ TRANSCRIPT_MAX_ENTRIES = _strict_int("TRANSCRIPT_MAX_ENTRIES", default=10_000, m
 TRANSCRIPT_ENTRY_MAX_BYTES = _strict_int("TRANSCRIPT_ENTRY_MAX_BYTES", default=32 * 1024, minimum=64)
 RUNTIME_LEASE_SECONDS = _strict_int("RUNTIME_LEASE_SECONDS", default=60, minimum=1)
 TOKEN_LAST_USED_RESOLUTION_SECONDS = _strict_int("TOKEN_LAST_USED_RESOLUTION_SECONDS", default=300)
+# Websockets: how often a socket re-checks the event table and the caller's access (a lost
+# wake-up only delays an event; a revoked token or membership closes the socket), and how
+# long a token-authenticated socket may take to send its auth frame.
+LIVE_SWEEP_SECONDS = _strict_int("LIVE_SWEEP_SECONDS", default=15, minimum=1)
+LIVE_AUTH_TIMEOUT_SECONDS = _strict_int("LIVE_AUTH_TIMEOUT_SECONDS", default=10, minimum=1)
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the dashboard's JS reads it for POSTs

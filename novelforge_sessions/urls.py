@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 
 from novelforge_sessions import health
 from novelforge_sessions.api import api
@@ -12,4 +12,6 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
+    path("reviews/", include("reviews.urls")),
+    path("", include("novelforge_sessions.dashboard.urls")),
 ]

@@ -96,5 +96,9 @@ def _register_routers() -> None:
     for control_router in control.routers:
         api.add_router("/v1/", control_router)
 
+    from reviews.api import router as reviews_router
+
+    api.add_router("/v1/", reviews_router)
+
 
 _register_routers()

@@ -1,10 +1,76 @@
-"""Review panels embedded in manager pages (filled in by the review feature)."""
+"""Review template tags.
+
+``{% review_panel session %}`` renders the review gates of one session (state, route, frozen
+fingerprints, assignments and the bound verdicts) for the manager's session page.
+``shortfp`` shows a fingerprint as ``sha256:3f2a…9c1d``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
 from django import template
+from django.db.models import Prefetch
+
+from reviews.models import ReviewAssignment, ReviewGate, Verdict
 
 register = template.Library()
 
 
+@register.filter
+def shortfp(value: str | None) -> str:
+    if not value:
+        return ""
+    algo, _, digest = str(value).partition(":")
+    if not digest or len(digest) <= 12:
+        return str(value)
+    return f"{algo}:{digest[:4]}…{digest[-4:]}"
+
+
+@register.filter
+def get_item(mapping: dict | None, key: str) -> Any:
+    return (mapping or {}).get(key, "")
+
+
+def _reviewer_name(assignment: ReviewAssignment) -> str:
+    if assignment.reviewer_user is not None:
+        return assignment.reviewer_user.get_username()
+    if assignment.reviewer_session_id is not None:
+        return f"agent session #{assignment.reviewer_session_id}"
+    return assignment.reviewer or "unclaimed"
+
+
 @register.inclusion_tag("reviews/_session_panel.html")
-def review_panel(session):
-    """The review gates of one session, for the manager's session page."""
-    return {"session": session, "gates": []}
+def review_panel(session) -> dict[str, Any]:
+    """The review gates of one session, newest first, for the manager's session page."""
+    gates = list(
+        ReviewGate.objects.filter(session=session)
+        .select_related("packet", "candidate__artifact")
+        .prefetch_related(
+            Prefetch(
+                "packet__assignments",
+                queryset=ReviewAssignment.objects.select_related("reviewer_user").order_by("id"),
+            ),
+            Prefetch("packet__verdicts", queryset=Verdict.objects.order_by("id")),
+        )
+        .order_by("-id")
+    )
+    items = []
+    for gate in gates:
+        by_assignment = {v.assignment_id: v for v in gate.packet.verdicts.all()}
+        criteria = gate.rubric.get("criteria", [])
+        rows = []
+        for a in gate.packet.assignments.all():
+            verdict = by_assignment.get(a.id)
+            # Scores in rubric order (jsonb does not keep key order).
+            scores = [(c["key"], verdict.scores.get(c["key"]), c["scale"]["max"]) for c in criteria] if verdict else []
+            rows.append({"a": a, "reviewer": _reviewer_name(a), "v": verdict, "scores": scores})
+        items.append(
+            {
+                "gate": gate,
+                "artifact": gate.candidate.artifact.name,
+                "version": gate.candidate.number,
+                "rows": rows,
+                "live_agents": (gate.routing or {}).get("live_agent_reviewers", []),
+            }
+        )
+    return {"session": session, "gates": items}

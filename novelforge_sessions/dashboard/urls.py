@@ -1,0 +1,19 @@
+"""Manager pages, their partials, and the manager actions (all POST, CSRF-protected)."""
+from django.urls import path
+
+from novelforge_sessions.dashboard import views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("counts/", views.counts, name="counts"),
+    path("sessions/<int:session_id>/", views.session_detail, name="session"),
+    path("sessions/<int:session_id>/row/", views.session_row, name="session-row"),
+    path("sessions/<int:session_id>/panels/", views.session_panels, name="session-panels"),
+    path("sessions/<int:session_id>/close/", views.close_session, name="close"),
+    path("sessions/<int:session_id>/abort/", views.abort_session, name="abort"),
+    path("sessions/<int:session_id>/terminate/", views.terminate_session, name="terminate"),
+    path("sessions/<int:session_id>/resume/", views.resume, name="resume"),
+    path("projects/<int:project_id>/", views.project_detail, name="project"),
+]

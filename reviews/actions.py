@@ -1,0 +1,449 @@
+"""Review writes: open a gate, claim a packet, bind a verdict, cancel a gate.
+
+Each action validates with the pure modules first (``packets``, ``verdicts``), then runs one
+``transaction.atomic()`` that locks the gate's session row first (the global lock order:
+session, then its run, then everything hanging off it), writes, and appends its events last.
+
+Events carry ids, fingerprints and states only — never packet content, calibration material,
+decisions or scores — because anything in the event log can reach a websocket subscriber.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from novelforge_sessions import events
+from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.access import Caller
+from novelforge_sessions.actions.lifecycle import Outbox, apply_transition, check, lock_session, open_run
+from novelforge_sessions.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from novelforge_sessions.models import Artifact, ArtifactVersion, Membership, RuntimeAttachment, Session
+from reviews import packets, verdicts
+from reviews.access import (
+    INDEPENDENT_MEMORY,
+    IndependenceViolation,
+    ReviewerIdentity,
+    StaleFingerprint,
+    assignment_for,
+    check_agent_reviewer_session,
+    check_independence,
+    session_key,
+    user_key,
+)
+from reviews.models import GateCalibration, ReviewAssignment, ReviewGate, ReviewPacket, Verdict
+
+MAX_REVIEWERS = 20
+MAX_AGENT_VERDICTS = 10
+MAX_ANSWER_KEY = 20_000
+#: Sessions that may open a gate on their own work (contract §02: writer, or the manager).
+GATE_OPENER_ROLES = frozenset({rt.SessionRole.WRITER.value, rt.SessionRole.MANAGER.value})
+
+
+# ------------------------------------------------------------------------------------------
+# Opening a gate
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GateSpec:
+    candidate_version_id: int
+    rubric: Any
+    route: str
+    evidence: Any = None
+    required_verdicts: int | None = None
+    reviewers: list[str] = field(default_factory=list)  # usernames (page/relay)
+    reviewer_session_ids: list[int] = field(default_factory=list)  # agent route, optional
+    calibration: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class _ValidGate:
+    rubric: packets.Rubric
+    evidence: tuple[packets.EvidenceItem, ...]
+    route: str
+    required: int
+    reviewers: list[str]
+    sessions: list[int]
+    calibration: dict[str, Any] | None
+
+
+def _validate_calibration(value: Any, rubric: packets.Rubric) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"expected_decision", "expected_scores", "answer_key"}:
+        raise ValidationFailed("calibration is {expected_decision, expected_scores, answer_key}", field="calibration")
+    decision = value.get("expected_decision") or ""
+    if decision and decision not in packets.DECISIONS:
+        raise ValidationFailed("expected_decision must be pass, revise or reject", field="calibration.expected_decision")
+    scores = value.get("expected_scores") or {}
+    if not isinstance(scores, dict):
+        raise ValidationFailed("expected_scores must be an object", field="calibration.expected_scores")
+    for key, score in scores.items():
+        criterion = rubric.criterion(key)
+        where = f"calibration.expected_scores.{key}"
+        if criterion is None:
+            raise ValidationFailed("not a criterion of the rubric", field=where)
+        if not isinstance(score, int) or isinstance(score, bool) or not criterion.min <= score <= criterion.max:
+            raise ValidationFailed(f"must be an integer from {criterion.min} to {criterion.max}", field=where)
+    answer_key = value.get("answer_key") or ""
+    if not isinstance(answer_key, str) or len(answer_key) > MAX_ANSWER_KEY:
+        raise ValidationFailed(f"answer_key must be a string of at most {MAX_ANSWER_KEY} characters", field="calibration.answer_key")
+    return {"expected_decision": decision, "expected_scores": scores, "answer_key": answer_key}
+
+
+def validate_gate_spec(spec: GateSpec) -> _ValidGate:
+    """Everything that needs no database: route, rubric, evidence, counts, calibration."""
+    if spec.route not in packets.ROUTES:
+        raise ValidationFailed("route must be page, relay or agent", field="route", allowed=list(packets.ROUTES))
+    rubric = check(packets.validate_rubric, spec.rubric)
+    evidence = check(packets.validate_evidence, spec.evidence, rubric)
+    reviewers, sessions = list(spec.reviewers or []), list(spec.reviewer_session_ids or [])
+    if len(set(reviewers)) != len(reviewers) or len(reviewers) > MAX_REVIEWERS:
+        raise ValidationFailed(f"reviewers must be unique usernames (at most {MAX_REVIEWERS})", field="reviewers")
+    if len(set(sessions)) != len(sessions):
+        raise ValidationFailed("reviewer_session_ids must be unique", field="reviewer_session_ids")
+    if spec.route == ReviewGate.Route.AGENT:
+        if reviewers:
+            raise ValidationFailed("the agent route takes reviewer sessions, not users", field="reviewers")
+        required = spec.required_verdicts or max(1, len(sessions))
+        if not max(1, len(sessions)) <= required <= MAX_AGENT_VERDICTS:
+            raise ValidationFailed(
+                f"required_verdicts must be from {max(1, len(sessions))} to {MAX_AGENT_VERDICTS}", field="required_verdicts"
+            )
+    else:
+        if sessions:
+            raise ValidationFailed("page and relay routes are reviewed by users", field="reviewer_session_ids")
+        if not reviewers:
+            raise ValidationFailed("name at least one reviewer (a username)", field="reviewers")
+        required = spec.required_verdicts or len(reviewers)
+        if not 1 <= required <= len(reviewers):
+            raise ValidationFailed(
+                f"required_verdicts must be from 1 to the number of reviewers ({len(reviewers)})", field="required_verdicts"
+            )
+    calibration = _validate_calibration(spec.calibration, rubric)
+    return _ValidGate(rubric, evidence, spec.route, required, reviewers, sessions, calibration)
+
+
+def _live_agent_reviewers(project_id: int) -> list[dict[str, Any]]:
+    """Routing (contract §09): before a gate waits on a person, record which connected agent
+    reviewers (live runtime declaring ``review``) could have taken it instead."""
+    rows = (
+        RuntimeAttachment.objects.filter(
+            state=rt.RuntimeState.LIVE, session__project_id=project_id,
+            session__role=rt.SessionRole.SEMANTIC_REVIEWER, session__memory_policy__in=INDEPENDENT_MEMORY,
+            capabilities__contains=["review"], lease_expires_at__gt=timezone.now(),
+        )
+        .order_by("session_id")
+        .values("session_id", "runtime_family")[:10]
+    )
+    return list(rows)
+
+
+def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
+    """Freeze a candidate and rubric for review, build the blind packet, assign reviewers.
+
+    A page or relay route moves the session ``running → awaiting_user``; the open run stays
+    open and continues when the required verdicts are bound.
+    """
+    caller.require("write")
+    valid = validate_gate_spec(spec)
+    with transaction.atomic():
+        session = lock_session(caller, session_id)
+        if session.role not in GATE_OPENER_ROLES:
+            raise Forbidden("review gates are opened by a writer or manager session", role=session.role)
+        if session.status != rt.SessionStatus.RUNNING:
+            raise Conflict("a gate is opened by the open run of a running session", code="session_not_running",
+                           status=session.status)
+        run = open_run(session)
+        if run is None:
+            raise Conflict("a gate is opened by an open run", code="no_open_run", status=session.status)
+        try:
+            candidate = ArtifactVersion.objects.select_related("artifact").get(
+                id=spec.candidate_version_id, artifact__project_id=session.project_id
+            )
+        except ArtifactVersion.DoesNotExist:
+            raise NotFound("artifact version not found", field="candidate_version_id",
+                           candidate_version_id=spec.candidate_version_id) from None
+
+        users = _check_human_reviewers(valid.reviewers, session, candidate, caller.label)
+        agents = _check_agent_reviewers(valid.sessions, session)
+        packet = check(
+            packets.build_packet, candidate_content=candidate.content, candidate_fingerprint=candidate.fingerprint,
+            rubric=valid.rubric, evidence=valid.evidence,
+        )
+        gate = ReviewGate.objects.create(
+            project_id=session.project_id, session=session, run=run, opened_by=caller.label, candidate=candidate,
+            candidate_fingerprint=candidate.fingerprint, head_version_id=candidate.artifact.current_version_id,
+            rubric=valid.rubric.as_dict(), evidence=[e.as_dict() for e in valid.evidence], route=valid.route,
+            required_verdicts=valid.required,
+            routing={"live_agent_reviewers": _live_agent_reviewers(session.project_id)} if valid.route != "agent" else {},
+        )
+        if valid.calibration is not None:
+            GateCalibration.objects.create(gate=gate, **valid.calibration)
+        stored = ReviewPacket.objects.create(gate=gate, fingerprint=packet.fingerprint, content=packet.content)
+        now = timezone.now()
+        slots = [
+            ReviewAssignment(packet=stored, reviewer=user_key(u.pk), reviewer_user=u, state="assigned", assigned_at=now)
+            for u in users
+        ] + [
+            ReviewAssignment(packet=stored, reviewer=session_key(s.pk), reviewer_session=s, state="assigned", assigned_at=now)
+            for s in agents
+        ]
+        if valid.route == ReviewGate.Route.AGENT:
+            slots += [ReviewAssignment(packet=stored, state="open") for _ in range(valid.required - len(agents))]
+        ReviewAssignment.objects.bulk_create(slots)
+
+        outbox = Outbox(caller.label)
+        outbox.add(
+            session, "review.gate_opened", run_id=run.id, gate_id=gate.id, packet_id=stored.id, route=gate.route,
+            required_verdicts=gate.required_verdicts, candidate_version_id=candidate.id,
+            candidate_fingerprint=candidate.fingerprint, packet_fingerprint=stored.fingerprint, state=gate.state,
+        )
+        if gate.waits_on_user:
+            apply_transition(
+                session, rt.SessionStatus.AWAITING_USER, reason=f"review gate {gate.id} waits on a reviewer",
+                outbox=outbox, current_run=run,
+            )
+        outbox.flush()
+    return gate
+
+
+def _check_human_reviewers(usernames: list[str], session: Session, candidate: ArtifactVersion, opener: str) -> list:
+    if not usernames:
+        return []
+    User = get_user_model()
+    found = {
+        u.get_username(): u
+        for u in User.objects.filter(
+            username__in=usernames, is_active=True, memberships__project_id=session.project_id,
+            memberships__role=Membership.Role.REVIEWER,
+        )
+    }
+    users = []
+    for i, name in enumerate(usernames):
+        user = found.get(name)
+        if user is None:
+            raise ValidationFailed("not a reviewer in this project", field=f"reviewers[{i}]")
+        if f"user:{name}" in {candidate.created_by, opener}:
+            raise IndependenceViolation("a reviewer cannot review their own work", field=f"reviewers[{i}]")
+        users.append(user)
+    return users
+
+
+def _check_agent_reviewers(session_ids: list[int], writer: Session) -> list[Session]:
+    if not session_ids:
+        return []
+    found = {s.id: s for s in Session.objects.filter(id__in=session_ids, project_id=writer.project_id)}
+    sessions = []
+    for i, sid in enumerate(session_ids):
+        where = f"reviewer_session_ids[{i}]"
+        reviewer = found.get(sid)
+        if reviewer is None:
+            raise ValidationFailed("no such session in this project", field=where)
+        if reviewer.id == writer.id:
+            raise IndependenceViolation("a session cannot review its own candidate", field=where)
+        check_agent_reviewer_session(reviewer, field=where)
+        sessions.append(reviewer)
+    return sessions
+
+
+# ------------------------------------------------------------------------------------------
+# Claiming an agent packet
+# ------------------------------------------------------------------------------------------
+_A, _P, _G, _V = (m._meta.db_table for m in (ReviewAssignment, ReviewPacket, ReviewGate, ArtifactVersion))
+# Claim-once: the oldest open agent slot this reviewer is eligible for, taken with a
+# conditional UPDATE. SKIP LOCKED lets concurrent claimers pass each other instead of queueing
+# on the same row; the outer `state = 'open'` re-check makes a double claim impossible.
+_CLAIM_SQL = f"""
+UPDATE {_A} SET reviewer = %(key)s, reviewer_session_id = %(sid)s, state = 'assigned', assigned_at = now()
+ WHERE state = 'open' AND id = (
+   SELECT a.id FROM {_A} a
+     JOIN {_P} p ON p.id = a.packet_id
+     JOIN {_G} g ON g.id = p.gate_id
+     JOIN {_V} v ON v.id = g.candidate_id
+    WHERE a.state = 'open' AND g.route = 'agent' AND g.state = 'pending'
+      AND g.project_id = %(project)s AND g.session_id <> %(sid)s
+      AND g.opened_by <> ALL(%(labels)s) AND v.created_by <> ALL(%(labels)s)
+      AND NOT EXISTS (SELECT 1 FROM {_A} b WHERE b.packet_id = a.packet_id AND b.reviewer = %(key)s)
+    ORDER BY a.id
+    LIMIT 1
+    FOR UPDATE OF a SKIP LOCKED)
+RETURNING id, packet_id
+"""
+
+
+def claim_packet(identity: ReviewerIdentity) -> ReviewAssignment | None:
+    """An agent reviewer takes the oldest open agent-route slot it is independent of.
+
+    Returns ``None`` when nothing is claimable. (When the control plane's handoffs with leases
+    land, this becomes a handoff claim; the eligibility rules stay the same.)
+    """
+    assert identity.is_agent
+    (project_id,) = identity.project_ids
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute(
+                    _CLAIM_SQL,
+                    {"key": identity.key, "sid": identity.session_id, "project": project_id,
+                     "labels": sorted(identity.labels)},
+                )
+                row = cur.fetchone()
+            if row is None:
+                return None
+            assignment = ReviewAssignment.objects.select_related("packet__gate").get(id=row[0])
+            gate = assignment.packet.gate
+            events.append(
+                project_id=gate.project_id, session_id=gate.session_id, run_id=gate.run_id, type="review.packet_claimed",
+                actor=identity.key,
+                payload={"gate_id": gate.id, "packet_id": assignment.packet_id, "assignment_id": assignment.id,
+                         "reviewer_session_id": identity.session_id, "state": assignment.state},
+            )
+    except IntegrityError:
+        # The same reviewer claimed a second slot of one packet concurrently: the unique
+        # (packet, reviewer) constraint refused it; the first claim stands.
+        raise Conflict("this reviewer already holds a slot on that packet", code="already_claimed") from None
+    return assignment
+
+
+# ------------------------------------------------------------------------------------------
+# Binding a verdict
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BoundVerdict:
+    verdict: Verdict
+    created: bool  # False: an identical resubmission, answered with the verdict already bound
+    gate: ReviewGate
+
+
+def bind_verdict(identity: ReviewerIdentity, packet_id: int, payload: Any, *, channel: str) -> BoundVerdict:
+    """Validate a verdict against the packet's rubric and bind it to the cited fingerprints.
+
+    Refusals, all before anything is written: 404 (not your packet), 422 (a field is wrong;
+    named), 403 ``independence_violation``, 409 ``stale_fingerprint`` (the cited packet or
+    artifact fingerprint is not this packet's, or the artifact moved on since the freeze),
+    409 ``verdict_conflict`` (a different verdict from you is already bound here).
+    """
+    assignment = assignment_for(identity, packet_id)
+    packet = assignment.packet
+    rubric = packets.rubric_from_dict(packet.content["rubric"])
+    data = check(verdicts.validate_verdict, payload, rubric)
+    created = True
+    try:
+        with transaction.atomic():
+            # Lock the writer's session first (global lock order); every write to this gate
+            # takes the same lock, so verdicts on one gate are serialised here.
+            try:
+                session = Session.objects.select_for_update(of=("self",)).get(id=packet.gate.session_id)
+            except Session.DoesNotExist:
+                raise NotFound("review packet not found", packet_id=packet_id) from None
+            gate = ReviewGate.objects.select_related("candidate").get(id=packet.gate_id)
+            assignment = ReviewAssignment.objects.select_for_update().get(id=assignment.id)
+            check_independence(identity, gate, gate.candidate.created_by)
+            if data.packet_fingerprint != packet.fingerprint:
+                raise StaleFingerprint("the verdict cites another packet fingerprint", field="packet_fingerprint")
+            if data.artifact_fingerprint != gate.candidate_fingerprint:
+                raise StaleFingerprint("the verdict cites another artifact fingerprint", field="artifact_fingerprint")
+            fingerprint = data.fingerprint()
+            existing = Verdict.objects.filter(assignment=assignment).first()
+            if existing is not None:
+                if existing.fingerprint == fingerprint:
+                    return BoundVerdict(existing, False, gate)
+                raise Conflict(
+                    "you already bound a different verdict to this packet", code="verdict_conflict",
+                    verdict_id=existing.id,
+                )
+            if gate.state == ReviewGate.State.CANCELLED:
+                raise Conflict("this review gate was cancelled", code="gate_closed")
+            # Read, not lock: the artifact's head is changed only by approved writes, and a
+            # verdict bound a moment before such a write is still a verdict on the frozen bytes.
+            head = Artifact.objects.filter(id=gate.candidate.artifact_id).values_list("current_version_id", flat=True).first()
+            if head not in {gate.head_version_id, gate.candidate_id}:
+                raise StaleFingerprint(
+                    "the candidate changed since the packet was frozen", field="artifact_fingerprint",
+                    reason="candidate_changed",
+                )
+            verdict = Verdict.objects.create(
+                packet=packet, assignment=assignment, reviewer=identity.key, channel=channel,
+                decision=data.decision, scores=data.scores, findings=[f.as_dict() for f in data.findings],
+                confidence=data.confidence, packet_fingerprint=data.packet_fingerprint,
+                artifact_fingerprint=data.artifact_fingerprint, fingerprint=fingerprint,
+            )
+            assignment.state = ReviewAssignment.State.SUBMITTED
+            assignment.submitted_at = verdict.bound_at
+            assignment.save(update_fields=["state", "submitted_at"])
+            outbox = Outbox(identity.key)
+            gate.bound_verdicts += 1
+            completed = gate.state == ReviewGate.State.PENDING and gate.bound_verdicts >= gate.required_verdicts
+            if completed:
+                decisions = Verdict.objects.filter(packet=packet).values_list("decision", flat=True)
+                gate.state = ReviewGate.State.COMPLETE
+                gate.outcome = verdicts.aggregate_outcome(decisions)
+                gate.completed_at = timezone.now()
+            gate.save(update_fields=["bound_verdicts", "state", "outcome", "completed_at"])
+            outbox.add(
+                session, "review.verdict_bound", run_id=gate.run_id, gate_id=gate.id, packet_id=packet.id,
+                verdict_id=verdict.id, assignment_id=assignment.id, packet_fingerprint=verdict.packet_fingerprint,
+                artifact_fingerprint=verdict.artifact_fingerprint, verdict_fingerprint=verdict.fingerprint,
+                bound_verdicts=gate.bound_verdicts, required_verdicts=gate.required_verdicts,
+            )
+            if completed:
+                outbox.add(session, "review.gate_completed", run_id=gate.run_id, gate_id=gate.id, state=gate.state)
+                _resume_if_waiting(session, gate, outbox, reason=f"review gate {gate.id} bound")
+            outbox.flush()
+    except IntegrityError:
+        # A racing identical request won (the unique (packet, reviewer) rule held). Answer
+        # like the idempotent path, or refuse if what won is different.
+        created = False
+        verdict = Verdict.objects.get(packet_id=packet_id, reviewer=identity.key)
+        if verdict.fingerprint != data.fingerprint():
+            raise Conflict("you already bound a different verdict to this packet", code="verdict_conflict",
+                           verdict_id=verdict.id) from None
+        gate = ReviewGate.objects.get(id=packet.gate_id)
+    return BoundVerdict(verdict, created, gate)
+
+
+def _resume_if_waiting(session: Session, gate: ReviewGate, outbox: Outbox, *, reason: str) -> None:
+    """Back to ``running`` when no gate of this session waits on a person any more.
+
+    Only from ``awaiting_user``: a session that failed or was terminated meanwhile keeps its
+    state (the verdict is still recorded)."""
+    if not gate.waits_on_user or session.status != rt.SessionStatus.AWAITING_USER:
+        return
+    still_waiting = (
+        ReviewGate.objects.filter(session=session, state=ReviewGate.State.PENDING, route__in=ReviewGate.USER_ROUTES)
+        .exclude(id=gate.id)
+        .exists()
+    )
+    if not still_waiting:
+        apply_transition(session, rt.SessionStatus.RUNNING, reason=reason, outbox=outbox, current_run=None)
+
+
+# ------------------------------------------------------------------------------------------
+# Cancelling a gate
+# ------------------------------------------------------------------------------------------
+def cancel_gate(caller: Caller, gate_id: int, *, reason: str = "") -> ReviewGate:
+    """Withdraw a pending gate (e.g. the candidate must be re-frozen). Idempotent on a
+    cancelled gate; refused on a complete one. A waiting session goes back to ``running``."""
+    caller.require("write")
+    try:
+        session_id = ReviewGate.objects.filter(session__in=caller.sessions()).values_list("session_id", flat=True).get(id=gate_id)
+    except ReviewGate.DoesNotExist:
+        raise NotFound("review gate not found", gate_id=gate_id) from None
+    with transaction.atomic():
+        session = lock_session(caller, session_id)
+        gate = ReviewGate.objects.get(id=gate_id)
+        if gate.state == ReviewGate.State.CANCELLED:
+            return gate
+        if gate.state == ReviewGate.State.COMPLETE:
+            raise Conflict("a complete gate cannot be cancelled", code="gate_closed", state=gate.state)
+        gate.state = ReviewGate.State.CANCELLED
+        gate.completed_at = timezone.now()
+        gate.save(update_fields=["state", "completed_at"])
+        outbox = Outbox(caller.label)
+        outbox.add(session, "review.gate_cancelled", run_id=gate.run_id, gate_id=gate.id, state=gate.state)
+        _resume_if_waiting(session, gate, outbox, reason=reason or f"review gate {gate.id} cancelled")
+        outbox.flush()
+    return gate

@@ -1,0 +1,324 @@
+"""Review API: writers/managers open and read gates; agent reviewers claim packets and bind verdicts.
+
+Two audiences, two scopes:
+
+* gates (``/sessions/{id}/review-gates``, ``/review-gates/{id}``) are read through
+  ``caller.sessions()``: a token bound to a reviewer session never sees the writer's gates;
+* packets (``/review-packets…``) are read through the reviewer's own assignments: a packet
+  that is not assigned to the calling reviewer session is 404.
+
+Packet and verdict outputs are built from the stored packet and the caller's own verdict only;
+calibration material and other reviewers' verdicts have no field to travel in.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Literal
+
+from django.db.models import Prefetch, QuerySet
+from django.http import HttpRequest
+from ninja import Field, Router, Schema, Status
+
+from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
+from novelforge_sessions.api.schemas import Page, Strict
+from novelforge_sessions.errors import ServiceError
+from reviews import actions
+from reviews.access import assignment_for, assignments_for, reviewer_for_caller
+from reviews.models import ReviewAssignment, ReviewGate, Verdict
+from reviews.packets import DECISIONS, SEVERITIES
+
+router = Router(tags=["reviews"])
+
+
+# ---- schemas ---------------------------------------------------------------------------
+class ScaleIn(Strict):
+    min: int
+    max: int
+
+
+class CriterionIn(Strict):
+    key: str = Field(..., examples=["clarity"])
+    label: str = Field(..., examples=["Clarity"])
+    scale: ScaleIn
+    description: str = ""
+
+
+class RubricIn(Strict):
+    criteria: list[CriterionIn]
+    evidence: list[str] = Field(default_factory=list, description="evidence keys the rubric allows")
+
+
+class EvidenceIn(Strict):
+    key: str = Field(..., description="must be one of the rubric's evidence keys")
+    label: str
+    content: str
+
+
+class CalibrationIn(Strict):
+    expected_decision: Literal["pass", "revise", "reject"] | None = None
+    expected_scores: dict[str, int] = Field(default_factory=dict)
+    answer_key: str = ""
+
+
+class GateIn(Strict):
+    candidate_version_id: int = Field(..., description="an artifact version of this project; its server fingerprint is frozen")
+    rubric: RubricIn
+    evidence: list[EvidenceIn] = Field(default_factory=list)
+    route: Literal["page", "relay", "agent"]
+    required_verdicts: int | None = Field(None, ge=1, le=20)
+    reviewers: list[str] = Field(default_factory=list, description="usernames with the reviewer role (page/relay)")
+    reviewer_session_ids: list[int] = Field(
+        default_factory=list, description="agent route: semantic_reviewer sessions to assign; other slots are claimable"
+    )
+    calibration: CalibrationIn | None = Field(
+        None, description="hidden: scores reviewers afterwards; never in a packet, a page for reviewers or an event"
+    )
+
+
+class AssignmentOut(Schema):
+    id: int
+    reviewer: str
+    state: str
+
+
+class FindingOut(Schema):
+    location: str
+    severity: str
+    note: str
+
+
+class VerdictOut(Schema):
+    id: int
+    packet_id: int
+    reviewer: str
+    channel: str
+    decision: str
+    scores: dict[str, int]
+    findings: list[FindingOut]
+    confidence: float
+    packet_fingerprint: str
+    artifact_fingerprint: str
+    fingerprint: str
+    bound_at: datetime
+
+
+class GateOut(Schema):
+    id: int
+    session_id: int
+    run_id: int
+    route: str
+    state: str
+    outcome: str
+    required_verdicts: int
+    bound_verdicts: int
+    candidate_version_id: int
+    candidate_fingerprint: str
+    packet_id: int
+    packet_fingerprint: str
+    has_calibration: bool
+    routing: dict[str, Any]
+    assignments: list[AssignmentOut]
+    verdicts: list[VerdictOut]
+    created_at: datetime
+    completed_at: datetime | None
+
+
+class PacketSummaryOut(Schema):
+    packet_id: int
+    assignment_id: int
+    fingerprint: str
+    route: str
+    state: str
+    assigned_at: datetime | None
+
+
+class PacketOut(Schema):
+    id: int
+    fingerprint: str
+    route: str
+    assignment_id: int
+    state: str
+    content: dict[str, Any] = Field(..., description="the blind packet: instructions, candidate, rubric, evidence, verdict_schema")
+    verdict: VerdictOut | None = Field(None, description="your own verdict, once bound")
+
+
+class ClaimOut(Schema):
+    packet: PacketOut | None = Field(None, description="null when no packet is waiting for you")
+
+
+_VERDICT_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "description": "A typed verdict. The exact schema for a packet (criteria and scales) is in the packet's "
+                "`content.verdict_schema`; it is enforced field by field (422 names the field).",
+                "required": ["packet_fingerprint", "artifact_fingerprint", "decision", "scores", "findings", "confidence"],
+                "properties": {
+                    "packet_fingerprint": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+                    "artifact_fingerprint": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+                    "decision": {"enum": list(DECISIONS)},
+                    "scores": {"type": "object", "additionalProperties": {"type": "integer"}},
+                    "findings": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "location": {"type": "string"}, "severity": {"enum": list(SEVERITIES)},
+                                "note": {"type": "string"},
+                            },
+                        },
+                    },
+                    "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+                },
+            }
+        }
+    },
+}
+
+
+# ---- renderers -------------------------------------------------------------------------
+def verdict_out(v: Verdict) -> dict[str, Any]:
+    return {
+        "id": v.id, "packet_id": v.packet_id, "reviewer": v.reviewer, "channel": v.channel, "decision": v.decision,
+        "scores": v.scores, "findings": v.findings, "confidence": v.confidence,
+        "packet_fingerprint": v.packet_fingerprint, "artifact_fingerprint": v.artifact_fingerprint,
+        "fingerprint": v.fingerprint, "bound_at": v.bound_at,
+    }
+
+
+def gate_out(g: ReviewGate) -> dict[str, Any]:
+    packet = g.packet
+    return {
+        "id": g.id, "session_id": g.session_id, "run_id": g.run_id, "route": g.route, "state": g.state,
+        "outcome": g.outcome, "required_verdicts": g.required_verdicts, "bound_verdicts": g.bound_verdicts,
+        "candidate_version_id": g.candidate_id, "candidate_fingerprint": g.candidate_fingerprint,
+        "packet_id": packet.id, "packet_fingerprint": packet.fingerprint,
+        "has_calibration": hasattr(g, "calibration"), "routing": g.routing,
+        "assignments": [{"id": a.id, "reviewer": a.reviewer, "state": a.state} for a in packet.assignments.all()],
+        "verdicts": [verdict_out(v) for v in packet.verdicts.all()],
+        "created_at": g.created_at, "completed_at": g.completed_at,
+    }
+
+
+def _gates(qs: QuerySet[ReviewGate]) -> QuerySet[ReviewGate]:
+    return qs.select_related("packet", "calibration").prefetch_related(
+        Prefetch("packet__assignments", queryset=ReviewAssignment.objects.order_by("id")),
+        Prefetch("packet__verdicts", queryset=Verdict.objects.order_by("id")),
+    )
+
+
+def packet_out(a: ReviewAssignment) -> dict[str, Any]:
+    packet = a.packet
+    verdict = Verdict.objects.filter(assignment=a).first()
+    return {
+        "id": packet.id, "fingerprint": packet.fingerprint, "route": packet.gate.route, "assignment_id": a.id,
+        "state": a.state, "content": packet.content, "verdict": verdict_out(verdict) if verdict else None,
+    }
+
+
+# ---- gates (writers and managers) ------------------------------------------------------
+@router.post(
+    "/sessions/{session_id}/review-gates", response={201: GateOut, **errors(403, 404, 409)},
+    summary="Open a review gate: freeze a candidate + rubric, build the blind packet, route it",
+    description="Needs the open run of a `running` writer/manager session. A `page` or `relay` route moves the "
+    "session to `awaiting_user` until the required verdicts are bound. Reviewers must be independent "
+    "(403 `independence_violation`).",
+)
+def open_gate(request: HttpRequest, session_id: int, body: GateIn):
+    spec = actions.GateSpec(
+        candidate_version_id=body.candidate_version_id, rubric=body.rubric.model_dump(),
+        evidence=[e.model_dump() for e in body.evidence], route=body.route, required_verdicts=body.required_verdicts,
+        reviewers=body.reviewers, reviewer_session_ids=body.reviewer_session_ids,
+        calibration=body.calibration.model_dump() if body.calibration else None,
+    )
+    gate = actions.open_gate(caller(request), session_id, spec)
+    return Status(201, gate_out(_gates(ReviewGate.objects).get(id=gate.id)))
+
+
+@router.get(
+    "/sessions/{session_id}/review-gates", response={200: Page[GateOut], **errors(403, 404)},
+    summary="A session's review gates, with their bound verdicts",
+)
+def list_gates(request: HttpRequest, session_id: int, after: int | None = None, limit: int = 50):
+    who = caller(request)
+    who.require("read")
+    session = get_or_404(who.sessions(), "session", id=session_id)
+    page = keyset(_gates(ReviewGate.objects.filter(session=session)), after=after, limit=limit)
+    return {"items": [gate_out(g) for g in page["items"]], "next_after": page["next_after"]}
+
+
+@router.get("/review-gates/{gate_id}", response={200: GateOut, **errors(403, 404)}, summary="Get a review gate")
+def get_gate(request: HttpRequest, gate_id: int):
+    who = caller(request)
+    who.require("read")
+    return gate_out(get_or_404(_gates(ReviewGate.objects.filter(session__in=who.sessions())), "review gate", id=gate_id))
+
+
+@router.post(
+    "/review-gates/{gate_id}/cancel", response={200: GateOut, **errors(403, 404, 409)},
+    summary="Withdraw a pending gate (a waiting session goes back to running)",
+)
+def cancel_gate(request: HttpRequest, gate_id: int):
+    gate = actions.cancel_gate(caller(request), gate_id)
+    return gate_out(_gates(ReviewGate.objects).get(id=gate.id))
+
+
+# ---- packets (agent reviewers) ---------------------------------------------------------
+@router.post(
+    "/review-packets/claim", response={200: ClaimOut, **errors(403, 409)},
+    summary="Claim the oldest open agent-route packet you are independent of",
+    description="Needs a token with the `review` permission bound to your own `semantic_reviewer` session "
+    "(memory `none` or `bounded`). `packet` is null when nothing is waiting.",
+)
+def claim_packet(request: HttpRequest):
+    identity = reviewer_for_caller(caller(request))
+    assignment = actions.claim_packet(identity)
+    return {"packet": packet_out(assignment) if assignment else None}
+
+
+@router.get(
+    "/review-packets", response={200: Page[PacketSummaryOut], **errors(403)},
+    summary="Packets assigned to you (oldest first)",
+)
+def list_packets(request: HttpRequest, state: Literal["assigned", "submitted"] | None = None,
+                 after: int | None = None, limit: int = 50):
+    identity = reviewer_for_caller(caller(request))
+    qs = assignments_for(identity).select_related("packet__gate")
+    if state:
+        qs = qs.filter(state=state)
+    page = keyset(qs, after=after, limit=limit)
+    items = [
+        {"packet_id": a.packet_id, "assignment_id": a.id, "fingerprint": a.packet.fingerprint,
+         "route": a.packet.gate.route, "state": a.state, "assigned_at": a.assigned_at}
+        for a in page["items"]
+    ]
+    return {"items": items, "next_after": page["next_after"]}
+
+
+@router.get(
+    "/review-packets/{packet_id}", response={200: PacketOut, **errors(403, 404)},
+    summary="Read a packet assigned to you",
+)
+def get_packet(request: HttpRequest, packet_id: int):
+    identity = reviewer_for_caller(caller(request))
+    return packet_out(assignment_for(identity, packet_id))
+
+
+@router.post(
+    "/review-packets/{packet_id}/verdicts", response={200: VerdictOut, 201: VerdictOut, **errors(400, 403, 404, 409)},
+    summary="Bind your typed verdict (201; an identical resubmission is 200 with the same verdict)",
+    description="409 `stale_fingerprint` when the cited packet/artifact fingerprint is not this packet's or the "
+    "candidate changed; 409 `verdict_conflict` for a different second verdict; 422 names the offending field.",
+    openapi_extra={"requestBody": _VERDICT_BODY},
+)
+def submit_verdict(request: HttpRequest, packet_id: int):
+    identity = reviewer_for_caller(caller(request))
+    try:
+        payload = json.loads(request.body or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise ServiceError("the request body is not valid JSON", code="malformed_body", http_status=400) from None
+    bound = actions.bind_verdict(identity, packet_id, payload, channel=Verdict.Channel.API)
+    return Status(201 if bound.created else 200, verdict_out(bound.verdict))

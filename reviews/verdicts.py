@@ -1,0 +1,178 @@
+"""Typed verdicts: validation against the packet's rubric (pure; no Django, no I/O).
+
+One validator for every channel — the reviewer page's form, the peer-chat relay's pasted JSON
+and the agent API — so "validated exactly like any verdict" is true by construction. Every
+error names the offending field (``decision``, ``scores.clarity``, ``findings[2].severity``,
+``confidence``...); all errors found are listed in ``details.errors``, the first one is
+``details.field``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from novelforge_sessions.session_runtime import InvalidPayload
+from reviews.packets import (
+    DECISIONS,
+    MAX_FINDINGS,
+    MAX_LOCATION,
+    MAX_NOTE,
+    SEVERITIES,
+    Rubric,
+    canonical_json,
+    is_fingerprint,
+    sha256_fingerprint,
+)
+
+VERDICT_FIELDS = ("packet_fingerprint", "artifact_fingerprint", "decision", "scores", "findings", "confidence")
+
+
+@dataclass(frozen=True)
+class Finding:
+    location: str
+    severity: str
+    note: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"location": self.location, "severity": self.severity, "note": self.note}
+
+
+@dataclass(frozen=True)
+class VerdictData:
+    packet_fingerprint: str
+    artifact_fingerprint: str
+    decision: str
+    scores: dict[str, int]
+    findings: tuple[Finding, ...]
+    confidence: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "packet_fingerprint": self.packet_fingerprint,
+            "artifact_fingerprint": self.artifact_fingerprint,
+            "decision": self.decision,
+            "scores": dict(self.scores),
+            "findings": [f.as_dict() for f in self.findings],
+            "confidence": self.confidence,
+        }
+
+    def fingerprint(self) -> str:
+        """Identity of the verdict's content: an identical resubmission has the same one."""
+        return sha256_fingerprint(canonical_json(self.as_dict()))
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.items: list[dict[str, str]] = []
+
+    def add(self, field: str, message: str) -> None:
+        self.items.append({"field": field, "message": message})
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            first = self.items[0]
+            raise InvalidPayload(f"{first['field']}: {first['message']}", field=first["field"], errors=self.items)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def validate_verdict(payload: Any, rubric: Rubric) -> VerdictData:
+    """Check a verdict body against the rubric and return its normalised form."""
+    errors = _Errors()
+    if not isinstance(payload, Mapping):
+        errors.add("body", "a verdict is a JSON object")
+        errors.raise_if_any()
+    for name in sorted(set(payload) - set(VERDICT_FIELDS)):
+        errors.add(str(name), "unknown field")
+    for name in VERDICT_FIELDS:
+        if name not in payload:
+            errors.add(name, "is required")
+
+    for name in ("packet_fingerprint", "artifact_fingerprint"):
+        if name in payload and not is_fingerprint(payload[name]):
+            errors.add(name, "must look like sha256:<64 lowercase hex digits>")
+
+    decision = payload.get("decision")
+    if "decision" in payload and decision not in DECISIONS:
+        errors.add("decision", f"must be one of {', '.join(DECISIONS)}")
+
+    scores_in = payload.get("scores")
+    scores: dict[str, int] = {}
+    if "scores" in payload:
+        if not isinstance(scores_in, Mapping):
+            errors.add("scores", "must be an object with one integer per rubric criterion")
+        else:
+            for key in sorted(set(scores_in) - {c.key for c in rubric.criteria}):
+                errors.add(f"scores.{key}", "is not a criterion of this rubric")
+            for c in rubric.criteria:
+                field = f"scores.{c.key}"
+                if c.key not in scores_in:
+                    errors.add(field, f"is required (an integer from {c.min} to {c.max})")
+                    continue
+                value = scores_in[c.key]
+                if not _is_int(value):
+                    errors.add(field, f"must be an integer from {c.min} to {c.max}")
+                elif not c.min <= value <= c.max:
+                    errors.add(field, f"{value} is outside the scale {c.min}..{c.max}")
+                else:
+                    scores[c.key] = value
+
+    findings: list[Finding] = []
+    findings_in = payload.get("findings")
+    if "findings" in payload:
+        if not isinstance(findings_in, list):
+            errors.add("findings", "must be a list (it may be empty)")
+        elif len(findings_in) > MAX_FINDINGS:
+            errors.add("findings", f"at most {MAX_FINDINGS} findings")
+        else:
+            for i, item in enumerate(findings_in):
+                where = f"findings[{i}]"
+                if not isinstance(item, Mapping):
+                    errors.add(where, "must be an object {location, severity, note}")
+                    continue
+                for name in sorted(set(item) - {"location", "severity", "note"}):
+                    errors.add(f"{where}.{name}", "unknown field")
+                location, severity, note = item.get("location"), item.get("severity"), item.get("note")
+                ok = True
+                if not isinstance(location, str) or not location.strip() or len(location) > MAX_LOCATION:
+                    errors.add(f"{where}.location", f"must be a non-empty string of at most {MAX_LOCATION} characters")
+                    ok = False
+                if severity not in SEVERITIES:
+                    errors.add(f"{where}.severity", f"must be one of {', '.join(SEVERITIES)}")
+                    ok = False
+                if not isinstance(note, str) or not note.strip() or len(note) > MAX_NOTE:
+                    errors.add(f"{where}.note", f"must be a non-empty string of at most {MAX_NOTE} characters")
+                    ok = False
+                if ok:
+                    findings.append(Finding(location.strip(), severity, note.strip()))
+
+    confidence = payload.get("confidence")
+    if "confidence" in payload and (not _is_number(confidence) or not 0 <= confidence <= 1):
+        errors.add("confidence", "must be a number from 0 to 1")
+
+    errors.raise_if_any()
+    return VerdictData(
+        packet_fingerprint=payload["packet_fingerprint"],
+        artifact_fingerprint=payload["artifact_fingerprint"],
+        decision=decision,
+        scores={c.key: scores[c.key] for c in rubric.criteria},
+        findings=tuple(findings),
+        confidence=float(confidence),
+    )
+
+
+def aggregate_outcome(decisions: Iterable[str]) -> str:
+    """A gate's outcome from its bound verdicts: any reject rejects, any revise revises."""
+    decided = set(decisions)
+    for outcome in ("reject", "revise", "pass"):
+        if outcome in decided:
+            return outcome
+    raise ValueError("no decisions to aggregate")

@@ -1,0 +1,217 @@
+/* NovelForge dashboard: shared pieces (no build step, no framework).
+ *
+ * - NF.EventStream: one websocket to /ws/events/, one or more subscriptions, each with its own
+ *   cursor (the last event id applied). On reconnect every subscription resumes "after" its
+ *   cursor, so the page catches up from the event log instead of reloading; an event at or
+ *   below the cursor is ignored, so nothing is applied twice.
+ * - the connection indicator (live / catching up / reconnecting / offline);
+ * - relative times and lease countdowns that tick; copy-to-clipboard; confirm-before-submit;
+ * - NF.renderEvent: the same markup as templates/dashboard/_event.html.
+ */
+(function () {
+  "use strict";
+  const NF = (window.NF = window.NF || {});
+
+  // ------------------------------------------------------------------ connection indicator
+  const CONN_TEXT = { connecting: "connecting…", catching_up: "catching up…", live: "live",
+                      reconnecting: "reconnecting…", offline: "offline" };
+  NF.setConn = function (state, title) {
+    const el = document.getElementById("conn");
+    if (!el) return;
+    el.className = "conn " + state.replace("_", "-");
+    el.dataset.state = state;
+    el.textContent = CONN_TEXT[state] || state;
+    el.title = title || "";
+  };
+
+  // ------------------------------------------------------------------ event stream
+  const FINAL_CODES = { 4400: "the server refused a malformed message", 4401: "your login has expired — reload to log in",
+                        4403: "you may not watch this any more", 4413: "a message was too large" };
+
+  NF.EventStream = class {
+    /** subs: [{project_id: N} | {session_id: N}]; after: the page's cursor; onEvent(event, subKey). */
+    constructor(subs, after, onEvent) {
+      this.subs = subs.map((s) => ({ msg: s, key: s.project_id != null ? "project:" + s.project_id : "session:" + s.session_id }));
+      this.cursors = {};
+      for (const s of this.subs) this.cursors[s.key] = Number(after) || 0;
+      this.onEvent = onEvent;
+      this.pending = new Set();
+      this.attempt = 0;
+      this.stopped = false;
+      this.ws = null;
+    }
+
+    start() {
+      if (!("WebSocket" in window) || !this.subs.length) { NF.setConn("offline", "live updates unavailable"); return; }
+      this.connect();
+      window.addEventListener("online", () => { if (!this.ws && !this.stopped) this.connect(); });
+    }
+
+    connect() {
+      NF.setConn(this.attempt ? "reconnecting" : "connecting");
+      const proto = location.protocol === "https:" ? "wss:" : "ws:";
+      const ws = new WebSocket(proto + "//" + location.host + "/ws/events/");
+      this.ws = ws;
+      ws.onopen = () => {
+        this.attempt = 0;
+        NF.setConn("catching_up");
+        this.pending = new Set(this.subs.map((s) => s.key));
+        for (const s of this.subs) ws.send(JSON.stringify(Object.assign({ type: "subscribe", after: this.cursors[s.key] }, s.msg)));
+      };
+      ws.onmessage = (msg) => this.handle(JSON.parse(msg.data));
+      ws.onclose = (e) => {
+        this.ws = null;
+        if (this.stopped) return;
+        if (FINAL_CODES[e.code]) { NF.setConn("offline", FINAL_CODES[e.code]); this.stopped = true; return; }
+        this.attempt += 1;
+        const delay = Math.min(10000, 400 * 2 ** Math.min(this.attempt, 5)) * (0.75 + Math.random() / 2);
+        NF.setConn(navigator.onLine === false ? "offline" : "reconnecting", "retrying in " + Math.round(delay / 1000) + " s");
+        setTimeout(() => { if (!this.stopped) this.connect(); }, delay);
+      };
+    }
+
+    handle(frame) {
+      if (frame.type === "event") {
+        const ev = frame.event;
+        if (ev.id <= (this.cursors[frame.sub] || 0)) return; // already applied
+        this.cursors[frame.sub] = ev.id;
+        try { this.onEvent(ev, frame.sub); } catch (err) { console.error(err); }
+      } else if (frame.type === "caught_up") {
+        this.pending.delete(frame.sub);
+        if (!this.pending.size) NF.setConn("live", "up to date with event #" + Math.max(0, ...Object.values(this.cursors)));
+      } else if (frame.type === "error") {
+        console.warn("event stream:", frame.error);
+      }
+    }
+  };
+
+  // ------------------------------------------------------------------ event summaries
+  /** Mirrors presenters.describe(). */
+  NF.describe = function (type, p) {
+    p = p || {};
+    const why = p.reason ? " · " + p.reason : "";
+    if (type === "session.transitioned") return p.from + " → " + p.to + why;
+    if (type === "session.created") return p.role + " · " + p.task_mode + " · " + p.runtime_family;
+    if (type === "run.started") return "run #" + p.seq + " started · gen " + p.generation;
+    if (type === "run.ended") return "run #" + p.seq + " " + p.state + why;
+    if (type === "checkpoint.recorded") return "checkpoint #" + p.seq + " · " + p.boundary;
+    if (type.startsWith("runtime.")) return "generation " + (p.generation != null ? p.generation : "?") + why;
+    const parts = [];
+    for (const [k, v] of Object.entries(p)) {
+      if (["string", "number", "boolean"].includes(typeof v) && v !== "") parts.push(k + "=" + v);
+    }
+    const text = parts.join(" · ");
+    return text.length <= 120 ? text : text.slice(0, 119) + "…";
+  };
+
+  const STATES = ["created", "running", "idle", "awaiting_user", "awaiting_external", "completed", "failed", "terminated", "stale"];
+
+  function el(tag, attrs, text) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+    if (text != null) node.textContent = text;
+    return node;
+  }
+  NF.el = el;
+
+  NF.timeEl = function (iso) {
+    const t = el("time", { datetime: iso, title: iso.replace("T", " ").slice(0, 19) + " UTC", "data-rel": "" });
+    t.textContent = NF.relative(new Date(iso));
+    return t;
+  };
+
+  NF.renderEvent = function (ev, opts) {
+    const li = el("li", { class: "ev fresh", "data-id": ev.id, "data-type": ev.type });
+    const head = el("div", { class: "ev-head" });
+    head.append(el("span", { class: "ev-type" }, ev.type));
+    const when = el("span", { class: "ev-when" });
+    when.append(NF.timeEl(ev.created_at));
+    head.append(when);
+    const body = el("div", { class: "ev-body" });
+    const to = ev.type === "session.transitioned" ? ev.payload.to : null;
+    if (STATES.includes(to)) { body.append(el("span", { class: "badge st-" + to }, to)); body.append(" "); }
+    if (ev.session_id && opts && opts.showSession) {
+      body.append(el("a", { href: "/sessions/" + ev.session_id + "/" }, "session #" + ev.session_id));
+      body.append(" · ");
+    }
+    body.append(el("span", { class: "ev-sum" }, NF.describe(ev.type, ev.payload)));
+    body.append(" ");
+    body.append(el("span", { class: "ev-id" }, "#" + ev.id));
+    li.append(head, body);
+    return li;
+  };
+
+  /** Prepend an event to a feed list, keeping at most `max` items. */
+  NF.prependToFeed = function (list, ev, opts) {
+    if (!list) return;
+    const empty = list.querySelector(".empty");
+    if (empty) empty.remove();
+    list.prepend(NF.renderEvent(ev, opts));
+    while (list.children.length > 60) list.lastElementChild.remove();
+  };
+
+  // ------------------------------------------------------------------ times and countdowns
+  NF.relative = function (date) {
+    const s = Math.round((Date.now() - date.getTime()) / 1000);
+    if (s < 10) return "just now";
+    if (s < 60) return s + " s ago";
+    if (s < 3600) return Math.floor(s / 60) + " min ago";
+    if (s < 86400) return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min ago";
+    return Math.floor(s / 86400) + " d ago";
+  };
+
+  function clock(seconds) {
+    const s = Math.abs(Math.round(seconds));
+    const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
+    return (h ? h + ":" + String(m).padStart(2, "0") : m) + ":" + String(r).padStart(2, "0");
+  }
+
+  NF.tick = function () {
+    for (const t of document.querySelectorAll("time[data-rel]")) t.textContent = NF.relative(new Date(t.getAttribute("datetime")));
+    for (const c of document.querySelectorAll(".countdown[data-expires]")) {
+      const left = (new Date(c.dataset.expires).getTime() - Date.now()) / 1000;
+      c.classList.toggle("expired", left <= 0);
+      c.classList.toggle("soon", left > 0 && left < 15);
+      c.textContent = left > 0 ? "expires in " + clock(left) : "expired " + clock(left) + " ago";
+    }
+  };
+
+  // ------------------------------------------------------------------ copy, confirm
+  async function copyText(text) {
+    try { await navigator.clipboard.writeText(text); return true; } catch (_) { /* insecure context: fall back */ }
+    const area = el("textarea", { readonly: "", style: "position:fixed;opacity:0" });
+    area.value = text;
+    document.body.append(area);
+    area.select();
+    const ok = document.execCommand("copy");
+    area.remove();
+    return ok;
+  }
+
+  document.addEventListener("click", async (e) => {
+    const btn = e.target.closest("button.copy[data-copy]");
+    if (!btn) return;
+    const ok = await copyText(btn.dataset.copy);
+    btn.textContent = ok ? "copied" : "failed";
+    setTimeout(() => { btn.textContent = "copy"; }, 1200);
+  });
+
+  document.addEventListener("submit", (e) => {
+    const msg = e.target.dataset && e.target.dataset.confirm;
+    if (msg && !window.confirm(msg)) e.preventDefault();
+  });
+
+  /** Debounce per key; returns schedule(key, fn). */
+  NF.debouncer = function (ms) {
+    const timers = new Map();
+    return function (key, fn) {
+      clearTimeout(timers.get(key));
+      timers.set(key, setTimeout(() => { timers.delete(key); fn(); }, ms));
+    };
+  };
+
+  document.addEventListener("DOMContentLoaded", () => {
+    NF.tick();
+    setInterval(NF.tick, 1000);
+  });
+})();

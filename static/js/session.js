@@ -1,0 +1,66 @@
+/* Session page: the diagram, timeline, checkpoints, runtimes and actions are re-rendered by the
+ * server (GET …/panels/) whenever an event of this session arrives; the header badge and the
+ * feed update at once from the event itself. Open checkpoint drawers and keyboard focus are
+ * kept across a re-render.
+ */
+(function () {
+  "use strict";
+  const NF = window.NF;
+
+  document.addEventListener("DOMContentLoaded", () => {
+    const root = document.getElementById("session-page");
+    if (!root) return;
+    const sessionId = Number(root.dataset.sessionId);
+    const feed = document.getElementById("feed");
+    const later = NF.debouncer(250);
+    let requestNo = 0;
+
+    function paintState(state) {
+      const badge = document.getElementById("session-state");
+      if (badge) { badge.textContent = state; badge.className = "badge big st-" + state; badge.dataset.state = state; }
+    }
+
+    function swap(panel, html) {
+      const openKeys = new Set([...panel.querySelectorAll("details[open][data-key]")].map((d) => d.dataset.key));
+      const closedKeys = new Set([...panel.querySelectorAll("details:not([open])[data-key]")].map((d) => d.dataset.key));
+      const active = panel.contains(document.activeElement) ? document.activeElement : null;
+      const focusKey = active && (active.getAttribute("value") || active.textContent || "").trim();
+      panel.innerHTML = html;
+      for (const d of panel.querySelectorAll("details[data-key]")) {
+        if (openKeys.has(d.dataset.key)) d.open = true;
+        else if (closedKeys.has(d.dataset.key)) d.open = false;
+      }
+      if (focusKey) {
+        const again = [...panel.querySelectorAll("button, a, summary")].find(
+          (n) => (n.getAttribute("value") || n.textContent || "").trim() === focusKey);
+        if (again && !again.disabled) again.focus();
+      }
+    }
+
+    async function refreshPanels() {
+      const n = ++requestNo;
+      const resp = await fetch(root.dataset.panelsUrl, { credentials: "same-origin", headers: { Accept: "application/json" } });
+      if (n !== requestNo || !resp.ok) return;
+      const data = await resp.json();
+      for (const [name, html] of Object.entries(data.panels)) {
+        const panel = root.querySelector('[data-panel="' + name + '"]');
+        if (panel) swap(panel, html);
+      }
+      NF.tick();
+    }
+
+    function onEvent(ev) {
+      NF.prependToFeed(feed, ev, { showSession: false });
+      if (ev.type === "session.transitioned") paintState(ev.payload.to);
+      if (ev.type === "session.forgotten") {
+        const note = NF.el("p", { class: "alert", role: "alert" }, "This session has been forgotten: its record is gone.");
+        root.prepend(note);
+        return;
+      }
+      later("panels", refreshPanels);
+    }
+
+    NF.stream = new NF.EventStream([{ session_id: sessionId }], root.dataset.cursor, onEvent);
+    NF.stream.start();
+  });
+})();

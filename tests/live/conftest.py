@@ -1,0 +1,124 @@
+"""Fixtures for the live event stream: a real daphne, a synchronous websocket client, and
+helpers to commit events through the server (so its own channel layer wakes the sockets)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from tests.live import DaphneServer
+
+REDIS_URL = os.environ.get("TEST_REDIS_URL") or "redis://127.0.0.1:6379/14"
+TIMEOUT = 15.0
+
+
+@pytest.fixture(scope="session")
+def ws_server(django_db_setup, django_db_blocker) -> Iterator[DaphneServer]:
+    """One daphne (in-memory channel layer) for the websocket tests of this run.
+
+    Its periodic sweep is off, so every live delivery these tests see comes from a wake-up
+    (the sweep has its own test in test_consumer_inprocess.py).
+    """
+    srv = DaphneServer(extra_env={"LIVE_SWEEP_SECONDS": "3600"})
+    yield srv
+    srv.stop()
+
+
+class Socket:
+    """A blocking websocket client speaking the /ws/events/ JSON protocol."""
+
+    def __init__(
+        self, server: DaphneServer, *, token: str | None = None, cookie: str | None = None, origin: str | None = None
+    ) -> None:
+        headers: dict[str, str] = {}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if cookie:
+            headers["Cookie"] = cookie
+        # Entered by hand (closed in ``close``) rather than in a with-block: tests hold sockets.
+        self.ws: ClientConnection = connect(
+            server.ws_url + "/ws/events/", origin=origin or server.url, additional_headers=headers, open_timeout=TIMEOUT,
+        ).__enter__()
+
+    def send(self, message: Any) -> None:
+        self.ws.send(message if isinstance(message, (str, bytes)) else json.dumps(message))
+
+    def recv(self, timeout: float = TIMEOUT) -> dict[str, Any]:
+        return json.loads(self.ws.recv(timeout=timeout))
+
+    def subscribe(self, *, after: int | None = None, **target: int) -> list[dict[str, Any]]:
+        """Subscribe and return the backlog's events (everything up to ``caught_up``)."""
+        body: dict[str, Any] = {"type": "subscribe", **target}
+        if after is not None:
+            body["after"] = after
+        self.send(body)
+        frame = self.recv()
+        assert frame["type"] == "subscribed", frame
+        backlog = []
+        while True:
+            frame = self.recv()
+            if frame["type"] == "caught_up":
+                return backlog
+            assert frame["type"] == "event", frame
+            backlog.append(frame["event"])
+
+    def next_event(self, timeout: float = TIMEOUT) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self.recv(timeout=max(deadline - time.monotonic(), 0.01))
+            if frame["type"] == "event":
+                return frame["event"]
+
+    def events_until(self, last_id: int, timeout: float = TIMEOUT) -> list[dict[str, Any]]:
+        """Every event frame until one with id >= ``last_id`` (deadline-bounded)."""
+        deadline = time.monotonic() + timeout
+        got: list[dict[str, Any]] = []
+        while not got or got[-1]["id"] < last_id:
+            got.append(self.next_event(timeout=max(deadline - time.monotonic(), 0.01)))
+        return got
+
+    def closed_with(self, timeout: float = TIMEOUT) -> tuple[int, list[dict[str, Any]]]:
+        """Read until the server closes; return (close code, frames received before it)."""
+        frames = []
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                frames.append(json.loads(self.ws.recv(timeout=max(deadline - time.monotonic(), 0.01))))
+        except ConnectionClosed as exc:
+            assert exc.rcvd is not None, "the server did not send a close frame"
+            return exc.rcvd.code, frames
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+@pytest.fixture
+def open_socket() -> Iterator[Callable[..., Socket]]:
+    sockets: list[Socket] = []
+
+    def make(server: DaphneServer, **kw: Any) -> Socket:
+        sock = Socket(server, **kw)
+        sockets.append(sock)
+        return sock
+
+    yield make
+    for sock in sockets:
+        sock.close()
+
+
+def api_post(server: DaphneServer, token: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A JSON POST to the server's agent API (its commit wakes that server's sockets)."""
+    req = urllib.request.Request(
+        server.url + "/api/v1" + path, data=json.dumps(body).encode(), method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+        assert resp.status in (200, 201), resp.status
+        return json.loads(resp.read())

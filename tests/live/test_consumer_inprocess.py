@@ -1,0 +1,187 @@
+"""The consumer in this process (channels' WebsocketCommunicator, in-memory layer): here a
+wake-up from a commit in the test reaches the socket directly, so a rolled-back transaction
+that *did* wake anyone would show up."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.db import transaction
+
+from novelforge_sessions import events
+from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
+from novelforge_sessions.models import Event
+from tests.conftest import make_project
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture
+def local_settings(settings):
+    settings.CHANNEL_LAYERS = IN_MEMORY  # whatever REDIS_URL says: this test is about one process
+    settings.ALLOWED_HOSTS = ["localhost", "testserver"]
+    return settings
+
+
+def _project_with_token() -> tuple[int, str]:
+    project = make_project("inproc")
+    _, raw = create_token(project, name="agent", permissions=ALL_PERMISSIONS)
+    return project.id, raw
+
+
+def _rolled_back(project_id: int) -> int:
+    """Append an event inside a transaction that then fails; return the id it had drawn."""
+    drawn = []
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            drawn.append(events.append(project_id=project_id, type="test.doomed"))
+            raise RuntimeError("roll back")
+    return drawn[0]
+
+
+def _committed(project_id: int) -> int:
+    with transaction.atomic():
+        return events.append(project_id=project_id, type="test.kept")
+
+
+async def _frame(comm: WebsocketCommunicator) -> dict:
+    return json.loads(await comm.receive_from(timeout=5))
+
+
+async def test_a_rolled_back_transaction_emits_nothing(local_settings):
+    from novelforge_sessions.asgi import application
+
+    project_id, token = await database_sync_to_async(_project_with_token)()
+    layer = get_channel_layer()
+    spy = await layer.new_channel()
+    await layer.group_add(events.project_group(project_id), spy)
+    comm = WebsocketCommunicator(
+        application, "/ws/events/", headers=[(b"origin", b"http://localhost"), (b"authorization", f"Bearer {token}".encode())]
+    )
+    connected, _ = await comm.connect()
+    assert connected
+    await comm.send_json_to({"type": "subscribe", "project_id": project_id, "after": 0})
+    assert (await _frame(comm))["type"] == "subscribed"
+    assert (await _frame(comm))["type"] == "caught_up"
+
+    doomed = await database_sync_to_async(_rolled_back)(project_id)
+    kept = await database_sync_to_async(_committed)(project_id)
+    assert kept > doomed
+
+    # The first wake-up the group ever gets is the committed one: none was sent for the rollback.
+    assert await layer.receive(spy) == {"type": "events.wakeup", "project_id": project_id, "max_id": kept}
+    # And the socket's first event is the committed one; the rolled-back id never exists.
+    frame = await _frame(comm)
+    assert frame["type"] == "event" and frame["event"]["id"] == kept and frame["event"]["type"] == "test.kept"
+    assert not await sync_to_async(Event.objects.filter(id=doomed).exists)()
+    await comm.disconnect()
+
+
+async def test_an_unauthenticated_socket_is_closed_after_the_auth_deadline(local_settings):
+    from novelforge_sessions.asgi import application
+
+    local_settings.LIVE_AUTH_TIMEOUT_SECONDS = 0.2
+    comm = WebsocketCommunicator(application, "/ws/events/", headers=[(b"origin", b"http://localhost")])
+    connected, _ = await comm.connect()
+    assert connected
+    frame = await _frame(comm)
+    assert frame["error"]["code"] == "unauthorized"
+    assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": 4401}
+    await comm.disconnect()
+
+
+async def test_the_sweep_delivers_an_event_whose_wake_up_was_lost(local_settings):
+    """The channel layer is at-most-once: an event whose wake-up never came still arrives."""
+    from novelforge_sessions.asgi import application
+
+    local_settings.LIVE_SWEEP_SECONDS = 0.2
+    project_id, token = await database_sync_to_async(_project_with_token)()
+    comm = WebsocketCommunicator(
+        application, "/ws/events/", headers=[(b"origin", b"http://localhost"), (b"authorization", f"Bearer {token}".encode())]
+    )
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "subscribe", "project_id": project_id, "after": 0})
+    assert (await _frame(comm))["type"] == "subscribed"
+    assert (await _frame(comm))["type"] == "caught_up"
+
+    def commit_without_wakeup() -> int:
+        with transaction.atomic():
+            event_id = events.append(project_id=project_id, type="test.unannounced")
+            transaction.get_connection().run_on_commit.clear()  # the wake-up is "lost"
+        return event_id
+
+    event_id = await database_sync_to_async(commit_without_wakeup)()
+    frame = await _frame(comm)
+    assert frame["type"] == "event" and frame["event"]["id"] == event_id
+    await comm.disconnect()
+
+
+def _manager_login(project_id: int) -> tuple[str, int]:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from novelforge_sessions.models import Membership
+
+    user = get_user_model().objects.create_user(f"mgr{project_id}", password="pw-123456789")
+    Membership.objects.create(user=user, project_id=project_id, role=Membership.Role.MANAGER)
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value, user.id
+
+
+async def _subscribed(headers: list[tuple[bytes, bytes]], project_id: int) -> WebsocketCommunicator:
+    from novelforge_sessions.asgi import application
+
+    comm = WebsocketCommunicator(application, "/ws/events/", headers=[(b"origin", b"http://localhost"), *headers])
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "subscribe", "project_id": project_id, "after": 0})
+    assert (await _frame(comm))["type"] == "subscribed"
+    assert (await _frame(comm))["type"] == "caught_up"
+    return comm
+
+
+async def _closed_with(comm: WebsocketCommunicator) -> tuple[int, str]:
+    frame = await _frame(comm)
+    close = await comm.receive_output(timeout=5)
+    await comm.disconnect()
+    return close["code"], frame["error"]["code"]
+
+
+async def test_a_revoked_token_stops_the_stream(local_settings):
+    from django.utils import timezone
+
+    from novelforge_sessions.models import ApiToken
+
+    local_settings.LIVE_SWEEP_SECONDS = 0.2
+    project_id, token = await database_sync_to_async(_project_with_token)()
+    comm = await _subscribed([(b"authorization", f"Bearer {token}".encode())], project_id)
+    await sync_to_async(ApiToken.objects.filter(project_id=project_id).update)(revoked_at=timezone.now())
+    assert await _closed_with(comm) == (4401, "unauthorized")
+
+
+async def test_a_lost_membership_stops_the_stream(local_settings):
+    from novelforge_sessions.models import Membership
+
+    local_settings.LIVE_SWEEP_SECONDS = 0.2
+    project_id, _ = await database_sync_to_async(_project_with_token)()
+    cookie, user_id = await database_sync_to_async(_manager_login)(project_id)
+    comm = await _subscribed([(b"cookie", f"sessionid={cookie}".encode())], project_id)
+    await sync_to_async(Membership.objects.filter(user_id=user_id).delete)()
+    assert await _closed_with(comm) == (4403, "forbidden")
+
+
+async def test_logging_out_stops_the_stream(local_settings):
+    from django.contrib.sessions.models import Session as LoginSession
+
+    local_settings.LIVE_SWEEP_SECONDS = 0.2
+    project_id, _ = await database_sync_to_async(_project_with_token)()
+    cookie, _ = await database_sync_to_async(_manager_login)(project_id)
+    comm = await _subscribed([(b"cookie", f"sessionid={cookie}".encode())], project_id)
+    await sync_to_async(LoginSession.objects.filter(session_key=cookie).delete)()
+    assert await _closed_with(comm) == (4401, "unauthorized")

@@ -1,0 +1,171 @@
+"""Opening review gates through the API: the candidate and rubric are frozen, the packet built,
+reviewers assigned and independent, the session waits on a person for page/relay routes."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.http import HttpResponse
+
+from novelforge_sessions.models import ArtifactVersion, Event
+from reviews.models import GateCalibration, ReviewAssignment, ReviewGate, ReviewPacket
+from tests.conftest import Api
+from tests.reviews.factories import RUBRIC, World, agent_reviewer
+
+pytestmark = pytest.mark.django_db
+
+
+def body(world: World, **over: Any) -> dict[str, Any]:
+    b = {"candidate_version_id": world.version.id, "rubric": RUBRIC, "route": "page", "reviewers": ["alice"]}
+    b.update(over)
+    return b
+
+
+def assert_error(resp: HttpResponse, status: int, code: str) -> dict[str, Any]:
+    assert resp.status_code == status, resp.content
+    err = resp.json()["error"]
+    assert set(err) == {"code", "message", "details"} and err["code"] == code
+    return err
+
+
+def test_open_page_gate_freezes_candidate_and_waits_on_user(world):
+    resp = world.writer_api.post(
+        f"/sessions/{world.writer.id}/review-gates",
+        body(world, reviewers=["alice", "bob"], required_verdicts=2,
+             evidence=[{"key": "style_guide", "label": "House style", "content": "Short sentences."}],
+             calibration={"expected_decision": "revise", "answer_key": "line 2 is vague"}),
+    )
+    assert resp.status_code == 201, resp.content
+    out = resp.json()
+    gate = ReviewGate.objects.get(id=out["id"])
+    assert out["state"] == "pending" and out["route"] == "page" and out["required_verdicts"] == 2
+    assert out["candidate_fingerprint"] == world.version.fingerprint == gate.candidate_fingerprint
+    assert out["packet_fingerprint"] == gate.packet.fingerprint and out["has_calibration"] is True
+    assert "calibration" not in out and "line 2 is vague" not in resp.content.decode()
+    assert out["run_id"] == world.run.id
+    assert [a["state"] for a in out["assignments"]] == ["assigned", "assigned"]
+    assert gate.packet.content["evidence"] == [{"key": "style_guide", "label": "House style", "content": "Short sentences."}]
+    assert GateCalibration.objects.get(gate=gate).answer_key == "line 2 is vague"
+    world.refresh()
+    assert world.writer.status == "awaiting_user" and world.run.state == "open"
+    types = list(Event.objects.filter(session_id=world.writer.id).order_by("id").values_list("type", flat=True))
+    assert types[-2:] == ["review.gate_opened", "session.transitioned"]
+
+
+def test_agent_gate_keeps_the_session_running_and_opens_claimable_slots(world):
+    resp = world.writer_api.post(f"/sessions/{world.writer.id}/review-gates",
+                                 body(world, route="agent", reviewers=[], required_verdicts=2))
+    assert resp.status_code == 201, resp.content
+    world.refresh()
+    assert world.writer.status == "running"
+    assert list(ReviewAssignment.objects.filter(packet__gate_id=resp.json()["id"]).values_list("state", flat=True)) == ["open", "open"]
+
+
+def test_routing_records_live_agent_reviewers_before_waiting_on_a_person(world):
+    reviewer, _ = agent_reviewer(world.project)
+    resp = world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world))
+    assert resp.json()["routing"] == {"live_agent_reviewers": [{"session_id": reviewer.id, "runtime_family": "codex"}]}
+
+
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ({"route": "carrier-pigeon"}, "route"),
+        ({"rubric": {"criteria": [{"key": "a", "label": "A", "scale": {"min": 3, "max": 1}}]}}, "rubric.criteria[0].scale.max"),
+        ({"evidence": [{"key": "writer_notes", "label": "N", "content": "x"}]}, "evidence[0].key"),
+        ({"reviewers": ["mallory"]}, "reviewers[0]"),
+        ({"reviewers": ["mia"]}, "reviewers[0]"),  # a manager, not a reviewer
+        ({"reviewers": []}, "reviewers"),
+        ({"reviewers": ["alice"], "required_verdicts": 2}, "required_verdicts"),
+        ({"calibration": {"expected_decision": "maybe"}}, "calibration.expected_decision"),
+        ({"calibration": {"expected_scores": {"clarity": 9}}}, "calibration.expected_scores.clarity"),
+        ({"surprise": True}, "surprise"),
+    ],
+)
+def test_bad_gates_are_422_naming_the_field_and_write_nothing(world, over, field):
+    err = assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world, **over)), 422,
+                       "validation_error")
+    assert err["details"]["field"] == field
+    assert ReviewGate.objects.count() == 0 and ReviewPacket.objects.count() == 0
+    world.refresh()
+    assert world.writer.status == "running"
+
+
+def test_gate_needs_a_running_session(world):
+    assert world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world)).status_code == 201
+    # Now awaiting_user: a second gate cannot be opened until the run continues.
+    assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world)), 409, "session_not_running")
+    assert ReviewGate.objects.count() == 1
+
+
+def test_candidate_of_another_project_is_404(world, other_project):
+    foreign = ArtifactVersion.objects.create(
+        artifact=other_project.artifacts.create(name="x"), number=1, content="x",
+        fingerprint="sha256:" + "b" * 64,
+    )
+    assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates",
+                                       body(world, candidate_version_id=foreign.id)), 404, "not_found")
+    assert ReviewGate.objects.count() == 0
+
+
+def test_reviewer_who_wrote_the_candidate_is_refused(world):
+    mine = ArtifactVersion.objects.create(
+        artifact=world.version.artifact, number=2, content="alice's draft",
+        fingerprint="sha256:" + "c" * 64, created_by="user:alice",
+    )
+    err = assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates",
+                                             body(world, candidate_version_id=mine.id, reviewers=["bob", "alice"])),
+                       403, "independence_violation")
+    assert err["details"]["field"] == "reviewers[1]"
+    assert ReviewGate.objects.count() == 0
+
+
+@pytest.mark.parametrize(("role", "memory"), [("semantic_reviewer", "session"), ("specialist", "none")])
+def test_agent_route_refuses_non_independent_sessions(world, role, memory):
+    reviewer, _ = agent_reviewer(world.project, role=role, memory=memory)
+    err = assert_error(world.writer_api.post(
+        f"/sessions/{world.writer.id}/review-gates",
+        body(world, route="agent", reviewers=[], reviewer_session_ids=[reviewer.id])), 403, "independence_violation")
+    assert err["details"]["field"] == "reviewer_session_ids[0]"
+
+
+def test_agent_route_refuses_the_writer_as_its_own_reviewer(world):
+    assert_error(world.writer_api.post(
+        f"/sessions/{world.writer.id}/review-gates",
+        body(world, route="agent", reviewers=[], reviewer_session_ids=[world.writer.id])), 403, "independence_violation")
+
+
+def test_only_writer_or_manager_sessions_open_gates(world, owner, new_session):
+    specialist = new_session(role="specialist", run=True)
+    assert_error(owner.post(f"/sessions/{specialist['id']}/review-gates", body(world)), 403, "forbidden")
+
+
+def test_gate_reads_are_scoped_to_the_callers_sessions(world):
+    gate = world.gate()
+    assert world.writer_api.get(f"/review-gates/{gate.id}").status_code == 200
+    listing = world.writer_api.get(f"/sessions/{world.writer.id}/review-gates").json()
+    assert [g["id"] for g in listing["items"]] == [gate.id]
+    _, reviewer_api = agent_reviewer(world.project, permissions=("review", "read"))
+    assert_error(reviewer_api.get(f"/review-gates/{gate.id}"), 404, "not_found")
+
+
+def test_cancel_returns_the_session_to_running(world):
+    gate = world.gate(route="relay")
+    world.refresh()
+    assert world.writer.status == "awaiting_user"
+    resp = world.writer_api.post(f"/review-gates/{gate.id}/cancel")
+    assert resp.status_code == 200 and resp.json()["state"] == "cancelled"
+    world.refresh()
+    assert world.writer.status == "running" and world.run.state == "open"
+    assert world.writer_api.post(f"/review-gates/{gate.id}/cancel").status_code == 200  # idempotent
+
+
+def test_openapi_documents_review_routes_without_calibration_in_packets():
+    schema = Api(None).client.get("/api/openapi.json").json()
+    for path in ["/api/v1/sessions/{session_id}/review-gates", "/api/v1/review-packets/claim",
+                 "/api/v1/review-packets/{packet_id}", "/api/v1/review-packets/{packet_id}/verdicts"]:
+        assert path in schema["paths"], path
+    comps = schema["components"]["schemas"]
+    for name in ("PacketOut", "VerdictOut", "ClaimOut", "PacketSummaryOut"):
+        text = str(comps[name])
+        assert "calibration" not in text and "answer_key" not in text and "expected" not in text
