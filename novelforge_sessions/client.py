@@ -129,3 +129,50 @@ class Client:
 
     def iter_events(self, *, after: int | None = None, session_id: int | None = None) -> Iterator[dict]:
         return self._pages("/events", after=after, session_id=session_id)
+
+    # ---- control plane: handoffs, results, write intents, routing ----------------------------------
+    def hand_off(self, run_id: int, logical_id: str, **fields: Any) -> dict:
+        """Freeze a job for an external worker; the session waits in ``awaiting_external``."""
+        return self.request("POST", f"/runs/{run_id}/handoffs", {"logical_id": logical_id, **fields})
+
+    def claim(self, worker: str, capabilities: list[str], *, handoff_id: int | None = None) -> dict | None:
+        """Claim an eligible handoff under a lease; ``None`` when nothing is waiting."""
+        return self.request("POST", "/handoffs/claim",
+                            {"worker": worker, "capabilities": capabilities, "handoff_id": handoff_id})["handoff"]
+
+    def renew_lease(self, handoff_id: int, fencing_token: int) -> dict:
+        return self.request("POST", f"/handoffs/{handoff_id}/heartbeat", {"fencing_token": fencing_token})
+
+    def deliver(self, handoff_id: int, *, fencing_token: int, job_fingerprint: str, result: dict) -> dict:
+        """Deliver a result (at-least-once is safe: a repeat answers ``already_consumed``)."""
+        return self.request("POST", f"/handoffs/{handoff_id}/results",
+                            {"fencing_token": fencing_token, "job_fingerprint": job_fingerprint, "result": result})
+
+    def handoffs(self, **filters: Any) -> Iterator[dict]:
+        return self._pages("/handoffs", **filters)
+
+    def before_state(self, kind: str, *, artifact_id: int | None = None) -> dict:
+        return self.request("GET", "/write-intents/before-state", kind=kind, artifact_id=artifact_id)
+
+    def propose_write(self, kind: str, *, idempotency_key: str, before_fingerprint: str, **fields: Any) -> dict:
+        return self.request("POST", "/write-intents", {"kind": kind, "idempotency_key": idempotency_key,
+                                                       "before_fingerprint": before_fingerprint, **fields})
+
+    def approve(self, intent_id: int) -> dict:
+        return self.request("POST", f"/write-intents/{intent_id}/approve", {})
+
+    def execute(self, intent_id: int) -> dict:
+        return self.request("POST", f"/write-intents/{intent_id}/execute", {})
+
+    def runtimes_for(self, capability: str) -> Any:
+        return self.request("GET", "/routing/runtimes", capability=capability)
+
+    # ---- review --------------------------------------------------------------------------------------
+    def open_review_gate(self, session_id: int, **fields: Any) -> dict:
+        return self.request("POST", f"/sessions/{session_id}/review-gates", fields)
+
+    def claim_review_packet(self) -> dict | None:
+        return self.request("POST", "/review-packets/claim", {})["packet"]
+
+    def submit_verdict(self, packet_id: int, verdict: dict) -> dict:
+        return self.request("POST", f"/review-packets/{packet_id}/verdicts", verdict)

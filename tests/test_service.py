@@ -62,7 +62,13 @@ def test_demo_loader_is_idempotent_and_its_token_lists_sessions(capsys):
     assert (Project.objects.count(), Session.objects.count(), ApiToken.objects.count()) == counts
     assert demo_token() in first and demo_token() in second
     statuses = set(Session.objects.filter(project__slug=DEMO_SLUG).values_list("status", flat=True))
-    assert {"running", "idle", "awaiting_user", "failed", "completed", "created"} <= statuses
+    assert {"running", "idle", "awaiting_user", "awaiting_external", "failed", "completed", "created"} <= statuses
+    from novelforge_sessions.control.models import Handoff, WriteIntent
+    from reviews.models import ReviewGate
+
+    assert Handoff.objects.filter(project__slug=DEMO_SLUG, state="pending").count() == 1
+    assert WriteIntent.objects.filter(project__slug=DEMO_SLUG, state="proposed").count() == 1
+    assert ReviewGate.objects.filter(session__project__slug=DEMO_SLUG, state="pending").count() == 1
     listed = Api(demo_token()).get("/sessions").json()["items"]
     assert len(listed) == Session.objects.filter(project__slug=DEMO_SLUG).count() >= 6
 

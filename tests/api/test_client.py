@@ -40,3 +40,30 @@ def test_client_drives_a_session_through_its_life(server):
     with pytest.raises(ApiError) as info:
         Client(server.url, "nfs_wrong").project()
     assert info.value.code == "unauthorized"
+
+
+def test_client_hands_off_and_delivers_at_least_once(server):
+    project = make_project("client-control")
+    _, owner_raw = create_token(project, name="agent", permissions=["read", "write"])
+    _, worker_raw = create_token(project, name="worker", permissions=["read", "work"])
+    agent, worker = Client(server.url, owner_raw), Client(server.url, worker_raw)
+    s = agent.create_session(role="writer", memory_policy="bounded", task_mode="drafting", runtime_family="cli",
+                             runtime={"runtime_family": "cli"})
+    run = agent.start_run(s["id"], cursor={"step": "check"})
+    job = agent.hand_off(run["id"], "continuity-1", required_capabilities=["continuity"], timeout_seconds=60)
+    assert agent.session(s["id"])["status"] == "awaiting_external"
+    assert worker.claim("w1", ["draft"]) is None, "capabilities must match"
+    lease = worker.claim("w1", ["continuity"])
+    assert lease["id"] == job["id"] and lease["attempt"] == 1
+    worker.renew_lease(lease["id"], lease["fencing_token"])
+    first = worker.deliver(lease["id"], fencing_token=lease["fencing_token"], job_fingerprint=job["job_fingerprint"],
+                           result={"ok": True})
+    again = worker.deliver(lease["id"], fencing_token=lease["fencing_token"], job_fingerprint=job["job_fingerprint"],
+                           result={"ok": True})
+    assert (first["outcome"], again["outcome"]) == ("consumed", "already_consumed")
+    assert first["receipt"] == again["receipt"]
+    with pytest.raises(ApiError) as info:
+        worker.deliver(lease["id"], fencing_token=lease["fencing_token"], job_fingerprint=job["job_fingerprint"],
+                       result={"ok": False})
+    assert (info.value.status, info.value.code) == (409, "conflicting_result")
+    assert agent.session(s["id"])["status"] == "failed"

@@ -106,3 +106,45 @@ class Command(BaseCommand):
         runs.end_run(who, run.id, outcome="completed", session_status="completed")
         sessions.create_session(who, sessions.NewSession(role="other", role_extension="illustrator", memory_policy="none",
                                                          task_mode="cover-art", runtime_family="mcp-worker"))
+        self._populate_control_and_review(project, who, chapter, plan)
+
+    def _populate_control_and_review(self, project: Project, who: Caller, chapter, plan) -> None:
+        """A writer waiting on an external job, a draft waiting for review, a write awaiting approval."""
+        from novelforge_sessions.actions import handoffs, intents
+        from reviews import actions as reviews
+
+        ref = {"artifact_id": chapter.id, "fingerprint": chapter.current_version.fingerprint}
+        # A writer that handed a continuity check to an external worker (awaiting_external).
+        waiting = sessions.create_session(
+            who, sessions.NewSession(role="writer", memory_policy="bounded", task_mode="continuity", runtime_family="codex"),
+            runtime=RuntimeSpec(runtime_family="codex", capabilities=["draft"], lease_seconds=3600),
+        ).id
+        run = runs.start_run(who, waiting, cursor={"step": "continuity-check"})
+        checkpoints.record_checkpoint(who, run.id, {"boundary": "before_long_handoff", "cursor": {"step": "continuity-check"},
+                                                    "artifacts": [ref], "pending": {"handoffs": ["continuity-ch1"]}})
+        handoffs.create_handoff(who, run.id, logical_id="continuity-ch1", inputs=[ref],
+                                required_capabilities=["continuity"], timeout_seconds=600)
+        # A second draft of chapter one, frozen for a blind review by the demo reviewer (awaiting_user).
+        draft = artifacts.add_artifact_version(
+            who, chapter.id,
+            content=chapter.current_version.content + "She wrote the count in the logbook, and the logbook wrote back.\n",
+        )
+        writer = sessions.create_session(
+            who, sessions.NewSession(role="writer", memory_policy="bounded", task_mode="drafting", runtime_family="claude-code"),
+            runtime=RuntimeSpec(runtime_family="claude-code", capabilities=["draft"], lease_seconds=3600),
+        ).id
+        run = runs.start_run(who, writer, cursor={"step": "review-draft-2"})
+        reviews.open_gate(who, writer, reviews.GateSpec(
+            candidate_version_id=draft.id, route="page", reviewers=["reviewer"],
+            rubric={"criteria": [
+                {"key": "clarity", "label": "Clarity", "scale": {"min": 1, "max": 5},
+                 "description": "Can a reader follow every sentence?"},
+                {"key": "voice", "label": "Voice", "scale": {"min": 1, "max": 5},
+                 "description": "Does it sound like the rest of the book?"},
+            ]},
+        ))
+        # Making draft 2 current is a consequential write: it waits for a manager's approval.
+        before = intents.read_before_state(who, kind="artifact.make_current", artifact_id=chapter.id)
+        intents.create_intent(who, kind="artifact.make_current", idempotency_key="demo-promote-ch1-v2",
+                              before_fingerprint=before.fingerprint, params={"version_id": draft.id},
+                              artifact_id=chapter.id, session_id=writer)
