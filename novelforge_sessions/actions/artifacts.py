@@ -5,6 +5,8 @@ write (a write intent, contract §08). The first version of a new artifact is cu
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.db import IntegrityError, transaction
 
 from novelforge_sessions import events
@@ -13,6 +15,28 @@ from novelforge_sessions.errors import Conflict, NotFound, ValidationFailed
 from novelforge_sessions.models import Artifact, ArtifactVersion, content_fingerprint
 
 MAX_ARTIFACT_BYTES = 1024 * 1024
+
+
+def require_versions(project_id: int, refs: Iterable[tuple[int, str]], *, what: str) -> None:
+    """Refuse (422 ``unknown_artifact_version``) unless every (artifact id, fingerprint) names
+    an existing version of an artifact of this project. One query."""
+    wanted = set(refs)
+    if not wanted:
+        return
+    found = set(
+        ArtifactVersion.objects.filter(
+            artifact__project_id=project_id,
+            artifact_id__in={a for a, _ in wanted},
+            fingerprint__in={f for _, f in wanted},
+        ).values_list("artifact_id", "fingerprint")
+    )
+    missing = sorted(wanted - found)
+    if missing:
+        raise ValidationFailed(
+            f"{what} must name existing versions of this project's artifacts",
+            code="unknown_artifact_version",
+            missing=[{"artifact_id": a, "fingerprint": f} for a, f in missing],
+        )
 
 
 def _check_content(content: str) -> bytes:

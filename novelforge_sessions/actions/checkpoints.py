@@ -8,9 +8,10 @@ from django.db import transaction
 
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
+from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import Outbox, check
 from novelforge_sessions.errors import Conflict, NotFound, StaleAuthority, ValidationFailed
-from novelforge_sessions.models import ArtifactVersion, Checkpoint, Run
+from novelforge_sessions.models import Checkpoint, Run
 
 
 def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> Checkpoint:
@@ -44,22 +45,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
             differing = {k: {"stated": stated[k], "current": v} for k, v in current.items() if k in stated and stated[k] != v}
             if differing:
                 raise StaleAuthority("the checkpoint was frozen against outdated authority", differences=differing)
-        if spec.artifacts:
-            wanted = {(r.artifact_id, r.fingerprint) for r in spec.artifacts}
-            found = set(
-                ArtifactVersion.objects.filter(
-                    artifact__project_id=project.id,
-                    artifact_id__in={a for a, _ in wanted},
-                    fingerprint__in={f for _, f in wanted},
-                ).values_list("artifact_id", "fingerprint")
-            )
-            missing = sorted(wanted - found)
-            if missing:
-                raise ValidationFailed(
-                    "artifact refs must name existing versions of this project's artifacts",
-                    code="unknown_artifact_version",
-                    missing=[{"artifact_id": a, "fingerprint": f} for a, f in missing],
-                )
+        require_versions(project.id, ((r.artifact_id, r.fingerprint) for r in spec.artifacts), what="artifact refs")
         run.checkpoint_count += 1
         checkpoint = Checkpoint.objects.create(
             session=session,

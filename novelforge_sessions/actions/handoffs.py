@@ -30,6 +30,7 @@ from django.utils import timezone
 from novelforge_sessions import events
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
+from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import Outbox, apply_transition, check, lock_session
 from novelforge_sessions.control.errors import (
     AlreadyConsumed,
@@ -41,7 +42,7 @@ from novelforge_sessions.control.errors import (
 from novelforge_sessions.control.fingerprints import job_fingerprint
 from novelforge_sessions.control.models import UNBOUND_STATES, ConsumeReceipt, Handoff, HandoffState
 from novelforge_sessions.errors import Conflict, NotFound, ValidationFailed
-from novelforge_sessions.models import ArtifactVersion, Run, Session
+from novelforge_sessions.models import Run, Session
 
 LOGICAL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@#+=-]{0,199}$")
 RESULT_TYPES = frozenset({"string", "integer", "number", "boolean", "object", "array", "any"})
@@ -177,21 +178,7 @@ def create_handoff(
             raise Conflict(
                 "only a running session hands off work", code="session_not_running", status=session.status,
             )
-        if spec.inputs:
-            wanted = {(r["artifact_id"], r["fingerprint"]) for r in spec.inputs}
-            found = set(
-                ArtifactVersion.objects.filter(
-                    artifact__project_id=session.project_id,
-                    artifact_id__in={a for a, _ in wanted},
-                    fingerprint__in={f for _, f in wanted},
-                ).values_list("artifact_id", "fingerprint")
-            )
-            missing = sorted(wanted - found)
-            if missing:
-                raise ValidationFailed(
-                    "inputs must name existing versions of this project's artifacts", code="unknown_artifact_version",
-                    missing=[{"artifact_id": a, "fingerprint": f} for a, f in missing],
-                )
+        require_versions(session.project_id, ((r["artifact_id"], r["fingerprint"]) for r in spec.inputs), what="inputs")
         try:
             # A savepoint: another session of the project may race us to the same logical id.
             with transaction.atomic():

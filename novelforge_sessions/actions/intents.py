@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from novelforge_sessions import events
 from novelforge_sessions.access import Caller
+from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import check
 from novelforge_sessions.control.errors import (
     ApprovalRequired,
@@ -138,17 +139,7 @@ def _params(project: Project, kind: str, artifact: Artifact | None, params: Any)
             if not isinstance(ref, dict) or not isinstance(ref.get("artifact_id"), int) or set(ref) - {"artifact_id", "fingerprint"}:
                 raise ValidationFailed("each ref is {artifact_id, fingerprint}", field=f"params.artifacts[{index}]")
             refs.add((ref["artifact_id"], check(rt.validate_fingerprint, ref.get("fingerprint"), f"params.artifacts[{index}].fingerprint")))
-        found = set(
-            ArtifactVersion.objects.filter(
-                artifact__project=project, artifact_id__in={a for a, _ in refs}, fingerprint__in={f for _, f in refs},
-            ).values_list("artifact_id", "fingerprint")
-        )
-        missing = sorted(refs - found)
-        if missing:
-            raise ValidationFailed(
-                "a settlement cites existing versions of this project's artifacts", code="unknown_artifact_version",
-                missing=[{"artifact_id": a, "fingerprint": f} for a, f in missing],
-            )
+        require_versions(project.id, refs, what="a settlement")
         note = params.get("note", "")
         if not isinstance(note, str) or len(note) > 500:
             raise ValidationFailed("note is a string of at most 500 characters", field="params.note")

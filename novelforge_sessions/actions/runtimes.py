@@ -22,7 +22,6 @@ from novelforge_sessions.actions.lifecycle import (
     Outbox,
     apply_transition,
     check,
-    end_runtime,
     live_runtime,
     lock_session,
 )
