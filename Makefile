@@ -41,6 +41,8 @@ run:
 	$(MANAGE) collectstatic --noinput
 	$(MANAGE) load_demo
 	echo "Serving on http://$(RUN_HOST):$(RUN_PORT)/"
+	# The server takes its database connections from psycopg's pool (see README, Configuration).
+	export DB_POOL_MAX_SIZE="$${DB_POOL_MAX_SIZE:-10}"
 	exec $(VENV)/bin/daphne -b $(RUN_HOST) -p $(RUN_PORT) novelforge_sessions.asgi:application
 
 test:
@@ -61,8 +63,9 @@ reconcile:
 	exec $(MANAGE) reconcile_runtimes --loop
 
 bench:
-	@if [ ! -f bench/run.py ]; then echo "bench/run.py does not exist yet; nothing to run"; exit 0; fi
-	$(call bootstrap,run)
+	@$(call bootstrap,run)
+	# bench/run.py re-executes itself in bench/.venv (created on first use; the project's .venv
+	# only starts it). It uses DATABASE_URL's server and recreates the nfbench_* databases there.
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 stop-local:

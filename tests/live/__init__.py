@@ -47,6 +47,8 @@ class DaphneServer:
             SECRET_KEY=settings.SECRET_KEY,
             PYTHONUNBUFFERED="1",
         )
+        # Serve like `make run` does: connections come from psycopg's pool.
+        env.setdefault("DB_POOL_MAX_SIZE", "8")
         if redis_url:
             env["REDIS_URL"] = redis_url
         env.update(extra_env or {})
