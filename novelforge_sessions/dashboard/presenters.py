@@ -1,5 +1,6 @@
 """Read-side helpers for the manager pages: the lifecycle diagram, the run timeline, event
-summaries and session rows. Plain functions of model rows; no writes.
+summaries, session rows, pending handoffs, write intents awaiting approval and the top
+navigation. Plain functions of model rows; no writes.
 
 The diagram's nodes and edges come from ``session_runtime.LIFECYCLE`` (the contract's table,
 never a copy); only the *positions* of the nine states are chosen here, for readability.
@@ -14,11 +15,33 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Max
+from django.db.models import Count, Max, Prefetch, Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.models import Checkpoint, Event, Run, RuntimeAttachment, Session
+from novelforge_sessions.actions.intents import approval_problem, current_state
+from novelforge_sessions.control.fingerprints import fingerprint
+from novelforge_sessions.control.models import (
+    UNBOUND_STATES,
+    Approval,
+    Handoff,
+    HandoffState,
+    IntentKind,
+    IntentState,
+    WriteIntent,
+)
+from novelforge_sessions.models import (
+    ArtifactVersion,
+    Checkpoint,
+    Event,
+    Membership,
+    Project,
+    Run,
+    RuntimeAttachment,
+    Session,
+)
+from reviews.models import ReviewGate, Verdict
 
 S = rt.SessionStatus
 STATES: list[str] = [s.value for s in S]
@@ -164,14 +187,50 @@ def build_diagram(status: str, taken: Sequence[tuple[str, str]]) -> Diagram:
 
 
 # ------------------------------------------------------------------------------------
-# Run timeline: runs as bars, checkpoints as ticks, runtime generations as spans
+# Run timeline: runs as bars, checkpoints as ticks, handoffs as spans, review gates as
+# flags, runtime generations as spans of their own lane
 # ------------------------------------------------------------------------------------
+#: Handoff spans are packed into at most this many rows under their run's bar.
+MAX_SPAN_ROWS = 4
+SPAN_ROW_PX = 12
+TRACK_PX = 30
+
+
 @dataclass
 class Tick:
     left: float
     label: str
     title: str
     checkpoint_id: int
+
+
+@dataclass
+class Span:
+    """A handoff on its run's bar: created → bound (or cancelled, or now while waiting)."""
+
+    left: float
+    width: float
+    row: int
+    classes: str
+    label: str
+    title: str
+    handoff_id: int
+    lease_expires_at: datetime | None = None
+
+    @property
+    def top(self) -> int:
+        return TRACK_PX - 1 + self.row * SPAN_ROW_PX
+
+
+@dataclass
+class Flag:
+    """A review gate, planted where its run opened it."""
+
+    left: float
+    classes: str
+    title: str
+    gate_id: int
+    state: str
 
 
 @dataclass
@@ -182,6 +241,14 @@ class Bar:
     classes: str
     title: str
     ticks: list[Tick] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    flags: list[Flag] = field(default_factory=list)
+    span_rows: int = 0
+    hidden_spans: int = 0
+
+    @property
+    def track_height(self) -> int:
+        return TRACK_PX + self.span_rows * SPAN_ROW_PX + (4 if self.span_rows else 0)
 
 
 @dataclass
@@ -192,13 +259,58 @@ class Timeline:
     runtimes: list[Bar]
     hidden_runs: int
 
+    @property
+    def has_handoffs(self) -> bool:
+        return any(b.spans for b in self.runs)
+
+    @property
+    def has_gates(self) -> bool:
+        return any(b.flags for b in self.runs)
+
 
 def _pct(t: datetime, t0: datetime, span: float) -> float:
     return max(0.0, min(100.0, (t - t0).total_seconds() / span * 100.0))
 
 
+def handoff_end(h: Handoff) -> datetime | None:
+    """When a handoff stopped waiting (None while it still waits)."""
+    if h.state == HandoffState.CANCELLED:
+        return h.cancelled_at
+    if h.state == HandoffState.CONFLICTED:
+        return h.conflict_at or h.bound_at
+    return h.bound_at
+
+
+def _pack_spans(bar: Bar, handoffs: list[Handoff], t0: datetime, span: float, now: datetime) -> None:
+    """Greedy interval packing: each handoff goes into the first row where it fits."""
+    row_ends: list[float] = []
+    for h in sorted(handoffs, key=lambda x: (x.created_at, x.id)):
+        left = _pct(h.created_at, t0, span)
+        right = _pct(handoff_end(h) or now, t0, span)
+        row = next((i for i, end in enumerate(row_ends) if end + 0.5 <= left), None)
+        if row is None:
+            if len(row_ends) >= MAX_SPAN_ROWS:
+                bar.hidden_spans += 1
+                continue
+            row_ends.append(right)
+            row = len(row_ends) - 1
+        else:
+            row_ends[row] = right
+        lease = h.lease_expires_at if h.state == HandoffState.CLAIMED else None
+        title = f"handoff {h.logical_id} · {h.state} · attempt {h.attempt}"
+        if lease is not None:
+            title += f" · lease held by {h.lease_holder or '?'} until {lease:%Y-%m-%d %H:%M:%S} UTC"
+        title += f" · created {h.created_at:%Y-%m-%d %H:%M:%S} UTC"
+        end = handoff_end(h)
+        if end:
+            title += f" · {h.state} {end:%Y-%m-%d %H:%M:%S} UTC"
+        bar.spans.append(Span(left, max(right - left, 0.8), row, f"hs-{h.state}", h.logical_id, title, h.id, lease))
+    bar.span_rows = len(row_ends)
+
+
 def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoint],
-                   runtimes: list[RuntimeAttachment], hidden_runs: int, now: datetime | None = None) -> Timeline:
+                   runtimes: list[RuntimeAttachment], hidden_runs: int, now: datetime | None = None,
+                   handoffs: Sequence[Handoff] = (), gates: Sequence[ReviewGate] = ()) -> Timeline:
     now = now or timezone.now()
     t0 = session.created_at
     ends = [r.ended_at or now for r in runs] + [a.ended_at or now for a in runtimes]
@@ -211,6 +323,12 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
     by_run: dict[int, list[Checkpoint]] = {}
     for cp in checkpoints:
         by_run.setdefault(cp.run_id, []).append(cp)
+    handoffs_by_run: dict[int, list[Handoff]] = {}
+    for h in handoffs:
+        handoffs_by_run.setdefault(h.run_id, []).append(h)
+    gates_by_run: dict[int, list[ReviewGate]] = {}
+    for g in gates:
+        gates_by_run.setdefault(g.run_id, []).append(g)
     run_bars = []
     for run in runs:
         left = _pct(run.started_at, t0, span)
@@ -224,6 +342,15 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
         for cp in by_run.get(run.id, []):
             bar.ticks.append(Tick(_pct(cp.created_at, t0, span), cp.boundary.replace("_", " "),
                                   f"checkpoint #{cp.seq} · {cp.boundary} · {cp.created_at:%Y-%m-%d %H:%M:%S} UTC", cp.id))
+        _pack_spans(bar, handoffs_by_run.get(run.id, []), t0, span, now)
+        for g in sorted(gates_by_run.get(run.id, []), key=lambda x: x.id):
+            outcome = f" · outcome {g.outcome}" if g.outcome else ""
+            bar.flags.append(Flag(
+                _pct(g.created_at, t0, span), f"gate-{g.state}" + (f" dc-{g.outcome}" if g.outcome else ""),
+                f"review gate #{g.id} · {g.route} route · {g.state}{outcome} · "
+                f"{g.bound_verdicts} of {g.required_verdicts} verdicts · opened {g.created_at:%Y-%m-%d %H:%M:%S} UTC",
+                g.id, g.state,
+            ))
         run_bars.append(bar)
     runtime_bars = []
     for att in runtimes:
@@ -273,7 +400,46 @@ def describe(event_type: str, payload: dict[str, Any]) -> str:
         return f"checkpoint #{p.get('seq')} · {p.get('boundary')}"
     if event_type.startswith("runtime."):
         return f"generation {p.get('generation', '?')}" + (f" · {p['reason']}" if p.get("reason") else "")
+    if event_type.startswith("handoff."):
+        return _describe_handoff(event_type.removeprefix("handoff."), p)
+    if event_type.startswith("review."):
+        return _describe_review(event_type.removeprefix("review."), p)
+    if event_type.startswith("write_intent."):
+        what = event_type.removeprefix("write_intent.").replace("_", " ")
+        return f"write intent #{p.get('intent_id')} {what}" + (f" · {p['kind']}" if p.get("kind") else "")
     return _scalar_items(p)
+
+
+def _describe_handoff(what: str, p: dict[str, Any]) -> str:
+    job = f"handoff {p.get('logical_id')}"
+    if what == "created":
+        caps = p.get("required_capabilities") or []
+        return f"{job} created" + (f" · needs {', '.join(map(str, caps))}" if caps else "")
+    if what == "claimed":
+        text = f"{job} claimed by {p.get('worker')} · attempt {p.get('attempt')}"
+        return text + (" · previous lease expired" if p.get("reclaimed_after_expiry") else "")
+    if what == "result_consumed":
+        return f"{job} · result consumed"
+    if what == "result_invalid":
+        return f"{job} · invalid result refused"
+    if what == "result_conflict":
+        return f"{job} · CONFLICTING result: hard stop"
+    if what == "conflict_resolved":
+        return f"{job} · conflict resolved"
+    if what == "cancelled":
+        return f"{job} cancelled" + (f" · {p['reason']}" if p.get("reason") else "")
+    return f"{job} · {what.replace('_', ' ')}"
+
+
+def _describe_review(what: str, p: dict[str, Any]) -> str:
+    gate = f"review gate #{p.get('gate_id')}"
+    if what == "gate_opened":
+        return f"{gate} opened · {p.get('route')} route · {p.get('required_verdicts')} verdict(s) needed"
+    if what == "verdict_bound":
+        return f"{gate} · verdict bound ({p.get('bound_verdicts')} of {p.get('required_verdicts')})"
+    if what == "packet_claimed":
+        return f"{gate} · packet #{p.get('packet_id')} claimed"
+    return f"{gate} · {what.replace('gate_', '').replace('_', ' ')}"
 
 
 @dataclass
@@ -331,3 +497,208 @@ def session_rows(sessions: list[Session]) -> list[SessionRow]:
     )
     last_events = {e.session_id: e for e in Event.objects.filter(id__in=list(last_ids))}
     return [SessionRow(s, latest.get(s.id), last_events.get(s.id)) for s in sessions]
+
+
+# ------------------------------------------------------------------------------------
+# Handoffs of one session (the session page's "Pending handoffs" panel)
+# ------------------------------------------------------------------------------------
+OPEN_HANDOFFS_SHOWN = 50
+FINISHED_HANDOFFS_SHOWN = 10
+
+#: Still needs attention: waiting for a worker or a result, or a conflict nobody resolved yet.
+OPEN_HANDOFF_Q = Q(state__in=UNBOUND_STATES) | Q(state=HandoffState.CONFLICTED, conflict_resolved_at__isnull=True)
+
+
+@dataclass
+class HandoffRow:
+    handoff: Handoff
+    now: datetime
+
+    @property
+    def lease_live(self) -> bool:
+        h = self.handoff
+        return h.state == HandoffState.CLAIMED and h.lease_expires_at is not None and h.lease_expires_at > self.now
+
+    @property
+    def lease_expired(self) -> bool:
+        """Claimed, but the lease ran out: the job is claimable again."""
+        h = self.handoff
+        return h.state == HandoffState.CLAIMED and not self.lease_live
+
+    @property
+    def finished_at(self) -> datetime | None:
+        return handoff_end(self.handoff)
+
+    @property
+    def state_note(self) -> str:
+        h = self.handoff
+        if h.state == HandoffState.PENDING:
+            return "waiting for a worker" if h.attempt == 0 else "waiting for a worker again"
+        if h.state == HandoffState.CLAIMED:
+            return "a worker holds the lease" if self.lease_live else "lease expired: claimable again"
+        if h.state == HandoffState.CONFLICTED:
+            return "a different result arrived after one was consumed: a manager must resolve it"
+        if h.state == HandoffState.BOUND:
+            return "result consumed" + (f"; conflict resolved ({h.conflict_resolution})" if h.conflict_resolution else "")
+        return "cancelled"
+
+
+@dataclass
+class SessionHandoffs:
+    open: list[HandoffRow]
+    open_total: int
+    finished: list[HandoffRow]
+    finished_total: int
+
+
+def session_handoffs(session_id: int, now: datetime | None = None) -> SessionHandoffs:
+    """The handoffs of a session that still wait (oldest first), and the latest finished
+    ones (most recently finished first). Four indexed queries, whatever the counts."""
+    now = now or timezone.now()
+    base = Handoff.objects.filter(session_id=session_id).defer("inputs", "params", "result_schema")
+    open_qs = base.filter(OPEN_HANDOFF_Q)
+    finished_qs = base.exclude(OPEN_HANDOFF_Q)
+    open_rows = list(open_qs.order_by("id")[:OPEN_HANDOFFS_SHOWN])
+    finished = list(
+        finished_qs.annotate(done_at=Coalesce("conflict_resolved_at", "bound_at", "cancelled_at", "created_at"))
+        .order_by("-done_at", "-id")[:FINISHED_HANDOFFS_SHOWN]
+    )
+    open_total = len(open_rows) if len(open_rows) < OPEN_HANDOFFS_SHOWN else open_qs.count()
+    finished_total = len(finished) if len(finished) < FINISHED_HANDOFFS_SHOWN else finished_qs.count()
+    return SessionHandoffs(
+        [HandoffRow(h, now) for h in open_rows], open_total, [HandoffRow(h, now) for h in finished], finished_total,
+    )
+
+
+# ------------------------------------------------------------------------------------
+# Write intents of one project (the project page's approval queue)
+# ------------------------------------------------------------------------------------
+OPEN_INTENTS_SHOWN = 50
+CLOSED_INTENTS_SHOWN = 20
+
+_PROBLEM_TEXT = {
+    "missing": "needs an approval",
+    "rejected": "refused",
+    "before_state_changed": "the approval is stale: the before-state changed",
+    "authority_changed": "the approval is stale: the project's authority moved since it was given",
+}
+
+
+@dataclass
+class IntentRow:
+    intent: WriteIntent
+    target: str
+    approval: Approval | None
+    #: why the standing approval does not authorise the write (None: it does)
+    problem: str | None
+    #: the before-state the intent names is no longer the current one: approving is refused
+    stale: bool
+    requires_approval: bool
+
+    @property
+    def needs_approval(self) -> bool:
+        """Open, and no standing approval authorises it (a stale one does not count)."""
+        return self.intent.state in (IntentState.PROPOSED, IntentState.APPROVED) and self.problem is not None
+
+    @property
+    def can_approve(self) -> bool:
+        # A stale before-state cannot be approved (the action refuses it): the agent must
+        # read the before-state again and create a new intent.
+        return self.needs_approval and not self.stale
+
+    @property
+    def can_refuse(self) -> bool:
+        return self.intent.state in (IntentState.PROPOSED, IntentState.APPROVED)
+
+    @property
+    def problem_text(self) -> str:
+        return _PROBLEM_TEXT.get(self.problem or "", "")
+
+
+
+@dataclass
+class ProjectIntents:
+    open: list[IntentRow]
+    open_total: int
+    closed: list[IntentRow]
+    closed_total: int
+
+
+def _intent_target(intent: WriteIntent, numbers: dict[int, int]) -> str:
+    params, before = intent.params or {}, intent.before_state or {}
+    if intent.kind == IntentKind.ARTIFACT_MAKE_CURRENT:
+        name = intent.artifact.name if intent.artifact else f"artifact {intent.artifact_id}"
+        wanted = numbers.get(params.get("version_id"), "?")
+        was = numbers.get(before.get("current_version_id"))
+        return f"{name}: make v{wanted} current" + (f" (was v{was})" if was else "")
+    if intent.kind == IntentKind.AUTHORITY_SETTLE:
+        n = len(params.get("artifacts") or [])
+        version = before.get("authority_version")
+        nxt = f" as authority v{version + 1}" if isinstance(version, int) else ""
+        return f"settle {n} artifact version{'s' if n != 1 else ''}{nxt}"
+    if intent.kind == IntentKind.FRAMEWORK_CHANGE:
+        return f"framework {before.get('framework_version')} → {params.get('framework_version')}"
+    return intent.kind
+
+
+def _intent_rows(project: Project, intents: list[WriteIntent]) -> list[IntentRow]:
+    version_ids = set()
+    for i in intents:
+        if isinstance((i.params or {}).get("version_id"), int):
+            version_ids.add(i.params["version_id"])
+        if isinstance((i.before_state or {}).get("current_version_id"), int):
+            version_ids.add(i.before_state["current_version_id"])
+    numbers = dict(ArtifactVersion.objects.filter(id__in=version_ids).values_list("id", "number")) if version_ids else {}
+    rows = []
+    for i in intents:
+        approval = i.standing[0] if i.standing else None
+        problem = approval_problem(i, approval, project)
+        stale = False
+        if i.state in (IntentState.PROPOSED, IntentState.APPROVED):
+            # The same before-state the approval action compares (read from the preloaded rows).
+            stale = fingerprint(current_state(project, i.kind, i.artifact)) != i.before_fingerprint
+        rows.append(IntentRow(i, _intent_target(i, numbers), approval, problem, stale, project.requires_write_approval))
+    return rows
+
+
+def project_intents(project: Project) -> ProjectIntents:
+    """Open intents (proposed or approved, oldest first) and the latest closed ones.
+    A fixed number of queries whatever the counts."""
+    base = (
+        WriteIntent.objects.filter(project=project).select_related("artifact__current_version")
+        .prefetch_related(Prefetch("approvals", queryset=Approval.objects.filter(revoked_at__isnull=True), to_attr="standing"))
+    )
+    open_states = (IntentState.PROPOSED, IntentState.APPROVED)
+    open_intents = list(base.filter(state__in=open_states).order_by("id")[:OPEN_INTENTS_SHOWN])
+    closed = list(base.exclude(state__in=open_states).order_by("-id")[:CLOSED_INTENTS_SHOWN])
+    counts = {
+        row["state"]: row["n"]
+        for row in WriteIntent.objects.filter(project=project).values("state").annotate(n=Count("id")).order_by()
+    }
+    open_total = sum(counts.get(s, 0) for s in open_states)
+    return ProjectIntents(
+        _intent_rows(project, open_intents), open_total, _intent_rows(project, closed), sum(counts.values()) - open_total,
+    )
+
+
+def project_reviews(project: Project) -> dict[str, int]:
+    """How much review work the calibration view has to go on in this project."""
+    gates = ReviewGate.objects.filter(project=project).aggregate(
+        total=Count("id"), pending=Count("id", filter=Q(state=ReviewGate.State.PENDING)),
+    )
+    verdicts = Verdict.objects.filter(packet__gate__project=project).aggregate(
+        n=Count("id"), reviewers=Count("reviewer", distinct=True),
+    )
+    return {"gates": gates["total"], "pending": gates["pending"], "verdicts": verdicts["n"], "reviewers": verdicts["reviewers"]}
+
+
+# ------------------------------------------------------------------------------------
+# Top navigation
+# ------------------------------------------------------------------------------------
+def nav_roles(user: Any) -> dict[str, bool]:
+    """Which top-nav links a user gets: the same ``is_manager`` flag the reviewer pages use,
+    and ``is_reviewer`` for the "Reviews" link. One query."""
+    if not getattr(user, "is_authenticated", False):
+        return {"is_manager": False, "is_reviewer": False}
+    roles = set(Membership.objects.filter(user=user).values_list("role", flat=True).distinct())
+    return {"is_manager": Membership.Role.MANAGER in roles, "is_reviewer": Membership.Role.REVIEWER in roles}

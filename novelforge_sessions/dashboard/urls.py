@@ -16,4 +16,6 @@ urlpatterns = [
     path("sessions/<int:session_id>/terminate/", views.terminate_session, name="terminate"),
     path("sessions/<int:session_id>/resume/", views.resume, name="resume"),
     path("projects/<int:project_id>/", views.project_detail, name="project"),
+    path("projects/<int:project_id>/intents/<int:intent_id>/approve/", views.approve_intent, name="intent-approve"),
+    path("projects/<int:project_id>/intents/<int:intent_id>/refuse/", views.refuse_intent, name="intent-refuse"),
 ]

@@ -5,6 +5,10 @@ Thin edge: every view builds the caller from the logged-in user
 looks objects up through ``caller.sessions()``/``caller.projects()`` (anything else is 404,
 never 403: ids are not an oracle), calls an existing action for writes, and renders.
 
+The project page's approve / refuse buttons post to ``approve_intent``/``refuse_intent``, which
+call the write-intent approval actions with the manager as the caller (managers carry the
+``approve`` permission). Someone who only reviews is sent from the overview to ``/reviews/``.
+
 Pages are server-rendered with the current truth, so they make sense with JavaScript off.
 Each page also carries the event-log cursor it was rendered at (read *before* the data, so a
 change committed in between is replayed, never missed); ``static/js`` subscribes to
@@ -29,9 +33,11 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from novelforge_sessions import access
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
+from novelforge_sessions.actions import intents as intent_actions
 from novelforge_sessions.actions import sessions as session_actions
 from novelforge_sessions.actions.resume import ResumeRefused, resume_session
 from novelforge_sessions.actions.runtimes import RuntimeSpec
+from novelforge_sessions.control.models import Handoff, WriteIntent
 from novelforge_sessions.dashboard import presenters
 from novelforge_sessions.errors import ServiceError, VersionConflict
 from novelforge_sessions.live.replay import latest_event_id
@@ -45,11 +51,14 @@ from novelforge_sessions.models import (
     RuntimeAttachment,
     Session,
 )
+from reviews.models import ReviewGate
 
 PAGE_SIZE = 50
 FEED_SIZE = 25
 #: Session-page panels re-rendered by ``session_panels`` (keys match ``data-panel`` attributes).
-SESSION_PANELS = ("identity", "diagram", "timeline", "checkpoints", "runtimes", "actions", "reviews")
+SESSION_PANELS = ("identity", "diagram", "timeline", "handoffs", "checkpoints", "runtimes", "actions", "reviews")
+#: Handoffs drawn on the timeline (the newest of the shown runs); the panel lists the rest.
+TIMELINE_HANDOFFS = 200
 
 
 # ------------------------------------------------------------------------------------
@@ -81,6 +90,11 @@ def _int_param(raw: str | None) -> int | None:
 
 def _json_404(what: str) -> JsonResponse:
     return JsonResponse({"error": {"code": "not_found", "message": f"{what} not found", "details": {}}}, status=404)
+
+
+def _nav(request: HttpRequest) -> dict[str, bool]:
+    """The top nav's flags (``templates/dashboard/_nav.html``)."""
+    return presenters.nav_roles(request.user)
 
 
 # ------------------------------------------------------------------------------------
@@ -143,6 +157,11 @@ def _counts(who: Caller, filters: Filters) -> dict[str, Any]:
 @require_GET
 def overview(request: HttpRequest) -> HttpResponse:
     who = _caller(request)
+    nav = _nav(request)
+    if not who.project_ids and nav["is_reviewer"]:
+        # Someone who only reviews has no sessions to watch: their landing page is the queue
+        # (login sends everyone to "/", LOGIN_REDIRECT_URL).
+        return redirect(reverse("reviews:queue"))
     filters = Filters.from_request(request, who)
     cursor = latest_event_id()  # before reading the data: see the module docstring
     qs = filters.apply(who.sessions()).select_related("project").order_by("-id")
@@ -175,6 +194,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "cursor": cursor,
         "live_projects": [filters.project] if filters.project else sorted(who.project_ids),
         "filter_params": filters.params(),
+        **nav,
     }
     return render(request, "dashboard/overview.html", context)
 
@@ -214,6 +234,13 @@ def _session_context(session: Session) -> dict[str, Any]:
     open_run = next((r for r in runs if r.state == rt.RunState.OPEN), None)
     hidden_runs = max(session.run_count - len(runs), 0)
     timeline_cps = list(Checkpoint.objects.filter(run__in=runs).only("id", "run_id", "seq", "boundary", "created_at"))
+    timeline_handoffs = list(
+        Handoff.objects.filter(run__in=runs).defer("inputs", "params", "result_schema").order_by("-id")[:TIMELINE_HANDOFFS]
+    )
+    timeline_gates = list(
+        ReviewGate.objects.filter(run__in=runs)
+        .only("id", "run_id", "route", "state", "outcome", "bound_verdicts", "required_verdicts", "created_at")
+    )
     checkpoints = list(Checkpoint.objects.filter(session=session).select_related("run").order_by("-id")[:20])
     for cp in checkpoints:
         cp.cursor_json = presenters.compact_json(cp.cursor)
@@ -241,7 +268,9 @@ def _session_context(session: Session) -> dict[str, Any]:
         "open_run": open_run,
         "checkpoints": checkpoints,
         "diagram": presenters.build_diagram(session.status, presenters.transition_path(session.id)),
-        "timeline": presenters.build_timeline(session, runs, timeline_cps, list(reversed(runtimes)), hidden_runs),
+        "timeline": presenters.build_timeline(session, runs, timeline_cps, list(reversed(runtimes)), hidden_runs,
+                                              handoffs=timeline_handoffs, gates=timeline_gates),
+        "handoffs": presenters.session_handoffs(session.id),
         "can_close": live is not None,
         "can_abort": open_run is not None and open_run.abort_requested_at is None,
         "abort_pending": open_run is not None and open_run.abort_requested_at is not None,
@@ -260,6 +289,7 @@ def session_detail(request: HttpRequest, session_id: int) -> HttpResponse:
     context = _session_context(session)
     context["cursor"] = cursor
     context["feed"] = presenters.event_views(Event.objects.filter(session_id=session.id).order_by("-id")[:40])
+    context.update(_nav(request))
     return render(request, "dashboard/session.html", context)
 
 
@@ -380,7 +410,7 @@ def resume(request: HttpRequest, session_id: int) -> HttpResponse:
     session.refresh_from_db()
     return render(request, "dashboard/resume.html",
                   {"session": session, "project": session.project, "report": report, "error": error, "spec": spec,
-                   "confirmed": request.method == "POST"},
+                   "confirmed": request.method == "POST", **_nav(request)},
                   status=status)
 
 
@@ -413,4 +443,41 @@ def project_detail(request: HttpRequest, project_id: int) -> HttpResponse:
         "artifacts": artifacts,
         "authority_history": presenters.event_views(authority_events.order_by("-id")[:20]),
         "counts": [(s, counts.get(s, 0)) for s in presenters.STATES],
+        "intents": presenters.project_intents(project),
+        "reviews": presenters.project_reviews(project),
+        **_nav(request),
     })
+
+
+def _decide_intent(request: HttpRequest, project_id: int, intent_id: int, *, approve: bool) -> HttpResponse:
+    """Approve or refuse a write intent of a project the user manages (404 for anything else)."""
+    who = _caller(request)
+    project = _visible_project(who, project_id)
+    if not WriteIntent.objects.filter(id=intent_id, project=project).exists():
+        raise Http404("write intent not found")
+    note = (request.POST.get("note") or "").strip()[:500]
+    try:
+        if approve:
+            intent_actions.approve_intent(who, intent_id, note=note)
+        else:
+            intent_actions.reject_intent(who, intent_id, note=note)
+    except ServiceError as exc:
+        _report_error(request, exc)
+    else:
+        if approve:
+            messages.success(request, f"Approved write intent #{intent_id}: the agent may now execute it.")
+        else:
+            messages.success(request, f"Refused write intent #{intent_id}: it will not be executed.")
+    return redirect(reverse("dashboard:project", args=[project.id]) + "#write-intents")
+
+
+@login_required
+@require_POST
+def approve_intent(request: HttpRequest, project_id: int, intent_id: int) -> HttpResponse:
+    return _decide_intent(request, project_id, intent_id, approve=True)
+
+
+@login_required
+@require_POST
+def refuse_intent(request: HttpRequest, project_id: int, intent_id: int) -> HttpResponse:
+    return _decide_intent(request, project_id, intent_id, approve=False)

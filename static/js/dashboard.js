@@ -96,6 +96,11 @@
     if (type === "run.ended") return "run #" + p.seq + " " + p.state + why;
     if (type === "checkpoint.recorded") return "checkpoint #" + p.seq + " · " + p.boundary;
     if (type.startsWith("runtime.")) return "generation " + (p.generation != null ? p.generation : "?") + why;
+    if (type.startsWith("handoff.")) return describeHandoff(type.slice(8), p);
+    if (type.startsWith("review.")) return describeReview(type.slice(7), p);
+    if (type.startsWith("write_intent.")) {
+      return "write intent #" + p.intent_id + " " + type.slice(13).replace(/_/g, " ") + (p.kind ? " · " + p.kind : "");
+    }
     const parts = [];
     for (const [k, v] of Object.entries(p)) {
       if (["string", "number", "boolean"].includes(typeof v) && v !== "") parts.push(k + "=" + v);
@@ -103,6 +108,31 @@
     const text = parts.join(" · ");
     return text.length <= 120 ? text : text.slice(0, 119) + "…";
   };
+
+  function describeHandoff(what, p) {
+    const job = "handoff " + p.logical_id;
+    if (what === "created") {
+      const caps = p.required_capabilities || [];
+      return job + " created" + (caps.length ? " · needs " + caps.join(", ") : "");
+    }
+    if (what === "claimed") {
+      return job + " claimed by " + p.worker + " · attempt " + p.attempt + (p.reclaimed_after_expiry ? " · previous lease expired" : "");
+    }
+    if (what === "result_consumed") return job + " · result consumed";
+    if (what === "result_invalid") return job + " · invalid result refused";
+    if (what === "result_conflict") return job + " · CONFLICTING result: hard stop";
+    if (what === "conflict_resolved") return job + " · conflict resolved";
+    if (what === "cancelled") return job + " cancelled" + (p.reason ? " · " + p.reason : "");
+    return job + " · " + what.replace(/_/g, " ");
+  }
+
+  function describeReview(what, p) {
+    const gate = "review gate #" + p.gate_id;
+    if (what === "gate_opened") return gate + " opened · " + p.route + " route · " + p.required_verdicts + " verdict(s) needed";
+    if (what === "verdict_bound") return gate + " · verdict bound (" + p.bound_verdicts + " of " + p.required_verdicts + ")";
+    if (what === "packet_claimed") return gate + " · packet #" + p.packet_id + " claimed";
+    return gate + " · " + what.replace("gate_", "").replace(/_/g, " ");
+  }
 
   const STATES = ["created", "running", "idle", "awaiting_user", "awaiting_external", "completed", "failed", "terminated", "stale"];
 
@@ -197,7 +227,9 @@
   });
 
   document.addEventListener("submit", (e) => {
-    const msg = e.target.dataset && e.target.dataset.confirm;
+    // A button may carry its own question (one form, two decisions: approve / refuse).
+    const btn = e.submitter;
+    const msg = (btn && btn.dataset && btn.dataset.confirm) || (e.target.dataset && e.target.dataset.confirm);
     if (msg && !window.confirm(msg)) e.preventDefault();
   });
 

@@ -1,7 +1,11 @@
-/* Session page: the diagram, timeline, checkpoints, runtimes and actions are re-rendered by the
- * server (GET …/panels/) whenever an event of this session arrives; the header badge and the
- * feed update at once from the event itself. Open checkpoint drawers and keyboard focus are
- * kept across a re-render.
+/* Session page: the diagram, timeline, handoffs, checkpoints, runtimes, review gates and
+ * actions are re-rendered by the server (GET …/panels/) whenever an event of this session
+ * arrives (handoff.* and review.* events included); the header badge and the feed update at
+ * once from the event itself. Open drawers and keyboard focus are kept across a re-render.
+ *
+ * Lease heartbeats are not events (liveness is not a state change), so when a handoff's lease
+ * countdown runs out the panels are re-fetched once for that lease: a worker that renewed it
+ * shows its new expiry, one that did not stays "expired".
  */
 (function () {
   "use strict";
@@ -59,6 +63,17 @@
       }
       later("panels", refreshPanels);
     }
+
+    const rechecked = new Set();
+    function recheckExpiredLeases() {
+      for (const c of root.querySelectorAll(".countdown[data-recheck][data-expires]")) {
+        const key = c.dataset.recheck + "@" + c.dataset.expires;
+        if (rechecked.has(key) || new Date(c.dataset.expires).getTime() > Date.now()) continue;
+        rechecked.add(key);
+        later("panels", refreshPanels);
+      }
+    }
+    setInterval(recheckExpiredLeases, 1000);
 
     NF.stream = new NF.EventStream([{ session_id: sessionId }], root.dataset.cursor, onEvent);
     NF.stream.start();

@@ -3,6 +3,7 @@ agent API appear without a reload, the session diagram lights the new state, and
 reconnect the page catches up from the event log."""
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import httpx
@@ -51,6 +52,7 @@ class World:
         runs.end_run(who, run.id, outcome="completed")
         self.watched = session("manager", "planning", "chat", provider_metadata={"thread_id": "chat-7f3"})
         run = runs.start_run(who, self.watched, cursor={"step": "outline"})
+        self.watched_run = run.id
         checkpoints.record_checkpoint(who, run.id, {"boundary": "context_freeze", "cursor": {"step": "outline"}})
 
     def api(self, server, method: str, path: str, body: dict | None = None) -> dict:
@@ -153,3 +155,122 @@ def test_a_manager_action_from_the_session_page(server, page, world):
     confirm.click()
     expect(page.locator(".messages")).to_contain_text("Resumed: runtime generation 2")
     expect(page.locator("#session-state")).to_have_text("running")
+
+
+def handoff_row(page, handoff_id: int):
+    return page.locator(f"#handoff-{handoff_id}")
+
+
+def test_handoffs_appear_tick_and_fold_away_live(server, page, world):
+    """handoff.* events re-render the handoffs panel and the timeline: a job handed off through
+    the agent API appears, a claim starts a ticking lease countdown, a bound result folds it away."""
+    login(page, server, "mara", PASSWORD)
+    page.goto(server.url + f"/sessions/{world.watched}/")
+    expect(page.locator("#conn")).to_have_text("live")
+    page.evaluate("window.__sameDocument = true")
+    panel = page.locator('[data-panel="handoffs"]')
+    expect(panel).to_contain_text("Nothing is waiting on an external worker.")
+
+    job = world.api(server, "POST", f"/runs/{world.watched_run}/handoffs", {
+        "logical_id": "outline/continuity-check", "required_capabilities": ["continuity"], "timeout_seconds": 90,
+        "params": {"task": "check the outline against the series bible"}, "result_schema": {"verdict": "string"},
+    })
+    other = world.api(server, "POST", f"/runs/{world.watched_run}/handoffs", {"logical_id": "outline/blurb"})
+    expect(handoff_row(page, job["id"])).to_have_attribute("data-state", "pending")
+    expect(handoff_row(page, other["id"])).to_contain_text("not claimed")
+    expect(page.locator("#session-state")).to_have_text("awaiting_external")
+    expect(page.locator(f'.tl-span[data-handoff-id="{job["id"]}"]')).to_have_count(1)
+
+    claimed = world.api(server, "POST", "/handoffs/claim",
+                        {"worker": "continuity-bot", "capabilities": ["continuity"], "handoff_id": job["id"]})["handoff"]
+    row = handoff_row(page, job["id"])
+    expect(row).to_have_attribute("data-state", "claimed")
+    expect(row).to_contain_text("continuity-bot")
+    countdown = row.locator(".countdown")
+    expect(countdown).to_have_text(re.compile(r"^expires in 1:[0-3]\d$"))
+    first = countdown.inner_text()
+    expect(countdown).not_to_have_text(first)  # it ticks
+    assert "UTC" in countdown.get_attribute("title")
+    expect(page.locator(f'.tl-span[data-handoff-id="{job["id"]}"]')).to_have_class(re.compile("hs-claimed"))
+    screenshot(page, "dashboard-session-handoffs")
+
+    world.api(server, "POST", f"/handoffs/{job['id']}/results",
+              {"fencing_token": claimed["fencing_token"], "job_fingerprint": claimed["job_fingerprint"],
+               "result": {"verdict": "consistent"}})
+    finished = page.locator("details.ho-finished")
+    expect(finished).to_contain_text("Recently finished (1)")
+    expect(handoff_row(page, job["id"])).to_have_attribute("data-state", "bound")
+    expect(handoff_row(page, job["id"])).to_be_hidden()  # folded
+    expect(page.locator('[data-field="open-handoffs"]')).to_have_text("1")
+    expect(page.locator("#feed .ev").first).to_contain_text("outline/continuity-check · result consumed")
+    assert page.evaluate("window.__sameDocument") is True
+    # Live rows are summarised in JS exactly as the server renders them after a reload.
+    from novelforge_sessions.dashboard.presenters import describe
+    from tests.dashboard.test_handoffs import SUMMARY_CASES
+
+    for event_type, payload, summary in SUMMARY_CASES:
+        assert page.evaluate("([t, p]) => NF.describe(t, p)", [event_type, payload]) == describe(event_type, payload) == summary
+
+
+def test_an_expired_lease_says_expired(server, page, world):
+    job = world.api(server, "POST", f"/runs/{world.watched_run}/handoffs", {"logical_id": "outline/quick", "timeout_seconds": 2})
+    world.api(server, "POST", "/handoffs/claim", {"worker": "slow-bot", "capabilities": [], "handoff_id": job["id"]})
+    login(page, server, "mara", PASSWORD)
+    page.goto(server.url + f"/sessions/{world.watched}/")
+    countdown = handoff_row(page, job["id"]).locator(".countdown")
+    # Nothing renews the lease: the countdown runs out, and the re-check after expiry
+    # (heartbeats are not events) confirms it: the row reads "lease expired".
+    expect(countdown).to_have_class(re.compile(r"\bexpired\b"), timeout=15_000)
+    expect(countdown).to_have_text(re.compile(r"^expired "))
+    expect(handoff_row(page, job["id"])).to_have_class(re.compile("lease-expired"), timeout=15_000)
+    expect(handoff_row(page, job["id"])).to_contain_text("lease expired: claimable again")
+
+
+def test_the_manager_approves_and_refuses_write_intents_on_the_project_page(server, page, world):
+    from novelforge_sessions.actions import artifacts, intents
+
+    who = caller_for(world.project)
+    chapter = artifacts.create_artifact(who, name="chapter-03", kind="chapter", content="The orchard froze.")
+    v2 = artifacts.add_artifact_version(who, chapter.id, content="The orchard froze over.")
+    before = world.api(server, "GET", f"/write-intents/before-state?kind=artifact.make_current&artifact_id={chapter.id}")
+    keep = world.api(server, "POST", "/write-intents", {
+        "kind": "artifact.make_current", "idempotency_key": "chapter-03-v2", "artifact_id": chapter.id,
+        "params": {"version_id": v2.id}, "before_fingerprint": before["before_fingerprint"]})
+    auth = intents.read_before_state(who, kind="framework.change")
+    drop = world.api(server, "POST", "/write-intents", {
+        "kind": "framework.change", "idempotency_key": "framework-2", "params": {"framework_version": "2"},
+        "before_fingerprint": auth.fingerprint})
+
+    login(page, server, "mara", PASSWORD)
+    page.goto(server.url + f"/projects/{world.project.id}/")
+    expect(page.locator('[data-field="open-intents"]')).to_have_text("2")
+    keep_card = page.locator(f"#intent-{keep['id']}")
+    expect(keep_card).to_contain_text("chapter-03: make v2 current (was v1)")
+    screenshot(page, "dashboard-project")
+
+    keep_card.locator('input[name="note"]').fill("reads well")
+    keep_card.get_by_role("button", name=f"Approve write intent #{keep['id']}").click()
+    expect(page.locator(".messages")).to_contain_text(f"Approved write intent #{keep['id']}")
+    expect(page.locator(f"#intent-{keep['id']}")).to_have_attribute("data-state", "approved")
+    expect(page.locator(f"#intent-{keep['id']}")).to_contain_text("Approved by")
+
+    # Refusing is final: the page asks first (dismissed → nothing happens, accepted → refused).
+    page.once("dialog", lambda d: d.dismiss())
+    page.get_by_role("button", name=f"Refuse write intent #{drop['id']}").click()
+    expect(page.locator(f"#intent-{drop['id']}")).to_have_attribute("data-state", "proposed")
+    page.once("dialog", lambda d: d.accept())
+    page.get_by_role("button", name=f"Refuse write intent #{drop['id']}").click()
+    expect(page.locator(".messages")).to_contain_text(f"Refused write intent #{drop['id']}")
+    expect(page.locator(f"#intent-{drop['id']}")).to_have_attribute("data-state", "rejected")
+    expect(page.locator(f"#intent-{drop['id']}")).to_be_hidden()  # folded with the closed ones
+    expect(page.locator('[data-field="open-intents"]')).to_have_text("1")
+
+    # The agent executes the approved one; the project's artifacts follow.
+    world.api(server, "POST", f"/write-intents/{keep['id']}/execute")
+    page.reload()
+    page.locator("details.intents-closed summary").click()
+    expect(page.locator(f"#intent-{keep['id']}")).to_have_attribute("data-state", "executed")
+    page.get_by_role("link", name="Reviewer calibration →").click()
+    page.wait_for_url(server.url + "/reviews/calibration/")
+    expect(page.get_by_role("heading", name="Reviewer calibration")).to_be_visible()
+

@@ -73,10 +73,19 @@ def test_failed_and_stale_rows_stand_out(mgr_client, make_session):
     assert re.search(rf'id="session-{fine.id}"[^>]*class="srow row-running', html)
 
 
-def test_a_reviewer_without_manager_role_sees_no_sessions(make_session, project):
+def test_a_reviewer_without_manager_role_lands_on_the_review_queue(make_session, project):
     make_session()
     reviewer = make_user("reviewer", project, role=Membership.Role.REVIEWER)
-    html = logged_in(reviewer).get("/").content.decode()
+    resp = logged_in(reviewer).get("/")
+    assert resp.status_code == 302 and resp["Location"] == "/reviews/"
+    # Also with filters in the URL: nothing about the sessions is rendered, not even a 404.
+    assert logged_in(reviewer).get("/", {"project": project.id})["Location"] == "/reviews/"
+
+
+def test_a_user_without_any_membership_sees_an_empty_dashboard(make_session):
+    make_session()
+    nobody = make_user("nobody")
+    html = logged_in(nobody).get("/").content.decode()
     assert row_ids(html) == set() and "You do not manage any project yet." in html
 
 
@@ -110,7 +119,8 @@ def test_session_panels_json_re_renders_the_live_parts(mgr_client, make_session)
     session = make_session(run=True)
     data = mgr_client.get(f"/sessions/{session.id}/panels/").json()
     assert data["status"] == "running"
-    assert set(data["panels"]) == {"identity", "diagram", "timeline", "checkpoints", "runtimes", "actions", "reviews"}
+    assert set(data["panels"]) == {"identity", "diagram", "timeline", "handoffs", "checkpoints", "runtimes", "actions",
+                                   "reviews"}
     assert 'data-state="running" aria-current="true"' in data["panels"]["diagram"]
     assert "csrfmiddlewaretoken" in data["panels"]["actions"]
     assert 'id="review-gates"' in data["panels"]["reviews"]

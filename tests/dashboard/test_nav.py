@@ -1,0 +1,55 @@
+"""Landing and top navigation: reviewers who manage nothing land on their queue; the nav
+shows Sessions / Reviews / Calibration according to the user's memberships."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+
+from novelforge_sessions.models import Membership
+from tests.dashboard.conftest import PASSWORD, logged_in, make_user
+
+pytestmark = pytest.mark.django_db
+
+
+def nav_links(html: str) -> list[str]:
+    nav = re.search(r'<nav class="topnav" aria-label="Main">(.*?)</nav>', html, re.S).group(1)
+    return re.findall(r">([^<>]+)</a>", nav)
+
+
+def test_a_reviewer_logging_in_lands_on_the_review_queue(project):
+    make_user("rita", project, role=Membership.Role.REVIEWER)
+    resp = Client().post("/login/", {"username": "rita", "password": PASSWORD}, follow=True)
+    assert resp.redirect_chain == [("/", 302), ("/reviews/", 302)]
+    html = resp.content.decode()
+    assert resp.status_code == 200 and "<h1>Review queue</h1>" in html
+    assert nav_links(html) == ["Reviews"], "a reviewer who manages nothing sees only the review queue"
+
+
+def test_a_manager_logging_in_lands_on_the_dashboard(project):
+    make_user("mara", project)
+    resp = Client().post("/login/", {"username": "mara", "password": PASSWORD}, follow=True)
+    assert resp.redirect_chain == [("/", 302)] and "<h1>Sessions</h1>" in resp.content.decode()
+
+
+def test_a_manager_who_also_reviews_keeps_the_dashboard_and_gets_a_reviews_link(project, other_project, make_session):
+    session = make_session()
+    both = make_user("both", project)
+    Membership.objects.create(user=both, project=other_project, role=Membership.Role.REVIEWER)
+    client = logged_in(both)
+    html = client.get("/").content.decode()
+    assert nav_links(html) == ["Sessions", "Reviews", "Calibration"]
+    assert re.search(r'<a href="/" class="active" aria-current="page">Sessions</a>', html)
+    assert '<a href="/reviews/">Reviews</a>' in html and '<a href="/reviews/calibration/">Calibration</a>' in html
+    for url in (f"/sessions/{session.id}/", f"/projects/{project.id}/", f"/sessions/{session.id}/resume/"):
+        assert nav_links(client.get(url).content.decode()) == ["Sessions", "Reviews", "Calibration"], url
+
+
+def test_a_manager_without_reviews_gets_no_reviews_link(mgr_client, project):
+    assert nav_links(mgr_client.get("/").content.decode()) == ["Sessions", "Calibration"]
+    assert nav_links(mgr_client.get(f"/projects/{project.id}/").content.decode()) == ["Sessions", "Calibration"]
+
+
+def test_the_login_page_has_no_nav_links():
+    assert nav_links(Client().get("/login/").content.decode()) == []
