@@ -21,7 +21,7 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
-from novelforge_sessions.api.schemas import Page, Strict
+from novelforge_sessions.api.schemas import MAX_BODY_DEPTH, Page, Strict, nested_deeper_than, refuse_unstorable_text
 from novelforge_sessions.errors import ServiceError
 from reviews import actions
 from reviews.access import assignment_for, assignments_for, reviewer_for_caller
@@ -318,7 +318,12 @@ def submit_verdict(request: HttpRequest, packet_id: int):
     identity = reviewer_for_caller(caller(request))
     try:
         payload = json.loads(request.body or b"null")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested ~1,000 levels deep
         raise ServiceError("the request body is not valid JSON", code="malformed_body", http_status=400) from None
+    # Parsed by hand, so neither the API's parser nor schemas.Input checked it: the same checks here.
+    if nested_deeper_than(payload, MAX_BODY_DEPTH):
+        raise ServiceError(f"the request body nests deeper than {MAX_BODY_DEPTH} levels", code="malformed_body",
+                           http_status=400, max_depth=MAX_BODY_DEPTH)
+    refuse_unstorable_text(payload)
     bound = actions.bind_verdict(identity, packet_id, payload, channel=Verdict.Channel.API)
     return Status(201 if bound.created else 200, verdict_out(bound.verdict))

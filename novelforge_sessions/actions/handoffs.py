@@ -31,7 +31,7 @@ from novelforge_sessions import events
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
-from novelforge_sessions.actions.lifecycle import Outbox, apply_transition, check, lock_session
+from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session
 from novelforge_sessions.control.errors import (
     AlreadyConsumed,
     HandoffClosed,
@@ -248,6 +248,10 @@ def claim_handoff(
     caps = check(rt.validate_capabilities, capabilities)
     if not isinstance(worker, str) or not worker.strip() or len(worker) > 200:
         raise ValidationFailed("worker must name the claiming worker (1–200 characters)", field="worker")
+
+    if handoff_id is not None and not 0 < handoff_id <= BIGINT_MAX:
+        # _CLAIM_SQL casts it to bigint (PostgreSQL would refuse): no such row, as the ORM would say.
+        raise NotFound("handoff not found", handoff_id=handoff_id)
 
     now = timezone.now()
     with transaction.atomic():

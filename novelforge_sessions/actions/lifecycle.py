@@ -21,6 +21,11 @@ from novelforge_sessions.errors import NotFound, VersionConflict, from_rule_erro
 from novelforge_sessions.models import Run, RuntimeAttachment, Session
 
 
+#: PostgreSQL bigint, the type of every id and fencing token column. Storing or casting a larger
+#: integer fails in the database (DataError); the ORM's lookups already treat it as "no row".
+BIGINT_MAX = 2**63 - 1
+
+
 @dataclass
 class Outbox:
     """Events an action will append, in order, as its last statements."""

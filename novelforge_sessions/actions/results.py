@@ -37,7 +37,7 @@ from novelforge_sessions import events
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.handoffs import settle_waiting_run, visible_handoffs
-from novelforge_sessions.actions.lifecycle import Outbox, apply_transition, check, lock_session
+from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session
 from novelforge_sessions.control.errors import (
     ConflictingResult,
     HandoffClosed,
@@ -146,7 +146,7 @@ def deliver_result(
     result_hash: str | None = None,
 ) -> Delivered:
     caller.require("work")
-    if not isinstance(fencing_token, int) or isinstance(fencing_token, bool) or fencing_token < 1:
+    if not isinstance(fencing_token, int) or isinstance(fencing_token, bool) or not 1 <= fencing_token <= BIGINT_MAX:
         raise ValidationFailed("fencing_token must be the positive integer your claim returned", field="fencing_token")
     if not isinstance(job_fingerprint, str):
         raise ValidationFailed("job_fingerprint must be a string", field="job_fingerprint")

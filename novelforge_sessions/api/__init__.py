@@ -1,24 +1,106 @@
 """The agent API: django-ninja, ``/api/v1/…``, OpenAPI at ``/api/openapi.json``, docs at ``/api/docs``.
 
 One error shape for everything (``{"error": {"code", "message", "details"}}``) — service
-errors, validation errors, unparseable bodies, authentication failures and even unexpected
-exceptions (logged, answered as ``internal_error``; never an HTML 500 page).
+errors, validation errors, unparseable bodies, authentication failures, unknown paths and
+methods, and even unexpected exceptions (logged, answered as ``internal_error``; never an
+HTML 500 page).
 """
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.urls import URLPattern, URLResolver, re_path
+from django.views.decorators.csrf import csrf_exempt
+from django.utils.datastructures import MultiValueDict
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
 
 from novelforge_sessions.api.auth import TokenAuth
+from novelforge_sessions.api.schemas import MAX_BODY_DEPTH, nested_deeper_than, refuse_unstorable_text
 from novelforge_sessions.errors import NotFound, PayloadTooLarge, ServiceError, Unauthorized, ValidationFailed
 
 log = logging.getLogger("novelforge.api")
 
-api = NinjaAPI(
+
+@csrf_exempt  # as ninja's own views: a POST to a wrong path is a 404, not a CSRF page
+def _no_such_route(request: HttpRequest) -> HttpResponse:
+    """Below /api/, a path no route serves is a 404 in the one error shape (not Django's HTML page)."""
+    err = NotFound("no API route at this path", path=request.path)
+    return JsonResponse(err.as_dict(), status=err.http_status)
+
+
+def _in_the_error_shape(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """What ninja answers outside its exception handlers, in the one error shape: a plain-text
+    405 for a method a path does not serve, and the Http404 of its root view (``/api/``)."""
+
+    @wraps(view)  # keeps ninja's csrf_exempt marker
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            response = view(request, *args, **kwargs)
+        except Http404:
+            return _no_such_route(request)
+        if response.status_code == 405 and not response.get("Content-Type", "").startswith("application/json"):
+            allowed = sorted(m.strip() for m in response.get("Allow", "").split(",") if m.strip())
+            err = ServiceError(
+                f"{request.method} is not allowed here", code="method_not_allowed", http_status=405, allowed=allowed
+            )
+            json_response = JsonResponse(err.as_dict(), status=err.http_status)
+            json_response["Allow"] = ", ".join(allowed)
+            return json_response
+        return response
+
+    return wrapped
+
+
+class _TooDeep(ValueError):
+    pass
+
+
+class _Parser(Parser):
+    def parse_body(self, request: HttpRequest) -> Any:
+        data = super().parse_body(request)
+        if nested_deeper_than(data, MAX_BODY_DEPTH):
+            raise _TooDeep  # ninja turns any parse failure into HttpError(400): see _http_error
+        return data
+
+    def parse_querydict(self, data: MultiValueDict, list_fields: list[str], request: HttpRequest) -> dict[str, Any]:
+        """Query strings too: a ``%00`` in a filter would fail in the database (bodies: ``schemas.Input``)."""
+        values = super().parse_querydict(data, list_fields, request)
+        refuse_unstorable_text(values, where="query")
+        return values
+
+
+class _Api(NinjaAPI):
+    def get_openapi_schema(self, **kwargs: Any) -> dict[str, Any]:
+        """Declare the one status ``errors(...)`` cannot know per route: any operation that reads a
+        JSON body answers an unparseable one with ``400 malformed_body`` (see ``_http_error``)."""
+        schema = super().get_openapi_schema(**kwargs)
+        for item in schema["paths"].values():
+            for op in item.values():
+                if "requestBody" in op and 400 not in op["responses"]:  # ninja keys statuses by int
+                    op["responses"][400] = {"description": "Bad Request", "content": op["responses"][422]["content"]}
+        return schema
+
+    @property
+    def urls(self) -> tuple[list[URLPattern | URLResolver], str, str]:
+        patterns, app_name, namespace = super().urls
+        return [
+            *(
+                URLPattern(p.pattern, _in_the_error_shape(p.callback), p.default_args, p.name)
+                if isinstance(p, URLPattern) else p
+                for p in patterns
+            ),
+            re_path(r"", _no_such_route),  # last: only what no route above matched
+        ], app_name, namespace
+
+
+api = _Api(
     title="NovelForge Session Runtime API",
     version="1.0.0",
     description=(
@@ -27,6 +109,7 @@ api = NinjaAPI(
         '`{"error": {"code", "message", "details"}}`.'
     ),
     auth=TokenAuth(),
+    parser=_Parser(),
     urls_namespace="api",
     docs_url="/docs",
     openapi_url="/openapi.json",
@@ -60,6 +143,11 @@ def _auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
 
 @api.exception_handler(HttpError)
 def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    if exc.status_code == 400 and isinstance(exc.__cause__, _TooDeep):
+        return _render(request, ServiceError(
+            f"the request body nests deeper than {MAX_BODY_DEPTH} levels", code="malformed_body", http_status=400,
+            max_depth=MAX_BODY_DEPTH,
+        ))
     if exc.status_code == 400:
         return _render(request, ServiceError("the request body is not valid JSON", code="malformed_body", http_status=400))
     return _render(request, ServiceError(str(exc), code="http_error", http_status=exc.status_code))

@@ -32,7 +32,7 @@ def caller_for_token(raw: str) -> Caller | None:
             last_used_at=now
         )
     return Caller(
-        label=f"token:{token.name}#{token.id}",
+        label=f"token:{token.name[:100]}#{token.id}",  # fits every actor column, whatever the admin allowed
         project_ids=frozenset({token.project_id}),
         permissions=frozenset(token.permissions),
         session_id=token.session_id,

@@ -8,7 +8,6 @@ from typing import Any, Literal
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
-from pydantic import ConfigDict
 
 from novelforge_sessions.actions import bindings as binding_actions
 from novelforge_sessions.actions import handoffs as handoff_actions
@@ -16,7 +15,7 @@ from novelforge_sessions.actions import intents as intent_actions
 from novelforge_sessions.actions import results as result_actions
 from novelforge_sessions.actions import routing as routing_actions
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
-from novelforge_sessions.api.schemas import Page
+from novelforge_sessions.api.schemas import Page, Strict
 from novelforge_sessions.control.models import (
     AuthorityChange,
     ConsumeReceipt,
@@ -35,10 +34,6 @@ bindings_router = Router(tags=["bindings"])
 routing_router = Router(tags=["routing"])
 
 routers = [handoffs_router, intents_router, bindings_router, routing_router]
-
-
-class Strict(Schema):
-    model_config = ConfigDict(extra="forbid")
 
 
 # ---- schemas: handoffs & results ------------------------------------------------------------

@@ -5,9 +5,10 @@ from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
 from ninja import Field, Schema
-from pydantic import ConfigDict
+from pydantic import ConfigDict, ModelWrapValidatorHandler, model_validator
 
 from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.errors import ValidationFailed
 
 T = TypeVar("T")
 
@@ -17,10 +18,88 @@ Memory = Literal[tuple(m.value for m in rt.MemoryPolicy)]  # type: ignore[valid-
 Boundary = Literal[tuple(b.value for b in rt.CheckpointBoundary)]  # type: ignore[valid-type]
 
 
-class Strict(Schema):
-    """Inputs refuse unknown fields: a typo is an error, not a silently ignored value."""
+def _storable(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # an unpaired surrogate
+        return False
+    return True
 
-    model_config = ConfigDict(extra="forbid")
+
+def unstorable_text_at(value: Any) -> str | None:
+    """Where ``value`` holds a string or object key PostgreSQL cannot store, as a path; else None.
+
+    text and jsonb refuse U+0000, and an unpaired surrogate (legal in JSON's ``\\uXXXX``
+    escapes) has no UTF-8 form: either would fail in the database as a 500, so inputs refuse
+    them first. Iterative, so a deeply nested body cannot exhaust the stack.
+    """
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if not _storable(item):
+                return path
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                child_path = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and not _storable(key):
+                    return child_path
+                stack.append((child_path, child))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
+    return None
+
+
+#: JSON bodies nest at most this deep. json.loads itself gives up near 1,000 levels; a few hundred
+#: still parse but then fail to re-encode (RecursionError: a 500) when stored or sized.
+MAX_BODY_DEPTH = 100
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def refuse_unstorable_text(value: Any, *, where: str = "body") -> None:
+    path = unstorable_text_at(value)
+    if path is not None:
+        field = (path or where).encode("ascii", "backslashreplace").decode().replace("\x00", "\\x00")
+        raise ValidationFailed(f"{field}: text cannot contain NUL (U+0000) or unpaired surrogates", field=field)
+
+
+class Input(Schema):
+    """Every JSON body, validated as the JSON object it is.
+
+    Replaces (same name) ninja's root validator, which wraps the input in a ``DjangoGetter`` for
+    reading ORM objects: that wrapper hides the keys a model does not declare, so an
+    ``extra="allow"`` body (a checkpoint) lost its unknown keys before the pure core could refuse
+    them. Strings must be storable; the refusal is a ServiceError (pydantic lets it through),
+    so the 422 names the exact path, as the actions' own refusals do.
+    """
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _run_root_validator(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        refuse_unstorable_text(data)
+        return handler(data)
+
+
+class Strict(Input):
+    """Inputs refuse unknown fields: a typo is an error, not a silently ignored value. And they
+    take JSON types as the schema states them: `true` or `"7"` is not an integer id, `"false"`
+    is not a boolean (pydantic's lax coercion would accept both behind the schema's back)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ErrorBody(Schema):
@@ -133,6 +212,10 @@ class ReasonIn(Strict):
     reason: str = Field("", max_length=200)
 
 
+class CloseIn(Strict):
+    reason: str = Field("", max_length=64, description="recorded as the closed runtime's end reason")
+
+
 class CloseOut(Schema):
     session: SessionOut
     already_closed: bool
@@ -241,7 +324,7 @@ class ArtifactRefIn(Strict):
     fingerprint: str
 
 
-class CheckpointIn(Schema):
+class CheckpointIn(Input):
     """Validated by the pure core; unknown keys are checked for transcript content, then refused."""
 
     boundary: Boundary

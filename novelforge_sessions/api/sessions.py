@@ -11,6 +11,7 @@ from novelforge_sessions.actions.transcript import append_transcript
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import (
     AbortOut,
+    CloseIn,
     CloseOut,
     Page,
     ReasonIn,
@@ -90,7 +91,7 @@ def transition(request: HttpRequest, session_id: int, body: TransitionIn):
     "/sessions/{session_id}/close", response={200: CloseOut, **errors(403, 404)},
     summary="Close: end the live runtime, keep everything (idempotent)",
 )
-def close(request: HttpRequest, session_id: int, body: ReasonIn | None = None):
+def close(request: HttpRequest, session_id: int, body: CloseIn | None = None):
     result = actions.close_session(caller(request), session_id, reason=(body.reason if body and body.reason else "closed"))
     return {"session": result.session, "already_closed": result.already_closed, "closed_runtime_id": result.closed_runtime_id}
 

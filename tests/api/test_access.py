@@ -99,3 +99,16 @@ def test_session_bound_token_sees_only_its_session(project, owner, new_session):
     assert bound.get(f"/sessions/{other['id']}").status_code == 404
     assert bound.post(f"/sessions/{other['id']}/close").status_code == 404
     assert {e["session_id"] for e in bound.get("/events").json()["items"]} == {mine["id"]}
+
+
+def test_token_names_are_bounded_so_every_write_can_record_its_actor(project):
+    from novelforge_sessions.errors import ValidationFailed
+
+    with pytest.raises(ValidationFailed) as info:
+        create_token(project, name="n" * 101, permissions=["read"])
+    assert info.value.details["field"] == "name"
+    # A long name that predates the bound (or came through raw SQL) still cannot break writes.
+    token, raw = create_token(project, name="ok", permissions=["read", "write"])
+    ApiToken.objects.filter(id=token.id).update(name="x" * 200)
+    resp = Api(raw).post("/sessions", SESSION)
+    assert resp.status_code == 201, resp.content

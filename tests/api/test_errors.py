@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from novelforge_sessions.models import Event, Session
+from novelforge_sessions.models import Event, Run, Session
 
 from tests.conftest import SESSION
 
@@ -84,3 +84,83 @@ def test_bad_inputs_never_500(owner, new_session):
                 assert "code" in resp.json()["error"], (path, raw)
     # Only the bodies valid for close/abort (which accept an empty-ish body) could have written.
     assert Event.objects.count() - events <= 4
+
+
+# ---- found by the schema fuzz (tests/api/test_fuzz.py) ------------------------------------------
+def test_a_method_a_path_does_not_serve_is_405_in_the_one_shape(owner):
+    resp = owner.client.put("/api/v1/sessions", "{}", content_type="application/json", **owner._headers())
+    err = assert_error(resp, 405, "method_not_allowed")
+    assert err["details"]["allowed"] == ["GET", "POST"]
+    assert resp["Allow"] == "GET, POST" and resp["Content-Type"].startswith("application/json")
+    assert_error(owner.delete("/project"), 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "field"),
+    [
+        ("/transition", '{"to": "idle", "expected_version": "1"}', "expected_version"),
+        ("/transition", '{"to": "idle", "expected_version": true}', "expected_version"),
+        ("/resume", '{"runtime": {"runtime_family": "cli"}, "dry_run": "true"}', "dry_run"),
+        ("/runtimes", '{"runtime_family": "cli", "lease_seconds": 60.0}', "lease_seconds"),
+    ],
+)
+def test_json_values_are_not_coerced_into_the_declared_type(owner, new_session, path, raw, field):
+    """The schema says integer/boolean: `"1"`, `true`, `"true"`, `60.0` are refused, not coerced."""
+    s = new_session()
+    events = Event.objects.count()
+    err = assert_error(owner.post(f"/sessions/{s['id']}{path}", raw=raw), 422, "validation_error")
+    assert err["details"]["field"] == field
+    assert Event.objects.count() == events
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "field"),
+    [
+        ("/transcript", '{"role": "user", "content": "a\\u0000b"}', "content"),
+        ("/transcript", '{"role": "user", "content": "\\ud800"}', "content"),  # an unpaired surrogate
+        ("/transition", '{"to": "idle", "reason": "\\u0000"}', "reason"),
+        ("/runtimes", '{"runtime_family": "cli", "provider_metadata": {"a": ["ok", "\\u0000"]}}',
+         "provider_metadata.a[1]"),
+        ("/runtimes", '{"runtime_family": "cli", "provider_metadata": {"k\\u0000": 1}}', "provider_metadata.k\\x00"),
+    ],
+)
+def test_text_postgres_cannot_store_is_422_not_500(owner, new_session, path, raw, field):
+    s = new_session(attach=False)
+    events = Event.objects.count()
+    err = assert_error(owner.post(f"/sessions/{s['id']}{path}", raw=raw), 422, "validation_error")
+    assert err["details"]["field"] == field
+    assert Event.objects.count() == events
+
+
+def test_a_nul_in_a_query_filter_is_422_not_500(owner, new_session):
+    new_session()
+    assert assert_error(owner.get("/events", type="a\x00b"), 422, "validation_error")["details"]["field"] == "type"
+    assert assert_error(owner.get("/sessions", role="\x00"), 422, "validation_error")["details"]["field"] == "role"
+
+
+def test_a_close_reason_longer_than_the_runtime_end_reason_is_422_not_500(owner, new_session):
+    """The reason is stored as the runtime's end_reason (64 characters): the schema says so."""
+    s = new_session(run=True)
+    err = assert_error(owner.post(f"/sessions/{s['id']}/close", {"reason": "x" * 65}), 422, "validation_error")
+    assert err["details"]["field"] == "reason"
+    assert Session.objects.get(id=s["id"]).status == "running"
+    closed = owner.post(f"/sessions/{s['id']}/close", {"reason": "x" * 64})
+    assert closed.status_code == 200 and closed.json()["session"]["status"] == "idle"
+
+
+def test_a_body_nested_too_deep_to_store_is_400_not_500(owner, new_session):
+    """~900 levels still parse, but could not be re-encoded for storage (a RecursionError)."""
+    s = new_session(run=True)
+    deep = "[" * 900 + "]" * 900
+    err = assert_error(owner.post(f"/runs/{s['run']['id']}/cursor", raw='{"cursor": {"a": %s}}' % deep),
+                       400, "malformed_body")
+    assert err["details"] == {"max_depth": 100}
+    assert Run.objects.get(id=s["run"]["id"]).cursor == {"step": "start"}
+
+
+@pytest.mark.parametrize("path", ["/api/v1/nope", "/api/v1/sessions/1/nope", "/api/v1/sessions/a%2Fb", "/api/"])
+def test_a_path_no_api_route_serves_is_404_in_the_one_shape(owner, path):
+    for resp in (owner.client.get(path, **owner._headers()),
+                 owner.client.post(path, "{}", content_type="application/json", **owner._headers())):
+        assert resp["Content-Type"].startswith("application/json")
+        assert assert_error(resp, 404, "not_found")["details"]["path"] == resp.wsgi_request.path

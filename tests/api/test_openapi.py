@@ -41,3 +41,14 @@ def test_core_routes_exist(schema):
     for path in ["/api/v1/sessions", "/api/v1/sessions/{session_id}/resume", "/api/v1/runs/{run_id}/checkpoints",
                  "/api/v1/runtimes/{runtime_id}/heartbeat", "/api/v1/events"]:
         assert path in paths, path
+
+
+def test_every_operation_that_reads_a_body_declares_400(schema):
+    """An unparseable body is `400 malformed_body`, so every operation with a body declares 400."""
+    for path, item in schema["paths"].items():
+        for method, op in item.items():
+            declared = "400" in op["responses"]
+            assert declared == ("requestBody" in op), (method, path)
+            if declared:
+                ref = op["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
+                assert ref.endswith("/ErrorOut"), (method, path)

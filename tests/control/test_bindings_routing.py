@@ -102,3 +102,11 @@ def test_routing_lists_live_runtimes_that_declare_the_capability(owner, reader, 
     assert ok(outsider.get("/routing/runtimes", capability="review")) == []
     refused(reader.get("/routing/runtimes", capability="Not A Cap"), 422, "validation_error")
     refused(reader.get("/routing/runtimes"), 422, "validation_error")
+
+
+@pytest.mark.parametrize("value", [False, "7", 7.0])
+def test_mark_stale_takes_json_integer_ids_only(owner, manager, fleet, value):
+    change_framework(owner, manager)
+    err = refused(manager.post("/bindings/mark-stale", {"session_ids": [value]}), 422, "validation_error")
+    assert err["details"]["field"] == "session_ids.0"
+    assert Session.objects.get(id=fleet["idle"]).status == "idle"

@@ -295,3 +295,15 @@ def test_a_pool_of_workers_claims_every_queued_handoff_exactly_once():
     assert set(Handoff.objects.values_list("attempt", "fencing_token", "state")) == {(1, 1, "claimed")}
     holders = dict(Handoff.objects.values_list("id", "lease_holder"))
     assert all(holders[h] == name for name, h in claims)
+
+
+def test_claiming_a_handoff_id_beyond_bigint_is_404_not_500(worker, frozen):
+    """The claim's raw SQL casts the id to bigint: a larger one names no row, as the ORM would say."""
+    refused(worker.post("/handoffs/claim", {"worker": "w", "handoff_id": 2**70}), 404, "not_found")
+    assert Handoff.objects.get().state == "pending"
+
+
+def test_a_handoff_id_must_be_a_json_integer(worker, frozen):
+    err = refused(worker.post("/handoffs/claim", {"worker": "w", "handoff_id": True}), 422, "validation_error")
+    assert err["details"]["field"] == "handoff_id"
+    assert Handoff.objects.get().state == "pending"

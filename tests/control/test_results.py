@@ -216,3 +216,12 @@ def test_a_consumed_logical_id_is_never_handed_off_again(owner, worker, claimed,
     assert receipt.handoff_id is None and receipt.result == GOOD
     fresh = new_session(run=True)
     refused(owner.post(f"/runs/{fresh['run']['id']}/handoffs", {"logical_id": "chapter-1/continuity"}), 409, "already_consumed")
+
+
+def test_a_fencing_token_beyond_bigint_is_422_and_logs_nothing(worker, claimed):
+    """The token is stored with every delivery (a bigint): refused before anything is written."""
+    before = counts()
+    err = refused(deliver(worker, claimed["handoff"], GOOD, token=2**63), 422, "validation_error")
+    assert err["details"]["field"] == "fencing_token"
+    assert counts() == before
+    assert Handoff.objects.get(id=claimed["handoff"]["id"]).state == "claimed"

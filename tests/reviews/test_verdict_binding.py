@@ -249,3 +249,21 @@ def test_binding_rechecks_that_a_human_is_not_the_author(world, as_user):
         "decision": "pass", "score-clarity": "5", "score-pacing": "5", "confidence": "1"})
     assert resp.status_code == 403 and b"independence_violation" in resp.content
     assert Verdict.objects.count() == 0
+
+
+def test_a_nul_in_a_verdict_is_422_and_stores_nothing(agent_gate):
+    """The verdict body is parsed by hand; text PostgreSQL cannot store is refused there too."""
+    gate, _, api = agent_gate
+    body = verdict_for(gate, findings=[{"location": "L1", "severity": "minor", "note": "bad\x00byte"}])
+    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", body), 422, "validation_error")
+    assert err["details"]["field"] == "findings[0].note"
+    assert Verdict.objects.count() == 0 and bound_events(gate) == 0
+
+
+@pytest.mark.parametrize("depth", [900, 5000])
+def test_a_verdict_nested_too_deep_is_400_not_500(agent_gate, depth):
+    """The hand parser: 5,000 levels overflow json.loads itself; 900 parse but cannot be stored."""
+    gate, _, api = agent_gate
+    raw = json.dumps(verdict_for(gate))[:-1] + ', "scores": {"clarity": %s}}' % ("[" * depth + "]" * depth)
+    assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", raw=raw), 400, "malformed_body")
+    assert Verdict.objects.count() == 0

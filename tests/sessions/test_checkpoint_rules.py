@@ -108,3 +108,20 @@ def test_api_refuses_unknown_artifact_versions_and_stale_authority(owner, new_se
     stale = owner.post(f"/runs/{run_id}/checkpoints", {**GOOD, "authority": {"authority_version": project.authority_version - 1 + 5}})
     assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_authority"
     assert owner.get(f"/runs/{run_id}/checkpoints").json()["items"] == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("extra", "status", "code"),
+    [
+        ({"chat_history": ["user: hi"]}, 422, "checkpoint_not_bounded"),
+        ({"colour": "blue"}, 422, "validation_error"),
+    ],
+)
+def test_api_refuses_unknown_top_level_checkpoint_keys(owner, new_session, extra, status, code):
+    """Unknown keys reach the pure core (which refuses them); they were once dropped silently."""
+    run_id = new_session(run=True)["run"]["id"]
+    resp = owner.post(f"/runs/{run_id}/checkpoints", {**GOOD, **extra})
+    assert resp.status_code == status, resp.content
+    assert resp.json()["error"]["code"] == code
+    assert owner.get(f"/runs/{run_id}/checkpoints").json()["items"] == []

@@ -1,0 +1,228 @@
+"""Property-based fuzzing of the whole agent API against its own OpenAPI schema (schemathesis).
+
+What it proves, for every operation in ``/api/openapi.json``:
+
+* bad input never yields a 5xx;
+* every status the API answers is declared for that operation (``errors(...)`` tells the truth);
+* every response body conforms to the declared schema of its status;
+* every error body has the one shape ``{"error": {"code", "message", "details"}}``.
+
+The schema is loaded from the app in-process (WSGI, same thread and connection as the test),
+so each operation's examples run inside that test's transaction and roll back at the end
+(``on_commit`` broadcasts never fire, which is fine: nothing here listens).
+Requests carry a real bearer token with every permission, and integer path ids are mostly
+replaced by ids of real rows (a running session with a live runtime, an open run, a
+checkpoint, an artifact and its versions, a handoff, a write intent, a review gate and its
+packet) so generated requests reach the actions, not only the 404 branch.
+
+Bounded and deterministic: few examples per operation, a fixed seed, derandomized generation.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import schemathesis
+from django.core.signals import request_finished, request_started
+from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
+from hypothesis import HealthCheck, settings
+
+from novelforge_sessions.actions import artifacts, checkpoints, handoffs, intents, runs, sessions
+from novelforge_sessions.actions.runtimes import RuntimeSpec
+from novelforge_sessions.actions.tokens import ALL_PERMISSIONS
+from novelforge_sessions.actions.transcript import append_transcript
+from novelforge_sessions.models import ApiToken, Project, Session
+from reviews import actions as review_actions
+from tests.conftest import caller_for, make_project
+
+# Fixed raw tokens (only their hashes are stored, per test): the auth provider below can then
+# hand them to schemathesis, which leaves them off when it tests a missing/garbled credential.
+OWNER_TOKEN = "nfs_fuzz-owner-0000000000000000000000000000000"
+REVIEWER_TOKEN = "nfs_fuzz-reviewer-00000000000000000000000000000"
+
+# CI runs a fixed seed with few examples; a deeper local hunt: FUZZ_EXAMPLES=200 FUZZ_SEED=7 pytest tests/api/test_fuzz.py
+CONFIG = schemathesis.Config.from_dict({
+    "seed": int(os.environ.get("FUZZ_SEED", "20240601")),
+    # deterministic: derandomized generation; no example database, so runs never replay each other's finds.
+    "generation": {
+        "max-examples": int(os.environ.get("FUZZ_EXAMPLES", "15")), "deterministic": True, "database": "none",
+    },
+    "checks": {
+        # A schema-valid body may still break a rule JSON Schema cannot state (role `other` needs
+        # role_extension; an outcome allows only some session statuses; a checkpoint must be
+        # bounded; a cited fingerprint must exist): that is a declared 422 naming the field.
+        # Everything else a valid request gets (400, 5xx, …) still fails the check.
+        "positive_data_acceptance": {"expected-statuses": ["2xx", "401", "403", "404", "409", "413", "422"]},
+    },
+})
+
+schema = schemathesis.openapi.from_wsgi("/api/openapi.json", get_wsgi_application(), config=CONFIG)
+
+
+@schema.auth(refresh_interval=None)
+class FuzzTokens:
+    """Owner token everywhere; the reviewer's session-bound token on the reviewer's packet routes."""
+
+    def get(self, case: schemathesis.Case, context: schemathesis.AuthContext) -> str:
+        return REVIEWER_TOKEN if case.path.startswith("/api/v1/review-packets") else OWNER_TOKEN
+
+    def set(self, case: schemathesis.Case, data: str, context: schemathesis.AuthContext) -> None:
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
+
+
+@dataclass
+class World:
+    ids: dict[str, list[int]] = field(default_factory=dict)
+
+
+def fixed_token(project: Project, raw: str, permissions: list[str], session: Session | None = None) -> ApiToken:
+    return ApiToken.objects.create(
+        name=raw[4:20], project=project, session=session, key_hash=ApiToken.hash_key(raw), key_prefix=raw[:12],
+        permissions=sorted(permissions),
+    )
+
+
+def build_world() -> World:
+    project = make_project("fuzz")
+    fixed_token(project, OWNER_TOKEN, ALL_PERMISSIONS)
+    owner = caller_for(project)
+    spec = sessions.NewSession(role="writer", memory_policy="bounded", task_mode="drafting", runtime_family="claude-code")
+    runtime = RuntimeSpec(runtime_family="claude-code", capabilities=["draft", "continuity"], lease_seconds=600)
+
+    # A running writer: live runtime, open run, a checkpoint and a transcript entry.
+    writer = sessions.create_session(owner, spec, runtime=runtime)
+    run = runs.start_run(owner, writer.id, cursor={"step": "draft"})
+    append_transcript(owner, writer.id, role="user", content="Write chapter one.")
+    art = artifacts.create_artifact(owner, name="chapter-01", kind="chapter", content="It was a dark night.")
+    v2 = artifacts.add_artifact_version(owner, art.id, content="It was a dark and stormy night.")
+    art.refresh_from_db()
+    cp = checkpoints.record_checkpoint(owner, run.id, {
+        "boundary": "context_freeze", "cursor": {"step": "draft"},
+        "artifacts": [{"artifact_id": art.id, "fingerprint": art.current_version.fingerprint}],
+    })
+
+    # A second running session that handed off two frozen jobs (it is awaiting_external now):
+    # one still pending, one claimed under a lease (fencing token 1, the smallest valid one).
+    waiting = sessions.create_session(owner, spec, runtime=runtime)
+    waiting_run = runs.start_run(owner, waiting.id, cursor={"step": "handoff"})
+    jobs = [
+        handoffs.create_handoff(
+            owner, waiting_run.id, logical_id=f"chapter-01/{check}",
+            inputs=[{"artifact_id": art.id, "fingerprint": art.current_version.fingerprint}],
+            params={"task": f"check {check}"}, result_schema={"verdict": "string"},
+            required_capabilities=["continuity"], timeout_seconds=600,
+        ).handoff
+        for check in ("continuity", "pacing")
+    ]
+    handoffs.claim_handoff(owner, worker="fuzz-worker", capabilities=["continuity"], handoff_id=jobs[1].id)
+
+    # A write intent proposing the second version as current.
+    before = intents.read_before_state(owner, kind="artifact.make_current", artifact_id=art.id)
+    intent = intents.create_intent(
+        owner, kind="artifact.make_current", idempotency_key="fuzz-1", before_fingerprint=before.fingerprint,
+        params={"version_id": v2.id}, artifact_id=art.id,
+    ).intent
+
+    # An agent-route review gate on the writer, assigned to a reviewer session with its own token.
+    reviewer = sessions.create_session(
+        owner, sessions.NewSession(role="semantic_reviewer", memory_policy="none", task_mode="review", runtime_family="codex"),
+        runtime=RuntimeSpec(runtime_family="codex", capabilities=["review"], lease_seconds=600),
+    )
+    fixed_token(project, REVIEWER_TOKEN, ["read", "review"], session=reviewer)
+    gate = review_actions.open_gate(owner, writer.id, review_actions.GateSpec(
+        candidate_version_id=art.current_version_id,
+        rubric={"criteria": [{"key": "clarity", "label": "Clarity", "scale": {"min": 1, "max": 5}}], "evidence": []},
+        route="agent", required_verdicts=1, reviewer_session_ids=[reviewer.id],
+    ))
+
+    ids = {
+        "session_id": [writer.id, waiting.id, reviewer.id],
+        "run_id": [run.id, waiting_run.id],
+        "runtime_id": list(writer.runtimes.values_list("id", flat=True)) + list(waiting.runtimes.values_list("id", flat=True)),
+        "checkpoint_id": [cp.id],
+        "artifact_id": [art.id],
+        "version_id": [art.current_version_id, v2.id],
+        "handoff_id": [job.id for job in jobs],
+        "intent_id": [intent.id],
+        "gate_id": [gate.id],
+        "packet_id": [gate.packet.id],
+    }
+    return World(ids=ids)
+
+
+@pytest.fixture
+def world(db) -> World:
+    return build_world()
+
+
+@pytest.fixture
+def in_process_app() -> Iterator[None]:
+    """Keep the test's connection (and transaction) across in-process WSGI requests.
+
+    Django closes "old" connections when a request starts and finishes; inside the test's
+    transaction that would close the connection under the test. Django's own test client
+    disconnects the same handler around each request.
+    """
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+
+
+def substitute_ids(case: schemathesis.Case, world: World) -> None:
+    """Point most generated integer path ids at real rows; keep every fifth one as generated (404 path).
+
+    Only a valid integer (an int, or the digits the coverage phase sends) is replaced, by
+    another valid integer, so a case meant to be negative stays negative and vice versa.
+    """
+    for name, value in list((case.path_parameters or {}).items()):
+        real = world.ids.get(name)
+        if isinstance(value, str) and value.isascii() and value.isdigit():
+            value = int(value)
+        if real and isinstance(value, int) and not isinstance(value, bool) and value % 5 != 4:
+            case.path_parameters[name] = real[value % len(real)]
+
+
+def assert_error_shape(response: schemathesis.Response) -> None:
+    """Every refusal, whatever raised it, renders the one error shape (checked on the wire)."""
+    if response.status_code < 400:
+        return
+    what = f"{response.request.method} {response.request.url} -> {response.status_code}: {response.text[:300]!r}"
+    assert response.headers.get("content-type", [""])[0].startswith("application/json"), what
+    body = response.json()
+    assert isinstance(body, dict) and set(body) == {"error"}, what
+    error = body["error"]
+    assert set(error) == {"code", "message", "details"}, what
+    assert isinstance(error["code"], str) and error["code"], what
+    assert isinstance(error["message"], str) and error["message"], what
+    assert isinstance(error["details"], dict), what
+
+
+@pytest.mark.django_db
+@schema.parametrize()
+# The world is built once per operation; its state carrying over between examples is wanted.
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_api_conforms(case: schemathesis.Case, world: World, in_process_app: None) -> None:
+    substitute_ids(case, world)
+    response = case.call_and_validate()
+    assert_error_shape(response)
+
+
+@pytest.mark.django_db
+def test_every_path_id_of_the_schema_can_name_a_real_row() -> None:
+    """A new route with a new kind of id must give the fuzz real rows for it (see ``build_world``)."""
+    names = {
+        param["name"]
+        for item in schema.raw_schema["paths"].values() for op in item.values()
+        for param in op.get("parameters", []) if param["in"] == "path"
+    }
+    assert len(names) >= 10
+    ids = build_world().ids
+    assert names <= set(ids), names - set(ids)
+    assert all(ids[name] for name in names)
