@@ -352,17 +352,22 @@ def raise_lease_refusal(caller: Caller, handoff_id: int, fencing_token: int) -> 
     raise HandoffClosed("this handoff takes no more lease traffic", handoff_id=handoff.id, state=handoff.state)
 
 
-# ---- cancel -------------------------------------------------------------------------------------------
-def cancel_handoff(caller: Caller, handoff_id: int, *, reason: str = "") -> Handoff:
-    """The run no longer needs this job. A bound result stays bound (refused with 409)."""
-    caller.require("write")
+def lock_handoff(caller: Caller, handoff_id: int) -> tuple[Session, Handoff]:
+    """Lock a visible handoff's session, then the handoff (the global lock order). 404 if foreign."""
     try:
         session_id = visible_handoffs(caller).values_list("session_id", flat=True).get(id=handoff_id)
     except Handoff.DoesNotExist:
         raise NotFound("handoff not found", handoff_id=handoff_id) from None
+    session = lock_session(caller, session_id)
+    return session, Handoff.objects.select_for_update().get(id=handoff_id)
+
+
+# ---- cancel -------------------------------------------------------------------------------------------
+def cancel_handoff(caller: Caller, handoff_id: int, *, reason: str = "") -> Handoff:
+    """The run no longer needs this job. A bound result stays bound (refused with 409)."""
+    caller.require("write")
     with transaction.atomic():
-        session = lock_session(caller, session_id)
-        handoff = Handoff.objects.select_for_update().get(id=handoff_id)
+        session, handoff = lock_handoff(caller, handoff_id)
         if handoff.state == HandoffState.CANCELLED:
             return handoff
         if handoff.state not in UNBOUND_STATES:

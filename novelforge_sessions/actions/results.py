@@ -36,7 +36,7 @@ from django.utils import timezone
 from novelforge_sessions import events
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions.handoffs import settle_waiting_run, visible_handoffs
+from novelforge_sessions.actions.handoffs import lock_handoff, settle_waiting_run, visible_handoffs
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session
 from novelforge_sessions.control.errors import (
     ConflictingResult,
@@ -338,13 +338,8 @@ def resolve_conflict(caller: Caller, handoff_id: int, *, resolution: str) -> Han
     caller.require("approve")
     if not isinstance(resolution, str) or not resolution.strip() or len(resolution) > 200:
         raise ValidationFailed("resolution must say how the conflict was resolved (1–200 characters)", field="resolution")
-    try:
-        session_id = visible_handoffs(caller).values_list("session_id", flat=True).get(id=handoff_id)
-    except Handoff.DoesNotExist:
-        raise NotFound("handoff not found", handoff_id=handoff_id) from None
     with transaction.atomic():
-        session = lock_session(caller, session_id)
-        handoff = Handoff.objects.select_for_update().get(id=handoff_id)
+        session, handoff = lock_handoff(caller, handoff_id)
         if handoff.state != HandoffState.CONFLICTED:
             raise Conflict("this handoff has no open conflict", code="no_open_conflict", state=handoff.state)
         handoff.state = HandoffState.BOUND
