@@ -45,15 +45,25 @@ class _Wakeup:
         self.max_ids[project_id] = max(event_id, self.max_ids.get(project_id, 0))
 
     def __call__(self) -> None:
-        from channels.layers import get_channel_layer
+        from channels.layers import InMemoryChannelLayer, get_channel_layer
 
         layer = get_channel_layer()
         if layer is None:
             return
+        # The in-memory layer only reaches consumers of this process. With no member in the
+        # group nobody here can hear the wake-up, so skip it: ``async_to_sync`` starts a thread
+        # and an event loop per call, the largest cost of a write's after-commit. Safe because
+        # a consumer joins the group *before* reading the table (live/consumers.py): one that
+        # joins after this check still reads this committed event. Exact type: a subclass (or
+        # channels_redis, whose listeners live in other processes) always gets the send.
+        local = layer.groups if type(layer) is InMemoryChannelLayer else None
         for project_id, max_id in self.max_ids.items():
+            group = project_group(project_id)
+            if local is not None and not local.get(group):
+                continue
             try:
                 async_to_sync(layer.group_send)(
-                    project_group(project_id), {"type": "events.wakeup", "project_id": project_id, "max_id": max_id}
+                    group, {"type": "events.wakeup", "project_id": project_id, "max_id": max_id}
                 )
             except Exception:  # a lost wake-up is recoverable: readers replay from the table
                 log.warning("event wake-up for project %s failed", project_id, exc_info=True)

@@ -42,9 +42,30 @@ class Outbox:
         return [events.append(actor=self.actor, **item) for item in self.items]
 
 
-def lock_session(caller: Caller, session_id: int) -> Session:
-    """Lock the session row (lock order: session, then its run, then its runtime)."""
+# ``lock_session(..., project=False)`` and ``open_run`` in SQL: these are the hot paths' reads
+# (every transition), and compiling the equivalent ORM queries cost ~0.3 ms CPU each. Scoping
+# matches ``Caller.sessions()``: the caller's projects, and only its session for a bound token.
+_LOCK_SESSION_SQL = f"""
+SELECT * FROM {Session._meta.db_table}
+ WHERE id = %(id)s AND project_id = ANY(%(projects)s) AND (%(bound)s::bigint IS NULL OR id = %(bound)s::bigint)
+   FOR UPDATE
+"""
+_OPEN_RUN_SQL = f"SELECT * FROM {Run._meta.db_table} WHERE session_id = %s AND state = '{rt.RunState.OPEN.value}'"
+
+
+def lock_session(caller: Caller, session_id: int, *, project: bool = True) -> Session:
+    """Lock the session row (lock order: session, then its run, then its runtime).
+
+    ``project=False`` skips loading ``session.project`` (a later access would query it).
+    """
     assert transaction.get_connection().in_atomic_block
+    if not project:
+        params = {"id": session_id, "projects": list(caller.project_ids), "bound": caller.session_id}
+        # A larger id names no row (as the ORM would say), never a 500.
+        session = next(iter(Session.objects.raw(_LOCK_SESSION_SQL, params)), None) if 0 < session_id <= BIGINT_MAX else None
+        if session is None:
+            raise NotFound("session not found", session_id=session_id)
+        return session
     try:
         # of=("self",): lock only the session row, not the joined project.
         return caller.sessions().select_related("project").select_for_update(of=("self",)).get(id=session_id)
@@ -61,10 +82,8 @@ def check(fn, *args, **kwargs):
 
 
 def open_run(session: Session, *, lock: bool = True) -> Run | None:
-    qs = Run.objects.filter(session=session, state=rt.RunState.OPEN)
-    if lock:
-        qs = qs.select_for_update()
-    return qs.first()
+    """The session's open run (at most one: a partial unique index), locked unless ``lock=False``."""
+    return next(iter(Run.objects.raw(_OPEN_RUN_SQL + (" FOR UPDATE" if lock else ""), [session.id])), None)
 
 
 def live_runtime(session: Session, *, lock: bool = True) -> RuntimeAttachment | None:

@@ -82,7 +82,7 @@ def transition_session(
     waiting run simply continues."""
     caller.require("write")
     with transaction.atomic():
-        session = lock_session(caller, session_id)
+        session = lock_session(caller, session_id, project=False)  # nothing here reads the project
         run = open_run(session) if session.status in rt.RUN_HOLDING_STATES else None
         if target == rt.SessionStatus.RUNNING and run is None and rt.is_legal(session.status, target):
             raise NoOpenRun(
