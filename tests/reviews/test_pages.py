@@ -104,7 +104,7 @@ def test_form_binds_a_verdict_and_shows_the_confirmation(world, as_user):
     html = alice.get(resp["Location"]).content.decode()
     short = gate.packet.fingerprint[:11] + "…" + gate.packet.fingerprint[-4:]
     assert re.search(rf"Bound to <code class=\"fp\" title=\"{gate.packet.fingerprint}\">{short}</code>", html)
-    assert f"at <time" in html and v.bound_at.strftime("%H:%M") + " UTC" in html
+    assert "at <time" in html and v.bound_at.strftime("%H:%M") + " UTC" in html
     assert 'class="verdict-form"' not in html  # no second form once bound
     world.refresh()
     assert world.writer.status == "running"
