@@ -61,6 +61,7 @@ def storm(who: Caller, rounds: int, setup: Callable[[int], Handoff], result_for:
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(THREADS)]
     for t in threads:
         t.start()
+    completed = False
     try:
         for r in range(rounds):
             current["handoff"] = setup(r)
@@ -68,9 +69,13 @@ def storm(who: Caller, rounds: int, setup: Callable[[int], Handoff], result_for:
             finish.wait()
             assert unexpected == [], unexpected
             check(r, current["handoff"], list(outcomes))
+        completed = True
     finally:
-        for b in (start, finish):
-            b.abort()
+        if not completed:
+            # Release workers stuck at a barrier. Not after a clean run: workers may still be
+            # draining the last trip, and an abort then would break their wait.
+            for b in (start, finish):
+                b.abort()
         for t in threads:
             t.join(timeout=BARRIER_TIMEOUT)
 
