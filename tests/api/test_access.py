@@ -112,3 +112,12 @@ def test_token_names_are_bounded_so_every_write_can_record_its_actor(project):
     ApiToken.objects.filter(id=token.id).update(name="x" * 200)
     resp = Api(raw).post("/sessions", SESSION)
     assert resp.status_code == 201, resp.content
+
+
+def test_the_token_carries_its_whole_project(owner, project):
+    body = owner.get("/project").json()
+    assert body == {
+        "id": project.id, "slug": project.slug, "name": project.name,
+        "authority_version": project.authority_version, "lock_fingerprint": project.lock_fingerprint,
+        "framework_version": project.framework_version, "requires_write_approval": project.requires_write_approval,
+    }
