@@ -171,8 +171,12 @@ class Client:
     def open_review_gate(self, session_id: int, **fields: Any) -> dict:
         return self.request("POST", f"/sessions/{session_id}/review-gates", fields)
 
-    def claim_review_packet(self) -> dict | None:
-        return self.request("POST", "/review-packets/claim", {})["packet"]
+    def claim_review_packet(self) -> dict:
+        """``{"packet", "lease"}`` (both null when nothing waits); cite ``lease["fencing_token"]``."""
+        return self.request("POST", "/review-packets/claim", {})
 
-    def submit_verdict(self, packet_id: int, verdict: dict) -> dict:
-        return self.request("POST", f"/review-packets/{packet_id}/verdicts", verdict)
+    def heartbeat_review_packet(self, packet_id: int, fencing_token: int) -> dict:
+        return self.request("POST", f"/review-packets/{packet_id}/heartbeat", {"fencing_token": fencing_token})
+
+    def submit_verdict(self, packet_id: int, verdict: dict, fencing_token: int) -> dict:
+        return self.request("POST", f"/review-packets/{packet_id}/verdicts", {**verdict, "fencing_token": fencing_token})

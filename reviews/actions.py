@@ -1,4 +1,4 @@
-"""Review writes: open a gate, claim a packet, bind a verdict, cancel a gate.
+"""Review writes: open a gate, claim a packet (a control-plane handoff), bind a verdict, cancel a gate.
 
 Each action validates with the pure modules first (``packets``, ``verdicts``), then runs one
 ``transaction.atomic()`` that locks the gate's session row first (the global lock order:
@@ -9,6 +9,7 @@ decisions or scores — because anything in the event log can reach a websocket 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +20,13 @@ from django.utils import timezone
 from novelforge_sessions import events
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions.lifecycle import Outbox, apply_transition, check, lock_session, open_run
+from novelforge_sessions.actions import handoffs as control
+from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session, open_run
+from novelforge_sessions.actions.results import consume_locked
+from novelforge_sessions.control.errors import HandoffClosed, HandoffNotClaimable, StaleLease
+from novelforge_sessions.control.models import UNBOUND_STATES, Handoff, HandoffState
 from novelforge_sessions.errors import Conflict, Forbidden, NotFound, ValidationFailed
-from novelforge_sessions.models import Artifact, ArtifactVersion, Membership, RuntimeAttachment, Session
+from novelforge_sessions.models import Artifact, ArtifactVersion, Event, Membership, RuntimeAttachment, Run, Session
 from reviews import packets, verdicts
 from reviews.access import (
     INDEPENDENT_MEMORY,
@@ -39,6 +44,11 @@ from reviews.models import GateCalibration, ReviewAssignment, ReviewGate, Review
 MAX_REVIEWERS = 20
 MAX_AGENT_VERDICTS = 10
 MAX_ANSWER_KEY = 20_000
+#: How long an agent reviewer's claim lasts without a heartbeat (the handoff's timeout).
+AGENT_REVIEW_LEASE_SECONDS = 600
+#: What an agent review handoff's result (the bound verdict) looks like to the control plane.
+_VERDICT_RESULT_SCHEMA = {"decision": "string", "scores": "object", "findings": "array", "confidence": "number",
+                          "packet_fingerprint": "string", "artifact_fingerprint": "string"}
 #: Sessions that may open a gate on their own work (contract §02: writer, or the manager).
 GATE_OPENER_ROLES = frozenset({rt.SessionRole.WRITER.value, rt.SessionRole.MANAGER.value})
 
@@ -144,8 +154,10 @@ def _live_agent_reviewers(project_id: int) -> list[dict[str, Any]]:
 def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
     """Freeze a candidate and rubric for review, build the blind packet, assign reviewers.
 
-    A page or relay route moves the session ``running → awaiting_user``; the open run stays
-    open and continues when the required verdicts are bound.
+    A page or relay route moves the session ``running → awaiting_user``; the agent route
+    creates one control-plane handoff per required verdict and moves it ``running →
+    awaiting_external``. Either way the open run stays open and continues when the required
+    verdicts are bound.
     """
     caller.require("write")
     valid = validate_gate_spec(spec)
@@ -153,7 +165,11 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
         session = lock_session(caller, session_id)
         if session.role not in GATE_OPENER_ROLES:
             raise Forbidden("review gates are opened by a writer or manager session", role=session.role)
-        if session.status != rt.SessionStatus.RUNNING:
+        # An agent gate only adds handoffs, so a run already awaiting external work may open one;
+        # a person-routed gate moves the session to awaiting_user, which only `running` may do.
+        may_open = {rt.SessionStatus.RUNNING, rt.SessionStatus.AWAITING_EXTERNAL} \
+            if valid.route == ReviewGate.Route.AGENT else {rt.SessionStatus.RUNNING}
+        if session.status not in may_open:
             raise Conflict("a gate is opened by the open run of a running session", code="session_not_running",
                            status=session.status)
         run = open_run(session)
@@ -193,7 +209,6 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
         ]
         if valid.route == ReviewGate.Route.AGENT:
             slots += [ReviewAssignment(packet=stored, state="open") for _ in range(valid.required - len(agents))]
-        ReviewAssignment.objects.bulk_create(slots)
 
         outbox = Outbox(caller.label)
         outbox.add(
@@ -201,6 +216,9 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
             required_verdicts=gate.required_verdicts, candidate_version_id=candidate.id,
             candidate_fingerprint=candidate.fingerprint, packet_fingerprint=stored.fingerprint, state=gate.state,
         )
+        if valid.route == ReviewGate.Route.AGENT:
+            _hand_off_slots(session, run, gate, stored, candidate, slots, actor=caller.label, outbox=outbox)
+        ReviewAssignment.objects.bulk_create(slots)
         if gate.waits_on_user:
             apply_transition(
                 session, rt.SessionStatus.AWAITING_USER, reason=f"review gate {gate.id} waits on a reviewer",
@@ -208,6 +226,27 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
             )
         outbox.flush()
     return gate
+
+
+def _hand_off_slots(
+    session: Session, run: Run, gate: ReviewGate, packet: ReviewPacket, candidate: ArtifactVersion,
+    slots: list[ReviewAssignment], *, actor: str, outbox: Outbox,
+) -> None:
+    """One control-plane handoff per agent slot (the session and run are locked by the caller).
+
+    The frozen job names the candidate (artifact ref + fingerprint) and the packet by id and
+    fingerprint only: the packet's content, calibration and verdicts never enter a handoff or
+    its events. ``insert_handoff`` moves the session to ``awaiting_external``.
+    """
+    for n, slot in enumerate(slots, start=1):
+        spec = control.validate_job(
+            logical_id=f"review-{gate.id}-{n}",
+            inputs=[{"artifact_id": candidate.artifact_id, "fingerprint": candidate.fingerprint}],
+            params={"review_packet_id": packet.id, "packet_fingerprint": packet.fingerprint},
+            result_schema=_VERDICT_RESULT_SCHEMA, required_capabilities=["review"],
+            timeout_seconds=AGENT_REVIEW_LEASE_SECONDS,
+        )
+        slot.handoff = control.insert_handoff(session, run, spec, actor=actor, outbox=outbox)
 
 
 def _check_human_reviewers(usernames: list[str], session: Session, candidate: ArtifactVersion, opener: str) -> list:
@@ -252,59 +291,153 @@ def _check_agent_reviewers(session_ids: list[int], writer: Session) -> list[Sess
 # ------------------------------------------------------------------------------------------
 # Claiming an agent packet
 # ------------------------------------------------------------------------------------------
-_A, _P, _G, _V = (m._meta.db_table for m in (ReviewAssignment, ReviewPacket, ReviewGate, ArtifactVersion))
-# Claim-once: the oldest open agent slot this reviewer is eligible for, taken with a
-# conditional UPDATE. SKIP LOCKED lets concurrent claimers pass each other instead of queueing
-# on the same row; the outer `state = 'open'` re-check makes a double claim impossible.
-_CLAIM_SQL = f"""
-UPDATE {_A} SET reviewer = %(key)s, reviewer_session_id = %(sid)s, state = 'assigned', assigned_at = now()
- WHERE state = 'open' AND id = (
-   SELECT a.id FROM {_A} a
-     JOIN {_P} p ON p.id = a.packet_id
-     JOIN {_G} g ON g.id = p.gate_id
-     JOIN {_V} v ON v.id = g.candidate_id
-    WHERE a.state = 'open' AND g.route = 'agent' AND g.state = 'pending'
-      AND g.project_id = %(project)s AND g.session_id <> %(sid)s
-      AND g.opened_by <> ALL(%(labels)s) AND v.created_by <> ALL(%(labels)s)
-      AND NOT EXISTS (SELECT 1 FROM {_A} b WHERE b.packet_id = a.packet_id AND b.reviewer = %(key)s)
-    ORDER BY a.id
-    LIMIT 1
-    FOR UPDATE OF a SKIP LOCKED)
-RETURNING id, packet_id
+_A, _P, _G, _V, _H = (m._meta.db_table for m in (ReviewAssignment, ReviewPacket, ReviewGate, ArtifactVersion, Handoff))
+# Review eligibility on top of the control plane's claimability: the oldest agent-route slot
+# whose handoff is pending (open, or pre-assigned to this reviewer) or claimed with an expired
+# lease, on a pending gate this reviewer is independent of, on a packet where it holds no
+# other slot. SKIP LOCKED lets concurrent claimers pass each other instead of queueing.
+_ELIGIBLE_SQL = f"""
+SELECT h.id, a.id FROM {_H} h
+  JOIN {_A} a ON a.handoff_id = h.id
+  JOIN {_P} p ON p.id = a.packet_id
+  JOIN {_G} g ON g.id = p.gate_id
+  JOIN {_V} v ON v.id = g.candidate_id
+ WHERE h.project_id = %(project)s AND g.route = 'agent' AND g.state = 'pending' AND a.state <> 'submitted'
+   AND (h.state = 'pending' OR (h.state = 'claimed' AND h.lease_expires_at <= %(now)s))
+   AND (a.reviewer IN ('', %(key)s) OR h.state = 'claimed')
+   AND g.session_id <> %(sid)s
+   AND g.opened_by <> ALL(%(labels)s) AND v.created_by <> ALL(%(labels)s)
+   AND NOT EXISTS (SELECT 1 FROM {_A} b WHERE b.packet_id = a.packet_id AND b.reviewer = %(key)s AND b.id <> a.id)
+ ORDER BY h.id
+ LIMIT 1
+   FOR UPDATE OF h SKIP LOCKED
+"""
+_MOVE_SQL = f"""
+UPDATE {_A} SET reviewer = %(key)s, reviewer_session_id = %(sid)s, state = 'assigned', assigned_at = %(now)s
+ WHERE id = %(id)s
 """
 
 
-def claim_packet(identity: ReviewerIdentity) -> ReviewAssignment | None:
-    """An agent reviewer takes the oldest open agent-route slot it is independent of.
+@dataclass(frozen=True)
+class Claim:
+    assignment: ReviewAssignment
+    handoff: Handoff  # the lease: id, fencing_token, lease_expires_at, attempt
 
-    Returns ``None`` when nothing is claimable. (When the control plane's handoffs with leases
-    land, this becomes a handoff claim; the eligibility rules stay the same.)
+
+def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> Claim | None:
+    """An agent reviewer claims the handoff of the oldest agent-route slot it is independent of.
+
+    Returns ``None`` when nothing is claimable. The lease, fencing token and attempt count are
+    the control plane's (its claim statement, run on the row locked here); the slot's
+    assignment moves to this reviewer — also when it takes over an expired claim.
     """
     assert identity.is_agent
     (project_id,) = identity.project_ids
+    now = timezone.now()
     try:
         with transaction.atomic():
             with connection.cursor() as cur:
                 cur.execute(
-                    _CLAIM_SQL,
+                    _ELIGIBLE_SQL,
                     {"key": identity.key, "sid": identity.session_id, "project": project_id,
-                     "labels": sorted(identity.labels)},
+                     "labels": sorted(identity.labels), "now": now},
                 )
                 row = cur.fetchone()
             if row is None:
                 return None
-            assignment = ReviewAssignment.objects.select_related("packet__gate").get(id=row[0])
+            handoff_id, assignment_id = row
+            # The control plane's claim on the row we hold (SKIP LOCKED never skips our own lock):
+            # state, attempt + 1, fencing token + 1, lease = now + timeout; it also re-checks
+            # that the writer's session is not terminated or stale.
+            claimed = list(Handoff.objects.raw(control.CLAIM_SQL, {
+                "projects": [project_id], "bound": None, "handoff": handoff_id, "now": now,
+                "caps": json.dumps(["review"]), "holder": identity.key, "token": token_id,
+            }))
+            if not claimed:
+                return None
+            handoff = claimed[0]
+            with connection.cursor() as cur:
+                cur.execute(_MOVE_SQL, {"key": identity.key, "sid": identity.session_id, "now": now, "id": assignment_id})
+            assignment = ReviewAssignment.objects.select_related("packet__gate").get(id=assignment_id)
             gate = assignment.packet.gate
-            events.append(
-                project_id=gate.project_id, session_id=gate.session_id, run_id=gate.run_id, type="review.packet_claimed",
-                actor=identity.key,
-                payload={"gate_id": gate.id, "packet_id": assignment.packet_id, "assignment_id": assignment.id,
-                         "reviewer_session_id": identity.session_id, "state": assignment.state},
-            )
+            common = {"project_id": gate.project_id, "session_id": gate.session_id, "run_id": gate.run_id,
+                      "actor": identity.key}
+            events.append(type="handoff.claimed", payload={
+                "handoff_id": handoff.id, "logical_id": handoff.logical_id, "attempt": handoff.attempt,
+                "fencing_token": handoff.fencing_token, "worker": identity.key,
+                "lease_expires_at": handoff.lease_expires_at, "reclaimed_after_expiry": handoff.attempt > 1,
+                "previous_holder": handoff.previous_holder or None,
+            }, **common)
+            events.append(type="review.packet_claimed", payload={
+                "gate_id": gate.id, "packet_id": assignment.packet_id, "assignment_id": assignment.id,
+                "reviewer_session_id": identity.session_id, "state": assignment.state, "handoff_id": handoff.id,
+                "attempt": handoff.attempt,
+            }, **common)
     except IntegrityError:
         # The same reviewer claimed a second slot of one packet concurrently: the unique
         # (packet, reviewer) constraint refused it; the first claim stands.
         raise Conflict("this reviewer already holds a slot on that packet", code="already_claimed") from None
+    return Claim(assignment, handoff)
+
+
+def heartbeat_packet(identity: ReviewerIdentity, packet_id: int, *, fencing_token: Any) -> control.Lease:
+    """Renew the lease on your claim of a packet (the control plane's heartbeat statement).
+
+    A superseded token is 409 ``stale_lease`` — also when the slot has moved to the reviewer
+    that re-claimed it after this one's lease expired."""
+    assert identity.is_agent
+    token = _fencing_token(fencing_token)
+    handoff_id = _held_assignment(identity, packet_id, token).handoff_id
+    (project_id,) = identity.project_ids
+    now = timezone.now()
+    with connection.cursor() as cur:
+        cur.execute(control.HEARTBEAT_SQL, {"now": now, "id": handoff_id, "projects": [project_id], "bound": None,
+                                             "token": token})
+        row = cur.fetchone()
+    if row is None:
+        handoff = Handoff.objects.get(id=handoff_id)
+        if handoff.fencing_token != token:
+            raise _stale(handoff, token)
+        if handoff.state == HandoffState.PENDING:
+            raise HandoffNotClaimable("this packet is not claimed", handoff_id=handoff.id, state=handoff.state)
+        raise HandoffClosed("this claim takes no more heartbeats", handoff_id=handoff.id, state=handoff.state)
+    return control.Lease(handoff_id, row[1], token, row[0])
+
+
+def _fencing_token(value: Any) -> int:
+    if value is None:
+        raise ValidationFailed("the agent route needs the fencing_token your claim returned", field="fencing_token")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= BIGINT_MAX:
+        raise ValidationFailed("fencing_token must be the positive integer your claim returned", field="fencing_token")
+    return value
+
+
+def _stale(handoff: Handoff, token: int) -> StaleLease:
+    return StaleLease(
+        "this fencing token was superseded by a later claim; nothing was stored", handoff_id=handoff.id,
+        fencing_token=token, current_fencing_token=handoff.fencing_token, attempt=handoff.attempt,
+    )
+
+
+def _held_assignment(identity: ReviewerIdentity, packet_id: int, token: int) -> ReviewAssignment:
+    """The handoff of your slot on this packet; or — when the slot moved on after your lease
+    expired — 409 ``stale_lease`` for the claim you held (proved by its ``handoff.claimed``
+    event); otherwise 404 like any packet that is not yours."""
+    try:
+        assignment = assignment_for(identity, packet_id)
+    except NotFound:
+        held = {
+            h.id: h for h in Handoff.objects.filter(review_assignment__packet_id=packet_id, project_id__in=identity.project_ids)
+        }
+        lost = held and Event.objects.filter(
+            session_id=next(iter(held.values())).session_id, type="handoff.claimed", payload__worker=identity.key,
+            payload__fencing_token=token, payload__handoff_id__in=list(held),
+        ).values_list("payload__handoff_id", flat=True).first()
+        if not lost:
+            raise
+        raise _stale(held[lost], token) from None
+    if assignment.handoff_id is None:
+        raise HandoffNotClaimable("this packet is not claimed through a handoff", packet_id=packet_id)
     return assignment
 
 
@@ -318,15 +451,23 @@ class BoundVerdict:
     gate: ReviewGate
 
 
-def bind_verdict(identity: ReviewerIdentity, packet_id: int, payload: Any, *, channel: str) -> BoundVerdict:
+def bind_verdict(
+    identity: ReviewerIdentity, packet_id: int, payload: Any, *, channel: str, fencing_token: Any = None,
+) -> BoundVerdict:
     """Validate a verdict against the packet's rubric and bind it to the cited fingerprints.
 
     Refusals, all before anything is written: 404 (not your packet), 422 (a field is wrong;
     named), 403 ``independence_violation``, 409 ``stale_fingerprint`` (the cited packet or
     artifact fingerprint is not this packet's, or the artifact moved on since the freeze),
     409 ``verdict_conflict`` (a different verdict from you is already bound here).
+
+    An agent reviewer cites the ``fencing_token`` of its claim (422 without it; 409
+    ``stale_lease`` when a later claim superseded it). Its verdict is also the result of the
+    slot's handoff: the same transaction records the delivery and the consume-once receipt,
+    and settles the writer's waiting run.
     """
-    assignment = assignment_for(identity, packet_id)
+    token = _fencing_token(fencing_token) if identity.is_agent else None
+    assignment = _held_assignment(identity, packet_id, token) if token is not None else assignment_for(identity, packet_id)
     packet = assignment.packet
     rubric = packets.rubric_from_dict(packet.content["rubric"])
     data = check(verdicts.validate_verdict, payload, rubric)
@@ -340,8 +481,18 @@ def bind_verdict(identity: ReviewerIdentity, packet_id: int, payload: Any, *, ch
             except Session.DoesNotExist:
                 raise NotFound("review packet not found", packet_id=packet_id) from None
             gate = ReviewGate.objects.select_related("candidate").get(id=packet.gate_id)
+            # Session, then the slot's handoff, then the assignment — a claim locks the handoff
+            # before it moves the assignment, so the same order here cannot deadlock with a
+            # re-claim, and the token is checked under the lock a re-claim needs.
+            handoff = Handoff.objects.select_for_update().get(id=assignment.handoff_id) if token is not None else None
             assignment = ReviewAssignment.objects.select_for_update().get(id=assignment.id)
             check_independence(identity, gate, gate.candidate.created_by)
+            if handoff is not None:
+                if handoff.state == HandoffState.PENDING:
+                    raise HandoffNotClaimable("claim this packet before submitting a verdict", handoff_id=handoff.id,
+                                              state=handoff.state)
+                if handoff.fencing_token != token or assignment.reviewer != identity.key:
+                    raise _stale(handoff, token)
             if data.packet_fingerprint != packet.fingerprint:
                 raise StaleFingerprint("the verdict cites another packet fingerprint", field="packet_fingerprint")
             if data.artifact_fingerprint != gate.candidate_fingerprint:
@@ -357,6 +508,8 @@ def bind_verdict(identity: ReviewerIdentity, packet_id: int, payload: Any, *, ch
                 )
             if gate.state == ReviewGate.State.CANCELLED:
                 raise Conflict("this review gate was cancelled", code="gate_closed")
+            if handoff is not None and handoff.state != HandoffState.CLAIMED:
+                raise HandoffNotClaimable("this claim takes no verdict", handoff_id=handoff.id, state=handoff.state)
             # Read, not lock: the artifact's head is changed only by approved writes, and a
             # verdict bound a moment before such a write is still a verdict on the frozen bytes.
             head = Artifact.objects.filter(id=gate.candidate.artifact_id).values_list("current_version_id", flat=True).first()
@@ -375,6 +528,12 @@ def bind_verdict(identity: ReviewerIdentity, packet_id: int, payload: Any, *, ch
             assignment.submitted_at = verdict.bound_at
             assignment.save(update_fields=["state", "submitted_at"])
             outbox = Outbox(identity.key)
+            if handoff is not None:
+                consume_locked(session, handoff, fencing_token=token, result={
+                    "decision": verdict.decision, "scores": verdict.scores, "findings": verdict.findings,
+                    "confidence": verdict.confidence, "packet_fingerprint": verdict.packet_fingerprint,
+                    "artifact_fingerprint": verdict.artifact_fingerprint,
+                }, actor=identity.key, outbox=outbox)
             gate.bound_verdicts += 1
             completed = gate.state == ReviewGate.State.PENDING and gate.bound_verdicts >= gate.required_verdicts
             if completed:
@@ -392,6 +551,9 @@ def bind_verdict(identity: ReviewerIdentity, packet_id: int, payload: Any, *, ch
             if completed:
                 outbox.add(session, "review.gate_completed", run_id=gate.run_id, gate_id=gate.id, state=gate.state)
                 _resume_if_waiting(session, gate, outbox, reason=f"review gate {gate.id} bound")
+            if handoff is not None:
+                # The run's pending list drops this handoff; the last one returns the session to running.
+                control.settle_waiting_run(session, gate.run_id, outbox)
             outbox.flush()
     except IntegrityError:
         # A racing identical request won (the unique (packet, reviewer) rule held). Answer
@@ -445,5 +607,23 @@ def cancel_gate(caller: Caller, gate_id: int, *, reason: str = "") -> ReviewGate
         outbox = Outbox(caller.label)
         outbox.add(session, "review.gate_cancelled", run_id=gate.run_id, gate_id=gate.id, state=gate.state)
         _resume_if_waiting(session, gate, outbox, reason=reason or f"review gate {gate.id} cancelled")
+        if gate.route == ReviewGate.Route.AGENT:
+            _cancel_handoffs(session, gate, outbox, reason=reason or f"review gate {gate.id} cancelled")
         outbox.flush()
     return gate
+
+
+def _cancel_handoffs(session: Session, gate: ReviewGate, outbox: Outbox, *, reason: str) -> None:
+    """A cancelled agent gate withdraws its still-unbound handoffs and settles the run."""
+    now = timezone.now()
+    # Locked after the session (the global lock order): a racing claim or verdict waits here.
+    withdrawn = list(
+        Handoff.objects.select_for_update(of=("self",))
+        .filter(review_assignment__packet__gate=gate, state__in=UNBOUND_STATES)
+        .order_by("id")
+    )
+    for handoff in withdrawn:
+        Handoff.objects.filter(id=handoff.id).update(state=HandoffState.CANCELLED, cancelled_at=now)
+        outbox.add(session, "handoff.cancelled", run_id=handoff.run_id, handoff_id=handoff.id,
+                   logical_id=handoff.logical_id, reason=reason)
+    control.settle_waiting_run(session, gate.run_id, outbox)

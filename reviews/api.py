@@ -143,8 +143,20 @@ class PacketOut(Schema):
     verdict: VerdictOut | None = Field(None, description="your own verdict, once bound")
 
 
-class ClaimOut(Schema):
+class PacketLeaseOut(Schema):
+    handoff_id: int
+    fencing_token: int = Field(..., description="cite it in your verdict and heartbeats; a later claim supersedes it")
+    lease_expires_at: datetime
+    attempt: int
+
+
+class PacketClaimOut(Schema):
     packet: PacketOut | None = Field(None, description="null when no packet is waiting for you")
+    lease: PacketLeaseOut | None = Field(None, description="your claim of the packet's control-plane handoff")
+
+
+class PacketHeartbeatIn(Strict):
+    fencing_token: int = Field(..., ge=1)
 
 
 _VERDICT_BODY = {
@@ -155,8 +167,11 @@ _VERDICT_BODY = {
                 "type": "object",
                 "description": "A typed verdict. The exact schema for a packet (criteria and scales) is in the packet's "
                 "`content.verdict_schema`; it is enforced field by field (422 names the field).",
-                "required": ["packet_fingerprint", "artifact_fingerprint", "decision", "scores", "findings", "confidence"],
+                "required": ["fencing_token", "packet_fingerprint", "artifact_fingerprint", "decision", "scores", "findings",
+                             "confidence"],
                 "properties": {
+                    "fencing_token": {"type": "integer", "minimum": 1,
+                                      "description": "the fencing token of your claim (agent route)"},
                     "packet_fingerprint": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
                     "artifact_fingerprint": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
                     "decision": {"enum": list(DECISIONS)},
@@ -268,15 +283,39 @@ def cancel_gate(request: HttpRequest, gate_id: int):
 
 # ---- packets (agent reviewers) ---------------------------------------------------------
 @router.post(
-    "/review-packets/claim", response={200: ClaimOut, **errors(403, 409)},
-    summary="Claim the oldest open agent-route packet you are independent of",
+    "/review-packets/claim", response={200: PacketClaimOut, **errors(403, 404, 409)},
+    summary="Claim the oldest open agent-route packet you are independent of, under a lease",
     description="Needs a token with the `review` permission bound to your own `semantic_reviewer` session "
-    "(memory `none` or `bounded`). `packet` is null when nothing is waiting.",
+    "(memory `none` or `bounded`). Claims the packet slot's control-plane handoff: `lease` carries its "
+    "`handoff_id`, `fencing_token` and `lease_expires_at` (renew with `…/heartbeat`). A claim whose lease "
+    "expired is claimable again by another eligible reviewer (attempt + 1, a new fencing token). "
+    "`packet` and `lease` are null when nothing is waiting; 409 `already_claimed` when you already hold a "
+    "slot on that packet.",
 )
 def claim_packet(request: HttpRequest):
+    who = caller(request)
+    identity = reviewer_for_caller(who)
+    claim = actions.claim_packet(identity, token_id=who.token_id)
+    if claim is None:
+        return {"packet": None, "lease": None}
+    h = claim.handoff
+    return {"packet": packet_out(claim.assignment),
+            "lease": {"handoff_id": h.id, "fencing_token": h.fencing_token, "lease_expires_at": h.lease_expires_at,
+                      "attempt": h.attempt}}
+
+
+@router.post(
+    "/review-packets/{packet_id}/heartbeat", response={200: PacketLeaseOut, **errors(403, 404, 409)},
+    summary="Renew the lease of your claim on a packet",
+    description="409 `stale_lease` when a later claim superseded your fencing token (your lease expired and "
+    "another reviewer took the packet); 409 `handoff_not_claimable`/`handoff_closed` when the claim takes no "
+    "more heartbeats (e.g. your verdict is bound).",
+)
+def heartbeat_packet(request: HttpRequest, packet_id: int, body: PacketHeartbeatIn):
     identity = reviewer_for_caller(caller(request))
-    assignment = actions.claim_packet(identity)
-    return {"packet": packet_out(assignment) if assignment else None}
+    lease = actions.heartbeat_packet(identity, packet_id, fencing_token=body.fencing_token)
+    return {"handoff_id": lease.handoff_id, "fencing_token": lease.fencing_token,
+            "lease_expires_at": lease.lease_expires_at, "attempt": lease.attempt}
 
 
 @router.get(
@@ -310,8 +349,10 @@ def get_packet(request: HttpRequest, packet_id: int):
 @router.post(
     "/review-packets/{packet_id}/verdicts", response={200: VerdictOut, 201: VerdictOut, **errors(400, 403, 404, 409)},
     summary="Bind your typed verdict (201; an identical resubmission is 200 with the same verdict)",
-    description="409 `stale_fingerprint` when the cited packet/artifact fingerprint is not this packet's or the "
-    "candidate changed; 409 `verdict_conflict` for a different second verdict; 422 names the offending field.",
+    description="Cite your claim's `fencing_token` (422 `fencing_token` without it). 409 `stale_lease` when a later "
+    "claim superseded it (nothing stored); 409 `stale_fingerprint` when the cited packet/artifact fingerprint is "
+    "not this packet's or the candidate changed; 409 `verdict_conflict` for a different second verdict; 422 names "
+    "the offending field. Binding also records the handoff's delivery and consume-once receipt.",
     openapi_extra={"requestBody": _VERDICT_BODY},
 )
 def submit_verdict(request: HttpRequest, packet_id: int):
@@ -325,5 +366,7 @@ def submit_verdict(request: HttpRequest, packet_id: int):
         raise ServiceError(f"the request body nests deeper than {MAX_BODY_DEPTH} levels", code="malformed_body",
                            http_status=400, max_depth=MAX_BODY_DEPTH)
     refuse_unstorable_text(payload)
-    bound = actions.bind_verdict(identity, packet_id, payload, channel=Verdict.Channel.API)
+    # The lease's token travels with the verdict but is not part of it (nor of its fingerprint).
+    token = payload.pop("fencing_token", None) if isinstance(payload, dict) else None
+    bound = actions.bind_verdict(identity, packet_id, payload, channel=Verdict.Channel.API, fencing_token=token)
     return Status(201 if bound.created else 200, verdict_out(bound.verdict))

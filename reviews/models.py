@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.models import ArtifactVersion, Project, Run, Session
 from reviews.packets import DECISIONS, ROUTES
 
@@ -134,8 +135,10 @@ class ReviewAssignment(models.Model):
     """One reviewer slot on a packet.
 
     Human routes create one ``assigned`` row per named reviewer. The agent route creates one
-    row per required verdict: pre-assigned to a reviewer session, or ``open`` until an agent
-    reviewer claims it with a conditional UPDATE (``actions.claim_packet``).
+    row per required verdict, each with its control-plane :class:`Handoff` (lease, fencing
+    token, attempts): pre-assigned to a reviewer session, or ``open`` until an agent reviewer
+    claims the handoff (``actions.claim_packet``). A claim whose lease expired moves the slot
+    to the next eligible reviewer.
     """
 
     class State(models.TextChoices):
@@ -150,6 +153,10 @@ class ReviewAssignment(models.Model):
     )
     reviewer_session = models.ForeignKey(
         Session, null=True, blank=True, on_delete=models.SET_NULL, related_name="review_assignments"
+    )
+    # Agent route only: the handoff this slot is claimed and leased through.
+    handoff = models.OneToOneField(
+        Handoff, null=True, blank=True, on_delete=models.SET_NULL, related_name="review_assignment"
     )
     state = models.CharField(max_length=12, choices=State.choices)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -167,51 +167,61 @@ def create_handoff(
                 "this logical id already names another job in the project", logical_id=spec.logical_id,
                 handoff_id=existing.id if existing.session_id == session.id else None,
             )
-        if ConsumeReceipt.objects.filter(project_id=session.project_id, logical_id=spec.logical_id).exists():
-            raise AlreadyConsumed(
-                "a result for this logical id was already consumed; it is not handed off again",
-                logical_id=spec.logical_id,
-            )
         if run.state != rt.RunState.OPEN:
             raise Conflict("handoffs are created by an open run", code="run_not_open", state=run.state)
         if session.status not in (rt.SessionStatus.RUNNING, rt.SessionStatus.AWAITING_EXTERNAL):
             raise Conflict(
                 "only a running session hands off work", code="session_not_running", status=session.status,
             )
-        require_versions(session.project_id, ((r["artifact_id"], r["fingerprint"]) for r in spec.inputs), what="inputs")
-        try:
-            # A savepoint: another session of the project may race us to the same logical id.
-            with transaction.atomic():
-                handoff = Handoff.objects.create(
-                    project_id=session.project_id, session=session, run=run, logical_id=spec.logical_id,
-                    inputs=spec.inputs, params=spec.params, result_schema=spec.result_schema,
-                    job_fingerprint=spec.job_fingerprint, required_capabilities=spec.required_capabilities,
-                    timeout_seconds=spec.timeout_seconds, created_by=caller.label,
-                )
-        except IntegrityError:
-            raise LogicalIdTaken("this logical id already names another job in the project", logical_id=spec.logical_id) from None
-        run.pending_external = [*run.pending_external, spec.logical_id]
-        run.save(update_fields=["pending_external"])
         outbox = Outbox(caller.label)
-        outbox.add(
-            session, "handoff.created", run_id=run.id, handoff_id=handoff.id, logical_id=handoff.logical_id,
-            job_fingerprint=handoff.job_fingerprint, required_capabilities=handoff.required_capabilities,
-            timeout_seconds=handoff.timeout_seconds, inputs=handoff.inputs,
-        )
-        if session.status == rt.SessionStatus.RUNNING:
-            apply_transition(
-                session, rt.SessionStatus.AWAITING_EXTERNAL, reason=f"waiting on handoff {handoff.logical_id}",
-                outbox=outbox, current_run=run,
-            )
+        handoff = insert_handoff(session, run, spec, actor=caller.label, outbox=outbox)
         outbox.flush()
     return CreatedHandoff(handoff, True)
+
+
+def insert_handoff(session: Session, run: Run, spec: JobSpec, *, actor: str, outbox: Outbox) -> Handoff:
+    """Insert one handoff for an already-locked ``running``/``awaiting_external`` session and
+    its open run (the caller holds both locks and owns the transaction): the run lists the
+    logical id as pending, ``handoff.created`` goes to the caller's outbox and a ``running``
+    session moves to ``awaiting_external``. The caller flushes the outbox."""
+    if ConsumeReceipt.objects.filter(project_id=session.project_id, logical_id=spec.logical_id).exists():
+        raise AlreadyConsumed(
+            "a result for this logical id was already consumed; it is not handed off again",
+            logical_id=spec.logical_id,
+        )
+    require_versions(session.project_id, ((r["artifact_id"], r["fingerprint"]) for r in spec.inputs), what="inputs")
+    try:
+        # A savepoint: another session of the project may race us to the same logical id.
+        with transaction.atomic():
+            handoff = Handoff.objects.create(
+                project_id=session.project_id, session=session, run=run, logical_id=spec.logical_id,
+                inputs=spec.inputs, params=spec.params, result_schema=spec.result_schema,
+                job_fingerprint=spec.job_fingerprint, required_capabilities=spec.required_capabilities,
+                timeout_seconds=spec.timeout_seconds, created_by=actor,
+            )
+    except IntegrityError:
+        raise LogicalIdTaken("this logical id already names another job in the project", logical_id=spec.logical_id) from None
+    run.pending_external = [*run.pending_external, spec.logical_id]
+    run.save(update_fields=["pending_external"])
+    outbox.add(
+        session, "handoff.created", run_id=run.id, handoff_id=handoff.id, logical_id=handoff.logical_id,
+        job_fingerprint=handoff.job_fingerprint, required_capabilities=handoff.required_capabilities,
+        timeout_seconds=handoff.timeout_seconds, inputs=handoff.inputs,
+    )
+    if session.status == rt.SessionStatus.RUNNING:
+        apply_transition(
+            session, rt.SessionStatus.AWAITING_EXTERNAL, reason=f"waiting on handoff {handoff.logical_id}",
+            outbox=outbox, current_run=run,
+        )
+    return handoff
 
 
 # ---- claim -------------------------------------------------------------------------------------------
 _H = Handoff._meta.db_table
 _S = Session._meta.db_table
 
-_CLAIM_SQL = f"""
+# Public: the review app claims agent review packets with this same statement (one named row).
+CLAIM_SQL = f"""
 WITH candidate AS (
     SELECT h.id, h.lease_holder AS previous_holder
       FROM {_H} h JOIN {_S} s ON s.id = h.session_id
@@ -250,14 +260,14 @@ def claim_handoff(
         raise ValidationFailed("worker must name the claiming worker (1–200 characters)", field="worker")
 
     if handoff_id is not None and not 0 < handoff_id <= BIGINT_MAX:
-        # _CLAIM_SQL casts it to bigint (PostgreSQL would refuse): no such row, as the ORM would say.
+        # CLAIM_SQL casts it to bigint (PostgreSQL would refuse): no such row, as the ORM would say.
         raise NotFound("handoff not found", handoff_id=handoff_id)
 
     now = timezone.now()
     with transaction.atomic():
         claimed = list(
             Handoff.objects.raw(
-                _CLAIM_SQL,
+                CLAIM_SQL,
                 {"projects": list(caller.project_ids), "bound": caller.session_id, "handoff": handoff_id,
                  "now": now, "caps": json.dumps(caps), "holder": worker, "token": caller.token_id},
             )
@@ -298,7 +308,8 @@ def _explain_unclaimable(caller: Caller, handoff_id: int, caps: list[str], now: 
 
 
 # ---- heartbeat ----------------------------------------------------------------------------------------
-_HEARTBEAT_SQL = f"""
+# Public: the review app renews agent reviewers' leases with this same statement.
+HEARTBEAT_SQL = f"""
 UPDATE {_H}
    SET heartbeat_at = %(now)s, lease_expires_at = %(now)s + make_interval(secs => timeout_seconds)
  WHERE id = %(id)s AND project_id = ANY(%(projects)s)
@@ -326,7 +337,7 @@ def heartbeat_handoff(caller: Caller, handoff_id: int, *, fencing_token: int) ->
     now = timezone.now()
     with connection.cursor() as cur:
         cur.execute(
-            _HEARTBEAT_SQL,
+            HEARTBEAT_SQL,
             {"now": now, "id": handoff_id, "projects": list(caller.project_ids), "bound": caller.session_id,
              "token": fencing_token},
         )

@@ -329,6 +329,44 @@ def _consume(
     return Delivered(DeliveryOutcome.CONSUMED, delivery, receipt, handoff, session.status), None
 
 
+def consume_locked(
+    session: Session, handoff: Handoff, *, fencing_token: int, result: dict[str, Any], actor: str, outbox: Outbox,
+) -> int:
+    """Bind ``result`` to a handoff whose session and row the caller has locked (inside the
+    caller's transaction), with the same records as a delivery: the ``consumed`` delivery
+    log row, its validation and the consume-once receipt; ``handoff.result_consumed`` goes to
+    the caller's outbox; returns the receipt's id. The caller has checked the fencing token and validated ``result``
+    against its own schema (e.g. a typed review verdict), and settles the run afterwards."""
+    result, digest = result_digest(result)
+    now = timezone.now()
+    # Fenced: the row is locked, so this only re-states the caller's checks as the write's condition.
+    bound = Handoff.objects.filter(id=handoff.id, state=HandoffState.CLAIMED, fencing_token=fencing_token).update(
+        state=HandoffState.BOUND, bound_at=now,
+    )
+    if bound != 1:
+        raise _stale(handoff, fencing_token) if fencing_token != handoff.fencing_token else _not_claimable(handoff)
+    handoff.state, handoff.bound_at = HandoffState.BOUND, now
+    delivery = _log(handoff, fencing_token, digest, DeliveryOutcome.CONSUMED, actor, payload=result)
+    ResultValidation.objects.create(
+        delivery=delivery, valid=True, cites_job_fingerprint=True, stated_job_fingerprint=handoff.job_fingerprint,
+    )
+    with connection.cursor() as cur:
+        cur.execute(
+            _RECEIPT_SQL,
+            [handoff.project_id, handoff.logical_id, handoff.id, handoff.session_id, handoff.run_id, delivery.id,
+             handoff.job_fingerprint, digest, canonical_json(result).decode(), now],
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise Conflict("this logical id was consumed concurrently", code="already_consumed", logical_id=handoff.logical_id)
+    outbox.add(
+        session, "handoff.result_consumed", run_id=handoff.run_id, handoff_id=handoff.id,
+        logical_id=handoff.logical_id, delivery_id=delivery.id, receipt_id=row[0], result_hash=digest,
+        attempt=handoff.attempt,
+    )
+    return row[0]
+
+
 # ---- conflict resolution ------------------------------------------------------------------------------
 def resolve_conflict(caller: Caller, handoff_id: int, *, resolution: str) -> Handoff:
     """A manager acknowledges a hard stop: the consumed result stands (nothing is consumed

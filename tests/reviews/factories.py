@@ -130,3 +130,8 @@ def verdict_for(gate: ReviewGate, **overrides: Any) -> dict[str, Any]:
     }
     body.update(overrides)
     return body
+
+
+def agent_verdict(gate: ReviewGate, fencing_token: int = 1, **overrides: Any) -> dict[str, Any]:
+    """An agent reviewer's verdict body: the verdict plus its claim's fencing token (1 = the first claim)."""
+    return {**verdict_for(gate, **overrides), "fencing_token": fencing_token}

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.models import Event
 from reviews.access import reviewer_for_user
 from reviews.actions import bind_verdict
 from reviews.models import ReviewAssignment, Verdict
-from tests.reviews.factories import agent_reviewer, verdict_for
+from tests.reviews.factories import agent_reviewer, agent_verdict, verdict_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,6 +53,11 @@ def test_concurrent_claims_take_each_slot_once(world):
     assert ReviewAssignment.objects.filter(packet=gate.packet, state="assigned").count() == 3
     assert ReviewAssignment.objects.filter(state="open").count() == 0
     assert Event.objects.filter(type="review.packet_claimed").count() == 3
+    # Each claim is one control-plane lease: three handoffs claimed once, three still pending.
+    leases = [r.json()["lease"] for r in results if r.json()["lease"]]
+    assert len({lease["handoff_id"] for lease in leases}) == 3
+    assert {(lease["fencing_token"], lease["attempt"]) for lease in leases} == {(1, 1)}
+    assert Handoff.objects.filter(state="claimed", attempt=1).count() == 3
 
 
 def test_one_reviewer_racing_itself_holds_one_slot_per_packet(world):
@@ -68,7 +74,7 @@ def test_identical_verdicts_racing_bind_once(world):
     gate = world.gate(route="agent")
     _, api = agent_reviewer(world.project)
     api.post("/review-packets/claim")
-    body = verdict_for(gate)
+    body = agent_verdict(gate)
     results = race([lambda: api.post(f"/review-packets/{gate.packet.id}/verdicts", body) for _ in range(5)])
     assert Counter(r.status_code for r in results) == {201: 1, 200: 4}
     assert len({r.json()["id"] for r in results}) == 1

@@ -52,13 +52,24 @@ def test_open_page_gate_freezes_candidate_and_waits_on_user(world):
     assert types[-2:] == ["review.gate_opened", "session.transitioned"]
 
 
-def test_agent_gate_keeps_the_session_running_and_opens_claimable_slots(world):
+def test_agent_gate_hands_off_one_job_per_verdict_and_awaits_external(world):
     resp = world.writer_api.post(f"/sessions/{world.writer.id}/review-gates",
                                  body(world, route="agent", reviewers=[], required_verdicts=2))
     assert resp.status_code == 201, resp.content
+    gate = resp.json()
     world.refresh()
-    assert world.writer.status == "running"
-    assert list(ReviewAssignment.objects.filter(packet__gate_id=resp.json()["id"]).values_list("state", flat=True)) == ["open", "open"]
+    assert world.writer.status == "awaiting_external" and world.run.state == "open"
+    slots = ReviewAssignment.objects.filter(packet__gate_id=gate["id"]).select_related("handoff").order_by("id")
+    assert [a.state for a in slots] == ["open", "open"]
+    handoffs = [a.handoff for a in slots]
+    assert [h.logical_id for h in handoffs] == [f"review-{gate['id']}-1", f"review-{gate['id']}-2"]
+    for h in handoffs:
+        assert h.state == "pending" and h.required_capabilities == ["review"] and h.run_id == world.run.id
+        assert h.inputs == [{"artifact_id": world.version.artifact_id, "fingerprint": world.version.fingerprint}]
+        assert h.params == {"review_packet_id": gate["packet_id"], "packet_fingerprint": gate["packet_fingerprint"]}
+    assert world.run.pending_external == [h.logical_id for h in handoffs]
+    types = list(Event.objects.filter(session_id=world.writer.id).order_by("id").values_list("type", flat=True))
+    assert types[-4:] == ["review.gate_opened", "handoff.created", "session.transitioned", "handoff.created"]
 
 
 def test_routing_records_live_agent_reviewers_before_waiting_on_a_person(world):
@@ -163,9 +174,17 @@ def test_cancel_returns_the_session_to_running(world):
 def test_openapi_documents_review_routes_without_calibration_in_packets():
     schema = Api(None).client.get("/api/openapi.json").json()
     for path in ["/api/v1/sessions/{session_id}/review-gates", "/api/v1/review-packets/claim",
-                 "/api/v1/review-packets/{packet_id}", "/api/v1/review-packets/{packet_id}/verdicts"]:
+                 "/api/v1/review-packets/{packet_id}", "/api/v1/review-packets/{packet_id}/verdicts",
+                 "/api/v1/review-packets/{packet_id}/heartbeat"]:
         assert path in schema["paths"], path
+    # The lease routes declare their refusals (409 stale_lease among them).
+    for path, statuses in [("/api/v1/review-packets/claim", {"200", "403", "409", "422"}),
+                           ("/api/v1/review-packets/{packet_id}/heartbeat", {"200", "403", "404", "409", "422"}),
+                           ("/api/v1/review-packets/{packet_id}/verdicts", {"200", "201", "400", "403", "404", "409", "422"})]:
+        assert statuses <= set(schema["paths"][path]["post"]["responses"]), path
+    verdict_body = schema["paths"]["/api/v1/review-packets/{packet_id}/verdicts"]["post"]["requestBody"]
+    assert "fencing_token" in verdict_body["content"]["application/json"]["schema"]["required"]
     comps = schema["components"]["schemas"]
-    for name in ("PacketOut", "VerdictOut", "ClaimOut", "PacketSummaryOut"):
+    for name in ("PacketOut", "VerdictOut", "PacketClaimOut", "PacketSummaryOut", "PacketLeaseOut"):
         text = str(comps[name])
         assert "calibration" not in text and "answer_key" not in text and "expected" not in text

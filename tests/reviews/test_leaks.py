@@ -15,11 +15,15 @@ import pytest
 from django.test import Client
 
 from novelforge_sessions.actions.checkpoints import record_checkpoint
+from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.actions.transcript import append_transcript
+from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.models import Event
-from reviews.actions import bind_verdict
+from reviews.actions import GateSpec, bind_verdict, open_gate
 from reviews.access import reviewer_for_user
-from tests.reviews.factories import agent_reviewer, make_world, verdict_for
+from tests.conftest import Api
+from tests.reviews.factories import RUBRIC, add_writer, agent_reviewer, agent_verdict, make_world, verdict_for
 
 pytestmark = pytest.mark.django_db
 
@@ -51,19 +55,27 @@ def test_no_private_material_reaches_any_reviewer_facing_response(project):
         cursor={"step": "draft", "note": MARKERS["reasoning_cursor"]},
         frozen_inputs=[{"kind": "scratch", "text": MARKERS["reasoning_inputs"]}],
     )
-    append_transcript(world.writer_caller, world.writer.id, role="assistant",
-                      content=f"Thinking privately: {MARKERS['transcript']}; the reviewer should pass this.")
-    record_checkpoint(world.writer_caller, world.run.id, {
-        "boundary": "candidate_frozen", "cursor": {"step": "review"},
-        "artifacts": [{"artifact_id": world.version.artifact_id, "fingerprint": world.version.fingerprint}],
-        "pending": {"gate": "next", "hint": MARKERS["checkpoint"]},
-    })
+    # A second writer session for the page gate: an agent gate moves its session to
+    # awaiting_external, which cannot also await a person. Both carry the private markers.
+    raw2 = add_writer(project)[1]
+    writer2 = caller_for_token(raw2)
+    run2 = start_run(writer2, writer2.session_id, cursor={"step": "draft", "note": MARKERS["reasoning_cursor"]},
+                     frozen_inputs=[{"kind": "scratch", "text": MARKERS["reasoning_inputs"]}])
+    for who, session_id, run_id in ((world.writer_caller, world.writer.id, world.run.id), (writer2, writer2.session_id, run2.id)):
+        append_transcript(who, session_id, role="assistant",
+                          content=f"Thinking privately: {MARKERS['transcript']}; the reviewer should pass this.")
+        record_checkpoint(who, run_id, {
+            "boundary": "candidate_frozen", "cursor": {"step": "review"},
+            "artifacts": [{"artifact_id": world.version.artifact_id, "fingerprint": world.version.fingerprint}],
+            "pending": {"gate": "next", "hint": MARKERS["checkpoint"]},
+        })
 
-    # Agent gate first (the session keeps running), then a page gate (the session waits).
+    # An agent gate (its session awaits external reviewers) and a page gate (its session awaits a person).
     agent_gate = world.gate(route="agent", required_verdicts=2, calibration={
         "expected_decision": "reject", "expected_scores": {"clarity": 1}, "answer_key": MARKERS["answer_key_agent"]})
-    page_gate = world.gate(route="page", reviewers=["alice", "bob"], required_verdicts=2, calibration={
-        "expected_decision": "revise", "answer_key": MARKERS["answer_key_page"]})
+    page_gate = open_gate(writer2, writer2.session_id, GateSpec(
+        candidate_version_id=world.version.id, rubric=RUBRIC, route="page", reviewers=["alice", "bob"],
+        required_verdicts=2, calibration={"expected_decision": "revise", "answer_key": MARKERS["answer_key_page"]}))
     first_event = Event.objects.order_by("id").last().id
 
     # Other reviewers' verdicts, each carrying a marker.
@@ -71,7 +83,7 @@ def test_no_private_material_reaches_any_reviewer_facing_response(project):
         page_gate, findings=[{"location": "L1", "severity": "major", "note": MARKERS["other_verdict_human"]}]), channel="page")
     _, agent1 = agent_reviewer(project)
     assert agent1.post("/review-packets/claim").status_code == 200
-    assert agent1.post(f"/review-packets/{agent_gate.packet.id}/verdicts", verdict_for(
+    assert agent1.post(f"/review-packets/{agent_gate.packet.id}/verdicts", agent_verdict(
         agent_gate, findings=[{"location": "L3", "severity": "minor", "note": MARKERS["other_verdict_agent"]}])).status_code == 201
 
     # --- the human reviewer alice -------------------------------------------------------
@@ -118,14 +130,14 @@ def test_no_private_material_reaches_any_reviewer_facing_response(project):
         "404 gate": agent2.get(f"/review-gates/{agent_gate.id}"),
         "404 transcript": agent2.get(f"/sessions/{world.writer.id}/transcript"),
         "409 stale": agent2.post(f"/review-packets/{agent_gate.packet.id}/verdicts",
-                                 verdict_for(agent_gate, packet_fingerprint="sha256:" + "0" * 64)),
+                                 agent_verdict(agent_gate, packet_fingerprint="sha256:" + "0" * 64)),
         "422": agent2.post(f"/review-packets/{agent_gate.packet.id}/verdicts",
-                           verdict_for(agent_gate, scores={"clarity": 0, "pacing": 0})),
+                           agent_verdict(agent_gate, scores={"clarity": 0, "pacing": 0})),
         "400": agent2.post(f"/review-packets/{agent_gate.packet.id}/verdicts", raw="{"),
-        "201 verdict": agent2.post(f"/review-packets/{agent_gate.packet.id}/verdicts", verdict_for(agent_gate)),
-        "200 again": agent2.post(f"/review-packets/{agent_gate.packet.id}/verdicts", verdict_for(agent_gate)),
+        "201 verdict": agent2.post(f"/review-packets/{agent_gate.packet.id}/verdicts", agent_verdict(agent_gate)),
+        "200 again": agent2.post(f"/review-packets/{agent_gate.packet.id}/verdicts", agent_verdict(agent_gate)),
         "409 conflict": agent2.post(f"/review-packets/{agent_gate.packet.id}/verdicts",
-                                    verdict_for(agent_gate, decision="pass")),
+                                    agent_verdict(agent_gate, decision="pass")),
         "events": agent2.get("/events"),
     }
     statuses = {k: r.status_code for k, r in api_responses.items()}
@@ -142,14 +154,23 @@ def test_no_private_material_reaches_any_reviewer_facing_response(project):
                                                "review.gate_completed"}
     allowed = {"gate_id", "packet_id", "verdict_id", "assignment_id", "route", "required_verdicts", "bound_verdicts",
                "candidate_version_id", "candidate_fingerprint", "packet_fingerprint", "artifact_fingerprint",
-               "verdict_fingerprint", "state", "reviewer_session_id"}
+               "verdict_fingerprint", "state", "reviewer_session_id", "handoff_id", "attempt"}
     for event in review_events:
         scan(f"event {event.type}", json.dumps(event.payload) + event.actor)
         assert set(event.payload) <= allowed, (event.type, set(event.payload) - allowed)
+    # The agent gate's control-plane handoffs and their events: ids and fingerprints only.
+    handoff_events = list(Event.objects.filter(type__startswith="handoff."))
+    assert {e.type for e in handoff_events} >= {"handoff.created", "handoff.claimed", "handoff.result_consumed"}
+    for event in handoff_events:
+        scan(f"event {event.type}", json.dumps(event.payload, default=str) + event.actor)
+        assert "Tonight it flickered" not in json.dumps(event.payload, default=str)
+    for handoff in Handoff.objects.filter(review_assignment__packet__gate=agent_gate):
+        assert handoff.params == {"review_packet_id": agent_gate.packet.id, "packet_fingerprint": agent_gate.packet.fingerprint}
+        scan(f"handoff {handoff.logical_id}", json.dumps([handoff.params, handoff.inputs, handoff.result_schema]))
     assert Event.objects.filter(id__gt=first_event, type__startswith="review.").count() >= 5
 
     # Sanity: the markers are real and reachable by the writer — just never by a reviewer.
     assert MARKERS["transcript"] in world.writer_api.get(f"/sessions/{world.writer.id}/transcript").content.decode()
-    writer_view = world.writer_api.get(f"/review-gates/{page_gate.id}").content.decode()
+    writer_view = Api(raw2).get(f"/review-gates/{page_gate.id}").content.decode()
     assert MARKERS["other_verdict_human"] in writer_view
     assert Event.objects.filter(payload__cursor__note=MARKERS["reasoning_cursor"]).exists()

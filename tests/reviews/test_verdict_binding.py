@@ -13,7 +13,7 @@ from novelforge_sessions.actions.artifacts import add_artifact_version, create_a
 from novelforge_sessions.models import Artifact, Event, Session
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
 from tests.conftest import Api
-from tests.reviews.factories import World, agent_reviewer, verdict_for
+from tests.reviews.factories import World, agent_reviewer, agent_verdict, verdict_for
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +45,7 @@ def test_agent_claims_reads_and_binds_a_typed_verdict(world, agent_gate):
     assert packet["fingerprint"] == gate.packet.fingerprint and packet["state"] == "assigned"
     assert packet["content"]["candidate"]["fingerprint"] == world.version.fingerprint
     assert packet["verdict"] is None
-    resp = api.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate))
+    resp = api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate))
     assert resp.status_code == 201, resp.content
     out = resp.json()
     assert out["decision"] == "revise" and out["scores"] == {"clarity": 4, "pacing": 6} and out["channel"] == "api"
@@ -62,7 +62,7 @@ def test_agent_claims_reads_and_binds_a_typed_verdict(world, agent_gate):
 def test_wrong_packet_fingerprint_is_stale_and_stores_nothing(agent_gate):
     gate, _, api = agent_gate
     err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts",
-                                verdict_for(gate, packet_fingerprint="sha256:" + "f" * 64)), 409, "stale_fingerprint")
+                                agent_verdict(gate, packet_fingerprint="sha256:" + "f" * 64)), 409, "stale_fingerprint")
     assert err["details"]["field"] == "packet_fingerprint"
     assert Verdict.objects.count() == 0 and bound_events(gate) == 0
 
@@ -70,7 +70,7 @@ def test_wrong_packet_fingerprint_is_stale_and_stores_nothing(agent_gate):
 def test_wrong_artifact_fingerprint_is_stale(agent_gate):
     gate, _, api = agent_gate
     err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts",
-                                verdict_for(gate, artifact_fingerprint="sha256:" + "e" * 64)), 409, "stale_fingerprint")
+                                agent_verdict(gate, artifact_fingerprint="sha256:" + "e" * 64)), 409, "stale_fingerprint")
     assert err["details"]["field"] == "artifact_fingerprint"
     assert Verdict.objects.count() == 0
 
@@ -80,7 +80,7 @@ def test_candidate_changed_since_freeze_is_stale(world, agent_gate):
     newer = add_artifact_version(world.writer_caller, world.version.artifact_id, content="A different chapter.")
     # Making a version current is an approved write elsewhere; here we only need its effect.
     Artifact.objects.filter(id=world.version.artifact_id).update(current_version=newer)
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate)), 409, "stale_fingerprint")
+    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "stale_fingerprint")
     assert err["details"]["reason"] == "candidate_changed"
     gate.refresh_from_db()
     assert Verdict.objects.count() == 0 and gate.state == "pending" and gate.bound_verdicts == 0
@@ -90,13 +90,13 @@ def test_candidate_changed_since_freeze_is_stale(world, agent_gate):
 def test_a_new_version_that_is_not_current_does_not_make_the_review_stale(world, agent_gate):
     gate, _, api = agent_gate
     add_artifact_version(world.writer_caller, world.version.artifact_id, content="Unapproved next draft.")
-    assert api.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate)).status_code == 201
+    assert api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)).status_code == 201
 
 
 def test_out_of_scale_score_is_422_naming_the_field(agent_gate):
     gate, _, api = agent_gate
     err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts",
-                                verdict_for(gate, scores={"clarity": 9, "pacing": 3})), 422, "validation_error")
+                                agent_verdict(gate, scores={"clarity": 9, "pacing": 3})), 422, "validation_error")
     assert err["details"]["field"] == "scores.clarity"
     assert Verdict.objects.count() == 0
 
@@ -108,10 +108,10 @@ def test_malformed_json_is_400(agent_gate):
 
 def test_identical_resubmission_is_idempotent(agent_gate):
     gate, _, api = agent_gate
-    first = api.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate))
+    first = api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate))
     # Same content, different key order and 0.7 written as 0.70 → the same verdict.
     again = api.post(f"/review-packets/{gate.packet.id}/verdicts",
-                     raw=json.dumps(dict(reversed(list(verdict_for(gate).items())))).replace("0.7", "0.70"))
+                     raw=json.dumps(dict(reversed(list(agent_verdict(gate).items())))).replace("0.7", "0.70"))
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json() == first.json()
     assert Verdict.objects.count() == 1 and bound_events(gate) == 1
@@ -119,8 +119,8 @@ def test_identical_resubmission_is_idempotent(agent_gate):
 
 def test_conflicting_resubmission_is_refused(agent_gate):
     gate, _, api = agent_gate
-    first = api.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate)).json()
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate, decision="reject")),
+    first = api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)).json()
+    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, decision="reject")),
                        409, "verdict_conflict")
     assert err["details"]["verdict_id"] == first["id"]
     assert list(Verdict.objects.values_list("decision", flat=True)) == ["revise"] and bound_events(gate) == 1
@@ -130,7 +130,7 @@ def test_the_db_refuses_a_second_verdict_from_one_reviewer_on_one_packet(agent_g
     from django.db import IntegrityError, transaction
 
     gate, session, api = agent_gate
-    api.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate))
+    api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate))
     v = Verdict.objects.get()
     other_slot = ReviewAssignment.objects.create(packet=gate.packet, reviewer="user:999", state="assigned")
     with pytest.raises(IntegrityError), transaction.atomic():
@@ -146,9 +146,9 @@ def test_a_reviewer_cannot_open_another_reviewers_packet(world):
     _, first = agent_reviewer(world.project)
     _, second = agent_reviewer(world.project)
     assert first.post("/review-packets/claim").json()["packet"]["id"] == gate.packet.id
-    assert second.post("/review-packets/claim").json() == {"packet": None}
+    assert second.post("/review-packets/claim").json() == {"packet": None, "lease": None}
     assert_error(second.get(f"/review-packets/{gate.packet.id}"), 404, "not_found")
-    assert_error(second.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate)), 404, "not_found")
+    assert_error(second.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 404, "not_found")
     assert second.get("/review-packets").json()["items"] == []
     assert Verdict.objects.count() == 0
 
@@ -160,10 +160,10 @@ def test_claim_skips_packets_the_reviewer_is_not_independent_of(world):
 
     own = create_artifact(caller_for_token(api.token), name="reviewers-own", kind="chapter", content="My own words.")
     world.gate(route="agent", candidate_version_id=own.current_version_id)
-    assert api.post("/review-packets/claim").json() == {"packet": None}
+    assert api.post("/review-packets/claim").json() == {"packet": None, "lease": None}
     # Pre-assigned anyway (the gate cannot see token labels)? Binding re-checks and refuses.
     gate = world.gate(route="agent", candidate_version_id=own.current_version_id, reviewer_session_ids=[session.id])
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate)), 403,
+    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 403,
                        "independence_violation")
     assert Verdict.objects.count() == 0 and err["message"]
 
@@ -199,7 +199,7 @@ def test_human_reviewer_cannot_bind_on_a_packet_not_assigned_to_them(world, as_u
 def test_a_cancelled_gate_takes_no_verdict(world, agent_gate):
     gate, _, api = agent_gate
     assert world.writer_api.post(f"/review-gates/{gate.id}/cancel").status_code == 200
-    assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate)), 409, "gate_closed")
+    assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "gate_closed")
     assert Verdict.objects.count() == 0
 
 
@@ -227,10 +227,10 @@ def test_reviewing_a_version_that_is_not_yet_current(world):
     _, two = agent_reviewer(world.project)
     one.post("/review-packets/claim"), two.post("/review-packets/claim")
     Artifact.objects.filter(id=v2.artifact_id).update(current_version=v2)
-    assert one.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate)).status_code == 201
+    assert one.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)).status_code == 201
     v3 = add_artifact_version(world.writer_caller, world.version.artifact_id, content="Third draft.")
     Artifact.objects.filter(id=v2.artifact_id).update(current_version=v3)
-    assert_error(two.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate)), 409, "stale_fingerprint")
+    assert_error(two.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "stale_fingerprint")
     assert Verdict.objects.count() == 1
 
 
@@ -254,7 +254,7 @@ def test_binding_rechecks_that_a_human_is_not_the_author(world, as_user):
 def test_a_nul_in_a_verdict_is_422_and_stores_nothing(agent_gate):
     """The verdict body is parsed by hand; text PostgreSQL cannot store is refused there too."""
     gate, _, api = agent_gate
-    body = verdict_for(gate, findings=[{"location": "L1", "severity": "minor", "note": "bad\x00byte"}])
+    body = agent_verdict(gate, findings=[{"location": "L1", "severity": "minor", "note": "bad\x00byte"}])
     err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", body), 422, "validation_error")
     assert err["details"]["field"] == "findings[0].note"
     assert Verdict.objects.count() == 0 and bound_events(gate) == 0
@@ -264,6 +264,6 @@ def test_a_nul_in_a_verdict_is_422_and_stores_nothing(agent_gate):
 def test_a_verdict_nested_too_deep_is_400_not_500(agent_gate, depth):
     """The hand parser: 5,000 levels overflow json.loads itself; 900 parse but cannot be stored."""
     gate, _, api = agent_gate
-    raw = json.dumps(verdict_for(gate))[:-1] + ', "scores": {"clarity": %s}}' % ("[" * depth + "]" * depth)
+    raw = json.dumps(agent_verdict(gate))[:-1] + ', "scores": {"clarity": %s}}' % ("[" * depth + "]" * depth)
     assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", raw=raw), 400, "malformed_body")
     assert Verdict.objects.count() == 0
