@@ -147,6 +147,8 @@ def apply_transition(
     session.status = dst.value
     session.status_reason = reason
     session.version += 1
+    # generation and run_count ride along: resume and start_run bump them on the locked row
+    # just before the transition, so the session is written once per action.
     session.save(update_fields=["status", "status_reason", "version", "generation", "run_count", "updated_at"])
     outbox.add(
         session, "session.transitioned", **{"from": source.value, "to": dst.value, "reason": reason, "version": session.version}

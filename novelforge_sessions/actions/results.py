@@ -28,6 +28,7 @@ raised after commit, so the log and the hard stop survive the 4xx.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -301,8 +302,26 @@ def _consume(
             return None, _stale(fresh, token)
         _log(fresh, token, digest, DeliveryOutcome.NOT_CLAIMABLE, caller.label)
         return None, _not_claimable(fresh)
+    outbox = Outbox(caller.label)
+    receipt = _record_consumption(
+        session, handoff, token=token, digest=digest, result=result, stated=stated, now=now, actor=caller.label,
+        outbox=outbox,
+    )
+    delivery = receipt.delivery
+    settle_waiting_run(session, handoff.run_id, outbox)
+    outbox.flush()
+    return Delivered(DeliveryOutcome.CONSUMED, delivery, receipt, handoff, session.status), None
+
+
+def _record_consumption(
+    session: Session, handoff: Handoff, *, token: int, digest: str, result: dict, stated: str, now: datetime,
+    actor: str, outbox: Outbox,
+) -> ConsumeReceipt:
+    """The records of a consumption, once the fenced UPDATE has bound the handoff: the
+    ``consumed`` delivery log row, its validation, the consume-once receipt (the unique index
+    is the last word) and the ``handoff.result_consumed`` event in the caller's outbox."""
     handoff.state, handoff.bound_at = HandoffState.BOUND, now
-    delivery = _log(handoff, token, digest, DeliveryOutcome.CONSUMED, caller.label, payload=result)
+    delivery = _log(handoff, token, digest, DeliveryOutcome.CONSUMED, actor, payload=result)
     ResultValidation.objects.create(delivery=delivery, valid=True, cites_job_fingerprint=True, stated_job_fingerprint=stated)
     with connection.cursor() as cur:
         cur.execute(
@@ -316,27 +335,24 @@ def _consume(
         raise Conflict("this logical id was consumed concurrently", code="already_consumed", logical_id=handoff.logical_id)
     receipt = ConsumeReceipt(
         id=row[0], project_id=handoff.project_id, logical_id=handoff.logical_id, handoff_id=handoff.id,
-        session_id=handoff.session_id, run_id=handoff.run_id, delivery_id=delivery.id,
+        session_id=handoff.session_id, run_id=handoff.run_id, delivery=delivery,
         job_fingerprint=handoff.job_fingerprint, result_hash=digest, result=result, consumed_at=now,
     )
-    outbox = Outbox(caller.label)
     outbox.add(
         session, "handoff.result_consumed", run_id=handoff.run_id, handoff_id=handoff.id, logical_id=handoff.logical_id,
         delivery_id=delivery.id, receipt_id=receipt.id, result_hash=digest, attempt=handoff.attempt,
     )
-    settle_waiting_run(session, handoff.run_id, outbox)
-    outbox.flush()
-    return Delivered(DeliveryOutcome.CONSUMED, delivery, receipt, handoff, session.status), None
+    return receipt
 
 
 def consume_locked(
     session: Session, handoff: Handoff, *, fencing_token: int, result: dict[str, Any], actor: str, outbox: Outbox,
 ) -> int:
     """Bind ``result`` to a handoff whose session and row the caller has locked (inside the
-    caller's transaction), with the same records as a delivery: the ``consumed`` delivery
-    log row, its validation and the consume-once receipt; ``handoff.result_consumed`` goes to
-    the caller's outbox; returns the receipt's id. The caller has checked the fencing token and validated ``result``
-    against its own schema (e.g. a typed review verdict), and settles the run afterwards."""
+    caller's transaction), with the same records as a delivery (``_record_consumption``);
+    returns the receipt's id. The caller has checked the fencing token and validated
+    ``result`` against its own schema (e.g. a typed review verdict), and settles the run
+    afterwards."""
     result, digest = result_digest(result)
     now = timezone.now()
     # Fenced: the row is locked, so this only re-states the caller's checks as the write's condition.
@@ -345,26 +361,11 @@ def consume_locked(
     )
     if bound != 1:
         raise _stale(handoff, fencing_token) if fencing_token != handoff.fencing_token else _not_claimable(handoff)
-    handoff.state, handoff.bound_at = HandoffState.BOUND, now
-    delivery = _log(handoff, fencing_token, digest, DeliveryOutcome.CONSUMED, actor, payload=result)
-    ResultValidation.objects.create(
-        delivery=delivery, valid=True, cites_job_fingerprint=True, stated_job_fingerprint=handoff.job_fingerprint,
+    receipt = _record_consumption(
+        session, handoff, token=fencing_token, digest=digest, result=result, stated=handoff.job_fingerprint, now=now,
+        actor=actor, outbox=outbox,
     )
-    with connection.cursor() as cur:
-        cur.execute(
-            _RECEIPT_SQL,
-            [handoff.project_id, handoff.logical_id, handoff.id, handoff.session_id, handoff.run_id, delivery.id,
-             handoff.job_fingerprint, digest, canonical_json(result).decode(), now],
-        )
-        row = cur.fetchone()
-    if row is None:
-        raise Conflict("this logical id was consumed concurrently", code="already_consumed", logical_id=handoff.logical_id)
-    outbox.add(
-        session, "handoff.result_consumed", run_id=handoff.run_id, handoff_id=handoff.id,
-        logical_id=handoff.logical_id, delivery_id=delivery.id, receipt_id=row[0], result_hash=digest,
-        attempt=handoff.attempt,
-    )
-    return row[0]
+    return receipt.id
 
 
 # ---- conflict resolution ------------------------------------------------------------------------------

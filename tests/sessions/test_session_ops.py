@@ -171,7 +171,7 @@ def test_resume_dry_run_changes_nothing(owner, new_session):
     assert Session.objects.get(id=s["id"]).status == "idle"
 
 
-def test_resume_never_reads_the_transcript(owner, new_session, django_assert_num_queries):
+def test_resume_never_reads_the_transcript(owner, new_session):
     """The report is built from checkpoints and current state; the transcript table is never queried."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
