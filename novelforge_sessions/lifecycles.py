@@ -1,0 +1,203 @@
+"""Every record's lifecycle, declared once as data (DESIGN §13, issue #8).
+
+The pure core of the service, beside :mod:`novelforge_sessions.session_runtime` (which owns
+the contract's session table, §04). Each record that has states — session, run, runtime
+attachment, handoff, write intent, review gate, review assignment — declares here its states
+(an enum), its initial state and its table of legal transitions. Nothing else in the service
+spells a state name: models take their choices and constraints from these enums, actions
+check every status write with :meth:`Lifecycle.check` (through one transition helper,
+``actions.lifecycle.move`` / ``apply_transition`` for sessions), and raw SQL receives state
+values as parameters taken from the enums.
+
+No Django import and no I/O: every table is validated in microseconds by
+:func:`validate_all` (every state has a row, the initial state reaches every state, terminal
+states have no exit) and the same input always yields the same result or the same typed
+:class:`~novelforge_sessions.session_runtime.IllegalTransition`.
+
+Self-transitions are listed explicitly where a record legitimately re-enters its state (a
+handoff re-claimed after its lease ran out, a review slot handed to the next reviewer).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.session_runtime import RunState, RuntimeState, SessionStatus
+
+
+class HandoffState(StrEnum):
+    PENDING = "pending"  # frozen, waiting for a worker
+    CLAIMED = "claimed"  # a worker holds the lease (it may have run out: then it is claimable again)
+    BOUND = "bound"  # a valid result was consumed and bound to the frozen job
+    CONFLICTED = "conflicted"  # a different result arrived for the consumed logical id: hard stop
+    CANCELLED = "cancelled"
+
+
+class IntentState(StrEnum):
+    PROPOSED = "proposed"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXECUTED = "executed"
+    REFUSED = "refused"  # the compare-and-swap found a stale before-state: terminal
+
+
+class GateState(StrEnum):
+    PENDING = "pending"
+    COMPLETE = "complete"
+    CANCELLED = "cancelled"
+
+
+class AssignmentState(StrEnum):
+    OPEN = "open"  # an unclaimed agent slot
+    ASSIGNED = "assigned"
+    SUBMITTED = "submitted"
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """One record's states and legal transitions. ``field`` is the model column holding it."""
+
+    record: str
+    states: type[StrEnum]
+    initial: StrEnum
+    table: Mapping[StrEnum, frozenset[StrEnum]]
+    field: str = "state"
+
+    def state(self, value: str | StrEnum) -> StrEnum:
+        try:
+            return self.states(value)
+        except ValueError:
+            raise rt.InvalidPayload(
+                f"{value!r} is not a {self.record} state", field=self.field, allowed=self.values()
+            ) from None
+
+    def values(self) -> list[str]:
+        return [s.value for s in self.states]
+
+    def targets(self, current: str | StrEnum) -> frozenset[StrEnum]:
+        return self.table[self.state(current)]
+
+    def is_legal(self, current: str | StrEnum, target: str | StrEnum) -> bool:
+        return self.state(target) in self.targets(current)
+
+    def check(self, current: str | StrEnum, target: str | StrEnum) -> StrEnum:
+        """The target state if ``current → target`` is in the table; else ``IllegalTransition``."""
+        src, dst = self.state(current), self.state(target)
+        if dst not in self.table[src]:
+            raise rt.IllegalTransition(
+                f"{src.value} → {dst.value} is not a legal {self.record} transition",
+                record=self.record,
+                **{"from": src.value, "to": dst.value, "allowed": sorted(t.value for t in self.table[src])},
+            )
+        return dst
+
+    def sources(self, target: str | StrEnum) -> list[str]:
+        """Every state from which ``target`` is legal, sorted: the ``WHERE state IN (...)`` of a
+        conditional UPDATE that moves rows to ``target``."""
+        dst = self.state(target)
+        return sorted(s.value for s, targets in self.table.items() if dst in targets)
+
+    @property
+    def terminal(self) -> frozenset[StrEnum]:
+        return frozenset(s for s, targets in self.table.items() if not targets)
+
+    def validate(self) -> None:
+        """Structural checks: raise ``LifecycleTableError`` naming what is wrong."""
+        states = set(self.states)
+        if set(self.table) != states:
+            raise LifecycleTableError(f"{self.record}: rows missing for {sorted(states - set(self.table))}")
+        for src, targets in self.table.items():
+            if not set(targets) <= states:
+                raise LifecycleTableError(f"{self.record}: {src} leads outside the states")
+        if self.initial not in states:
+            raise LifecycleTableError(f"{self.record}: initial state {self.initial} is not a state")
+        reachable, frontier = {self.initial}, [self.initial]
+        while frontier:
+            for nxt in self.table[frontier.pop()]:
+                if nxt not in reachable:
+                    reachable.add(nxt)
+                    frontier.append(nxt)
+        if reachable != states:
+            raise LifecycleTableError(f"{self.record}: unreachable from {self.initial}: {sorted(states - reachable)}")
+        if not self.terminal and self.record in _MUST_END:
+            raise LifecycleTableError(f"{self.record}: no terminal state")
+
+
+class LifecycleTableError(AssertionError):
+    """A declared table is malformed (a programming error, caught by the tests)."""
+
+
+def _table(rows: Mapping[StrEnum, Iterable[StrEnum]]) -> dict[StrEnum, frozenset[StrEnum]]:
+    return {state: frozenset(targets) for state, targets in rows.items()}
+
+
+S, R, T, H, I, G, A = SessionStatus, RunState, RuntimeState, HandoffState, IntentState, GateState, AssignmentState
+
+#: The contract's §04 table, owned by ``session_runtime``.
+SESSION = Lifecycle("session", SessionStatus, S.CREATED, rt.LIFECYCLE, field="status")
+
+#: A run is open until it ends, once (contract §05). Which end follows which session move is
+#: ``session_runtime.RUN_END_ON_STATUS``.
+RUN = Lifecycle("run", RunState, R.OPEN, _table({
+    R.OPEN: {R.COMPLETED, R.FAILED, R.ABORTED, R.INTERRUPTED, R.TERMINATED},
+    R.COMPLETED: (), R.FAILED: (), R.ABORTED: (), R.INTERRUPTED: (), R.TERMINATED: (),
+}))
+
+#: One generation of a runtime: live until closed (close, detach, terminate) or lost (its
+#: lease ran out). Liveness itself is derived (``leases``): a record saying live is an observation.
+RUNTIME = Lifecycle("runtime", RuntimeState, T.LIVE, _table({
+    T.LIVE: {T.CLOSED, T.LOST},
+    T.CLOSED: (), T.LOST: (),
+}))
+
+#: A frozen external job (contract §08). ``claimed → claimed`` is a re-claim after the lease ran
+#: out (attempt + 1, new fencing token); ``conflicted → bound`` is a manager's resolution (the
+#: consumed result stands).
+HANDOFF = Lifecycle("handoff", HandoffState, H.PENDING, _table({
+    H.PENDING: {H.CLAIMED, H.CANCELLED},
+    H.CLAIMED: {H.CLAIMED, H.BOUND, H.CANCELLED},
+    H.BOUND: {H.CONFLICTED},
+    H.CONFLICTED: {H.BOUND},
+    H.CANCELLED: (),
+}))
+
+#: A consequential write (contract §08). Revoking an approval returns it to ``proposed``; a
+#: project that needs no approval executes (or refuses) a proposed intent directly.
+WRITE_INTENT = Lifecycle("write intent", IntentState, I.PROPOSED, _table({
+    I.PROPOSED: {I.APPROVED, I.REJECTED, I.EXECUTED, I.REFUSED},
+    I.APPROVED: {I.PROPOSED, I.REJECTED, I.EXECUTED, I.REFUSED},
+    I.REJECTED: (), I.EXECUTED: (), I.REFUSED: (),
+}))
+
+#: A review gate waits for its required verdicts, or is withdrawn.
+REVIEW_GATE = Lifecycle("review gate", GateState, G.PENDING, _table({
+    G.PENDING: {G.COMPLETE, G.CANCELLED},
+    G.COMPLETE: (), G.CANCELLED: (),
+}))
+
+#: One reviewer slot. ``assigned → assigned``: an agent slot whose claim ran out moves to the
+#: next eligible reviewer. Human slots are created ``assigned``.
+REVIEW_ASSIGNMENT = Lifecycle("review assignment", AssignmentState, A.OPEN, _table({
+    A.OPEN: {A.ASSIGNED},
+    A.ASSIGNED: {A.ASSIGNED, A.SUBMITTED},
+    A.SUBMITTED: (),
+}))
+
+#: Records whose every instance must be able to end.
+_MUST_END = frozenset({"session", "run", "runtime", "write intent", "review gate", "review assignment", "handoff"})
+
+ALL: tuple[Lifecycle, ...] = (SESSION, RUN, RUNTIME, HANDOFF, WRITE_INTENT, REVIEW_GATE, REVIEW_ASSIGNMENT)
+
+
+def validate_all() -> None:
+    for lifecycle in ALL:
+        lifecycle.validate()
+
+
+__all__ = [
+    "ALL", "AssignmentState", "GateState", "HANDOFF", "HandoffState", "IntentState", "Lifecycle",
+    "LifecycleTableError", "REVIEW_ASSIGNMENT", "REVIEW_GATE", "RUN", "RUNTIME", "RunState", "RuntimeState",
+    "SESSION", "SessionStatus", "WRITE_INTENT", "validate_all",
+]
