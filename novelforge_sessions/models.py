@@ -176,12 +176,12 @@ class RuntimeAttachment(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [
-            models.Index(fields=["lease_expires_at"], condition=Q(state="live"), name="runtime_live_lease"),
+            models.Index(fields=["lease_expires_at"], condition=Q(state=rt.RuntimeState.LIVE), name="runtime_live_lease"),
         ]
         constraints = [
             models.CheckConstraint(condition=_in_enum("state", rt.RuntimeState), name="runtime_state_enum"),
             # At most one live runtime per session: two executors never write one history.
-            models.UniqueConstraint(fields=["session"], condition=Q(state="live"), name="one_live_runtime_per_session"),
+            models.UniqueConstraint(fields=["session"], condition=Q(state=rt.RuntimeState.LIVE), name="one_live_runtime_per_session"),
             models.UniqueConstraint(fields=["session", "generation"], name="runtime_generation_unique"),
         ]
 
@@ -211,7 +211,7 @@ class Run(models.Model):
             models.CheckConstraint(condition=_in_enum("state", rt.RunState), name="run_state_enum"),
             models.UniqueConstraint(fields=["session", "seq"], name="run_seq_unique_per_session"),
             # At most one open run per session.
-            models.UniqueConstraint(fields=["session"], condition=Q(state="open"), name="one_open_run_per_session"),
+            models.UniqueConstraint(fields=["session"], condition=Q(state=rt.RunState.OPEN), name="one_open_run_per_session"),
         ]
 
 

@@ -23,14 +23,20 @@ from django.db import models
 from django.db.models import Q
 
 from novelforge_sessions.control.models import Handoff
+from novelforge_sessions.lifecycles import AssignmentState, GateState
 from novelforge_sessions.models import ArtifactVersion, Project, Run, Session
 from reviews.packets import DECISIONS, ROUTES
 
 FP_REGEX = r"^sha256:[0-9a-f]{64}$"
 
 
-def _enum(field: str, values: tuple[str, ...] | list[str]) -> Q:
-    return Q(**{f"{field}__in": list(values)})
+def _enum(field: str, values) -> Q:
+    return Q(**{f"{field}__in": [str(v) for v in values]})
+
+
+def _text_choices(name: str, enum: type) -> type[models.TextChoices]:
+    """Django choices for a state enum declared in the pure core (one declaration, no copies)."""
+    return models.TextChoices(name, [(m.name, m.value) for m in enum])
 
 
 class ReviewGate(models.Model):
@@ -39,10 +45,8 @@ class ReviewGate(models.Model):
         RELAY = "relay"  # a human relays the packet to another chat and pastes its answer back
         AGENT = "agent"  # an agent reviewer session claims it through the API
 
-    class State(models.TextChoices):
-        PENDING = "pending"
-        COMPLETE = "complete"
-        CANCELLED = "cancelled"
+    #: Declared in the pure core (``lifecycles.REVIEW_GATE``); these are its Django choices.
+    State = _text_choices("State", GateState)
 
     #: Routes that wait on a person: the session is ``awaiting_user`` while one is pending.
     USER_ROUTES = frozenset({Route.PAGE.value, Route.RELAY.value})
@@ -73,13 +77,13 @@ class ReviewGate(models.Model):
         indexes = [models.Index(fields=["session", "state"], name="review_gate_session_state")]
         constraints = [
             models.CheckConstraint(condition=_enum("route", ROUTES), name="review_gate_route_enum"),
-            models.CheckConstraint(condition=_enum("state", ["pending", "complete", "cancelled"]), name="review_gate_state_enum"),
+            models.CheckConstraint(condition=_enum("state", GateState), name="review_gate_state_enum"),
             models.CheckConstraint(condition=_enum("outcome", ["", *DECISIONS]), name="review_gate_outcome_enum"),
             models.CheckConstraint(condition=Q(required_verdicts__gte=1), name="review_gate_needs_a_verdict"),
             models.CheckConstraint(condition=Q(candidate_fingerprint__regex=FP_REGEX), name="review_gate_candidate_fp_format"),
             # A complete gate has an outcome; a pending one has none yet.
             models.CheckConstraint(
-                condition=(Q(state="complete") & ~Q(outcome="")) | (~Q(state="complete") & Q(outcome="")),
+                condition=(Q(state=GateState.COMPLETE) & ~Q(outcome="")) | (~Q(state=GateState.COMPLETE) & Q(outcome="")),
                 name="review_gate_outcome_iff_complete",
             ),
         ]
@@ -141,10 +145,9 @@ class ReviewAssignment(models.Model):
     to the next eligible reviewer.
     """
 
-    class State(models.TextChoices):
-        OPEN = "open"  # unclaimed agent slot
-        ASSIGNED = "assigned"
-        SUBMITTED = "submitted"
+    #: Declared in the pure core (``lifecycles.REVIEW_ASSIGNMENT``): open (an unclaimed agent
+    #: slot), assigned, submitted.
+    State = _text_choices("State", AssignmentState)
 
     packet = models.ForeignKey(ReviewPacket, on_delete=models.CASCADE, related_name="assignments")
     reviewer = models.CharField(max_length=64, blank=True, default="")  # "user:<id>" | "session:<id>" | "" (open)
@@ -167,13 +170,13 @@ class ReviewAssignment(models.Model):
         ordering = ["id"]
         indexes = [
             models.Index(fields=["reviewer", "state", "id"], name="review_assignment_queue"),
-            models.Index(fields=["id"], condition=Q(state="open"), name="review_assignment_open"),
+            models.Index(fields=["id"], condition=Q(state=AssignmentState.OPEN), name="review_assignment_open"),
         ]
         constraints = [
-            models.CheckConstraint(condition=_enum("state", ["open", "assigned", "submitted"]), name="review_assignment_state_enum"),
+            models.CheckConstraint(condition=_enum("state", AssignmentState), name="review_assignment_state_enum"),
             # Open exactly when nobody holds the slot.
             models.CheckConstraint(
-                condition=(Q(state="open") & Q(reviewer="")) | (~Q(state="open") & ~Q(reviewer="")),
+                condition=(Q(state=AssignmentState.OPEN) & Q(reviewer="")) | (~Q(state=AssignmentState.OPEN) & ~Q(reviewer="")),
                 name="review_assignment_open_iff_unclaimed",
             ),
             # A reviewer holds at most one slot per packet (their verdict is one verdict).
