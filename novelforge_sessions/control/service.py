@@ -29,7 +29,7 @@ Functions::
     create_job(*, session, run, logical_id, inputs, params, result_schema, required_capabilities,
                timeout_seconds, purpose, actor, outbox) -> Job
     claim(*, project_ids, session_id=None, handoff_id=None, capabilities, holder, purpose,
-          token_id=None, actor) -> Claimed | None
+          token_id=None, actor, now=None) -> Claimed | None
     renew(*, handoff_id, fencing_token, project_ids, session_id=None, purpose) -> Lease
     lease_refusal(*, handoff_id, fencing_token, project_ids, session_id=None, purpose) -> ServiceError
     stale_lease(*, handoff, fencing_token, message=...) -> StaleLease
