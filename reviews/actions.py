@@ -9,7 +9,6 @@ decisions or scores — because anything in the event log can reach a websocket 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,11 +19,10 @@ from django.utils import timezone
 from novelforge_sessions import events
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions import handoffs as control
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session, open_run
-from novelforge_sessions.actions.results import consume_locked
-from novelforge_sessions.control.errors import HandoffClosed, HandoffNotClaimable, StaleLease
-from novelforge_sessions.control.models import UNBOUND_STATES, Handoff, HandoffState
+from novelforge_sessions.control import service as control
+from novelforge_sessions.control.errors import HandoffNotClaimable, StaleLease
+from novelforge_sessions.control.models import UNBOUND_STATES, Handoff, HandoffPurpose, HandoffState
 from novelforge_sessions.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from novelforge_sessions.models import Artifact, ArtifactVersion, Event, Membership, RuntimeAttachment, Run, Session
 from reviews import packets, verdicts
@@ -232,21 +230,21 @@ def _hand_off_slots(
     session: Session, run: Run, gate: ReviewGate, packet: ReviewPacket, candidate: ArtifactVersion,
     slots: list[ReviewAssignment], *, actor: str, outbox: Outbox,
 ) -> None:
-    """One control-plane handoff per agent slot (the session and run are locked by the caller).
+    """One control-plane ``review`` handoff per agent slot (the session and run are locked by
+    the caller): reachable only through the review routes, never ``/handoffs/…``.
 
     The frozen job names the candidate (artifact ref + fingerprint) and the packet by id and
     fingerprint only: the packet's content, calibration and verdicts never enter a handoff or
-    its events. ``insert_handoff`` moves the session to ``awaiting_external``.
+    its events. ``create_job`` moves the session to ``awaiting_external``.
     """
     for n, slot in enumerate(slots, start=1):
-        spec = control.validate_job(
-            logical_id=f"review-{gate.id}-{n}",
+        slot.handoff = control.create_job(
+            session=session, run=run, logical_id=f"review-{gate.id}-{n}",
             inputs=[{"artifact_id": candidate.artifact_id, "fingerprint": candidate.fingerprint}],
             params={"review_packet_id": packet.id, "packet_fingerprint": packet.fingerprint},
             result_schema=_VERDICT_RESULT_SCHEMA, required_capabilities=["review"],
-            timeout_seconds=AGENT_REVIEW_LEASE_SECONDS,
-        )
-        slot.handoff = control.insert_handoff(session, run, spec, actor=actor, outbox=outbox)
+            timeout_seconds=AGENT_REVIEW_LEASE_SECONDS, purpose=HandoffPurpose.REVIEW, actor=actor, outbox=outbox,
+        ).handoff
 
 
 def _check_human_reviewers(usernames: list[str], session: Session, candidate: ArtifactVersion, opener: str) -> list:
@@ -302,9 +300,10 @@ SELECT h.id, a.id FROM {_H} h
   JOIN {_P} p ON p.id = a.packet_id
   JOIN {_G} g ON g.id = p.gate_id
   JOIN {_V} v ON v.id = g.candidate_id
- WHERE h.project_id = %(project)s AND g.route = 'agent' AND g.state = 'pending' AND a.state <> 'submitted'
-   AND (h.state = 'pending' OR (h.state = 'claimed' AND h.lease_expires_at <= %(now)s))
-   AND (a.reviewer IN ('', %(key)s) OR h.state = 'claimed')
+ WHERE h.project_id = %(project)s AND h.purpose = %(review)s
+   AND g.route = %(agent)s AND g.state = %(gate_pending)s AND a.state <> %(submitted)s
+   AND (h.state = %(pending)s OR (h.state = %(claimed)s AND h.lease_expires_at <= %(now)s))
+   AND (a.reviewer IN ('', %(key)s) OR h.state = %(claimed)s)
    AND g.session_id <> %(sid)s
    AND g.opened_by <> ALL(%(labels)s) AND v.created_by <> ALL(%(labels)s)
    AND NOT EXISTS (SELECT 1 FROM {_A} b WHERE b.packet_id = a.packet_id AND b.reviewer = %(key)s AND b.id <> a.id)
@@ -313,9 +312,16 @@ SELECT h.id, a.id FROM {_H} h
    FOR UPDATE OF h SKIP LOCKED
 """
 _MOVE_SQL = f"""
-UPDATE {_A} SET reviewer = %(key)s, reviewer_session_id = %(sid)s, state = 'assigned', assigned_at = %(now)s
+UPDATE {_A} SET reviewer = %(key)s, reviewer_session_id = %(sid)s, state = %(assigned)s, assigned_at = %(now)s
  WHERE id = %(id)s
 """
+#: The state values those statements take as parameters (never literals in the SQL).
+_SLOT_PARAMS = {
+    "review": HandoffPurpose.REVIEW.value, "agent": ReviewGate.Route.AGENT.value,
+    "gate_pending": ReviewGate.State.PENDING.value, "submitted": ReviewAssignment.State.SUBMITTED.value,
+    "pending": HandoffState.PENDING.value, "claimed": HandoffState.CLAIMED.value,
+    "assigned": ReviewAssignment.State.ASSIGNED.value,
+}
 
 
 @dataclass(frozen=True)
@@ -328,8 +334,9 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
     """An agent reviewer claims the handoff of the oldest agent-route slot it is independent of.
 
     Returns ``None`` when nothing is claimable. The lease, fencing token and attempt count are
-    the control plane's (its claim statement, run on the row locked here); the slot's
-    assignment moves to this reviewer — also when it takes over an expired claim.
+    the control plane's (``control.claim`` on the row locked here, which also appends
+    ``handoff.claimed``); the slot's assignment moves to this reviewer — also when it takes
+    over an expired claim.
     """
     assert identity.is_agent
     (project_id,) = identity.project_ids
@@ -339,7 +346,7 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
             with connection.cursor() as cur:
                 cur.execute(
                     _ELIGIBLE_SQL,
-                    {"key": identity.key, "sid": identity.session_id, "project": project_id,
+                    {**_SLOT_PARAMS, "key": identity.key, "sid": identity.session_id, "project": project_id,
                      "labels": sorted(identity.labels), "now": now},
                 )
                 row = cur.fetchone()
@@ -347,27 +354,22 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
                 return None
             handoff_id, assignment_id = row
             # The control plane's claim on the row we hold (SKIP LOCKED never skips our own lock):
-            # state, attempt + 1, fencing token + 1, lease = now + timeout; it also re-checks
-            # that the writer's session is not terminated or stale.
-            claimed = list(Handoff.objects.raw(control.CLAIM_SQL, {
-                "projects": [project_id], "bound": None, "handoff": handoff_id, "now": now,
-                "caps": json.dumps(["review"]), "holder": identity.key, "token": token_id,
-            }))
-            if not claimed:
+            # state, attempt + 1, fencing token + 1, lease = now + timeout, its handoff.claimed
+            # event; it also re-checks that the writer's session is not terminated or stale.
+            claimed = control.claim(
+                project_ids=[project_id], handoff_id=handoff_id, capabilities=["review"], holder=identity.key,
+                purpose=HandoffPurpose.REVIEW, token_id=token_id, actor=identity.key, now=now,
+            )
+            if claimed is None:
                 return None
-            handoff = claimed[0]
+            handoff = claimed.handoff
             with connection.cursor() as cur:
-                cur.execute(_MOVE_SQL, {"key": identity.key, "sid": identity.session_id, "now": now, "id": assignment_id})
+                cur.execute(_MOVE_SQL, {**_SLOT_PARAMS, "key": identity.key, "sid": identity.session_id, "now": now,
+                                        "id": assignment_id})
             assignment = ReviewAssignment.objects.select_related("packet__gate").get(id=assignment_id)
             gate = assignment.packet.gate
             common = {"project_id": gate.project_id, "session_id": gate.session_id, "run_id": gate.run_id,
                       "actor": identity.key}
-            events.append(type="handoff.claimed", payload={
-                "handoff_id": handoff.id, "logical_id": handoff.logical_id, "attempt": handoff.attempt,
-                "fencing_token": handoff.fencing_token, "worker": identity.key,
-                "lease_expires_at": handoff.lease_expires_at, "reclaimed_after_expiry": handoff.attempt > 1,
-                "previous_holder": handoff.previous_holder or None,
-            }, **common)
             events.append(type="review.packet_claimed", payload={
                 "gate_id": gate.id, "packet_id": assignment.packet_id, "assignment_id": assignment.id,
                 "reviewer_session_id": identity.session_id, "state": assignment.state, "handoff_id": handoff.id,
@@ -381,27 +383,16 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
 
 
 def heartbeat_packet(identity: ReviewerIdentity, packet_id: int, *, fencing_token: Any) -> control.Lease:
-    """Renew the lease on your claim of a packet (the control plane's heartbeat statement).
+    """Renew the lease on your claim of a packet (``control.renew``).
 
     A superseded token is 409 ``stale_lease`` — also when the slot has moved to the reviewer
-    that re-claimed it after this one's lease expired."""
+    that re-claimed it after this one's lease expired; an unclaimed slot is
+    ``handoff_not_claimable``, a bound one ``handoff_closed``."""
     assert identity.is_agent
     token = _fencing_token(fencing_token)
     handoff_id = _held_assignment(identity, packet_id, token).handoff_id
-    (project_id,) = identity.project_ids
-    now = timezone.now()
-    with connection.cursor() as cur:
-        cur.execute(control.HEARTBEAT_SQL, {"now": now, "id": handoff_id, "projects": [project_id], "bound": None,
-                                             "token": token})
-        row = cur.fetchone()
-    if row is None:
-        handoff = Handoff.objects.get(id=handoff_id)
-        if handoff.fencing_token != token:
-            raise _stale(handoff, token)
-        if handoff.state == HandoffState.PENDING:
-            raise HandoffNotClaimable("this packet is not claimed", handoff_id=handoff.id, state=handoff.state)
-        raise HandoffClosed("this claim takes no more heartbeats", handoff_id=handoff.id, state=handoff.state)
-    return control.Lease(handoff_id, row[1], token, row[0])
+    return control.renew(handoff_id=handoff_id, fencing_token=token, project_ids=identity.project_ids,
+                         purpose=HandoffPurpose.REVIEW)
 
 
 def _fencing_token(value: Any) -> int:
@@ -413,10 +404,7 @@ def _fencing_token(value: Any) -> int:
 
 
 def _stale(handoff: Handoff, token: int) -> StaleLease:
-    return StaleLease(
-        "this fencing token was superseded by a later claim; nothing was stored", handoff_id=handoff.id,
-        fencing_token=token, current_fencing_token=handoff.fencing_token, attempt=handoff.attempt,
-    )
+    return control.stale_lease(handoff=handoff, fencing_token=token)
 
 
 def _held_assignment(identity: ReviewerIdentity, packet_id: int, token: int) -> ReviewAssignment:
@@ -529,7 +517,7 @@ def bind_verdict(
             assignment.save(update_fields=["state", "submitted_at"])
             outbox = Outbox(identity.key)
             if handoff is not None:
-                consume_locked(session, handoff, fencing_token=token, result={
+                control.bind(session=session, handoff=handoff, fencing_token=token, result={
                     "decision": verdict.decision, "scores": verdict.scores, "findings": verdict.findings,
                     "confidence": verdict.confidence, "packet_fingerprint": verdict.packet_fingerprint,
                     "artifact_fingerprint": verdict.artifact_fingerprint,
@@ -553,7 +541,7 @@ def bind_verdict(
                 _resume_if_waiting(session, gate, outbox, reason=f"review gate {gate.id} bound")
             if handoff is not None:
                 # The run's pending list drops this handoff; the last one returns the session to running.
-                control.settle_waiting_run(session, gate.run_id, outbox)
+                control.settle(session=session, run_id=gate.run_id, reason=control.RESULTS_BOUND_REASON, outbox=outbox)
             outbox.flush()
     except IntegrityError:
         # A racing identical request won (the unique (packet, reviewer) rule held). Answer
@@ -614,16 +602,12 @@ def cancel_gate(caller: Caller, gate_id: int, *, reason: str = "") -> ReviewGate
 
 
 def _cancel_handoffs(session: Session, gate: ReviewGate, outbox: Outbox, *, reason: str) -> None:
-    """A cancelled agent gate withdraws its still-unbound handoffs and settles the run."""
-    now = timezone.now()
+    """A cancelled agent gate withdraws its still-unbound handoffs and settles the run (its
+    status reason says the gate was cancelled)."""
     # Locked after the session (the global lock order): a racing claim or verdict waits here.
     withdrawn = list(
         Handoff.objects.select_for_update(of=("self",))
         .filter(review_assignment__packet__gate=gate, state__in=UNBOUND_STATES)
         .order_by("id")
     )
-    for handoff in withdrawn:
-        Handoff.objects.filter(id=handoff.id).update(state=HandoffState.CANCELLED, cancelled_at=now)
-        outbox.add(session, "handoff.cancelled", run_id=handoff.run_id, handoff_id=handoff.id,
-                   logical_id=handoff.logical_id, reason=reason)
-    control.settle_waiting_run(session, gate.run_id, outbox)
+    control.cancel(session=session, handoffs=withdrawn, reason=reason, outbox=outbox, settle_reason=reason)

@@ -12,6 +12,11 @@
   is refused with ``stale_lease``. No event: liveness is not a state change.
 * ``cancel_handoff`` — the run gives up on a job it no longer needs.
 
+Every handoff has a ``purpose``: ``job`` handoffs are what these plain actions (and the
+``/handoffs`` routes) claim, renew, answer and cancel; ``review`` handoffs are agent-review
+slots, reached only through the review app via ``control.service`` — the plain actions
+refuse them with 409 ``review_route_required`` and write nothing.
+
 Lock order everywhere: session row, then handoff/run rows. Claims and heartbeats touch only
 the handoff row (one statement), so they never wait on a session lock while holding one.
 """
@@ -21,6 +26,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from collections.abc import Collection, Iterable
 from typing import Any, NoReturn
 
 from django.db import IntegrityError, connection, transaction
@@ -37,11 +43,12 @@ from novelforge_sessions.control.errors import (
     HandoffClosed,
     HandoffNotClaimable,
     LogicalIdTaken,
+    ReviewRouteRequired,
     StaleLease,
 )
 from novelforge_sessions.control.fingerprints import job_fingerprint
-from novelforge_sessions.control.models import UNBOUND_STATES, ConsumeReceipt, Handoff, HandoffState
-from novelforge_sessions.errors import Conflict, NotFound, ValidationFailed
+from novelforge_sessions.control.models import UNBOUND_STATES, ConsumeReceipt, Handoff, HandoffPurpose, HandoffState
+from novelforge_sessions.errors import Conflict, NotFound, ServiceError, ValidationFailed
 from novelforge_sessions.models import Run, Session
 
 LOGICAL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@#+=-]{0,199}$")
@@ -114,11 +121,21 @@ def visible_handoffs(caller: Caller) -> QuerySet[Handoff]:
     return qs
 
 
-def settle_waiting_run(session: Session, run_id: int, outbox: Outbox) -> list[str]:
+#: The session's status reason when the last awaited result of its run was bound.
+RESULTS_BOUND_REASON = "external results bound"
+
+
+def cancelled_reason(handoff: Handoff) -> str:
+    """The session's status reason when cancelling ``handoff`` ended the wait."""
+    return f"handoff {handoff.logical_id} cancelled"[:200]
+
+
+def settle_waiting_run(session: Session, run_id: int, outbox: Outbox, *, reason: str = RESULTS_BOUND_REASON) -> list[str]:
     """After a handoff of ``run_id`` stopped waiting (bound or cancelled): refresh the run's
     ``pending_external`` and, if nothing of the open run is pending any more, move a session
-    that was ``awaiting_external`` back to ``running`` (its run continues). Expects the
-    session row lock."""
+    that was ``awaiting_external`` back to ``running`` (its run continues) with ``reason``
+    as its status reason — say why the wait ended ("external results bound", "handoff X
+    cancelled"). Expects the session row lock."""
     remaining = list(
         Handoff.objects.filter(run_id=run_id, state__in=UNBOUND_STATES).order_by("id").values_list("logical_id", flat=True)
     )
@@ -127,7 +144,7 @@ def settle_waiting_run(session: Session, run_id: int, outbox: Outbox) -> list[st
         waiting_run = Run.objects.filter(id=run_id, state=rt.RunState.OPEN).only("id").first()
         if waiting_run is not None:
             apply_transition(
-                session, rt.SessionStatus.RUNNING, reason="external results bound", outbox=outbox, current_run=waiting_run,
+                session, rt.SessionStatus.RUNNING, reason=reason[:200], outbox=outbox, current_run=waiting_run,
             )
     return remaining
 
@@ -161,7 +178,8 @@ def create_handoff(
         existing = Handoff.objects.filter(project_id=session.project_id, logical_id=spec.logical_id).first()
         if existing is not None:
             if existing.session_id == session.id and existing.job_fingerprint == spec.job_fingerprint \
-                    and existing.required_capabilities == spec.required_capabilities:
+                    and existing.required_capabilities == spec.required_capabilities \
+                    and existing.purpose == HandoffPurpose.JOB:
                 return CreatedHandoff(existing, False)
             raise LogicalIdTaken(
                 "this logical id already names another job in the project", logical_id=spec.logical_id,
@@ -179,7 +197,10 @@ def create_handoff(
     return CreatedHandoff(handoff, True)
 
 
-def insert_handoff(session: Session, run: Run, spec: JobSpec, *, actor: str, outbox: Outbox) -> Handoff:
+def insert_handoff(
+    session: Session, run: Run, spec: JobSpec, *, actor: str, outbox: Outbox,
+    purpose: HandoffPurpose = HandoffPurpose.JOB,
+) -> Handoff:
     """Insert one handoff for an already-locked ``running``/``awaiting_external`` session and
     its open run (the caller holds both locks and owns the transaction): the run lists the
     logical id as pending, ``handoff.created`` goes to the caller's outbox and a ``running``
@@ -197,7 +218,7 @@ def insert_handoff(session: Session, run: Run, spec: JobSpec, *, actor: str, out
                 project_id=session.project_id, session=session, run=run, logical_id=spec.logical_id,
                 inputs=spec.inputs, params=spec.params, result_schema=spec.result_schema,
                 job_fingerprint=spec.job_fingerprint, required_capabilities=spec.required_capabilities,
-                timeout_seconds=spec.timeout_seconds, created_by=actor,
+                timeout_seconds=spec.timeout_seconds, purpose=HandoffPurpose(purpose).value, created_by=actor,
             )
     except IntegrityError:
         raise LogicalIdTaken("this logical id already names another job in the project", logical_id=spec.logical_id) from None
@@ -206,7 +227,7 @@ def insert_handoff(session: Session, run: Run, spec: JobSpec, *, actor: str, out
     outbox.add(
         session, "handoff.created", run_id=run.id, handoff_id=handoff.id, logical_id=handoff.logical_id,
         job_fingerprint=handoff.job_fingerprint, required_capabilities=handoff.required_capabilities,
-        timeout_seconds=handoff.timeout_seconds, inputs=handoff.inputs,
+        timeout_seconds=handoff.timeout_seconds, inputs=handoff.inputs, purpose=handoff.purpose,
     )
     if session.status == rt.SessionStatus.RUNNING:
         apply_transition(
@@ -220,23 +241,32 @@ def insert_handoff(session: Session, run: Run, spec: JobSpec, *, actor: str, out
 _H = Handoff._meta.db_table
 _S = Session._meta.db_table
 
-# Public: the review app claims agent review packets with this same statement (one named row).
-CLAIM_SQL = f"""
+#: Status values the lease statements take as parameters (never literals in the SQL).
+_LEASE_PARAMS = {
+    "pending": HandoffState.PENDING.value,
+    "claimed": HandoffState.CLAIMED.value,
+    # A job of a session that can never run again is not worth a worker's time.
+    "closed_statuses": [rt.SessionStatus.TERMINATED.value, rt.SessionStatus.STALE.value],
+}
+
+# Private: the review app claims its slots through ``control.service.claim``, which runs it.
+_CLAIM_SQL = f"""
 WITH candidate AS (
     SELECT h.id, h.lease_holder AS previous_holder
       FROM {_H} h JOIN {_S} s ON s.id = h.session_id
      WHERE h.project_id = ANY(%(projects)s)
        AND (%(bound)s::bigint IS NULL OR h.session_id = %(bound)s::bigint)
        AND (%(handoff)s::bigint IS NULL OR h.id = %(handoff)s::bigint)
-       AND (h.state = 'pending' OR (h.state = 'claimed' AND h.lease_expires_at <= %(now)s))
+       AND h.purpose = %(purpose)s
+       AND (h.state = %(pending)s OR (h.state = %(claimed)s AND h.lease_expires_at <= %(now)s))
        AND h.required_capabilities <@ %(caps)s::jsonb
-       AND s.status NOT IN ('terminated', 'stale')
+       AND s.status <> ALL(%(closed_statuses)s)
      ORDER BY h.id
      LIMIT 1
        FOR UPDATE OF h SKIP LOCKED
 )
 UPDATE {_H} h
-   SET state = 'claimed', attempt = h.attempt + 1, fencing_token = h.fencing_token + 1,
+   SET state = %(claimed)s, attempt = h.attempt + 1, fencing_token = h.fencing_token + 1,
        lease_holder = %(holder)s, lease_token_id = %(token)s, claimed_at = %(now)s, heartbeat_at = %(now)s,
        lease_expires_at = %(now)s + make_interval(secs => h.timeout_seconds)
   FROM candidate c
@@ -245,14 +275,57 @@ RETURNING h.*, c.previous_holder
 """
 
 
+def _scoped(project_ids: Collection[int], session_id: int | None) -> QuerySet[Handoff]:
+    qs = Handoff.objects.filter(project_id__in=list(project_ids))
+    if session_id is not None:
+        qs = qs.filter(session_id=session_id)
+    return qs
+
+
+def claim_row(
+    *, project_ids: Collection[int], session_id: int | None, handoff_id: int | None, capabilities: list[str],
+    holder: str, token_id: int | None, purpose: HandoffPurpose, now: datetime, actor: str,
+) -> Handoff | None:
+    """The claim statement, then its ``handoff.claimed`` event (inside the caller's
+    transaction). ``None``: nothing of ``purpose`` in scope was claimable. The returned
+    handoff carries ``previous_holder`` (the lease holder before this claim, or "")."""
+    if handoff_id is not None and not 0 < handoff_id <= BIGINT_MAX:
+        return None  # the statement casts it to bigint: a larger id names no row
+    claimed = list(
+        Handoff.objects.raw(
+            _CLAIM_SQL,
+            {**_LEASE_PARAMS, "projects": list(project_ids), "bound": session_id, "handoff": handoff_id,
+             "purpose": HandoffPurpose(purpose).value, "now": now, "caps": json.dumps(capabilities),
+             "holder": holder, "token": token_id},
+        )
+    )
+    if not claimed:
+        return None
+    handoff = claimed[0]
+    events.append(
+        project_id=handoff.project_id, session_id=handoff.session_id, run_id=handoff.run_id, type="handoff.claimed",
+        actor=actor,
+        payload={
+            "handoff_id": handoff.id, "logical_id": handoff.logical_id, "attempt": handoff.attempt,
+            "fencing_token": handoff.fencing_token, "worker": holder,
+            "lease_expires_at": handoff.lease_expires_at,
+            # attempt > 1 only happens when the previous lease expired unfinished
+            "reclaimed_after_expiry": handoff.attempt > 1,
+            "previous_holder": handoff.previous_holder or None,
+        },
+    )
+    return handoff
+
+
 def claim_handoff(
     caller: Caller, *, worker: str, capabilities: list[str], handoff_id: int | None = None,
 ) -> Handoff | None:
-    """Claim the oldest eligible handoff (or the named one). ``None``: nothing to claim.
+    """Claim the oldest eligible job handoff (or the named one). ``None``: nothing to claim.
 
-    Eligible: pending, or claimed with an expired lease; required capabilities ⊆ declared;
-    its session not terminated/stale. One statement decides: the row is locked with
-    ``SKIP LOCKED`` and updated in place, so of two racing claims exactly one gets a row.
+    Eligible: a ``job`` handoff (review slots are claimed only through the review routes),
+    pending, or claimed with an expired lease; required capabilities ⊆ declared; its session
+    not terminated/stale. One statement decides: the row is locked with ``SKIP LOCKED`` and
+    updated in place, so of two racing claims exactly one gets a row.
     """
     caller.require("work")
     caps = check(rt.validate_capabilities, capabilities)
@@ -260,36 +333,28 @@ def claim_handoff(
         raise ValidationFailed("worker must name the claiming worker (1–200 characters)", field="worker")
 
     if handoff_id is not None and not 0 < handoff_id <= BIGINT_MAX:
-        # CLAIM_SQL casts it to bigint (PostgreSQL would refuse): no such row, as the ORM would say.
+        # The claim statement casts it to bigint (PostgreSQL would refuse): no such row, as the ORM would say.
         raise NotFound("handoff not found", handoff_id=handoff_id)
 
     now = timezone.now()
     with transaction.atomic():
-        claimed = list(
-            Handoff.objects.raw(
-                CLAIM_SQL,
-                {"projects": list(caller.project_ids), "bound": caller.session_id, "handoff": handoff_id,
-                 "now": now, "caps": json.dumps(caps), "holder": worker, "token": caller.token_id},
-            )
+        handoff = claim_row(
+            project_ids=caller.project_ids, session_id=caller.session_id, handoff_id=handoff_id, capabilities=caps,
+            holder=worker, token_id=caller.token_id, purpose=HandoffPurpose.JOB, now=now, actor=caller.label,
         )
-        if not claimed:
+        if handoff is None:
             if handoff_id is not None:
                 _explain_unclaimable(caller, handoff_id, caps, now)
             return None
-        handoff = claimed[0]
-        events.append(
-            project_id=handoff.project_id, session_id=handoff.session_id, run_id=handoff.run_id, type="handoff.claimed",
-            actor=caller.label,
-            payload={
-                "handoff_id": handoff.id, "logical_id": handoff.logical_id, "attempt": handoff.attempt,
-                "fencing_token": handoff.fencing_token, "worker": worker,
-                "lease_expires_at": handoff.lease_expires_at,
-                # attempt > 1 only happens when the previous lease expired unfinished
-                "reclaimed_after_expiry": handoff.attempt > 1,
-                "previous_holder": handoff.previous_holder or None,
-            },
-        )
     return handoff
+
+
+def review_route_required(handoff: Handoff) -> ReviewRouteRequired:
+    """The refusal of a plain handoff route touching an agent-review slot (nothing written)."""
+    return ReviewRouteRequired(
+        "this handoff is a review slot: claim it, renew its lease and bind its verdict through the review routes",
+        handoff_id=handoff.id, purpose=handoff.purpose, route="/api/v1/review-packets/claim",
+    )
 
 
 def _explain_unclaimable(caller: Caller, handoff_id: int, caps: list[str], now: datetime) -> NoReturn:
@@ -297,6 +362,8 @@ def _explain_unclaimable(caller: Caller, handoff_id: int, caps: list[str], now: 
         handoff = visible_handoffs(caller).select_related("session").get(id=handoff_id)
     except Handoff.DoesNotExist:
         raise NotFound("handoff not found", handoff_id=handoff_id) from None
+    if handoff.purpose != HandoffPurpose.JOB:
+        raise review_route_required(handoff)
     missing = sorted(set(handoff.required_capabilities) - set(caps))
     lease_live = handoff.state == HandoffState.CLAIMED and handoff.lease_expires_at and handoff.lease_expires_at > now
     raise HandoffNotClaimable(
@@ -308,13 +375,13 @@ def _explain_unclaimable(caller: Caller, handoff_id: int, caps: list[str], now: 
 
 
 # ---- heartbeat ----------------------------------------------------------------------------------------
-# Public: the review app renews agent reviewers' leases with this same statement.
-HEARTBEAT_SQL = f"""
+# Private: the review app renews its reviewers' leases through ``control.service.renew``.
+_HEARTBEAT_SQL = f"""
 UPDATE {_H}
    SET heartbeat_at = %(now)s, lease_expires_at = %(now)s + make_interval(secs => timeout_seconds)
  WHERE id = %(id)s AND project_id = ANY(%(projects)s)
    AND (%(bound)s::bigint IS NULL OR session_id = %(bound)s::bigint)
-   AND state = 'claimed' AND fencing_token = %(token)s
+   AND purpose = %(purpose)s AND state = %(claimed)s AND fencing_token = %(token)s
 RETURNING lease_expires_at, attempt
 """
 
@@ -327,40 +394,64 @@ class Lease:
     lease_expires_at: datetime
 
 
-def heartbeat_handoff(caller: Caller, handoff_id: int, *, fencing_token: int) -> Lease:
-    """Extend the lease of the current token holder: one conditional UPDATE.
-
-    The fencing token decides, not the clock: a holder whose lease ran out may renew it
-    as long as nobody has claimed the handoff since (then its token is superseded).
-    """
-    caller.require("work")
-    now = timezone.now()
+def renew_lease(
+    *, handoff_id: int, fencing_token: int, project_ids: Collection[int], session_id: int | None,
+    purpose: HandoffPurpose,
+) -> Lease:
+    """One conditional UPDATE (no transaction, no event); a miss is explained by
+    :func:`lease_refusal`. The fencing token decides, not the clock: a holder whose lease ran
+    out may renew it as long as nobody has claimed the handoff since."""
+    if not 0 < handoff_id <= BIGINT_MAX or not 0 < fencing_token <= BIGINT_MAX:
+        raise lease_refusal(handoff_id=handoff_id, fencing_token=fencing_token, project_ids=project_ids,
+                            session_id=session_id, purpose=purpose)
     with connection.cursor() as cur:
         cur.execute(
-            HEARTBEAT_SQL,
-            {"now": now, "id": handoff_id, "projects": list(caller.project_ids), "bound": caller.session_id,
-             "token": fencing_token},
+            _HEARTBEAT_SQL,
+            {"now": timezone.now(), "id": handoff_id, "projects": list(project_ids), "bound": session_id,
+             "purpose": HandoffPurpose(purpose).value, "claimed": HandoffState.CLAIMED.value, "token": fencing_token},
         )
         row = cur.fetchone()
     if row is None:
-        raise_lease_refusal(caller, handoff_id, fencing_token)
+        raise lease_refusal(handoff_id=handoff_id, fencing_token=fencing_token, project_ids=project_ids,
+                            session_id=session_id, purpose=purpose)
     return Lease(handoff_id, row[1], fencing_token, row[0])
 
 
-def raise_lease_refusal(caller: Caller, handoff_id: int, fencing_token: int) -> NoReturn:
-    """Explain why a lease write matched nothing: unknown, superseded token, or closed."""
-    try:
-        handoff = visible_handoffs(caller).get(id=handoff_id)
-    except Handoff.DoesNotExist:
-        raise NotFound("handoff not found", handoff_id=handoff_id) from None
+def heartbeat_handoff(caller: Caller, handoff_id: int, *, fencing_token: int) -> Lease:
+    """Extend the lease of the current token holder of a job handoff: one conditional UPDATE."""
+    caller.require("work")
+    return renew_lease(handoff_id=handoff_id, fencing_token=fencing_token, project_ids=caller.project_ids,
+                       session_id=caller.session_id, purpose=HandoffPurpose.JOB)
+
+
+def lease_refusal(
+    *, handoff_id: int, fencing_token: int, project_ids: Collection[int], session_id: int | None,
+    purpose: HandoffPurpose,
+) -> ServiceError:
+    """Why a lease write matched nothing, most fundamental reason first: unknown (404), the
+    wrong route for its purpose (409 ``review_route_required``), a superseded token (409
+    ``stale_lease``), not claimed (``handoff_not_claimable``) or closed (``handoff_closed``)."""
+    handoff = _scoped(project_ids, session_id).filter(id=handoff_id).first() if 0 < handoff_id <= BIGINT_MAX else None
+    if handoff is None:
+        return NotFound("handoff not found", handoff_id=handoff_id)
+    if handoff.purpose != purpose:
+        if handoff.purpose == HandoffPurpose.REVIEW:
+            return review_route_required(handoff)
+        return NotFound("handoff not found", handoff_id=handoff_id)  # a review route never names a plain job
     if fencing_token != handoff.fencing_token:
-        raise StaleLease(
+        return StaleLease(
             "this fencing token was superseded by a later claim", handoff_id=handoff.id,
             fencing_token=fencing_token, current_fencing_token=handoff.fencing_token, attempt=handoff.attempt,
         )
     if handoff.state == HandoffState.PENDING:
-        raise HandoffNotClaimable("this handoff is not claimed", handoff_id=handoff.id, state=handoff.state)
-    raise HandoffClosed("this handoff takes no more lease traffic", handoff_id=handoff.id, state=handoff.state)
+        return HandoffNotClaimable("this handoff is not claimed", handoff_id=handoff.id, state=handoff.state)
+    return HandoffClosed("this handoff takes no more lease traffic", handoff_id=handoff.id, state=handoff.state)
+
+
+def raise_lease_refusal(caller: Caller, handoff_id: int, fencing_token: int) -> NoReturn:
+    """Explain why a lease write on a job handoff matched nothing (see :func:`lease_refusal`)."""
+    raise lease_refusal(handoff_id=handoff_id, fencing_token=fencing_token, project_ids=caller.project_ids,
+                        session_id=caller.session_id, purpose=HandoffPurpose.JOB)
 
 
 def lock_handoff(caller: Caller, handoff_id: int) -> tuple[Session, Handoff]:
@@ -375,20 +466,41 @@ def lock_handoff(caller: Caller, handoff_id: int) -> tuple[Session, Handoff]:
 
 # ---- cancel -------------------------------------------------------------------------------------------
 def cancel_handoff(caller: Caller, handoff_id: int, *, reason: str = "") -> Handoff:
-    """The run no longer needs this job. A bound result stays bound (refused with 409)."""
+    """The run no longer needs this job. A bound result stays bound (refused with 409); a
+    review slot is withdrawn with its gate (409 ``review_route_required``)."""
     caller.require("write")
     with transaction.atomic():
         session, handoff = lock_handoff(caller, handoff_id)
+        if handoff.purpose != HandoffPurpose.JOB:
+            raise review_route_required(handoff)
         if handoff.state == HandoffState.CANCELLED:
             return handoff
         if handoff.state not in UNBOUND_STATES:
             raise HandoffClosed("only a handoff still waiting for its result can be cancelled", state=handoff.state)
-        handoff.state = HandoffState.CANCELLED
-        handoff.cancelled_at = timezone.now()
-        handoff.save(update_fields=["state", "cancelled_at"])
         outbox = Outbox(caller.label)
-        outbox.add(session, "handoff.cancelled", run_id=handoff.run_id, handoff_id=handoff.id,
-                   logical_id=handoff.logical_id, reason=reason)
-        settle_waiting_run(session, handoff.run_id, outbox)
+        cancel_locked(session, [handoff], reason=reason, outbox=outbox)
         outbox.flush()
     return handoff
+
+
+def cancel_locked(
+    session: Session, handoffs: Iterable[Handoff], *, reason: str, outbox: Outbox, settle_reason: str | None = None,
+) -> list[Handoff]:
+    """Cancel the still-unbound ``handoffs`` of a locked session (rows locked by the caller,
+    inside its transaction): each goes ``cancelled`` with a ``handoff.cancelled`` event, then
+    every run they belonged to is settled with ``settle_reason`` (default: "handoff X
+    cancelled" naming the last one). Returns the handoffs it cancelled."""
+    now = timezone.now()
+    done: list[Handoff] = []
+    for handoff in handoffs:
+        if handoff.state not in UNBOUND_STATES:
+            continue
+        handoff.state, handoff.cancelled_at = HandoffState.CANCELLED, now
+        handoff.save(update_fields=["state", "cancelled_at"])
+        outbox.add(session, "handoff.cancelled", run_id=handoff.run_id, handoff_id=handoff.id,
+                   logical_id=handoff.logical_id, reason=reason)
+        done.append(handoff)
+    last_per_run = {h.run_id: h for h in done}
+    for run_id, handoff in last_per_run.items():
+        settle_waiting_run(session, run_id, outbox, reason=settle_reason or cancelled_reason(handoff))
+    return done

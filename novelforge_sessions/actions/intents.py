@@ -43,6 +43,7 @@ from novelforge_sessions.control.errors import (
 )
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import (
+    INTENT_EXECUTED_EVENT_TYPES,
     Approval,
     ApprovalDecision,
     AuthorityChange,
@@ -402,11 +403,7 @@ def execute_intent(caller: Caller, intent_id: int) -> Executed:
                 )
             _event(intent, "write_intent.executed", caller, kind=intent.kind, before=intent.before_state, after=observed,
                    postcondition=post)
-            follow = {
-                IntentKind.ARTIFACT_MAKE_CURRENT: "artifact.current_changed",
-                IntentKind.AUTHORITY_SETTLE: "authority.settled",
-                IntentKind.FRAMEWORK_CHANGE: "framework.changed",
-            }[IntentKind(intent.kind)]
+            follow = INTENT_EXECUTED_EVENT_TYPES[IntentKind(intent.kind)]
             _event(intent, follow, caller, before=intent.before_state, after=observed, params=intent.params)
     if refusal is not None:
         raise refusal

@@ -8,9 +8,9 @@
    Cost: that read plus the delivery-log row (its own autocommit transaction). No
    validation row, no event, no lock.
 3. A receipt exists and the hash differs → hard stop: 409 ``conflicting_result``. The first
-   conflict marks the handoff ``conflicted``, fails the session where the lifecycle table
-   allows it (else it keeps its state and carries ``Session.open_conflict``) and emits a
-   conflict event. Nothing is consumed twice; the consumed payload is never touched.
+   conflict marks the handoff ``conflicted``, raises ``Session.open_conflict`` (always),
+   fails the session where the lifecycle table allows it (else it keeps its state) and emits
+   a conflict event. Nothing is consumed twice; the consumed payload is never touched.
    (A *superseded* lease holder is refused with ``stale_lease`` instead: it holds no lease,
    so its write is not a result of this job.)
 4. No receipt: the fencing token must be current and the handoff claimed; the result is
@@ -37,7 +37,13 @@ from django.utils import timezone
 from novelforge_sessions import events
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions.handoffs import lock_handoff, settle_waiting_run, visible_handoffs
+from novelforge_sessions.actions.handoffs import (
+    RESULTS_BOUND_REASON,
+    lock_handoff,
+    review_route_required,
+    settle_waiting_run,
+    visible_handoffs,
+)
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session
 from novelforge_sessions.control.errors import (
     ConflictingResult,
@@ -51,6 +57,7 @@ from novelforge_sessions.control.models import (
     ConsumeReceipt,
     DeliveryOutcome,
     Handoff,
+    HandoffPurpose,
     HandoffState,
     ResultDelivery,
     ResultValidation,
@@ -153,6 +160,10 @@ def deliver_result(
         raise ValidationFailed("job_fingerprint must be a string", field="job_fingerprint")
     result, digest = result_digest(result, result_hash)
     handoff = _read(caller, handoff_id)
+    if handoff.purpose != HandoffPurpose.JOB:
+        # A review slot is answered with a typed verdict through the review routes: refused
+        # before anything is written (no delivery row, no validation, no event).
+        raise review_route_required(handoff)
     receipt = _receipt_of(handoff)
     if receipt is not None and receipt.result_hash == digest:
         # The hot duplicate path: a receipt is immutable, so this read needs no lock and
@@ -248,9 +259,11 @@ def _conflict(
         handoff.save(update_fields=["state", "conflict_at"])
         reason = f"conflicting_result: {handoff.logical_id}"[:200]
         fails = rt.is_legal(session.status, rt.SessionStatus.FAILED)
-        if not fails and not session.open_conflict:
-            # The table forbids `failed` here (idle, completed, stale, already failed…): keep
-            # the state and raise the flag a manager must resolve.
+        if not session.open_conflict:
+            # The hard stop is always flagged, whether the session fails (where the table allows
+            # it) or keeps its state (idle, completed, stale, already failed…): a manager must
+            # resolve it before the session runs again (resume, start_run and transition check
+            # it). The first open conflict's reason stands until resolved.
             session.open_conflict = reason
             Session.objects.filter(id=session.id).update(open_conflict=reason, updated_at=timezone.now())
         # The cause first, then its effect on the session.
@@ -308,7 +321,7 @@ def _consume(
         outbox=outbox,
     )
     delivery = receipt.delivery
-    settle_waiting_run(session, handoff.run_id, outbox)
+    settle_waiting_run(session, handoff.run_id, outbox, reason=RESULTS_BOUND_REASON)
     outbox.flush()
     return Delivered(DeliveryOutcome.CONSUMED, delivery, receipt, handoff, session.status), None
 
@@ -347,10 +360,10 @@ def _record_consumption(
 
 def consume_locked(
     session: Session, handoff: Handoff, *, fencing_token: int, result: dict[str, Any], actor: str, outbox: Outbox,
-) -> int:
+) -> ConsumeReceipt:
     """Bind ``result`` to a handoff whose session and row the caller has locked (inside the
     caller's transaction), with the same records as a delivery (``_record_consumption``);
-    returns the receipt's id. The caller has checked the fencing token and validated
+    returns the receipt (public as ``control.service.bind``). The caller has checked the fencing token and validated
     ``result`` against its own schema (e.g. a typed review verdict), and settles the run
     afterwards."""
     result, digest = result_digest(result)
@@ -365,7 +378,7 @@ def consume_locked(
         session, handoff, token=fencing_token, digest=digest, result=result, stated=handoff.job_fingerprint, now=now,
         actor=actor, outbox=outbox,
     )
-    return receipt.id
+    return receipt
 
 
 # ---- conflict resolution ------------------------------------------------------------------------------

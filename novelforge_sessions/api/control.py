@@ -80,6 +80,8 @@ class HandoffOut(Schema):
     job_fingerprint: str = Field(..., description="server-computed sha256 of the frozen job; results must cite it")
     required_capabilities: list[str]
     timeout_seconds: int
+    purpose: str = Field(..., description="`job`: for any worker through these routes; `review`: an agent-review slot, "
+                         "reachable only through `/review-packets` (409 `review_route_required` here)")
     state: str
     attempt: int
     fencing_token: int = Field(..., description="the current lease's token; every lease write must carry it")
@@ -191,7 +193,7 @@ def _handoff_out(h: Handoff, *, receipt: ConsumeReceipt | None | bool = True) ->
     return {
         **{f: getattr(h, f) for f in (
             "id", "project_id", "session_id", "run_id", "logical_id", "inputs", "params", "result_schema",
-            "job_fingerprint", "required_capabilities", "timeout_seconds", "state", "attempt", "fencing_token",
+            "job_fingerprint", "required_capabilities", "timeout_seconds", "purpose", "state", "attempt", "fencing_token",
             "lease_holder", "lease_expires_at", "claimed_at", "heartbeat_at", "bound_at", "conflict_at",
             "conflict_resolved_at", "conflict_resolution", "cancelled_at", "created_at",
         )},
@@ -219,9 +221,10 @@ def create_handoff(request: HttpRequest, run_id: int, body: HandoffIn) -> Status
 @handoffs_router.post(
     "/handoffs/claim", response={200: ClaimOut, **errors(403, 404, 409)},
     summary="Claim an eligible handoff under a lease (permission `work`)",
-    description="Eligible: pending, or claimed with an expired lease (attempt + 1); its required capabilities ⊆ "
-    "yours. Returns the handoff with its fencing token, or `null` when nothing is eligible. With `handoff_id`, "
-    "409 `handoff_not_claimable` explains why that one cannot be claimed.",
+    description="Eligible: a `job` handoff, pending, or claimed with an expired lease (attempt + 1); its required "
+    "capabilities ⊆ yours. Returns the handoff with its fencing token, or `null` when nothing is eligible. With "
+    "`handoff_id`, 409 `handoff_not_claimable` explains why that one cannot be claimed, and 409 "
+    "`review_route_required` refuses an agent-review slot (claim those with `POST /review-packets/claim`).",
 )
 def claim(request: HttpRequest, body: ClaimIn) -> dict:
     handoff = handoff_actions.claim_handoff(
@@ -258,6 +261,7 @@ def get_handoff(request: HttpRequest, handoff_id: int) -> dict:
 @handoffs_router.post(
     "/handoffs/{handoff_id}/heartbeat", response={200: LeaseOut, **errors(403, 404, 409)},
     summary="Extend your lease (409 `stale_lease` if your fencing token was superseded)",
+    description="409 `review_route_required` for an agent-review slot (renew it with `POST /review-packets/{id}/heartbeat`).",
 )
 def heartbeat(request: HttpRequest, handoff_id: int, body: LeaseIn) -> dict:
     lease = handoff_actions.heartbeat_handoff(caller(request), handoff_id, fencing_token=body.fencing_token)
@@ -271,8 +275,9 @@ def heartbeat(request: HttpRequest, handoff_id: int, body: LeaseIn) -> dict:
     description="Every arrival is logged. 200 `consumed` (this one was consumed) or `already_consumed` (same "
     "logical id, same hash: the original outcome, nothing new). 409 `conflicting_result` (different hash: hard "
     "stop, the session fails or carries `open_conflict`), `stale_lease` (superseded token), "
-    "`handoff_not_claimable`/`handoff_closed`. 422 `invalid_result` (logged; does not fit the result schema or does "
-    "not cite the job fingerprint), `result_hash_mismatch`.",
+    "`handoff_not_claimable`/`handoff_closed`, `review_route_required` (an agent-review slot takes a typed verdict "
+    "through `POST /review-packets/{id}/verdicts`; nothing is logged). 422 `invalid_result` (logged; does not fit the "
+    "result schema or does not cite the job fingerprint), `result_hash_mismatch`.",
 )
 def deliver(request: HttpRequest, handoff_id: int, body: ResultIn) -> dict:
     done = result_actions.deliver_result(
@@ -315,6 +320,9 @@ def _delivery_out(d: ResultDelivery) -> dict:
 @handoffs_router.post(
     "/handoffs/{handoff_id}/cancel", response={200: HandoffOut, **errors(403, 404, 409)},
     summary="Cancel a handoff still waiting for its result",
+    description="The session's status reason (and its `session.transitioned` event, when the run waited on nothing "
+    "else) says `handoff <logical id> cancelled`. 409 `handoff_closed` once bound; 409 `review_route_required` for an "
+    "agent-review slot (withdraw it with its gate: `POST /review-gates/{id}/cancel`).",
 )
 def cancel(request: HttpRequest, handoff_id: int, body: ReasonIn | None = None) -> dict:
     return _handoff_out(handoff_actions.cancel_handoff(caller(request), handoff_id, reason=body.reason if body else ""))

@@ -59,3 +59,12 @@ class IdempotencyKeyReused(Conflict):
 
 class PostconditionFailed(ServiceError):
     code, http_status = "postcondition_failed", 500
+
+
+class ReviewRouteRequired(Conflict):
+    """409: the handoff is an agent-review slot (``purpose = review``). The plain handoff
+    routes never claim, renew, answer or cancel it — only the review routes do
+    (``/review-packets/claim``, ``…/heartbeat``, ``…/verdicts``; a gate is withdrawn with
+    ``/review-gates/{id}/cancel``). Nothing is written."""
+
+    code = "review_route_required"

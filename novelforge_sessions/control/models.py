@@ -32,6 +32,19 @@ class HandoffState(models.TextChoices):
 UNBOUND_STATES = (HandoffState.PENDING.value, HandoffState.CLAIMED.value)
 
 
+class HandoffPurpose(models.TextChoices):
+    """What a handoff is for, and so which routes may touch it (issue 8, defect 7).
+
+    ``job``: a frozen job for any worker with the ``work`` permission (``/handoffs/…``).
+    ``review``: an agent-review slot (``reviews``): claimed, renewed and answered only
+    through the review routes (``/review-packets/…``), by an eligible independent reviewer,
+    with a typed verdict; the plain routes refuse it with 409 ``review_route_required``.
+    """
+
+    JOB = "job"
+    REVIEW = "review"
+
+
 class Handoff(models.Model):
     """A frozen job handed to an external worker (DESIGN §3): logical id, job fingerprint,
     required capabilities, lease, attempts."""
@@ -51,6 +64,8 @@ class Handoff(models.Model):
     required_capabilities = models.JSONField(default=list, blank=True)
     #: how long one attempt's lease lasts without a heartbeat
     timeout_seconds = models.PositiveIntegerField()
+    #: job (plain handoff routes) or review (only the review routes); fixed at creation
+    purpose = models.CharField(max_length=16, choices=HandoffPurpose.choices, default=HandoffPurpose.JOB)
     state = models.CharField(max_length=16, choices=HandoffState.choices, default=HandoffState.PENDING)
     attempt = models.PositiveIntegerField(default=0)
     fencing_token = models.PositiveBigIntegerField(default=0)
@@ -80,6 +95,8 @@ class Handoff(models.Model):
             models.UniqueConstraint(fields=["project", "logical_id"], name="handoff_logical_id_unique_per_project"),
             # Statuses only from the declared set (no free-form state, STYLE "lifecycle as data").
             models.CheckConstraint(condition=Q(state__in=HandoffState.values), name="handoff_state_enum"),
+            # Which routes may touch it: only the declared purposes.
+            models.CheckConstraint(condition=Q(purpose__in=HandoffPurpose.values), name="handoff_purpose_enum"),
             # A job is identified by a server-computed content address (DESIGN §3, §7).
             models.CheckConstraint(condition=Q(job_fingerprint__regex=FINGERPRINT_REGEX), name="handoff_job_fp_format"),
             # A lease is only ever held with a holder, an expiry and a fencing token ≥ 1.
@@ -187,6 +204,20 @@ class IntentKind(models.TextChoices):
     ARTIFACT_MAKE_CURRENT = "artifact.make_current"
     AUTHORITY_SETTLE = "authority.settle"
     FRAMEWORK_CHANGE = "framework.change"
+
+
+#: The event each executed intent kind emits after ``write_intent.executed`` (exact types:
+#: readers such as the project page's authority history match them by equality, never by prefix).
+EVENT_ARTIFACT_CURRENT_CHANGED = "artifact.current_changed"
+EVENT_AUTHORITY_SETTLED = "authority.settled"
+EVENT_FRAMEWORK_CHANGED = "framework.changed"
+INTENT_EXECUTED_EVENT_TYPES = {
+    IntentKind.ARTIFACT_MAKE_CURRENT: EVENT_ARTIFACT_CURRENT_CHANGED,
+    IntentKind.AUTHORITY_SETTLE: EVENT_AUTHORITY_SETTLED,
+    IntentKind.FRAMEWORK_CHANGE: EVENT_FRAMEWORK_CHANGED,
+}
+#: The events that change a project's authority (its version / lock, or its framework).
+AUTHORITY_EVENT_TYPES = (EVENT_AUTHORITY_SETTLED, EVENT_FRAMEWORK_CHANGED)
 
 
 class IntentState(models.TextChoices):
@@ -306,7 +337,9 @@ class AuthorityChange(models.Model):
 
 
 __all__ = [
+    "AUTHORITY_EVENT_TYPES", "EVENT_ARTIFACT_CURRENT_CHANGED", "EVENT_AUTHORITY_SETTLED", "EVENT_FRAMEWORK_CHANGED",
+    "INTENT_EXECUTED_EVENT_TYPES",
     "Approval", "ApprovalDecision", "AuthorityChange", "ConsumeReceipt", "DeliveryOutcome",
-    "Handoff", "HandoffState", "IntentKind", "IntentState", "ResultDelivery", "ResultValidation", "WriteIntent",
+    "Handoff", "HandoffPurpose", "HandoffState", "IntentKind", "IntentState", "ResultDelivery", "ResultValidation", "WriteIntent",
     "UNBOUND_STATES",
 ]

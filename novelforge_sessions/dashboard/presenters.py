@@ -23,6 +23,8 @@ from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.actions.intents import approval_problem, current_state
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import (
+    AUTHORITY_EVENT_TYPES,
+    EVENT_FRAMEWORK_CHANGED,
     UNBOUND_STATES,
     Approval,
     Handoff,
@@ -407,7 +409,28 @@ def describe(event_type: str, payload: dict[str, Any]) -> str:
     if event_type.startswith("write_intent."):
         what = event_type.removeprefix("write_intent.").replace("_", " ")
         return f"write intent #{p.get('intent_id')} {what}" + (f" · {p['kind']}" if p.get("kind") else "")
+    if event_type in AUTHORITY_EVENT_TYPES:
+        return _describe_authority(event_type, p)
     return _scalar_items(p)
+
+
+def _describe_authority(event_type: str, p: dict[str, Any]) -> str:
+    before, after = p.get("before") or {}, p.get("after") or {}
+    if event_type == EVENT_FRAMEWORK_CHANGED:
+        text = f"framework {before.get('framework_version')} → {after.get('framework_version')}"
+    else:
+        text = f"authority v{before.get('authority_version')} → v{after.get('authority_version')}"
+        lock = after.get("lock_fingerprint")
+        if isinstance(lock, str):
+            text += f" · lock {lock[:15]}…"
+    return text + (f" · write intent #{p['intent_id']}" if p.get("intent_id") else "")
+
+
+def authority_history(project: Project, *, limit: int = 20) -> list[EventView]:
+    """The project's authority history, newest first: the events of exactly the types that
+    change it (a settle, a framework change; ``control.models.AUTHORITY_EVENT_TYPES``)."""
+    rows = Event.objects.filter(project=project, type__in=AUTHORITY_EVENT_TYPES).order_by("-id")[:limit]
+    return event_views(rows)
 
 
 def _describe_handoff(what: str, p: dict[str, Any]) -> str:

@@ -417,10 +417,6 @@ def resume(request: HttpRequest, session_id: int) -> HttpResponse:
 # ------------------------------------------------------------------------------------
 # Project page
 # ------------------------------------------------------------------------------------
-#: Event types that record a change of a project's authority (version / lock / framework).
-AUTHORITY_EVENT_PREFIXES = ("project.", "authority.")
-
-
 @login_required
 @require_GET
 def project_detail(request: HttpRequest, project_id: int) -> HttpResponse:
@@ -432,16 +428,12 @@ def project_detail(request: HttpRequest, project_id: int) -> HttpResponse:
         .prefetch_related(Prefetch("versions", queryset=versions.order_by("-number"), to_attr="version_list"))
         .order_by("name")[:100]
     )
-    history_q = Event.objects.filter(project=project)
-    authority_events = history_q.none()
-    for prefix in AUTHORITY_EVENT_PREFIXES:
-        authority_events = authority_events | history_q.filter(type__startswith=prefix)
     counts = {row["status"]: row["n"] for row in
               who.sessions().filter(project=project).values("status").annotate(n=Count("id")).order_by()}
     return render(request, "dashboard/project.html", {
         "project": project,
         "artifacts": artifacts,
-        "authority_history": presenters.event_views(authority_events.order_by("-id")[:20]),
+        "authority_history": presenters.authority_history(project),
         "counts": [(s, counts.get(s, 0)) for s in presenters.STATES],
         "intents": presenters.project_intents(project),
         "reviews": presenters.project_reviews(project),
