@@ -15,17 +15,20 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from novelforge_sessions import event_types as ev
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions.models import Artifact, Project, Run, Session
 
 FINGERPRINT_REGEX = r"^sha256:[0-9a-f]{64}$"
 
 
-class HandoffState(models.TextChoices):
-    PENDING = "pending"  # frozen, waiting for a worker
-    CLAIMED = "claimed"  # a worker holds the lease (it may have expired: then it is claimable again)
-    BOUND = "bound"  # a valid result was consumed and bound to the frozen job
-    CONFLICTED = "conflicted"  # a different result arrived for the consumed logical id: hard stop
-    CANCELLED = "cancelled"
+def _text_choices(name: str, enum: type) -> type[models.TextChoices]:
+    """Django choices for a state enum declared in the pure core (``lifecycles``): one declaration."""
+    return models.TextChoices(name, [(m.name, m.value) for m in enum])
+
+
+#: ``lifecycles.HANDOFF``: pending, claimed, bound, conflicted, cancelled.
+HandoffState = _text_choices("HandoffState", lc.HandoffState)
 
 
 #: Handoffs still waiting for a result.
@@ -101,14 +104,14 @@ class Handoff(models.Model):
             models.CheckConstraint(condition=Q(job_fingerprint__regex=FINGERPRINT_REGEX), name="handoff_job_fp_format"),
             # A lease is only ever held with a holder, an expiry and a fencing token ≥ 1.
             models.CheckConstraint(
-                condition=~Q(state="claimed") | (Q(lease_expires_at__isnull=False) & Q(fencing_token__gte=1)),
+                condition=~Q(state=lc.HandoffState.CLAIMED) | (Q(lease_expires_at__isnull=False) & Q(fencing_token__gte=1)),
                 name="handoff_claimed_has_lease",
             ),
             # The fencing token advances with every claim: never behind the attempt count.
             models.CheckConstraint(condition=Q(fencing_token__gte=models.F("attempt")), name="handoff_token_tracks_attempts"),
             # Bound/conflicted handoffs carry the time their result was bound (a receipt exists).
             models.CheckConstraint(
-                condition=~Q(state__in=["bound", "conflicted"]) | Q(bound_at__isnull=False),
+                condition=~Q(state__in=[lc.HandoffState.BOUND.value, lc.HandoffState.CONFLICTED.value]) | Q(bound_at__isnull=False),
                 name="handoff_bound_has_time",
             ),
             # Every attempt's lease ends (an expired lease is what makes a job re-claimable).
@@ -208,9 +211,9 @@ class IntentKind(models.TextChoices):
 
 #: The event each executed intent kind emits after ``write_intent.executed`` (exact types:
 #: readers such as the project page's authority history match them by equality, never by prefix).
-EVENT_ARTIFACT_CURRENT_CHANGED = "artifact.current_changed"
-EVENT_AUTHORITY_SETTLED = "authority.settled"
-EVENT_FRAMEWORK_CHANGED = "framework.changed"
+EVENT_ARTIFACT_CURRENT_CHANGED = ev.ARTIFACT_CURRENT_CHANGED.name
+EVENT_AUTHORITY_SETTLED = ev.AUTHORITY_SETTLED.name
+EVENT_FRAMEWORK_CHANGED = ev.FRAMEWORK_CHANGED.name
 INTENT_EXECUTED_EVENT_TYPES = {
     IntentKind.ARTIFACT_MAKE_CURRENT: EVENT_ARTIFACT_CURRENT_CHANGED,
     IntentKind.AUTHORITY_SETTLE: EVENT_AUTHORITY_SETTLED,
@@ -220,12 +223,9 @@ INTENT_EXECUTED_EVENT_TYPES = {
 AUTHORITY_EVENT_TYPES = (EVENT_AUTHORITY_SETTLED, EVENT_FRAMEWORK_CHANGED)
 
 
-class IntentState(models.TextChoices):
-    PROPOSED = "proposed"
-    APPROVED = "approved"
-    REJECTED = "rejected"
-    EXECUTED = "executed"
-    REFUSED = "refused"  # the compare-and-swap found a stale before-state: terminal
+#: ``lifecycles.WRITE_INTENT``: proposed, approved, rejected, executed, refused (a stale
+#: before-state at execution: terminal).
+IntentState = _text_choices("IntentState", lc.IntentState)
 
 
 class WriteIntent(models.Model):
@@ -276,7 +276,7 @@ class WriteIntent(models.Model):
             ),
             # Executed ⇔ a recorded post-condition and an execution time.
             models.CheckConstraint(
-                condition=~Q(state="executed") | (Q(postcondition__isnull=False) & Q(executed_at__isnull=False)),
+                condition=~Q(state=lc.IntentState.EXECUTED) | (Q(postcondition__isnull=False) & Q(executed_at__isnull=False)),
                 name="intent_executed_has_postcondition",
             ),
         ]
