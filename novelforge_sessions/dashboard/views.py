@@ -228,7 +228,9 @@ def session_row(request: HttpRequest, session_id: int) -> HttpResponse:
 # ------------------------------------------------------------------------------------
 def _session_context(session: Session) -> dict[str, Any]:
     runtimes = list(RuntimeAttachment.objects.filter(session=session).order_by("-generation")[:20])
-    live = next((a for a in runtimes if a.state == rt.RuntimeState.LIVE), None)
+    # Live by its lease (DESIGN §13): a record still saying live after its lease ran out is not.
+    live = next((a for a in runtimes if a.live), None)
+    expired = next((a for a in runtimes if a.lease_expired), None)
     runs = list(Run.objects.filter(session=session).order_by("-seq")[:12])
     runs.reverse()
     open_run = next((r for r in runs if r.state == rt.RunState.OPEN), None)
@@ -263,6 +265,7 @@ def _session_context(session: Session) -> dict[str, Any]:
         "metadata_json": presenters.pretty_json(session.provider_metadata) if session.provider_metadata else "",
         "runtimes": runtimes,
         "live_runtime": live,
+        "expired_runtime": expired,
         "latest_runtime": runtimes[0] if runtimes else None,
         "runs": runs,
         "open_run": open_run,
