@@ -250,8 +250,13 @@ def _session_context(session: Session) -> dict[str, Any]:
         cp.approvals_json = presenters.compact_json(cp.approvals) if cp.approvals else ""
     status = rt.SessionStatus(session.status)
     allowed = rt.LIFECYCLE[status]
-    can_resume = rt.SessionStatus.RUNNING in allowed and live is None
-    if status is rt.SessionStatus.RUNNING:
+    # A running session whose runtime's lease ran out is failed / runtime_lost in all but the
+    # record: resume records that first (as the reconciler would), so it is offered.
+    runtime_gone = status is rt.SessionStatus.RUNNING and expired is not None
+    can_resume = (rt.SessionStatus.RUNNING in allowed or runtime_gone) and live is None
+    if runtime_gone:
+        resume_note = ""
+    elif status is rt.SessionStatus.RUNNING:
         resume_note = "the session is already running"
     elif rt.SessionStatus.RUNNING not in allowed:
         resume_note = f"a {status.value} session cannot return to running"

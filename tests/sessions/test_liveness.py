@@ -216,6 +216,10 @@ def test_the_session_page_shows_lease_expired_not_live(project, owner, new_sessi
     assert ">lease expired</span>" in page
     assert ">live</span>" not in page, "no green live badge for a runtime whose lease ran out"
     assert "No runtime is live." in page, "close is not offered for a runtime that is gone"
+    assert f'href="/sessions/{s["id"]}/resume/"' in page, "resume is: it records the loss first"
+    dry = client.get(f"/sessions/{s['id']}/resume/")
+    assert dry.status_code == 200 and "generation 2" in dry.content.decode()
+    assert RuntimeAttachment.objects.get(session_id=s["id"]).state == LIVE, "the page's dry run wrote nothing"
     overview = client.get("/").content.decode()
     assert "lease expired" in overview
     panels = client.get(f"/sessions/{s['id']}/panels/").json()["panels"]
