@@ -116,7 +116,9 @@ def refuse_live_runtime(session: Session, outbox: Outbox, message: str, *, now: 
     into ``outbox``), as the reconciler would have.
     """
     now = now or timezone.now()
-    record = recorded_runtime(session)
+    # No row lock here (lock order: session, run, runtime): the session lock is held, and
+    # expire_runtime's conditional UPDATE takes the runtime row when it writes.
+    record = recorded_runtime(session, lock=False)
     if record is None:
         return
     if leases.runtime_is_live(record.state, record.lease_expires_at, now) or not expire_runtime(
