@@ -2,6 +2,7 @@
 #
 #   make setup      venv + PostgreSQL + database (+ Redis, Chromium)   [scripts/bootstrap.sh test]
 #   make run        migrate, collectstatic, load_demo, then daphne on http://$(RUN_HOST):$(RUN_PORT)/
+#                   with the lease reconciler beside it (every $(RECONCILE_INTERVAL) s; stopped with the server)
 #   make test       pytest -m "not browser", then pytest -m browser (exit 5 = none collected is OK)
 #   make reconcile  manage.py reconcile_runtimes --loop
 #   make bench      python bench/run.py $(BENCH_ARGS), when bench/run.py exists
@@ -23,6 +24,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS  ?=
 RUN_HOST    ?= 127.0.0.1
 RUN_PORT    ?= 8000
+RECONCILE_INTERVAL ?= 2
 
 # $(call bootstrap,MODE): run the bootstrap, abort on failure, import its exports.
 bootstrap = bootstrap_env="$$(scripts/bootstrap.sh $(1))"; eval "$$bootstrap_env"
@@ -30,7 +32,7 @@ bootstrap = bootstrap_env="$$(scripts/bootstrap.sh $(1))"; eval "$$bootstrap_env
 .PHONY: help setup run test reconcile bench stop-local
 
 help:
-	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,13p' Makefile | sed 's/^# \{0,1\}//'
 
 setup:
 	@$(call bootstrap,test)
@@ -41,9 +43,17 @@ run:
 	$(MANAGE) collectstatic --noinput
 	$(MANAGE) load_demo
 	echo "Serving on http://$(RUN_HOST):$(RUN_PORT)/"
+	# The reconciler runs beside the server (expired leases → lost runtimes, running sessions
+	# failed/runtime_lost), every $(RECONCILE_INTERVAL) s: well within one lease. Stopped with it.
+	$(MANAGE) reconcile_runtimes --loop --interval $(RECONCILE_INTERVAL) &
+	reconciler=$$!
+	trap 'kill $$reconciler 2>/dev/null || true; wait $$reconciler 2>/dev/null || true' EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+	echo "Reconciling expired runtime leases every $(RECONCILE_INTERVAL) s (pid $$reconciler)"
 	# The server takes its database connections from psycopg's pool (see README, Configuration).
 	export DB_POOL_MAX_SIZE="$${DB_POOL_MAX_SIZE:-10}"
-	exec $(VENV)/bin/daphne -b $(RUN_HOST) -p $(RUN_PORT) novelforge_sessions.asgi:application
+	$(VENV)/bin/daphne -b $(RUN_HOST) -p $(RUN_PORT) novelforge_sessions.asgi:application
 
 test:
 	@$(call bootstrap,test)

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import hashlib
 
+from datetime import datetime
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
+from novelforge_sessions import leases
 from novelforge_sessions import session_runtime as rt
 
 
@@ -157,8 +161,24 @@ class Session(models.Model):
         return f"session {self.pk} ({self.role}, {self.status})"
 
 
+class RuntimeAttachmentQuerySet(models.QuerySet):
+    """Liveness in SQL, the same rule as ``leases.runtime_is_live`` (DESIGN §13)."""
+
+    def live(self, now: datetime | None = None) -> RuntimeAttachmentQuerySet:
+        """Live: the record says live and the lease has not run out."""
+        return self.filter(state=rt.RuntimeState.LIVE, lease_expires_at__gt=now or timezone.now())
+
+    def lease_expired(self, now: datetime | None = None) -> RuntimeAttachmentQuerySet:
+        """The record says live but the lease ran out: gone, waiting to be tidied (``lost``)."""
+        return self.filter(state=rt.RuntimeState.LIVE, lease_expires_at__lte=now or timezone.now())
+
+
 class RuntimeAttachment(models.Model):
-    """One live process/chat/worker serving a session for one generation (seed 003 SessionProcess)."""
+    """One live process/chat/worker serving a session for one generation (seed 003 SessionProcess).
+
+    ``state`` is the record; whether the runtime *is* live is derived from the lease
+    (``live`` / ``lease_expired`` here, ``objects.live()`` in SQL).
+    """
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runtimes")
     generation = models.PositiveIntegerField()
@@ -173,6 +193,8 @@ class RuntimeAttachment(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=64, blank=True, default="")
 
+    objects = RuntimeAttachmentQuerySet.as_manager()
+
     class Meta:
         ordering = ["id"]
         indexes = [
@@ -184,6 +206,14 @@ class RuntimeAttachment(models.Model):
             models.UniqueConstraint(fields=["session"], condition=Q(state=rt.RuntimeState.LIVE), name="one_live_runtime_per_session"),
             models.UniqueConstraint(fields=["session", "generation"], name="runtime_generation_unique"),
         ]
+
+    @property
+    def live(self) -> bool:
+        return leases.runtime_is_live(self.state, self.lease_expires_at, timezone.now())
+
+    @property
+    def lease_expired(self) -> bool:
+        return leases.runtime_lease_expired(self.state, self.lease_expires_at, timezone.now())
 
 
 class Run(models.Model):

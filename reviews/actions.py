@@ -138,10 +138,10 @@ def _live_agent_reviewers(project_id: int) -> list[dict[str, Any]]:
     """Routing (contract §09): before a gate waits on a person, record which connected agent
     reviewers (live runtime declaring ``review``) could have taken it instead."""
     rows = (
-        RuntimeAttachment.objects.filter(
-            state=rt.RuntimeState.LIVE, session__project_id=project_id,
+        RuntimeAttachment.objects.live().filter(
+            session__project_id=project_id,
             session__role=rt.SessionRole.SEMANTIC_REVIEWER, session__memory_policy__in=INDEPENDENT_MEMORY,
-            capabilities__contains=["review"], lease_expires_at__gt=timezone.now(),
+            capabilities__contains=["review"],
         )
         .order_by("session_id")
         .values("session_id", "runtime_family")[:10]

@@ -34,6 +34,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from novelforge_sessions import events
+from novelforge_sessions import leases
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
@@ -365,7 +366,7 @@ def _explain_unclaimable(caller: Caller, handoff_id: int, caps: list[str], now: 
     if handoff.purpose != HandoffPurpose.JOB:
         raise review_route_required(handoff)
     missing = sorted(set(handoff.required_capabilities) - set(caps))
-    lease_live = handoff.state == HandoffState.CLAIMED and handoff.lease_expires_at and handoff.lease_expires_at > now
+    lease_live = handoff.state == HandoffState.CLAIMED and leases.lease_held(handoff.lease_expires_at, now)
     raise HandoffNotClaimable(
         "this handoff cannot be claimed now", handoff_id=handoff.id, state=handoff.state,
         missing_capabilities=missing, lease_held=bool(lease_live),

@@ -9,6 +9,7 @@ not append events itself: it returns them, and the action appends every event la
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -86,7 +87,18 @@ def open_run(session: Session, *, lock: bool = True) -> Run | None:
     return next(iter(Run.objects.raw(_OPEN_RUN_SQL + (" FOR UPDATE" if lock else ""), [session.id])), None)
 
 
-def live_runtime(session: Session, *, lock: bool = True) -> RuntimeAttachment | None:
+def live_runtime(session: Session, *, lock: bool = True, now: datetime | None = None) -> RuntimeAttachment | None:
+    """The session's live runtime: its record says live *and* its lease has not run out
+    (``RuntimeAttachment.objects.live``; DESIGN §13). A record whose lease expired is not live."""
+    qs = RuntimeAttachment.objects.live(now).filter(session=session)
+    if lock:
+        qs = qs.select_for_update()
+    return qs.first()
+
+
+def recorded_runtime(session: Session, *, lock: bool = True) -> RuntimeAttachment | None:
+    """The attachment whose *record* says live (at most one, a partial unique index), whether
+    or not its lease still holds. For tidying records, never as a liveness answer."""
     qs = RuntimeAttachment.objects.filter(session=session, state=rt.RuntimeState.LIVE)
     if lock:
         qs = qs.select_for_update()
@@ -140,7 +152,8 @@ def apply_transition(
         if run is not None:
             end_run(run, run_end_state or rt.RUN_END_ON_STATUS[dst], reason or dst.value, outbox, session)
     if dst is rt.SessionStatus.TERMINATED:
-        attachment = live_runtime(session)
+        # Whatever the record says live ends with the session, its lease run out or not.
+        attachment = recorded_runtime(session)
         if attachment is not None:
             end_runtime(attachment, rt.RuntimeState.CLOSED, "terminated", outbox, session)
 

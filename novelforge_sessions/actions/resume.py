@@ -36,12 +36,12 @@ from django.db import transaction
 
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions.lifecycle import Outbox, check, end_run, live_runtime, lock_session, open_run
+from novelforge_sessions.actions.lifecycle import Outbox, check, end_run, lock_session, open_run
 from novelforge_sessions.actions.intents import approval_problem, target_state
 from novelforge_sessions.actions.routing import live_runtimes_for
 from novelforge_sessions.actions.runs import create_run
-from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment
-from novelforge_sessions.errors import Conflict, LiveRuntimeExists, NotFound
+from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment, refuse_live_runtime
+from novelforge_sessions.errors import Conflict, NotFound
 from novelforge_sessions.models import Artifact, Checkpoint, Project, RuntimeAttachment, Session
 from novelforge_sessions.control.models import (
     UNBOUND_STATES,
@@ -356,12 +356,11 @@ def resume_session(
     check(rt.validate_name, runtime.runtime_family, "runtime_family")
     with transaction.atomic():
         session = lock_session(caller, session_id)
-        existing = live_runtime(session, lock=False)
-        if existing is not None:
-            raise LiveRuntimeExists(
-                "a runtime is live for this session; close it before resuming",
-                runtime_id=existing.id, generation=existing.generation,
-            )
+        # Liveness is the lease: an expired record is tidied first (a running session becomes
+        # failed / runtime_lost, as the reconciler would make it), then resume proceeds.
+        tidied = Outbox(caller.label)
+        refuse_live_runtime(session, tidied, "a runtime is live for this session; close it before resuming")
+        tidied.flush()
         check(rt.check_transition, session.status, rt.SessionStatus.RUNNING)
         checkpoints = Checkpoint.objects.filter(session=session)
         if checkpoint_id is not None:
@@ -382,6 +381,7 @@ def resume_session(
         if not ok:
             raise ResumeRefused("resume stopped: a binding changed materially", report=outcome.report())
         if dry_run:
+            transaction.set_rollback(True)  # acts on nothing, not even the tidying of an expired lease
             return outcome
         outbox = Outbox(caller.label)
         waiting = open_run(session)

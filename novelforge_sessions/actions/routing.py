@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from django.db.models import QuerySet
-from django.utils import timezone
 
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
@@ -25,9 +24,7 @@ def live_runtimes_for(
 ) -> QuerySet[RuntimeAttachment]:
     """Live, unexpired runtimes in these projects whose declared capabilities include all of
     ``capabilities`` (jsonb containment). Oldest attachment first."""
-    qs = RuntimeAttachment.objects.filter(
-        session__project_id__in=list(project_ids), state=rt.RuntimeState.LIVE, lease_expires_at__gt=now or timezone.now(),
-    )
+    qs = RuntimeAttachment.objects.live(now).filter(session__project_id__in=list(project_ids))
     caps = sorted(set(capabilities))
     if caps:
         qs = qs.filter(capabilities__contains=caps)

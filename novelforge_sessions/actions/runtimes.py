@@ -1,9 +1,13 @@
 """Runtime attachments: attach, heartbeat, detach, and the reconciler for lost leases.
 
 A runtime is one generation of a live process/chat/worker serving a session (seed 003). The
-record saying ``live`` is an observation; liveness is the lease. A lease that ran out means
-the runtime is gone: the reconciler ends it (``lost``) and, if the session was ``running``,
-moves it to ``failed`` with reason ``runtime_lost`` — resumable (``failed → running``).
+record saying ``live`` is an observation; liveness is the lease (``novelforge_sessions.leases``,
+DESIGN §13). A lease that ran out means the runtime is gone, whether or not a record says so
+yet: nothing is refused on account of it. ``expire_runtime`` turns that into records and
+events — the runtime ends ``lost`` and, if the session was ``running``, the session moves to
+``failed`` with reason ``runtime_lost`` (resumable, ``failed → running``). The reconciler calls
+it for every expired lease; resume, attach and forget call it inline for the session they
+lock, so the one-live-runtime index never makes an expired record block them.
 """
 from __future__ import annotations
 
@@ -16,14 +20,15 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from novelforge_sessions import leases
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import SYSTEM, Caller
 from novelforge_sessions.actions.lifecycle import (
     Outbox,
     apply_transition,
     check,
-    live_runtime,
     lock_session,
+    recorded_runtime,
 )
 from novelforge_sessions.errors import LiveRuntimeExists, NotFound, RuntimeNotLive, ValidationFailed
 from novelforge_sessions.models import Run, RuntimeAttachment, Session
@@ -76,20 +81,62 @@ def insert_attachment(session: Session, spec: RuntimeSpec, outbox: Outbox) -> Ru
     return attachment
 
 
+def expire_runtime(
+    session: Session, attachment: RuntimeAttachment, outbox: Outbox, *, now: datetime | None = None
+) -> bool:
+    """Record that a runtime whose lease ran out is gone: ``lost`` / ``runtime_lost``, event
+    ``runtime.lost``, and a ``running`` session ``failed`` (reason ``runtime_lost``, its run
+    interrupted). Idle and waiting sessions keep their state: they wait on a person or a worker,
+    not on the runtime — never a transition the table forbids.
+
+    The caller holds the session lock inside ``transaction.atomic()`` and flushes ``outbox``.
+    The runtime is claimed by a conditional UPDATE (still live, lease still expired at ``now``);
+    returns False, writing nothing, if it was renewed, closed or tidied meanwhile.
+    """
+    now = now or timezone.now()
+    claimed = RuntimeAttachment.objects.lease_expired(now).filter(id=attachment.id).update(
+        state=rt.RuntimeState.LOST.value, end_reason="runtime_lost", ended_at=now
+    )
+    if claimed != 1:
+        return False
+    attachment.state, attachment.end_reason, attachment.ended_at = rt.RuntimeState.LOST.value, "runtime_lost", now
+    outbox.add(session, "runtime.lost", runtime_id=attachment.id, generation=attachment.generation, reason="runtime_lost")
+    if session.status == rt.SessionStatus.RUNNING:
+        apply_transition(
+            session, rt.SessionStatus.FAILED, reason="runtime_lost", outbox=outbox, run_end_state=rt.RunState.INTERRUPTED,
+        )
+    return True
+
+
+def refuse_live_runtime(session: Session, outbox: Outbox, message: str, *, now: datetime | None = None) -> None:
+    """For actions that need the locked session to have no live runtime (resume, attach, forget).
+
+    Refused ``live_runtime_exists`` only if a runtime is live by its lease. A record that
+    still says live with its lease run out is tidied here first (``expire_runtime``, its events
+    into ``outbox``), as the reconciler would have.
+    """
+    now = now or timezone.now()
+    # No row lock here (lock order: session, run, runtime): the session lock is held, and
+    # expire_runtime's conditional UPDATE takes the runtime row when it writes.
+    record = recorded_runtime(session, lock=False)
+    if record is None:
+        return
+    if leases.runtime_is_live(record.state, record.lease_expires_at, now) or not expire_runtime(
+        session, record, outbox, now=now
+    ):
+        raise LiveRuntimeExists(message, runtime_id=record.id, generation=record.generation)
+
+
 def attach_runtime(caller: Caller, session_id: int, spec: RuntimeSpec) -> RuntimeAttachment:
     caller.require("write")
     with transaction.atomic():
         session = lock_session(caller, session_id)
-        existing = live_runtime(session, lock=False)
-        if existing is not None:
-            raise LiveRuntimeExists(
-                "this session already has a live runtime", runtime_id=existing.id, generation=existing.generation
-            )
         if session.status not in _ATTACHABLE:
-            raise RuntimeNotLive(
-                f"a {session.status} session takes no new runtime", code="session_not_attachable", status=session.status
-            )
+            # The lifecycle refuses first: this session can never run again (completed, stale,
+            # terminated), whatever its runtimes say.
+            check(rt.check_transition, session.status, rt.SessionStatus.RUNNING)
         outbox = Outbox(caller.label)
+        refuse_live_runtime(session, outbox, "this session already has a live runtime")
         attachment = insert_attachment(session, spec, outbox)
         session.save(update_fields=["generation", "updated_at"])
         outbox.flush()
@@ -141,7 +188,7 @@ def heartbeat_runtime(caller: Caller, runtime_id: int, *, lease_seconds: int | N
         raise RuntimeNotLive(
             "this runtime is no longer live; resume the session to start a new generation",
             runtime_id=attachment.id, state=attachment.state,
-            lease_expired=attachment.state == rt.RuntimeState.LIVE and attachment.lease_expires_at <= now,
+            lease_expired=leases.runtime_lease_expired(attachment.state, attachment.lease_expires_at, now),
         )
     session_id, run_id, abort = row
     return Heartbeat(runtime_id, session_id, expires, bool(abort), run_id)
@@ -173,39 +220,39 @@ class Reconciled:
     session_status: str
 
 
-def reconcile_expired_runtimes(*, now: datetime | None = None, limit: int = 100) -> list[Reconciled]:
-    """Turn expired leases into ``lost`` runtimes and ``running`` sessions into ``failed``.
+def reconcile_expired_runtimes(
+    *, now: datetime | None = None, batch_size: int = 100, limit: int | None = None
+) -> list[Reconciled]:
+    """Turn every lease expired at ``now`` (default: when the pass starts) into records and events.
 
-    Safe to run concurrently (several reconcilers, or one racing a close): each runtime is
-    claimed by a conditional UPDATE whose row count is checked, under the session lock.
-    Never makes a transition the table forbids: idle and waiting sessions keep their state.
+    Drains: reads the expired runtimes in batches of ``batch_size`` (keyset on id) until none
+    is left, so one pass leaves no lease that had expired when it started; ``limit`` caps the
+    total (None: all). Each runtime is tidied by ``expire_runtime`` in its own transaction,
+    under the session lock; safe to run concurrently (several reconcilers, or one racing a
+    close or an inline tidy): a runtime someone else tidied meanwhile is skipped.
     """
     now = now or timezone.now()
-    candidates = list(
-        RuntimeAttachment.objects.filter(state=rt.RuntimeState.LIVE, lease_expires_at__lte=now)
-        .order_by("id")
-        .values_list("id", "session_id")[:limit]
-    )
     done: list[Reconciled] = []
-    for runtime_id, session_id in candidates:
-        with transaction.atomic():
-            try:
-                session = Session.objects.select_for_update().get(id=session_id)
-            except Session.DoesNotExist:
-                continue
-            claimed = RuntimeAttachment.objects.filter(
-                id=runtime_id, state=rt.RuntimeState.LIVE, lease_expires_at__lte=now
-            ).update(state=rt.RuntimeState.LOST.value, end_reason="runtime_lost", ended_at=now)
-            if claimed != 1:
-                continue  # renewed, closed or reconciled by someone else meanwhile
-            outbox = Outbox(SYSTEM.label + ":reconciler")
-            outbox.add(session, "runtime.lost", runtime_id=runtime_id, reason="runtime_lost")
-            if session.status == rt.SessionStatus.RUNNING:
-                apply_transition(
-                    session, rt.SessionStatus.FAILED, reason="runtime_lost", outbox=outbox,
-                    run_end_state=rt.RunState.INTERRUPTED,
-                )
-            outbox.flush()
-        log.info("reconciled runtime %s of session %s: session now %s", runtime_id, session_id, session.status)
-        done.append(Reconciled(runtime_id, session_id, session.status))
+    after = 0
+    while limit is None or len(done) < limit:
+        batch = list(
+            RuntimeAttachment.objects.lease_expired(now).filter(id__gt=after)
+            .order_by("id").only("id", "session_id", "generation", "state", "lease_expires_at")[:batch_size]
+        )
+        if not batch:
+            break
+        after = batch[-1].id
+        for attachment in batch:
+            if limit is not None and len(done) >= limit:
+                break
+            with transaction.atomic():
+                session = Session.objects.select_for_update().filter(id=attachment.session_id).first()
+                if session is None:
+                    continue
+                outbox = Outbox(SYSTEM.label + ":reconciler")
+                if not expire_runtime(session, attachment, outbox, now=now):
+                    continue  # renewed, closed or tidied by someone else meanwhile
+                outbox.flush()
+            log.info("reconciled runtime %s of session %s: session now %s", attachment.id, session.id, session.status)
+            done.append(Reconciled(attachment.id, session.id, session.status))
     return done

@@ -23,8 +23,8 @@ from novelforge_sessions.actions.lifecycle import (
     lock_session,
     open_run,
 )
-from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment
-from novelforge_sessions.errors import Conflict, LiveRuntimeExists, NoOpenRun
+from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment, refuse_live_runtime
+from novelforge_sessions.errors import Conflict, NoOpenRun
 from novelforge_sessions.models import Session
 
 
@@ -156,17 +156,13 @@ def abort_session(caller: Caller, session_id: int, *, reason: str = "abort reque
 
 
 def forget_session(caller: Caller, session_id: int) -> None:
-    """Delete the session's record (runs, checkpoints, transcript). Refused while a runtime is live."""
+    """Delete the session's record (runs, checkpoints, transcript). Refused while a runtime is
+    live (by its lease: an expired record is tidied first, its ``runtime.lost`` recorded)."""
     caller.require("write")
     with transaction.atomic():
         session = lock_session(caller, session_id)
-        attachment = live_runtime(session, lock=False)
-        if attachment is not None:
-            raise LiveRuntimeExists(
-                "close the live runtime before forgetting the session",
-                runtime_id=attachment.id, generation=attachment.generation,
-            )
         outbox = Outbox(caller.label)
+        refuse_live_runtime(session, outbox, "close the live runtime before forgetting the session")
         outbox.add(session, "session.forgotten", status=session.status, runs=session.run_count)
         session.delete()
         outbox.flush()

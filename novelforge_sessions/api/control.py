@@ -9,6 +9,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 
+from novelforge_sessions import leases
 from novelforge_sessions.actions import bindings as binding_actions
 from novelforge_sessions.actions import handoffs as handoff_actions
 from novelforge_sessions.actions import intents as intent_actions
@@ -197,7 +198,7 @@ def _handoff_out(h: Handoff, *, receipt: ConsumeReceipt | None | bool = True) ->
             "lease_holder", "lease_expires_at", "claimed_at", "heartbeat_at", "bound_at", "conflict_at",
             "conflict_resolved_at", "conflict_resolution", "cancelled_at", "created_at",
         )},
-        "lease_expired": h.state == HandoffState.CLAIMED and h.lease_expires_at is not None and h.lease_expires_at <= now,
+        "lease_expired": h.state == HandoffState.CLAIMED and leases.lease_expired(h.lease_expires_at, now),
         "receipt": _receipt_out(receipt or None),
     }
 

@@ -269,6 +269,11 @@ class RuntimeOut(Schema):
     attached_at: datetime
     ended_at: datetime | None
     end_reason: str
+    live: bool = Field(..., description="live by its lease: `state` is `live` and the lease has not run out")
+    lease_expired: bool = Field(
+        ..., description="`state` still says `live` but the lease ran out: the runtime is gone (not live), "
+        "recorded `lost` by the next reconciler pass or by the next resume/attach/forget",
+    )
 
 
 class HeartbeatIn(Strict):

@@ -19,6 +19,7 @@ from django.db.models import Count, Max, Prefetch, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from novelforge_sessions import leases
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.actions.intents import approval_problem, current_state
 from novelforge_sessions.control.fingerprints import fingerprint
@@ -356,11 +357,14 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
         run_bars.append(bar)
     runtime_bars = []
     for att in runtimes:
+        expired = leases.runtime_lease_expired(att.state, att.lease_expires_at, now)
         left = _pct(att.attached_at, t0, span)
-        right = _pct(att.ended_at or now, t0, span)
+        # A lease that ran out ended the runtime then, whatever the record says yet.
+        right = _pct(att.ended_at or (min(att.lease_expires_at, now) if expired else now), t0, span)
         runtime_bars.append(Bar(
-            label=f"gen {att.generation}", left=left, width=max(right - left, 0.6), classes=f"rt-{att.state}",
-            title=f"generation {att.generation} · {att.runtime_family} · {att.state}"
+            label=f"gen {att.generation}", left=left, width=max(right - left, 0.6),
+            classes="rt-lost lease-expired" if expired else f"rt-{att.state}",
+            title=f"generation {att.generation} · {att.runtime_family} · {'lease expired' if expired else att.state}"
             + (f" ({att.end_reason})" if att.end_reason else ""),
         ))
     return Timeline(t0, t1, run_bars, runtime_bars, hidden_runs)
@@ -497,9 +501,7 @@ class SessionRow:
         att = self.runtime
         if att is None:
             return False
-        return att.state == rt.RuntimeState.LOST or (
-            att.state == rt.RuntimeState.LIVE and att.lease_expires_at <= timezone.now()
-        )
+        return att.state == rt.RuntimeState.LOST or att.lease_expired
 
     @property
     def stands_out(self) -> bool:
@@ -540,7 +542,7 @@ class HandoffRow:
     @property
     def lease_live(self) -> bool:
         h = self.handoff
-        return h.state == HandoffState.CLAIMED and h.lease_expires_at is not None and h.lease_expires_at > self.now
+        return h.state == HandoffState.CLAIMED and leases.lease_held(h.lease_expires_at, self.now)
 
     @property
     def lease_expired(self) -> bool:

@@ -228,7 +228,9 @@ def session_row(request: HttpRequest, session_id: int) -> HttpResponse:
 # ------------------------------------------------------------------------------------
 def _session_context(session: Session) -> dict[str, Any]:
     runtimes = list(RuntimeAttachment.objects.filter(session=session).order_by("-generation")[:20])
-    live = next((a for a in runtimes if a.state == rt.RuntimeState.LIVE), None)
+    # Live by its lease (DESIGN §13): a record still saying live after its lease ran out is not.
+    live = next((a for a in runtimes if a.live), None)
+    expired = next((a for a in runtimes if a.lease_expired), None)
     runs = list(Run.objects.filter(session=session).order_by("-seq")[:12])
     runs.reverse()
     open_run = next((r for r in runs if r.state == rt.RunState.OPEN), None)
@@ -248,8 +250,13 @@ def _session_context(session: Session) -> dict[str, Any]:
         cp.approvals_json = presenters.compact_json(cp.approvals) if cp.approvals else ""
     status = rt.SessionStatus(session.status)
     allowed = rt.LIFECYCLE[status]
-    can_resume = rt.SessionStatus.RUNNING in allowed and live is None
-    if status is rt.SessionStatus.RUNNING:
+    # A running session whose runtime's lease ran out is failed / runtime_lost in all but the
+    # record: resume records that first (as the reconciler would), so it is offered.
+    runtime_gone = status is rt.SessionStatus.RUNNING and expired is not None
+    can_resume = (rt.SessionStatus.RUNNING in allowed or runtime_gone) and live is None
+    if runtime_gone:
+        resume_note = ""
+    elif status is rt.SessionStatus.RUNNING:
         resume_note = "the session is already running"
     elif rt.SessionStatus.RUNNING not in allowed:
         resume_note = f"a {status.value} session cannot return to running"
@@ -263,6 +270,7 @@ def _session_context(session: Session) -> dict[str, Any]:
         "metadata_json": presenters.pretty_json(session.provider_metadata) if session.provider_metadata else "",
         "runtimes": runtimes,
         "live_runtime": live,
+        "expired_runtime": expired,
         "latest_runtime": runtimes[0] if runtimes else None,
         "runs": runs,
         "open_run": open_run,

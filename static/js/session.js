@@ -3,9 +3,14 @@
  * arrives (handoff.* and review.* events included); the header badge and the feed update at
  * once from the event itself. Open drawers and keyboard focus are kept across a re-render.
  *
- * Lease heartbeats are not events (liveness is not a state change), so when a handoff's lease
- * countdown runs out the panels are re-fetched once for that lease: a worker that renewed it
- * shows its new expiry, one that did not stays "expired".
+ * Lease heartbeats are not events (liveness is not a state change), so when a handoff's or a
+ * runtime's lease countdown runs out the panels are re-fetched once for that lease: a worker
+ * that renewed it shows its new expiry, one that did not stays "expired".
+ *
+ * Liveness is the lease (DESIGN §13): the moment a live runtime's lease runs out, its badge
+ * turns "lease expired" here, without waiting for the server; the re-fetch then shows the
+ * server's view, and the reconciler's runtime.lost / session.transitioned events re-render it
+ * as lost and the session as failed.
  */
 (function () {
   "use strict";
@@ -51,6 +56,7 @@
         if (panel) swap(panel, html);
       }
       NF.tick();
+      scheduleLeaseFlips();
     }
 
     function onEvent(ev) {
@@ -74,6 +80,29 @@
       }
     }
     setInterval(recheckExpiredLeases, 1000);
+
+    function flipExpiredLeases() {
+      for (const b of root.querySelectorAll(".rt[data-lease-expires]:not([data-lease-flipped])")) {
+        const at = new Date(b.dataset.leaseExpires);
+        if (at.getTime() > Date.now()) continue;
+        b.dataset.leaseFlipped = "1";
+        b.textContent = "lease expired";
+        b.classList.add("problem");
+        b.title = "the lease ran out at " + at.toISOString().replace("T", " ").slice(0, 19) + " UTC: the runtime is gone";
+        const row = b.closest("tr.rt-row");
+        if (row) row.classList.add("lease-expired");
+      }
+    }
+    let flipTimers = [];
+    function scheduleLeaseFlips() {
+      flipTimers.forEach(clearTimeout);
+      flipTimers = [...root.querySelectorAll(".rt[data-lease-expires]:not([data-lease-flipped])")].map((b) =>
+        setTimeout(() => { flipExpiredLeases(); recheckExpiredLeases(); },
+                   Math.max(0, new Date(b.dataset.leaseExpires).getTime() - Date.now()) + 20));
+      flipExpiredLeases();
+    }
+    scheduleLeaseFlips();
+    setInterval(flipExpiredLeases, 1000);
 
     NF.stream = new NF.EventStream([{ session_id: sessionId }], root.dataset.cursor, onEvent);
     NF.stream.start();

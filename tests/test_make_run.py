@@ -1,0 +1,26 @@
+"""`make run` starts the lease reconciler beside the server and stops it with the server (issue 8)."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+from django.conf import settings
+
+from tests.live import ROOT
+
+
+def _run_recipe() -> str:
+    # -n prints the recipe without running it (nothing is bootstrapped, served or migrated).
+    return subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def test_make_run_starts_the_reconciler_loop_in_the_background_and_traps_its_end():
+    recipe = _run_recipe()
+    started = re.search(r"manage\.py reconcile_runtimes --loop --interval (\S+) &\n\s*reconciler=\$!", recipe)
+    assert started, recipe
+    assert float(started.group(1)) * 3 <= settings.RUNTIME_LEASE_SECONDS, "reconciled well within one lease"
+    assert re.search(r"trap 'kill \$reconciler[^']*' EXIT", recipe), "stopped whenever the recipe's shell ends"
+    daphne = recipe.index("daphne -b")
+    assert recipe.index("reconcile_runtimes --loop") < daphne
+    assert not re.search(r"exec \S*daphne", recipe), "exec would replace the shell and drop the trap"
+    assert 'echo "Serving on http://' in recipe
