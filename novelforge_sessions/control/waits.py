@@ -12,14 +12,15 @@ A :class:`WaitKind` has
 * ``resolve(scope, refs, field)`` — at checkpoint write: type and resolve the refs the client
   wrote; return the normalized refs to store, or raise the typed 422 (``ValidationFailed``)
   naming the field path (``pending.gates[0]``). Nothing is written on a refusal;
-* ``waiting(session, run)`` — what the run (the session's open run by default) waits on now;
+* ``waiting(session, run)`` — what ``run`` (typically the session's open run) waits on now;
 * ``revalidate(scope)`` — for resume: a :class:`WaitCheck` (ok / failed + detail + data +
   repair route), reported as the resume step ``step`` (placed after ``results``). Optional:
   the handoff kind's checks are resume's own ``capabilities``/``results``/``consumed`` steps;
 * ``carry_over(session, run)`` — on resume: hand what is still awaited to the new run, so
   that whatever settles it later settles the run that now continues the cursor.
 
-Every function runs inside the caller's transaction, with the session row locked.
+Every function runs inside the caller's transaction: ``resolve`` with the writing run locked
+(``record_checkpoint``), ``revalidate`` and ``carry_over`` with the session row locked (``resume_session``).
 """
 from __future__ import annotations
 
