@@ -11,7 +11,7 @@ import pytest
 from novelforge_sessions.control.models import Approval, WriteIntent
 from novelforge_sessions.models import Checkpoint, Event
 from tests.control.conftest import make_artifact, make_handoff, ok, refused
-from tests.control.test_resume_control import _approved_intent, checkpoint, close, refused_at, resume
+from tests.control.test_resume_control import _approved_intent, approve_and_execute, checkpoint, close, refused_at, resume
 from tests.control.test_write_intents import before
 
 pytestmark = pytest.mark.django_db
@@ -157,3 +157,28 @@ def test_refs_stored_before_they_were_typed_are_checked_not_ignored(owner, manag
     assert failed["data"]["problems"] == [{"ref": {"intent": intent["id"]}, "problem": "unreadable write-intent ref",
                                            "repair": "re-freeze"}]
     assert Approval.objects.filter(intent_id=intent["id"]).count() == 1
+
+
+def test_an_approval_that_stood_goes_stale_when_authority_moves(owner, manager, running):
+    _, intent = _approved_intent(owner, manager)
+    checkpoint(owner, running["run"]["id"], **BODY, approvals=[{"write_intent_id": intent["id"]}])
+    canon = make_artifact(owner, "canon")
+    approve_and_execute(owner, manager, {
+        "kind": "authority.settle", "idempotency_key": "settle", "before_fingerprint": before(owner, "authority.settle"),
+        "params": {"artifacts": [{"artifact_id": canon["id"], "fingerprint": canon["current_fingerprint"]}]}})
+    close(owner, running["id"])
+    report = refused(resume(owner, running["id"]), 409, "resume_refused")["details"]["report"]
+    approvals = next(s for s in report["steps"] if s["step"] == "approvals")
+    assert approvals["ok"] is False and approvals["repair"] == "re-approve"
+    assert approvals["data"]["problems"][0]["problem"] == "approval stale (authority_changed)"
+    assert set(report["repairs"]) == {"re-approve", "re-freeze"}  # the authority step fails too
+
+
+def test_a_transcript_under_other_key_names_is_refused_over_the_api_and_nothing_is_written(owner, running):
+    run_id = running["run"]["id"]
+    before_counts = counts()
+    turns = [{"who": "user", "said": "draft the storm scene please"}, {"who": "assistant", "said": "Here it is, in full."}]
+    err = refused(owner.post(f"/runs/{run_id}/checkpoints", {**BODY, "cursor": {"step": "x", "recent": turns}}),
+                  422, "checkpoint_not_bounded")
+    assert err["details"]["path"] == "$.cursor.recent"
+    assert counts() == before_counts
