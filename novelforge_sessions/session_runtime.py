@@ -288,6 +288,11 @@ TRANSCRIPT_KEYS = frozenset(
 #: A single string longer than this is prose, not a cursor or a reference.
 MAX_CHECKPOINT_STRING = 2048
 _MESSAGE_ROLES = {"user", "assistant", "system", "tool", "human", "ai", "model"}
+#: Speaker tokens that make even a two-turn list a conversation.
+_SPEAKER_WORDS = frozenset(_MESSAGE_ROLES | {"bot", "agent", "me", "you"})
+#: A speaker-like value: a short label of a few words on one line ("user", "Mara", "Dr. Voss").
+MAX_SPEAKER_CHARS = 40
+MAX_SPEAKER_WORDS = 3
 
 
 @dataclass(frozen=True)
@@ -297,12 +302,23 @@ class ArtifactRef:
 
 
 @dataclass(frozen=True)
+class ApprovalRef:
+    """A write-intent ref of ``approvals``: the write the cursor is about to make, and
+    optionally the approval it relies on (resolved against the database at write time)."""
+
+    write_intent_id: int
+    approval_id: int | None = None
+
+
+@dataclass(frozen=True)
 class CheckpointSpec:
     boundary: CheckpointBoundary
     cursor: dict[str, Any]
     artifacts: tuple[ArtifactRef, ...]
-    pending: dict[str, Any]
-    approvals: list[Any]
+    #: ``{pending key: [refs as the client wrote them]}``; each key's refs are typed and
+    #: resolved by the wait kind registered for it (``control/waits.py``).
+    pending: dict[str, list[Any]]
+    approvals: tuple[ApprovalRef, ...]
     resume_policy: str
     size_bytes: int
     extra: dict[str, Any] = field(default_factory=dict)
@@ -311,7 +327,9 @@ class CheckpointSpec:
 CHECKPOINT_FIELDS = frozenset(
     {"boundary", "cursor", "artifacts", "authority", "pending", "approvals", "resume_policy", "schema_version"}
 )
+APPROVAL_REF_FIELDS = frozenset({"write_intent_id", "approval_id"})
 FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_ID_MAX = 2**63 - 1
 
 
 def _looks_like_message(value: Any) -> bool:
@@ -322,8 +340,64 @@ def _looks_like_message(value: Any) -> bool:
     )
 
 
+def _is_speaker(value: Any) -> bool:
+    return (
+        isinstance(value, str) and 0 < len(value) <= MAX_SPEAKER_CHARS and "\n" not in value
+        and len(value.split()) <= MAX_SPEAKER_WORDS
+    )
+
+
+def _is_free_text(value: Any) -> bool:
+    return isinstance(value, str) and len(value.split()) >= 2
+
+
+def _is_chat(speakers: list[str], texts: list[Any]) -> bool:
+    """Turns by shape: ≥ 2 items; the speakers a small set that repeats (or conversational
+    roles), changing along the list on more than half the steps; at least half the texts free
+    text (whitespace inside), and at least one longer than a label."""
+    n = len(speakers)
+    if n < 2:
+        return False
+    distinct = {s.casefold() for s in speakers}
+    if len(distinct) > max(3, n // 2):
+        return False
+    if len(distinct) == n and not distinct & _SPEAKER_WORDS:
+        return False  # nothing repeats and nobody is a conversational role: labels, not speakers
+    changes = sum(1 for a, b in zip(speakers, speakers[1:]) if a.casefold() != b.casefold())
+    if 2 * changes <= n - 1:
+        return False  # sorted categories (done, done, todo, todo), not turns
+    free = [t for t in texts if _is_free_text(t)]
+    return 2 * len(free) >= n and not all(_is_speaker(t) for t in free)
+
+
+def _looks_like_turns(items: list[Any]) -> bool:
+    """A list of chat turns whatever its key names: ``[{speaker, text}, …]``, ``[{who, said}, …]``,
+    ``[[speaker, text], …]``."""
+    if len(items) < 2:
+        return False
+    if all(isinstance(i, (list, tuple)) and len(i) >= 2 for i in items):
+        speakers = [i[0] for i in items]
+        return all(_is_speaker(s) for s in speakers) and _is_chat(speakers, [i[1] for i in items])
+    if not all(isinstance(i, Mapping) for i in items):
+        return False
+    shared = set(items[0]).intersection(*items[1:])
+    for key in shared:
+        speakers = [i[key] for i in items]
+        if not all(_is_speaker(s) for s in speakers):
+            continue
+        text_keys = set().union(*items) - {key}
+        if any(_is_chat(speakers, [i.get(other) for i in items]) for other in text_keys):
+            return True
+    return False
+
+
 def find_transcript_content(value: Any, path: str = "$") -> str | None:
-    """Return the JSON path of the first transcript-like part of ``value``, or None."""
+    """Return the JSON path of the first transcript-like part of ``value``, or None.
+
+    Transcript-like: a key named like a transcript (``TRANSCRIPT_KEYS``), a list holding a
+    ``{role, content}`` message, a list of chat turns by shape (``_looks_like_turns``), or a
+    string longer than ``MAX_CHECKPOINT_STRING``.
+    """
     if isinstance(value, Mapping):
         for key, sub in value.items():
             sub_path = f"{path}.{key}"
@@ -334,7 +408,7 @@ def find_transcript_content(value: Any, path: str = "$") -> str | None:
                 return found
         return None
     if isinstance(value, list):
-        if any(_looks_like_message(item) for item in value):
+        if any(_looks_like_message(item) for item in value) or _looks_like_turns(value):
             return path
         for index, sub in enumerate(value):
             found = find_transcript_content(sub, f"{path}[{index}]")
@@ -346,14 +420,71 @@ def find_transcript_content(value: Any, path: str = "$") -> str | None:
     return None
 
 
+def _ref_id(value: Any, field_name: str, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= _ID_MAX:
+        raise InvalidPayload(f"{field_name} must be a positive integer id", field=field_name)
+    return value
+
+
+def validate_approval_refs(value: Any) -> tuple[ApprovalRef, ...]:
+    """``approvals``: ``[{"write_intent_id": int, "approval_id"?: int}]``, each intent once."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise InvalidPayload("approvals must be a list of {write_intent_id, approval_id?} refs", field="approvals")
+    refs: list[ApprovalRef] = []
+    seen: set[int] = set()
+    for index, ref in enumerate(value):
+        where = f"approvals[{index}]"
+        if not isinstance(ref, Mapping):
+            raise InvalidPayload("an approval ref is an object {write_intent_id, approval_id?}", field=where)
+        unknown = sorted(str(k) for k in set(ref) - APPROVAL_REF_FIELDS)
+        if unknown:
+            raise InvalidPayload(f"unknown approval ref field {unknown[0]!r}", field=f"{where}.{unknown[0]}",
+                                 allowed=sorted(APPROVAL_REF_FIELDS))
+        intent_id = _ref_id(ref.get("write_intent_id"), f"{where}.write_intent_id")
+        if intent_id in seen:
+            raise InvalidPayload("each write intent is referenced once", field=f"{where}.write_intent_id")
+        seen.add(intent_id)
+        refs.append(ApprovalRef(intent_id, _ref_id(ref.get("approval_id"), f"{where}.approval_id", optional=True)))
+    return tuple(refs)
+
+
+def validate_pending(value: Any, keys: Iterable[str] | None = None) -> dict[str, list[Any]]:
+    """``pending``: an object of ref lists, one per thing a run waits on. With ``keys`` (the
+    registered wait kinds' pending keys), any other key is refused."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidPayload("pending must be an object of reference lists (e.g. handoffs, gates)", field="pending")
+    allowed = None if keys is None else frozenset(keys)
+    pending: dict[str, list[Any]] = {}
+    for key, refs in value.items():
+        where = f"pending.{key}"
+        if allowed is not None and key not in allowed:
+            raise InvalidPayload(f"unknown pending key {key!r}", field=where, allowed=sorted(allowed))
+        if not isinstance(refs, list):
+            raise InvalidPayload(f"{where} must be a list of references", field=where)
+        pending[str(key)] = list(refs)
+    return pending
+
+
 def validate_fingerprint(value: Any, field_name: str) -> str:
     if not isinstance(value, str) or not FINGERPRINT_RE.match(value):
         raise InvalidPayload(f"{field_name} must look like sha256:<64 hex digits>", field=field_name)
     return value
 
 
-def validate_checkpoint(payload: Mapping[str, Any], *, max_bytes: int) -> CheckpointSpec:
-    """Validate a checkpoint body; refuse anything unbounded with ``checkpoint_not_bounded``."""
+def validate_checkpoint(
+    payload: Mapping[str, Any], *, max_bytes: int, pending_keys: Iterable[str] | None = None,
+) -> CheckpointSpec:
+    """Validate a checkpoint body; refuse anything unbounded with ``checkpoint_not_bounded``.
+
+    The refs' *shapes* are checked here (``approvals``, the ``pending`` keys when
+    ``pending_keys`` is given); whether they resolve is the service's business.
+    """
     size = json_size(payload)
     if size > max_bytes:
         raise CheckpointNotBounded(
@@ -386,12 +517,8 @@ def validate_checkpoint(payload: Mapping[str, Any], *, max_bytes: int) -> Checkp
         refs.append(
             ArtifactRef(ref["artifact_id"], validate_fingerprint(ref.get("fingerprint"), f"artifacts[{index}].fingerprint"))
         )
-    pending = payload.get("pending") or {}
-    if not isinstance(pending, Mapping):
-        raise InvalidPayload("pending must be an object of gate/event/handoff references", field="pending")
-    approvals = payload.get("approvals") or []
-    if not isinstance(approvals, list):
-        raise InvalidPayload("approvals must be a list of approval/write-intent references", field="approvals")
+    pending = validate_pending(payload.get("pending"), pending_keys)
+    approvals = validate_approval_refs(payload.get("approvals"))
     resume_policy = payload.get("resume_policy") or "revalidate"
     if not isinstance(resume_policy, str) or not _NAME_RE.match(resume_policy):
         raise InvalidPayload("resume_policy must be a short lowercase name", field="resume_policy")
@@ -399,8 +526,8 @@ def validate_checkpoint(payload: Mapping[str, Any], *, max_bytes: int) -> Checkp
         boundary=boundary,
         cursor=dict(cursor),
         artifacts=tuple(refs),
-        pending=dict(pending),
-        approvals=list(approvals),
+        pending=pending,
+        approvals=approvals,
         resume_policy=resume_policy,
         size_bytes=size,
     )

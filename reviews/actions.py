@@ -541,7 +541,9 @@ def bind_verdict(
                 _resume_if_waiting(session, gate, outbox, reason=f"review gate {gate.id} bound")
             if handoff is not None:
                 # The run's pending list drops this handoff; the last one returns the session to running.
-                control.settle(session=session, run_id=gate.run_id, reason=control.RESULTS_BOUND_REASON, outbox=outbox)
+                # That is the run waiting on it *now*: resume hands the gate and its handoffs to the run
+                # that continues the cursor (reviews/waits.py), never leaving them on the interrupted one.
+                control.settle(session=session, run_id=handoff.run_id, reason=control.RESULTS_BOUND_REASON, outbox=outbox)
             outbox.flush()
     except IntegrityError:
         # A racing identical request won (the unique (packet, reviewer) rule held). Answer

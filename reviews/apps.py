@@ -5,3 +5,11 @@ class ReviewsConfig(AppConfig):
     name = "reviews"
     verbose_name = "Independent review"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Review gates are one of the things a run waits on: checkpoints resolve `pending.gates`,
+        # resume revalidates them (step "reviews") and carries them over to the new run.
+        from novelforge_sessions.control import waits
+        from reviews.waits import REVIEW_GATES
+
+        waits.register(REVIEW_GATES)

@@ -11,6 +11,8 @@ from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
+from novelforge_sessions.control import waits
+from novelforge_sessions.control.models import ApprovalDecision, WriteIntent
 from novelforge_sessions.errors import Conflict, NotFound, StaleAuthority, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Project, Run, Session
 
@@ -37,10 +39,16 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
 
     The authority refs are the project's *current* ones, read by the server; a client that
     states other refs is refused with ``stale_authority`` (it froze against an old Canon).
-    Every artifact ref must name a real version of an artifact in this project.
+    Every artifact ref must name a real version of an artifact in this project. Approval and
+    pending refs are typed (pure core) and resolved here, then stored normalized
+    (``_resolve_approvals``, the wait kinds of ``control/waits.py``): a ref that does not
+    resolve is a 422 naming its field, and nothing is written. A checkpoint without refs runs
+    no query for them.
     """
     caller.require("write")
-    spec = check(rt.validate_checkpoint, payload, max_bytes=settings.CHECKPOINT_MAX_BYTES)
+    spec = check(
+        rt.validate_checkpoint, payload, max_bytes=settings.CHECKPOINT_MAX_BYTES, pending_keys=waits.pending_keys(),
+    )
     with transaction.atomic():
         row = None
         if 0 < run_id <= BIGINT_MAX:  # a larger id names no row (as the ORM would say), never a 500
@@ -63,6 +71,8 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
             if differing:
                 raise StaleAuthority("the checkpoint was frozen against outdated authority", differences=differing)
         require_versions(project_id, ((r.artifact_id, r.fingerprint) for r in spec.artifacts), what="artifact refs")
+        approvals = _resolve_approvals(project_id, spec.approvals) if spec.approvals else []
+        pending = waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending) if spec.pending else {}
         checkpoint = Checkpoint.objects.create(
             session_id=session_id,
             run_id=run_id,
@@ -71,8 +81,8 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
             cursor=spec.cursor,
             artifacts=[{"artifact_id": r.artifact_id, "fingerprint": r.fingerprint} for r in spec.artifacts],
             authority=current,
-            pending=spec.pending,
-            approvals=spec.approvals,
+            pending=pending,
+            approvals=approvals,
             resume_policy=spec.resume_policy,
             size_bytes=spec.size_bytes,
         )
@@ -83,3 +93,38 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
                      "cursor": checkpoint.cursor},
         )
     return checkpoint
+
+
+def _resolve_approvals(project_id: int, refs: tuple[rt.ApprovalRef, ...]) -> list[dict[str, Any]]:
+    """Resolve ``approvals`` refs against this project's write intents (one query).
+
+    Each becomes ``{"write_intent_id", "approval_id", "standing_approval_id",
+    "before_fingerprint", "intent_state"}``: the approval the client named (verified to be one
+    of that intent's, else null), the intent's standing approval at checkpoint time, its
+    expected before-state and its state. Resume checks every one against current state.
+    """
+    intents: dict[int, dict[str, Any]] = {}
+    rows = WriteIntent.objects.filter(project_id=project_id, id__in=[r.write_intent_id for r in refs]).values_list(
+        "id", "state", "before_fingerprint", "approvals__id", "approvals__decision", "approvals__revoked_at",
+    )
+    for intent_id, state, before, approval_id, decision, revoked_at in rows:
+        intent = intents.setdefault(intent_id, {"state": state, "before": before, "approvals": set(), "standing": None})
+        if approval_id is not None:
+            intent["approvals"].add(approval_id)
+            if revoked_at is None and decision == ApprovalDecision.APPROVED:
+                intent["standing"] = approval_id
+    resolved = []
+    for index, ref in enumerate(refs):
+        intent = intents.get(ref.write_intent_id)
+        if intent is None:
+            raise ValidationFailed("no write intent of this project has this id",
+                                   field=f"approvals[{index}].write_intent_id")
+        if ref.approval_id is not None and ref.approval_id not in intent["approvals"]:
+            raise ValidationFailed("this approval is not one of that write intent's",
+                                   field=f"approvals[{index}].approval_id")
+        resolved.append({
+            "write_intent_id": ref.write_intent_id, "approval_id": ref.approval_id,
+            "standing_approval_id": intent["standing"], "before_fingerprint": intent["before"],
+            "intent_state": intent["state"],
+        })
+    return resolved

@@ -8,23 +8,31 @@ nothing. Resume never reads the transcript.
 The steps are plain functions of a :class:`ResumeContext`, in contract §07 order:
 
     load → framework → authority → context → artifacts → approvals → capabilities → results
-    → consumed → continue
+    → [one step per registered wait kind that revalidates: ``reviews``] → consumed → continue
 
-What a checkpoint binds, for the control-plane steps:
+What a checkpoint binds (typed and resolved when it was written, ``actions/checkpoints.py``),
+for the control-plane steps:
 
-* ``approvals`` — write-intent refs ``{"write_intent_id": N, "approval_id": M?}``: the
-  write the cursor is about to make. *approvals* checks each unexecuted one: its before-state
-  is still current (else re-freeze) and its approval — the one named, or the standing one —
-  still valid: not revoked, same authority version (else re-approve).
-* ``pending.handoffs`` — logical ids (or ``{"logical_id"}``) of external results the cursor
+* ``approvals`` — write-intent refs, stored as ``{"write_intent_id", "approval_id" (named or
+  null), "standing_approval_id", "before_fingerprint", "intent_state"}``: the write the cursor
+  is about to make. *approvals* checks every unexecuted one: not rejected or refused and its
+  before-state still current (else re-freeze); if the cursor relied on an approval (named, or
+  standing at checkpoint time) or the intent is approved, the standing approval is valid: not
+  revoked, same authority version (else re-approve).
+* ``pending.handoffs`` — stored as ``{"handoff_id", "logical_id"}``: external results the cursor
   waits on. *capabilities* checks that every still-unbound handoff of the session can be served
   by the runtime being attached or by another live runtime of the project; *results* that no
   delivery is in conflict (nor ``Session.open_conflict`` set) and every unbound result can
   still be bound to its frozen job (no named handoff missing, no invalid delivery waiting).
+* other ``pending`` keys — each is a wait kind registered in ``control/waits.py`` (``gates``:
+  review gates, registered by ``reviews``), revalidated by the kind's own step.
 * *consumed* — the saved cursor must not repeat an effect that already happened: a write
   intent it names was executed after the checkpoint; a result it names was consumed and the
   session checkpointed past it since; a ``before_long_handoff`` cursor names a handoff whose
   result is already consumed. Repair: re-freeze (resume from, or record, a later checkpoint).
+
+On success, everything the session still waits on (every wait kind's ``carry_over``) moves to
+the new run.
 """
 from __future__ import annotations
 
@@ -43,8 +51,11 @@ from novelforge_sessions.actions.runs import create_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment, refuse_live_runtime
 from novelforge_sessions.errors import Conflict, NotFound
 from novelforge_sessions.models import Artifact, Checkpoint, Project, RuntimeAttachment, Session
+from novelforge_sessions.control import waits
 from novelforge_sessions.control.models import (
     UNBOUND_STATES,
+    Approval,
+    ApprovalDecision,
     ConsumeReceipt,
     DeliveryOutcome,
     Handoff,
@@ -145,18 +156,39 @@ def step_artifacts(ctx: ResumeContext) -> StepResult:
 
 
 # ---- control-plane steps ------------------------------------------------------------------------
+def _id(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _intent_refs(ctx: ResumeContext) -> list[dict[str, Any]]:
+    """The checkpoint's write-intent refs as stored: normalized at write time to
+    ``{"write_intent_id", "approval_id", "standing_approval_id", "before_fingerprint",
+    "intent_state"}``. A ref stored in another shape (before refs were typed) is kept with
+    ``write_intent_id`` None, and the approvals step refuses it rather than ignore it."""
     refs = []
     for ref in (ctx.checkpoint.approvals if ctx.checkpoint else []) or []:
-        if isinstance(ref, dict) and isinstance(ref.get("write_intent_id"), int):
-            refs.append({"write_intent_id": ref["write_intent_id"],
-                         "approval_id": ref.get("approval_id") if isinstance(ref.get("approval_id"), int) else None})
+        if isinstance(ref, dict) and _id(ref.get("write_intent_id")) is not None:
+            refs.append({**ref, "approval_id": _id(ref.get("approval_id"))})
+        else:
+            refs.append({"write_intent_id": None, "ref": ref})
     return refs
+
+
+def _relied_on_approval(ref: dict[str, Any], approvals: list[Approval], checkpoint: Checkpoint) -> bool:
+    """Did the cursor rely on an approval: one was named, or one stood when it checkpointed?"""
+    if ref["approval_id"] is not None:
+        return True
+    if "standing_approval_id" in ref:
+        return ref["standing_approval_id"] is not None
+    # A ref stored before refs were resolved at write time: read the approvals' own history.
+    at = checkpoint.created_at
+    return any(a.decision == ApprovalDecision.APPROVED and a.created_at <= at and (a.revoked_at is None or a.revoked_at > at)
+               for a in approvals)
 
 
 def _intents(ctx: ResumeContext) -> dict[int, WriteIntent]:
     if "intents" not in ctx.facts:
-        ids = [r["write_intent_id"] for r in _intent_refs(ctx)]
+        ids = [r["write_intent_id"] for r in _intent_refs(ctx) if r["write_intent_id"] is not None]
         ctx.facts["intents"] = {
             i.id: i for i in WriteIntent.objects.filter(id__in=ids, project=ctx.project).prefetch_related("approvals")
         } if ids else {}
@@ -181,12 +213,21 @@ def _handoffs(ctx: ResumeContext) -> list[Handoff]:
 
 
 def step_approvals(ctx: ResumeContext) -> StepResult:
-    """Approvals and write preconditions of the writes the saved cursor is about to make."""
+    """Approvals and write preconditions of the writes the saved cursor is about to make.
+
+    Every intent ref is checked, whatever the client wrote: a rejected or refused intent, or
+    a before-state that went stale, is *re-freeze*; an approval the cursor relied on (named,
+    or standing at checkpoint time) that is now revoked or stale is *re-approve* — also when
+    the revocation put the intent back to ``proposed``. A re-approval that stands and is
+    valid repairs it."""
     refs = _intent_refs(ctx)
     intents = _intents(ctx)
     problems: list[dict[str, Any]] = []
     checked = 0
     for ref in refs:
+        if ref["write_intent_id"] is None:
+            problems.append({"ref": ref["ref"], "problem": "unreadable write-intent ref", "repair": Repair.REFREEZE})
+            continue
         intent = intents.get(ref["write_intent_id"])
         if intent is None:
             problems.append({"write_intent_id": ref["write_intent_id"], "problem": "unknown write intent",
@@ -200,24 +241,24 @@ def step_approvals(ctx: ResumeContext) -> StepResult:
                              "repair": Repair.REFREEZE})
             continue
         current = fingerprint(target_state(intent, ctx.project))
-        if current != intent.before_fingerprint:
+        bound = ref.get("before_fingerprint") or intent.before_fingerprint
+        if current != intent.before_fingerprint or bound != intent.before_fingerprint:
             problems.append({"write_intent_id": intent.id, "problem": "write precondition stale",
-                             "before_fingerprint": intent.before_fingerprint, "current": current,
-                             "repair": Repair.REFREEZE})
+                             "before_fingerprint": bound, "current": current, "repair": Repair.REFREEZE})
             continue
         approvals = list(intent.approvals.all())
         standing = next((a for a in approvals if a.revoked_at is None), None)
-        if ref["approval_id"] is not None:
-            if not any(a.id == ref["approval_id"] for a in approvals):
-                problems.append({"write_intent_id": intent.id, "approval_id": ref["approval_id"],
-                                 "problem": "unknown approval", "repair": Repair.REAPPROVE})
-                continue
-        elif intent.state != IntentState.APPROVED:
+        if ref["approval_id"] is not None and not any(a.id == ref["approval_id"] for a in approvals):
+            problems.append({"write_intent_id": intent.id, "approval_id": ref["approval_id"],
+                             "problem": "unknown approval", "repair": Repair.REAPPROVE})
+            continue
+        if not _relied_on_approval(ref, approvals, ctx.checkpoint) and intent.state != IntentState.APPROVED:
             continue  # no approval bound yet: the cursor is still waiting for one
         # The standing approval is what counts (a re-approval replaces a revoked one).
         why = approval_problem(intent, standing, ctx.project)
         if why is not None:
-            problems.append({"write_intent_id": intent.id, "approval_id": standing.id if standing else ref["approval_id"],
+            problems.append({"write_intent_id": intent.id,
+                             "approval_id": standing.id if standing else ref["approval_id"] or ref.get("standing_approval_id"),
                              "problem": f"approval stale ({'revoked' if why == 'missing' else why})",
                              "repair": Repair.REAPPROVE})
     if problems:
@@ -313,11 +354,36 @@ def step_consumed(ctx: ResumeContext) -> StepResult:
 
 ResumeStep = Callable[[ResumeContext], StepResult]
 
-#: Contract §07 order; "continue" is appended by ``resume_session``.
+#: Contract §07 order; the registered wait kinds' steps follow ``results`` (``run_steps``),
+#: and "continue" is appended by ``resume_session``.
 RESUME_STEPS: list[ResumeStep] = [
     step_load, step_framework, step_authority, step_context, step_artifacts,
     step_approvals, step_capabilities, step_results, step_consumed,
 ]
+
+
+def step_waits(ctx: ResumeContext) -> list[StepResult]:
+    """One step per registered wait kind that revalidates (e.g. ``reviews``), fed the
+    checkpoint's refs under the kind's ``pending`` key."""
+    pending = (ctx.checkpoint.pending if ctx.checkpoint else {}) or {}
+    results = []
+    for kind in waits.kinds():
+        if kind.revalidate is None:
+            continue
+        refs = pending.get(kind.pending_key) or []
+        found = kind.revalidate(waits.ResumeScope(ctx.session, ctx.project, ctx.checkpoint,
+                                                  refs if isinstance(refs, list) else [refs]))
+        results.append(StepResult(kind.step, found.ok, found.detail, dict(found.data), None if found.ok else found.repair))
+    return results
+
+
+def run_steps(ctx: ResumeContext) -> list[StepResult]:
+    steps = []
+    for step in RESUME_STEPS:
+        steps.append(step(ctx))
+        if step is step_results:
+            steps.extend(step_waits(ctx))
+    return steps
 
 
 class ResumeRefused(Conflict):
@@ -370,7 +436,7 @@ def resume_session(
         else:
             checkpoint = checkpoints.order_by("-id").first()
         ctx = ResumeContext(caller, session, session.project, checkpoint, runtime)
-        steps = [step(ctx) for step in RESUME_STEPS]
+        steps = run_steps(ctx)
         ok = all(s.ok for s in steps)
         cursor = checkpoint.cursor if checkpoint else {}
         failed = [s.step for s in steps if not s.ok]
@@ -393,16 +459,12 @@ def resume_session(
             frozen_inputs=checkpoint.artifacts if checkpoint else [], resumed_from=checkpoint,
         )
         outcome.run_id = run.id
-        # The new run inherits the external work still in flight: bindings and the
-        # awaiting_external round-trip follow the run that now continues the cursor.
-        waiting_for = list(
-            Handoff.objects.filter(session=session, state__in=UNBOUND_STATES).order_by("id").values_list("logical_id", flat=True)
-        )
-        if waiting_for:
-            Handoff.objects.filter(session=session, state__in=UNBOUND_STATES).update(run=run)
-            run.pending_external = waiting_for
-            run.save(update_fields=["pending_external"])
+        # The new run inherits everything still awaited (unbound handoffs, pending review
+        # gates, …: every registered wait kind): whatever settles it later settles the run
+        # that now continues the cursor, never the interrupted one.
+        carried = waits.carry_over(session, run)
         outbox.add(session, "session.resumed", run_id=run.id, generation=session.generation,
-                   checkpoint_id=outcome.checkpoint_id, reason=reason, pending_external=waiting_for)
+                   checkpoint_id=outcome.checkpoint_id, reason=reason,
+                   pending_external=carried.get(waits.HANDOFFS.pending_key, []), carried_over=carried)
         outbox.flush()
     return outcome

@@ -46,3 +46,28 @@ def test_claim_heartbeat_and_delivery_query_counts(django_assert_max_num_queries
     with django_assert_num_queries(3):
         resp = api.post(f"/handoffs/{claimed.id}/results", body)
     assert resp.json()["outcome"] == "already_consumed"
+
+
+def test_checkpoint_refs_cost_one_query_per_kind_of_ref(django_assert_num_queries):
+    """Typed refs are resolved at write time (issue 8, defect 3): a checkpoint without refs runs
+    none of those queries; approvals and each ``pending`` kind with refs add one query each."""
+    from novelforge_sessions.actions.artifacts import add_artifact_version, create_artifact
+    from novelforge_sessions.actions.checkpoints import record_checkpoint
+    from novelforge_sessions.actions.intents import create_intent, read_before_state
+
+    project = make_project("refs")
+    who = caller_for(project)
+    s = create_session(who, NewSession("writer", "bounded", "drafting", "codex"), runtime=RuntimeSpec("codex"))
+    run = start_run(who, s.id)
+    create_handoff(who, run.id, logical_id="refs-1")
+    art = create_artifact(who, name="ch", kind="chapter", content="one")
+    v2 = add_artifact_version(who, art.id, content="two")
+    before = read_before_state(who, kind="artifact.make_current", artifact_id=art.id)
+    intent = create_intent(who, kind="artifact.make_current", idempotency_key="k", artifact_id=art.id,
+                           before_fingerprint=before.fingerprint, params={"version_id": v2.id}).intent
+    body = {"boundary": "context_freeze", "cursor": {"step": 1}}
+    with django_assert_num_queries(6):  # BEGIN, run lock, insert, update run, event, COMMIT
+        record_checkpoint(who, run.id, {**body, "approvals": [], "pending": {"handoffs": [], "gates": []}})
+    with django_assert_num_queries(8):  # + the intents (with their approvals), + the session's named handoffs
+        record_checkpoint(who, run.id, {**body, "approvals": [{"write_intent_id": intent.id}],
+                                        "pending": {"handoffs": ["refs-1"], "gates": []}})

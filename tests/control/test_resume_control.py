@@ -18,8 +18,8 @@ from tests.control.test_write_intents import before
 
 pytestmark = pytest.mark.django_db
 
-STEPS = ["load", "framework", "authority", "context", "artifacts", "approvals", "capabilities", "results", "consumed",
-         "continue"]
+STEPS = ["load", "framework", "authority", "context", "artifacts", "approvals", "capabilities", "results", "reviews",
+         "consumed", "continue"]
 RUNTIME = {"runtime_family": "claude-code", "capabilities": ["draft"], "lease_seconds": 60}
 
 

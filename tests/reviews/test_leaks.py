@@ -1,7 +1,7 @@
 """The leak test (contract §03, DESIGN §9): nothing private reaches a reviewer.
 
 A gate is seeded with unique markers wherever a writer might keep private material — the
-transcript, the run's cursor and frozen inputs, a checkpoint's pending data — plus the gate's
+transcript, the run's cursor and frozen inputs, a checkpoint's cursor — plus the gate's
 hidden calibration (expected verdict, answer key) and other reviewers' verdicts. Then every
 response a reviewer can obtain is scanned: the queue and packet pages, the relay export, the
 packet JSON and verdict responses from the API, error bodies (404/409/422/400), the events the
@@ -65,9 +65,8 @@ def test_no_private_material_reaches_any_reviewer_facing_response(project):
         append_transcript(who, session_id, role="assistant",
                           content=f"Thinking privately: {MARKERS['transcript']}; the reviewer should pass this.")
         record_checkpoint(who, run_id, {
-            "boundary": "candidate_frozen", "cursor": {"step": "review"},
+            "boundary": "candidate_frozen", "cursor": {"step": "review", "hint": MARKERS["checkpoint"]},
             "artifacts": [{"artifact_id": world.version.artifact_id, "fingerprint": world.version.fingerprint}],
-            "pending": {"gate": "next", "hint": MARKERS["checkpoint"]},
         })
 
     # An agent gate (its session awaits external reviewers) and a page gate (its session awaits a person).

@@ -125,3 +125,95 @@ def test_api_refuses_unknown_top_level_checkpoint_keys(owner, new_session, extra
     assert resp.status_code == status, resp.content
     assert resp.json()["error"]["code"] == code
     assert owner.get(f"/runs/{run_id}/checkpoints").json()["items"] == []
+
+
+# ---- transcripts by shape, whatever the key names (issue 8, defect 5) ------------------------
+FP = "sha256:" + "0" * 64
+TRANSCRIPTS = {
+    "speaker/text": [{"speaker": "user", "text": "Draft the lighthouse scene for me"},
+                     {"speaker": "assistant", "text": "Here is a first pass at the scene."}],
+    "who/said": [{"who": "Mara", "said": "Where did the keeper go tonight?"},
+                 {"who": "Jon", "said": "Down to the water, like every night."},
+                 {"who": "Mara", "said": "Then we wait for him here."}],
+    "from/body": [{"from": "me", "body": "can you check chapter two for pacing"},
+                  {"from": "bot", "body": "Checked it: the middle drags a little."},
+                  {"from": "me", "body": "ok fix that"}],
+    "author/message+ts": [{"author": "human", "message": "continue from the storm please", "ts": 1},
+                          {"author": "ai", "message": "The storm broke at midnight, and Mara ran.", "ts": 2}],
+    "pairs": [["user", "hello, can you draft chapter one"], ["assistant", "Here is a draft of chapter one."],
+              ["user", "shorter please"]],
+    "tuples of three speakers": [["Mara", "The lamp is out again tonight."], ["Jon", "I will fetch the oil."],
+                                 ["Ada", "No need, the storm has passed."], ["Mara", "Then light it."]],
+}
+
+
+@pytest.mark.parametrize("turns", list(TRANSCRIPTS.values()), ids=list(TRANSCRIPTS))
+def test_chat_turns_are_detected_by_shape_whatever_the_key_names(turns):
+    """On the original code only key names and {role, content} counted: every one of these was accepted."""
+    for payload, path in (({**GOOD, "cursor": {"step": "x", "notes": turns}}, "$.cursor.notes"),
+                          ({**GOOD, "pending": {"handoffs": turns}}, "$.pending.handoffs"),
+                          ({**GOOD, "cursor": {"step": "x", "log": {"recent": turns}}}, "$.cursor.log.recent")):
+        with pytest.raises(rt.CheckpointNotBounded) as info:
+            rt.validate_checkpoint(payload, max_bytes=1_000_000)
+        assert info.value.details["path"] == path
+
+
+LEGITIMATE = {
+    "artifact refs": [{"artifact_id": 1, "fingerprint": FP}, {"artifact_id": 2, "fingerprint": FP},
+                      {"artifact_id": 3, "fingerprint": FP}],
+    "cursor steps": [{"step": "outline", "status": "done"}, {"step": "draft", "status": "doing"},
+                     {"step": "review", "status": "todo"}, {"step": "publish", "status": "todo"}],
+    "steps with titles, sorted by status": [
+        {"title": "Write the chapter outline", "status": "done"}, {"title": "Draft the opening scene", "status": "done"},
+        {"title": "Send the scene to review", "status": "todo"}, {"title": "Publish chapter one", "status": "todo"}],
+    "named steps with descriptions": [{"name": "outline", "description": "Outline chapter one with its beats"},
+                                      {"name": "draft", "description": "Draft the first scene from the outline"}],
+    "ids": [1, 2, 3, 5, 8],
+    "handoff refs": ["chapter-1/continuity", "chapter-1/translation"],
+    "handoff ref objects": [{"logical_id": "review-1-1", "state": "pending"}, {"logical_id": "review-1-2", "state": "pending"},
+                            {"logical_id": "review-1-3", "state": "claimed"}],
+    "gate refs": [{"gate_id": 4}, {"gate_id": 9}],
+    "beats": [["beat", "storm"], ["beat", "lamp"], ["beat", "keeper"]],
+    "pairs of ids": [[1, 2], [3, 4]],
+    "one labelled sentence": [{"kind": "note", "text": "Mara must not learn the keeper's name yet."}],
+}
+
+
+@pytest.mark.parametrize("value", list(LEGITIMATE.values()), ids=list(LEGITIMATE))
+def test_bounded_state_is_not_mistaken_for_a_transcript(value):
+    assert rt.find_transcript_content({**GOOD, "cursor": {"step": "x", "state": value}}) is None
+
+
+def test_the_existing_rules_still_hold():
+    assert rt.find_transcript_content({"cursor": {"m": [{"role": "user", "content": "hi"}]}}) == "$.cursor.m"
+    assert rt.find_transcript_content({"cursor": {"history": []}}) == "$.cursor.history"
+
+
+# ---- typed refs: shapes (pure) --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"approvals": {"write_intent_id": 1}}, "approvals"),
+        ({"approvals": [5]}, "approvals[0]"),
+        ({"approvals": [{"intent_id": 5}]}, "approvals[0].intent_id"),
+        ({"approvals": [{"write_intent_id": "5"}]}, "approvals[0].write_intent_id"),
+        ({"approvals": [{"write_intent_id": True}]}, "approvals[0].write_intent_id"),
+        ({"approvals": [{"write_intent_id": 1}, {"write_intent_id": 2, "approval_id": "x"}]}, "approvals[1].approval_id"),
+        ({"approvals": [{"write_intent_id": 1}, {"write_intent_id": 1}]}, "approvals[1].write_intent_id"),
+        ({"pending": ["j1"]}, "pending"),
+        ({"pending": {"handoffs": "j1"}}, "pending.handoffs"),
+    ],
+)
+def test_ref_shapes_are_typed_and_name_the_field(extra, field):
+    with pytest.raises(rt.InvalidPayload) as info:
+        rt.validate_checkpoint({**GOOD, **extra}, max_bytes=CAP)
+    assert info.value.details["field"] == field
+
+
+def test_pending_keys_are_those_of_the_registered_wait_kinds():
+    with pytest.raises(rt.InvalidPayload) as info:
+        rt.validate_checkpoint({**GOOD, "pending": {"gate": "next"}}, max_bytes=CAP, pending_keys={"handoffs", "gates"})
+    assert info.value.details["field"] == "pending.gate"
+    spec = rt.validate_checkpoint({**GOOD, "approvals": [{"write_intent_id": 3, "approval_id": 4}],
+                                   "pending": {"handoffs": ["j1"]}}, max_bytes=CAP, pending_keys={"handoffs"})
+    assert spec.approvals == (rt.ApprovalRef(3, 4),) and spec.pending == {"handoffs": ["j1"]}

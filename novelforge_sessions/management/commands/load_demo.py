@@ -120,10 +120,11 @@ class Command(BaseCommand):
             runtime=RuntimeSpec(runtime_family="codex", capabilities=["draft"], lease_seconds=3600),
         ).id
         run = runs.start_run(who, waiting, cursor={"step": "continuity-check"})
-        checkpoints.record_checkpoint(who, run.id, {"boundary": "before_long_handoff", "cursor": {"step": "continuity-check"},
-                                                    "artifacts": [ref], "pending": {"handoffs": ["continuity-ch1"]}})
+        # The job is frozen first: a checkpoint's pending refs must name handoffs that exist.
         handoffs.create_handoff(who, run.id, logical_id="continuity-ch1", inputs=[ref],
                                 required_capabilities=["continuity"], timeout_seconds=600)
+        checkpoints.record_checkpoint(who, run.id, {"boundary": "before_long_handoff", "cursor": {"step": "continuity-check"},
+                                                    "artifacts": [ref], "pending": {"handoffs": ["continuity-ch1"]}})
         # A second draft of chapter one, frozen for a blind review by the demo reviewer (awaiting_user).
         draft = artifacts.add_artifact_version(
             who, chapter.id,

@@ -1,0 +1,205 @@
+"""What a run waits on: a registry of *wait kinds* (DESIGN §7, contract §06–§07).
+
+A run can wait on several kinds of things — external results (handoffs), review gates, … —
+and a checkpoint names what its cursor waits on under ``pending``, one key per kind. The
+control plane does not know every kind: an app that adds one (``reviews`` adds review gates)
+registers it here, and checkpoints and resume work through this interface only. The control
+plane imports nothing from those apps.
+
+A :class:`WaitKind` has
+
+* ``name`` and ``pending_key`` — the checkpoint ``pending`` key it resolves (``"handoffs"``);
+* ``resolve(scope, refs, field)`` — at checkpoint write: type and resolve the refs the client
+  wrote; return the normalized refs to store, or raise the typed 422 (``ValidationFailed``)
+  naming the field path (``pending.gates[0]``). Nothing is written on a refusal;
+* ``waiting(session, run)`` — what ``run`` (typically the session's open run) waits on now;
+* ``revalidate(scope)`` — for resume: a :class:`WaitCheck` (ok / failed + detail + data +
+  repair route), reported as the resume step ``step`` (placed after ``results``). Optional:
+  the handoff kind's checks are resume's own ``capabilities``/``results``/``consumed`` steps;
+* ``carry_over(session, run)`` — on resume: hand what is still awaited to the new run, so
+  that whatever settles it later settles the run that now continues the cursor.
+
+Every function runs inside the caller's transaction: ``resolve`` with the writing run locked
+(``record_checkpoint``), ``revalidate`` and ``carry_over`` with the session row locked (``resume_session``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Q
+
+from novelforge_sessions.control.models import UNBOUND_STATES, Handoff
+from novelforge_sessions.errors import ValidationFailed
+from novelforge_sessions.models import Checkpoint, Project, Run, Session
+
+
+@dataclass(frozen=True)
+class WriteScope:
+    """Where a checkpoint is being written (the run is locked)."""
+
+    project_id: int
+    session_id: int
+    run_id: int
+
+
+@dataclass(frozen=True)
+class ResumeScope:
+    """What a kind's revalidation sees: the session being resumed (locked), its project, the
+    checkpoint resumed from (or None) and that checkpoint's refs under this kind's key."""
+
+    session: Session
+    project: Project
+    checkpoint: Checkpoint | None
+    refs: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WaitCheck:
+    ok: bool
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+    repair: str | None = None
+
+
+Resolve = Callable[[WriteScope, list[Any], str], list[dict[str, Any]]]
+Waiting = Callable[[Session, Run], list[dict[str, Any]]]
+Revalidate = Callable[[ResumeScope], WaitCheck]
+CarryOver = Callable[[Session, Run], list[Any]]
+
+
+@dataclass(frozen=True)
+class WaitKind:
+    name: str
+    pending_key: str
+    resolve: Resolve
+    waiting: Waiting
+    carry_over: CarryOver
+    revalidate: Revalidate | None = None
+    #: the resume report step of ``revalidate``
+    step: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.revalidate is None) != (self.step is None):
+            raise ValueError("a wait kind reports a resume step exactly when it revalidates")
+
+
+_KINDS: dict[str, WaitKind] = {}
+
+
+def register(kind: WaitKind) -> WaitKind:
+    """Register (or re-register, by name: idempotent across app reloads) a wait kind."""
+    for other in _KINDS.values():
+        if other.name != kind.name and (other.pending_key == kind.pending_key or (kind.step and other.step == kind.step)):
+            raise ValueError(f"wait kind {kind.name!r} clashes with {other.name!r}")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def kinds() -> tuple[WaitKind, ...]:
+    """Registered kinds, in registration order."""
+    return tuple(_KINDS.values())
+
+
+def kind_for(pending_key: str) -> WaitKind | None:
+    return next((k for k in _KINDS.values() if k.pending_key == pending_key), None)
+
+
+def pending_keys() -> frozenset[str]:
+    return frozenset(k.pending_key for k in _KINDS.values())
+
+
+def resolve_pending(scope: WriteScope, pending: Mapping[str, list[Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Resolve every key of a checkpoint's ``pending`` with its kind (no query for an empty list)."""
+    resolved: dict[str, list[dict[str, Any]]] = {}
+    for key, refs in pending.items():
+        kind = kind_for(key)
+        if kind is None:
+            raise ValidationFailed(f"unknown pending key {key!r}", field=f"pending.{key}", allowed=sorted(pending_keys()))
+        resolved[key] = kind.resolve(scope, refs, f"pending.{key}") if refs else []
+    return resolved
+
+
+def waiting_on(session: Session, run: Run) -> dict[str, list[dict[str, Any]]]:
+    """What ``run`` waits on, per pending key (kinds with nothing awaited are left out)."""
+    found = {k.pending_key: k.waiting(session, run) for k in _KINDS.values()}
+    return {key: items for key, items in found.items() if items}
+
+
+def carry_over(session: Session, run: Run) -> dict[str, list[Any]]:
+    """Hand everything the session still waits on to ``run`` (resume's new run)."""
+    moved = {k.pending_key: k.carry_over(session, run) for k in _KINDS.values()}
+    return {key: items for key, items in moved.items() if items}
+
+
+# ---- the control plane's own kind: handoffs (external results) ----------------------------------
+def _resolve_handoffs(scope: WriteScope, refs: list[Any], where: str) -> list[dict[str, Any]]:
+    """``pending.handoffs``: ``"logical-id" | {"logical_id"} | {"handoff_id"}``, each a handoff
+    of this session. Stored as ``{"handoff_id", "logical_id"}``. One query."""
+    wanted: list[tuple[str, str | int]] = []
+    for index, ref in enumerate(refs):
+        at = f"{where}[{index}]"
+        if isinstance(ref, Mapping):
+            if len(ref) != 1 or not ({"logical_id", "handoff_id"} & set(ref)):
+                raise ValidationFailed("a handoff ref is a logical id, {logical_id} or {handoff_id}", field=at)
+            key, value = next(iter(ref.items()))
+            at = f"{at}.{key}"
+        elif isinstance(ref, str):
+            key, value = "logical_id", ref
+        else:
+            raise ValidationFailed("a handoff ref is a logical id, {logical_id} or {handoff_id}", field=at)
+        ok = (isinstance(value, str) and 0 < len(value) <= 200) if key == "logical_id" else (
+            isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63)
+        if not ok:
+            raise ValidationFailed(f"{key} must be {'a logical id string' if key == 'logical_id' else 'a positive integer'}",
+                                   field=at)
+        wanted.append((at, value if key == "handoff_id" else str(value)))
+    ids = [v for _, v in wanted if isinstance(v, int)]
+    names = [v for _, v in wanted if isinstance(v, str)]
+    rows = list(
+        Handoff.objects.filter(session_id=scope.session_id).filter(Q(id__in=ids) | Q(logical_id__in=names))
+        .values_list("id", "logical_id")
+    )
+    by_id = dict(rows)
+    by_name = {name: hid for hid, name in rows}
+    resolved: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for at, value in wanted:
+        handoff_id = (value if value in by_id else None) if isinstance(value, int) else by_name.get(value)
+        if handoff_id is None:
+            raise ValidationFailed("no handoff of this session has this reference", field=at)
+        if handoff_id in seen:
+            raise ValidationFailed("each handoff is referenced once", field=at)
+        seen.add(handoff_id)
+        resolved.append({"handoff_id": handoff_id, "logical_id": by_id[handoff_id]})
+    return resolved
+
+
+def _waiting_handoffs(session: Session, run: Run) -> list[dict[str, Any]]:
+    return list(
+        Handoff.objects.filter(session=session, run=run, state__in=UNBOUND_STATES).order_by("id")
+        .values("id", "logical_id", "state")
+    )
+
+
+def _carry_handoffs(session: Session, run: Run) -> list[str]:
+    """Unbound handoffs follow the new run; its ``pending_external`` lists them."""
+    unbound = Handoff.objects.filter(session=session, state__in=UNBOUND_STATES)
+    waiting_for = list(unbound.order_by("id").values_list("logical_id", flat=True))
+    if waiting_for:
+        unbound.update(run=run)
+        run.pending_external = waiting_for
+        run.save(update_fields=["pending_external"])
+    return waiting_for
+
+
+HANDOFFS = register(WaitKind(
+    name="handoff", pending_key="handoffs", resolve=_resolve_handoffs, waiting=_waiting_handoffs,
+    carry_over=_carry_handoffs,
+))
+
+__all__ = [
+    "HANDOFFS", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope", "carry_over", "kind_for", "kinds",
+    "pending_keys", "register", "resolve_pending", "waiting_on",
+]

@@ -1,0 +1,120 @@
+"""Review gates as a thing a run waits on: the ``gates`` wait kind (``control/waits.py``).
+
+Registered by :class:`reviews.apps.ReviewsConfig` at start-up, so that checkpoints type and
+resolve ``pending.gates`` refs, resume reports a ``reviews`` step, and resume hands pending
+gates to the new run — without the control plane importing anything from ``reviews``.
+
+* A ref is ``{"gate_id": int}``, a gate of the checkpointing session; it is stored as
+  ``{"gate_id", "route", "state", "candidate_version_id", "candidate_fingerprint"}``.
+* Resume's ``reviews`` step fails (repair ``re-review``) when a pending gate's candidate is no
+  longer what the review would judge — the artifact's head moved to anything other than the
+  frozen candidate or the version that was current when it was frozen (the rule verdict
+  binding applies) — or when a gate the checkpoint waits on was cancelled; a referenced gate
+  that no longer exists fails with ``re-freeze``. Complete gates are reported with their outcome.
+* Carry-over moves every pending gate of the session to the new run (``ReviewGate.run``), so
+  a verdict bound afterwards settles the run that now continues the cursor.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.db.models import Q
+
+from novelforge_sessions.actions.resume import Repair
+from novelforge_sessions.control.waits import ResumeScope, WaitCheck, WaitKind, WriteScope
+from novelforge_sessions.errors import ValidationFailed
+from novelforge_sessions.models import Run, Session
+from reviews.models import ReviewGate
+
+_ID_MAX = 2**63 - 1
+
+
+def _gate_id(ref: Any) -> int | None:
+    value = ref.get("gate_id") if isinstance(ref, Mapping) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _ID_MAX else None
+
+
+def resolve(scope: WriteScope, refs: list[Any], where: str) -> list[dict[str, Any]]:
+    ids: list[int] = []
+    for index, ref in enumerate(refs):
+        at = f"{where}[{index}]"
+        if not isinstance(ref, Mapping) or set(ref) != {"gate_id"}:
+            raise ValidationFailed("a gate ref is an object {gate_id}", field=at)
+        gate_id = _gate_id(ref)
+        if gate_id is None:
+            raise ValidationFailed("gate_id must be a positive integer", field=f"{at}.gate_id")
+        if gate_id in ids:
+            raise ValidationFailed("each review gate is referenced once", field=f"{at}.gate_id")
+        ids.append(gate_id)
+    gates = {
+        g["id"]: g for g in ReviewGate.objects.filter(session_id=scope.session_id, id__in=ids)
+        .values("id", "route", "state", "candidate_id", "candidate_fingerprint")
+    }
+    resolved = []
+    for index, gate_id in enumerate(ids):
+        gate = gates.get(gate_id)
+        if gate is None:
+            raise ValidationFailed("no review gate of this session has this id", field=f"{where}[{index}].gate_id")
+        resolved.append({"gate_id": gate_id, "route": gate["route"], "state": gate["state"],
+                         "candidate_version_id": gate["candidate_id"], "candidate_fingerprint": gate["candidate_fingerprint"]})
+    return resolved
+
+
+def waiting(session: Session, run: Run) -> list[dict[str, Any]]:
+    return list(
+        ReviewGate.objects.filter(session=session, run=run, state=ReviewGate.State.PENDING).order_by("id")
+        .values("id", "route", "state")
+    )
+
+
+def revalidate(scope: ResumeScope) -> WaitCheck:
+    unreadable = [ref for ref in scope.refs if _gate_id(ref) is None]
+    wanted = [gid for gid in (_gate_id(ref) for ref in scope.refs) if gid is not None]
+    rows = list(
+        ReviewGate.objects.filter(session=scope.session)
+        .filter(Q(state=ReviewGate.State.PENDING) | Q(id__in=wanted))
+        .order_by("id")
+        .values("id", "state", "route", "outcome", "candidate_id", "candidate_fingerprint", "head_version_id",
+                "candidate__artifact__current_version_id", "candidate__artifact__current_version__fingerprint")
+    )
+    found = {row["id"] for row in rows}
+    problems: list[dict[str, Any]] = [
+        {"ref": ref, "problem": "unreadable review gate ref", "repair": Repair.REFREEZE} for ref in unreadable
+    ] + [
+        {"gate_id": gid, "problem": "unknown review gate", "repair": Repair.REFREEZE} for gid in wanted if gid not in found
+    ]
+    pending: list[int] = []
+    complete: list[dict[str, Any]] = []
+    for row in rows:
+        if row["state"] == ReviewGate.State.CANCELLED:
+            problems.append({"gate_id": row["id"], "problem": "review gate cancelled", "repair": Repair.REREVIEW})
+        elif row["state"] == ReviewGate.State.COMPLETE:
+            complete.append({"gate_id": row["id"], "outcome": row["outcome"]})
+        elif row["candidate__artifact__current_version_id"] not in {row["head_version_id"], row["candidate_id"]}:
+            problems.append({
+                "gate_id": row["id"], "problem": "candidate changed", "route": row["route"],
+                "candidate_fingerprint": row["candidate_fingerprint"],
+                "current": row["candidate__artifact__current_version__fingerprint"], "repair": Repair.REREVIEW,
+            })
+        else:
+            pending.append(row["id"])
+    data = {"pending": pending, "complete": complete}
+    if problems:
+        repair = Repair.REFREEZE if any(p["repair"] == Repair.REFREEZE for p in problems) else Repair.REREVIEW
+        return WaitCheck(False, f"{len(problems)} review gate(s) no longer valid", {**data, "problems": problems}, repair)
+    return WaitCheck(True, f"{len(pending)} pending review gate(s) still judge the current candidate", data)
+
+
+def carry_over(session: Session, run: Run) -> list[int]:
+    moved = ReviewGate.objects.filter(session=session, state=ReviewGate.State.PENDING).exclude(run=run)
+    ids = list(moved.order_by("id").values_list("id", flat=True))
+    if ids:
+        ReviewGate.objects.filter(id__in=ids).update(run=run)
+    return ids
+
+
+REVIEW_GATES = WaitKind(
+    name="review_gate", pending_key="gates", resolve=resolve, waiting=waiting, revalidate=revalidate,
+    carry_over=carry_over, step="reviews",
+)
