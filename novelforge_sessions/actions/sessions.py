@@ -26,7 +26,7 @@ from novelforge_sessions.actions.lifecycle import (
     open_run,
 )
 from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment, refuse_live_runtime
-from novelforge_sessions.errors import NoOpenRun, OpenConflict
+from novelforge_sessions.errors import NoLiveRuntime, NoOpenRun, OpenConflict
 from novelforge_sessions.models import RuntimeAttachment, Session
 
 
@@ -86,8 +86,8 @@ def transition_session(
     waiting run simply continues.
 
     Refusals, most fundamental first: not found → the caller's ``expected_version`` → the
-    lifecycle table → generation fencing (``runtime_id``) → no run to enter running with →
-    an open conflict. Each refusal writes nothing."""
+    lifecycle table → generation fencing (``runtime_id``) → no run, or no live runtime, to
+    enter running with → an open conflict. Each refusal writes nothing."""
     caller.require("write")
     with transaction.atomic():
         session = lock_session(caller, session_id, project=False)  # nothing here reads the project
@@ -100,6 +100,10 @@ def transition_session(
                 "entering running needs a run: start one (POST /sessions/{id}/runs) or resume the session",
                 status=session.status,
             )
+        if target == rt.SessionStatus.RUNNING and live_runtime(session, lock=False) is None:
+            # Nothing would run it (and no lease could ever expire to tidy it up).
+            raise NoLiveRuntime("entering running needs a live runtime: attach one, or resume the session",
+                                status=session.status)
         if target == rt.SessionStatus.RUNNING and session.open_conflict:
             raise OpenConflict("the session has an open conflict; a manager must resolve it first",
                                reason=session.open_conflict)
