@@ -93,18 +93,20 @@ def transition_session(
         session = lock_session(caller, session_id, project=False)  # nothing here reads the project
         check_version(session, expected_version)
         check(rt.check_transition, session.status, target)
-        fence_runtime(caller, session, runtime_id)
+        entering_running = target == rt.SessionStatus.RUNNING
+        attachment = live_runtime(session, lock=False) if entering_running or runtime_id is not None else None
+        fence_runtime(caller, session, runtime_id, attachment=attachment)
         run = open_run(session) if session.status in rt.RUN_HOLDING_STATES else None
-        if target == rt.SessionStatus.RUNNING and run is None:
+        if entering_running and run is None:
             raise NoOpenRun(
                 "entering running needs a run: start one (POST /sessions/{id}/runs) or resume the session",
                 status=session.status,
             )
-        if target == rt.SessionStatus.RUNNING and live_runtime(session, lock=False) is None:
+        if entering_running and attachment is None:
             # Nothing would run it (and no lease could ever expire to tidy it up).
             raise NoLiveRuntime("entering running needs a live runtime: attach one, or resume the session",
                                 status=session.status)
-        if target == rt.SessionStatus.RUNNING and session.open_conflict:
+        if entering_running and session.open_conflict:
             raise OpenConflict("the session has an open conflict; a manager must resolve it first",
                                reason=session.open_conflict)
         outbox = Outbox(caller.label)
