@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from novelforge_sessions import events
+from novelforge_sessions import events, leases
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.errors import NotFound, RuntimeRequired, StaleRuntime, VersionConflict, from_rule_error
@@ -203,8 +203,8 @@ def fence_runtime(
         )
     if attachment is LOOKUP:
         attachment = live_runtime(session, lock=False)
-    # TODO(leases): the shared lease predicate replaces this local comparison.
-    live = attachment if attachment is not None and attachment.lease_expires_at > timezone.now() else None
+    now = timezone.now()
+    live = attachment if attachment is not None and leases.runtime_is_live(attachment.state, attachment.lease_expires_at, now) else None
     if live is not None and live.id == runtime_id:
         return
     raise StaleRuntime(
