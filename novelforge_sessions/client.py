@@ -9,6 +9,12 @@
     for event in nf.iter_events(after=0): ...
 
 Every error is raised as :class:`ApiError` carrying the service's typed ``code``.
+
+Generation fencing: the client remembers the runtime it attached to each session (create with
+``runtime``, ``attach``, ``resume``) and names it as ``runtime_id`` in that session's writes
+(transition, transcript, runs, cursor, end, close, abort), so a superseded generation is
+refused (``stale_runtime``) instead of moving the new one's session. Pass ``runtime_id=`` to
+name another one explicitly.
 """
 from __future__ import annotations
 
@@ -31,6 +37,8 @@ class Client:
         self.base = base_url.rstrip("/") + "/api/v1"
         self.token = token
         self.timeout = timeout
+        self._runtimes: dict[int, int] = {}  # session id → the runtime this client attached to it
+        self._run_sessions: dict[int, int] = {}  # run id → its session id
 
     # ---- transport -------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
@@ -63,12 +71,30 @@ class Client:
             if after is None:
                 return
 
+    # ---- generation fencing ------------------------------------------------------------------
+    def runtime_for(self, session_id: int) -> int | None:
+        """The runtime this client attached to ``session_id`` (named in its writes), if any."""
+        return self._runtimes.get(session_id)
+
+    def _fenced(self, session_id: int | None, body: dict[str, Any], runtime_id: int | None) -> dict[str, Any]:
+        rid = runtime_id if runtime_id is not None else (self._runtimes.get(session_id) if session_id is not None else None)
+        if rid is not None:
+            body["runtime_id"] = rid
+        return body
+
+    def _run(self, run: dict) -> dict:
+        self._run_sessions[run["id"]] = run["session_id"]
+        return run
+
     # ---- sessions ----------------------------------------------------------------------------
     def project(self) -> dict:
         return self.request("GET", "/project")
 
     def create_session(self, **fields: Any) -> dict:
-        return self.request("POST", "/sessions", fields)
+        session = self.request("POST", "/sessions", fields)
+        if session.get("runtime_id") is not None:
+            self._runtimes[session["id"]] = session["runtime_id"]
+        return session
 
     def sessions(self, **filters: Any) -> Iterator[dict]:
         return self._pages("/sessions", **filters)
@@ -76,46 +102,64 @@ class Client:
     def session(self, session_id: int) -> dict:
         return self.request("GET", f"/sessions/{session_id}")
 
-    def transition(self, session_id: int, to: str, *, reason: str = "", expected_version: int | None = None) -> dict:
-        return self.request("POST", f"/sessions/{session_id}/transition",
-                            {"to": to, "reason": reason, "expected_version": expected_version})
+    def transition(self, session_id: int, to: str, *, reason: str = "", expected_version: int | None = None,
+                   runtime_id: int | None = None) -> dict:
+        return self.request("POST", f"/sessions/{session_id}/transition", self._fenced(
+            session_id, {"to": to, "reason": reason, "expected_version": expected_version}, runtime_id))
 
-    def close(self, session_id: int) -> dict:
-        return self.request("POST", f"/sessions/{session_id}/close", {})
+    def close(self, session_id: int, *, runtime_id: int | None = None) -> dict:
+        result = self.request("POST", f"/sessions/{session_id}/close", self._fenced(session_id, {}, runtime_id))
+        self._runtimes.pop(session_id, None)  # its generation has ended
+        return result
 
-    def abort(self, session_id: int, reason: str = "") -> dict:
-        return self.request("POST", f"/sessions/{session_id}/abort", {"reason": reason})
+    def abort(self, session_id: int, reason: str = "", *, runtime_id: int | None = None) -> dict:
+        return self.request("POST", f"/sessions/{session_id}/abort", self._fenced(session_id, {"reason": reason}, runtime_id))
 
     def resume(self, session_id: int, runtime: dict, *, checkpoint_id: int | None = None, dry_run: bool = False) -> dict:
-        return self.request("POST", f"/sessions/{session_id}/resume",
-                            {"runtime": runtime, "checkpoint_id": checkpoint_id, "dry_run": dry_run})
+        report = self.request("POST", f"/sessions/{session_id}/resume",
+                              {"runtime": runtime, "checkpoint_id": checkpoint_id, "dry_run": dry_run})
+        if report.get("runtime_id") is not None:
+            self._runtimes[session_id] = report["runtime_id"]
+        if report.get("run_id") is not None:
+            self._run_sessions[report["run_id"]] = session_id
+        return report
 
     def forget(self, session_id: int) -> None:
         self.request("DELETE", f"/sessions/{session_id}")
+        self._runtimes.pop(session_id, None)
 
-    def append_transcript(self, session_id: int, role: str, content: str) -> dict:
-        return self.request("POST", f"/sessions/{session_id}/transcript", {"role": role, "content": content})
+    def append_transcript(self, session_id: int, role: str, content: str, *, runtime_id: int | None = None) -> dict:
+        return self.request("POST", f"/sessions/{session_id}/transcript",
+                            self._fenced(session_id, {"role": role, "content": content}, runtime_id))
 
     # ---- runtimes ------------------------------------------------------------------------------
     def attach(self, session_id: int, runtime_family: str, **fields: Any) -> dict:
-        return self.request("POST", f"/sessions/{session_id}/runtimes", {"runtime_family": runtime_family, **fields})
+        runtime = self.request("POST", f"/sessions/{session_id}/runtimes", {"runtime_family": runtime_family, **fields})
+        self._runtimes[session_id] = runtime["id"]
+        return runtime
 
     def heartbeat(self, runtime_id: int, lease_seconds: int | None = None) -> dict:
         return self.request("POST", f"/runtimes/{runtime_id}/heartbeat", {"lease_seconds": lease_seconds})
 
     def detach(self, runtime_id: int) -> dict:
-        return self.request("POST", f"/runtimes/{runtime_id}/detach", {})
+        runtime = self.request("POST", f"/runtimes/{runtime_id}/detach", {})
+        if self._runtimes.get(runtime["session_id"]) == runtime_id:
+            del self._runtimes[runtime["session_id"]]
+        return runtime
 
     # ---- runs & checkpoints ----------------------------------------------------------------------
-    def start_run(self, session_id: int, **fields: Any) -> dict:
-        return self.request("POST", f"/sessions/{session_id}/runs", fields)
+    def start_run(self, session_id: int, *, runtime_id: int | None = None, **fields: Any) -> dict:
+        return self._run(self.request("POST", f"/sessions/{session_id}/runs", self._fenced(session_id, fields, runtime_id)))
 
-    def advance(self, run_id: int, cursor: dict) -> dict:
-        return self.request("POST", f"/runs/{run_id}/cursor", {"cursor": cursor})
+    def advance(self, run_id: int, cursor: dict, *, runtime_id: int | None = None) -> dict:
+        return self._run(self.request("POST", f"/runs/{run_id}/cursor",
+                                      self._fenced(self._run_sessions.get(run_id), {"cursor": cursor}, runtime_id)))
 
-    def end_run(self, run_id: int, outcome: str, *, session_status: str | None = None, reason: str = "") -> dict:
-        return self.request("POST", f"/runs/{run_id}/end",
-                            {"outcome": outcome, "session_status": session_status, "reason": reason})
+    def end_run(self, run_id: int, outcome: str, *, session_status: str | None = None, reason: str = "",
+                runtime_id: int | None = None) -> dict:
+        return self._run(self.request("POST", f"/runs/{run_id}/end", self._fenced(
+            self._run_sessions.get(run_id), {"outcome": outcome, "session_status": session_status, "reason": reason},
+            runtime_id)))
 
     def checkpoint(self, run_id: int, *, boundary: str, cursor: dict, **fields: Any) -> dict:
         return self.request("POST", f"/runs/{run_id}/checkpoints", {"boundary": boundary, "cursor": cursor, **fields})

@@ -94,6 +94,32 @@ class TranscriptFull(Conflict):
     code = "transcript_full"
 
 
+class OpenConflict(Conflict):
+    """The session carries an open conflict (a conflicting result): no new work until a manager resolves it."""
+
+    code = "open_conflict"
+
+
+class RunNotOpen(Conflict):
+    code = "run_not_open"
+
+
+class SessionTerminated(Conflict):
+    code = "session_terminated"
+
+
+class StaleRuntime(Conflict):
+    """The write names a runtime that is not the session's live one (superseded, closed or lost)."""
+
+    code = "stale_runtime"
+
+
+class RuntimeRequired(Conflict):
+    """An unnamed token write to a session that has had more than one runtime generation."""
+
+    code = "runtime_required"
+
+
 class CheckpointNotBounded(ServiceError):
     code, http_status = "checkpoint_not_bounded", 422
 

@@ -15,10 +15,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from novelforge_sessions import events
+from novelforge_sessions import events, leases
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.errors import NotFound, VersionConflict, from_rule_error
+from novelforge_sessions.errors import NotFound, RuntimeRequired, StaleRuntime, VersionConflict, from_rule_error
 from novelforge_sessions.models import Run, RuntimeAttachment, Session
 
 
@@ -123,6 +123,16 @@ def end_runtime(attachment: RuntimeAttachment, state: rt.RuntimeState, reason: s
     )
 
 
+def check_version(session: Session, expected_version: int | None) -> None:
+    """The caller's compare-and-swap precondition: it comes before every other refusal (what
+    the caller saw is outdated, so whatever it meant to do is decided on stale ground)."""
+    if expected_version is not None and expected_version != session.version:
+        raise VersionConflict(
+            "the session changed since you read it", expected_version=expected_version, version=session.version,
+            status=session.status,
+        )
+
+
 def apply_transition(
     session: Session,
     target: str,
@@ -138,11 +148,7 @@ def apply_transition(
     ``current_run``: the session's open run if the caller already holds it, ``None`` if it
     knows there is none, or ``True`` (default) to look it up here.
     """
-    if expected_version is not None and expected_version != session.version:
-        raise VersionConflict(
-            "the session changed since you read it", expected_version=expected_version, version=session.version,
-            status=session.status,
-        )
+    check_version(session, expected_version)
     source = rt.SessionStatus(session.status)
     dst = check(rt.check_transition, source, target)
 
@@ -167,3 +173,43 @@ def apply_transition(
         session, "session.transitioned", **{"from": source.value, "to": dst.value, "reason": reason, "version": session.version}
     )
     return dst
+
+
+#: ``fence_runtime(..., attachment=LOOKUP)``: look the session's live runtime up (the default).
+LOOKUP: Any = object()
+
+
+def fence_runtime(
+    caller: Caller, session: Session, runtime_id: int | None, *, attachment: RuntimeAttachment | None | Any = LOOKUP,
+) -> None:
+    """Refuse a write from a superseded runtime generation (generation fencing; DESIGN §13).
+
+    Call it under the session row lock, after the lifecycle checks and before anything is
+    written. ``attachment`` is the session's live-state runtime if the action already holds it.
+
+    * A named ``runtime_id`` must be the session's live runtime (state live and lease not run
+      out), whoever the caller: else 409 ``stale_runtime``.
+    * An unnamed write from an API token is accepted only while the session has had at most one
+      generation (nobody to confuse it with); after that, 409 ``runtime_required``.
+    * Managers acting from the pages (``caller.user_id``) and the service itself (the reconciler,
+      management commands: no token) are their own principal and are not fenced.
+    """
+    if runtime_id is None:
+        if caller.token_id is None or caller.user_id is not None or session.generation <= 1:
+            return
+        raise RuntimeRequired(
+            "this session has had more than one runtime generation: name your runtime (runtime_id) in the write",
+            field="runtime_id", generation=session.generation,
+        )
+    if attachment is LOOKUP:
+        attachment = live_runtime(session, lock=False)
+    now = timezone.now()
+    live = attachment if attachment is not None and leases.runtime_is_live(attachment.state, attachment.lease_expires_at, now) else None
+    if live is not None and live.id == runtime_id:
+        return
+    raise StaleRuntime(
+        "this runtime is not the session's live runtime (superseded, closed or lost): nothing was written",
+        runtime_id=runtime_id,
+        live_runtime_id=live.id if live is not None else None,
+        live_generation=live.generation if live is not None else None,
+    )

@@ -11,11 +11,12 @@ from novelforge_sessions.actions.lifecycle import (
     Outbox,
     apply_transition,
     check,
+    fence_runtime,
     live_runtime,
     lock_session,
     open_run,
 )
-from novelforge_sessions.errors import Conflict, NoLiveRuntime, NotFound, OpenRunExists, ValidationFailed
+from novelforge_sessions.errors import NoLiveRuntime, NotFound, OpenConflict, OpenRunExists, RunNotOpen, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Run, Session
 
 
@@ -45,8 +46,11 @@ def create_run(
 
 def start_run(
     caller: Caller, session_id: int, *, task_mode: str | None = None, target: str = "",
-    cursor: dict[str, Any] | None = None, frozen_inputs: list | None = None,
+    cursor: dict[str, Any] | None = None, frozen_inputs: list | None = None, runtime_id: int | None = None,
 ) -> Run:
+    """Run N+1. Refusals, most fundamental first: not found → lifecycle (``open_run_exists`` in
+    a state that holds a run, ``illegal_transition`` where running cannot be entered) →
+    generation fencing → ``no_live_runtime`` → ``open_conflict``."""
     caller.require("write")
     if task_mode is not None:
         check(rt.validate_name, task_mode, "task_mode")
@@ -55,15 +59,21 @@ def start_run(
     check(rt.validate_metadata, {"cursor": cursor, "frozen_inputs": frozen_inputs}, "run", 16 * 1024)
     with transaction.atomic():
         session = lock_session(caller, session_id)
-        if live_runtime(session, lock=False) is None:
+        # The most fundamental refusal first: can the session enter running with a new run at
+        # all (a state holding a run already has one; completed, stale, terminated have no way
+        # into running)? Then generation fencing, then the runtime, then the conflict flag.
+        existing = open_run(session, lock=False) if session.status in rt.RUN_HOLDING_STATES else None
+        if existing is not None:
+            raise OpenRunExists("this session already has an open run", run_id=existing.id, seq=existing.seq)
+        check(rt.check_transition, session.status, rt.SessionStatus.RUNNING)
+        attachment = live_runtime(session, lock=False)
+        fence_runtime(caller, session, runtime_id, attachment=attachment)
+        if attachment is None:
             raise NoLiveRuntime("attach a runtime before starting a run", status=session.status)
         if session.open_conflict:
             # A conflicting result is a hard stop (contract §08): no new work until a manager resolves it.
-            raise Conflict("the session has an open conflict; a manager must resolve it first",
-                           code="open_conflict", reason=session.open_conflict)
-        existing = open_run(session, lock=False)
-        if existing is not None:
-            raise OpenRunExists("this session already has an open run", run_id=existing.id, seq=existing.seq)
+            raise OpenConflict("the session has an open conflict; a manager must resolve it first",
+                               reason=session.open_conflict)
         outbox = Outbox(caller.label)
         run = create_run(
             session, outbox, task_mode=task_mode or session.task_mode, target=target, cursor=cursor,
@@ -84,25 +94,34 @@ def _lock_run(caller: Caller, run_id: int) -> tuple[Session, Run]:
     return session, run
 
 
-def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any]) -> Run:
+def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any], *, runtime_id: int | None = None) -> Run:
+    """Refusals: not found → the run has ended (``run_not_open``: resume ended a superseded
+    generation's run) → a named ``runtime_id`` that is not the live runtime (``stale_runtime``)."""
     caller.require("write")
     if not isinstance(cursor, dict) or not cursor:
         raise ValidationFailed("cursor must be a non-empty JSON object", field="cursor")
     check(rt.validate_metadata, cursor, "cursor", 8 * 1024)
     with transaction.atomic():
-        try:
-            run = (
-                Run.objects.select_for_update(of=("self",)).select_related("session")
-                .get(id=run_id, session__in=caller.sessions())
-            )
-        except Run.DoesNotExist:
-            raise NotFound("run not found", run_id=run_id) from None
+        if runtime_id is not None:
+            # Fencing reads the session's live runtime: hold the session lock first (lock order).
+            session, run = _lock_run(caller, run_id)
+        else:
+            try:
+                run = (
+                    Run.objects.select_for_update(of=("self",)).select_related("session")
+                    .get(id=run_id, session__in=caller.sessions())
+                )
+            except Run.DoesNotExist:
+                raise NotFound("run not found", run_id=run_id) from None
+            session = run.session
         if run.state != rt.RunState.OPEN:
-            raise Conflict("the run has ended", code="run_not_open", state=run.state)
+            raise RunNotOpen("the run has ended", state=run.state)
+        if runtime_id is not None:
+            fence_runtime(caller, session, runtime_id)
         run.cursor = cursor
         run.save(update_fields=["cursor"])
         outbox = Outbox(caller.label)
-        outbox.add(run.session, "run.cursor_advanced", run_id=run.id, seq=run.seq, cursor=cursor)
+        outbox.add(session, "run.cursor_advanced", run_id=run.id, seq=run.seq, cursor=cursor)
         outbox.flush()
     return run
 
@@ -115,8 +134,14 @@ _OUTCOMES = {
 }
 
 
-def end_run(caller: Caller, run_id: int, *, outcome: str, session_status: str | None = None, reason: str = "") -> Run:
-    """End the open run; the session leaves ``running`` for ``idle``/``completed``/``failed``."""
+def end_run(
+    caller: Caller, run_id: int, *, outcome: str, session_status: str | None = None, reason: str = "",
+    runtime_id: int | None = None,
+) -> Run:
+    """End the open run; the session leaves ``running`` for ``idle``/``completed``/``failed``.
+
+    Refusals: not found → ``run_not_open`` → the lifecycle table (an awaiting session's run
+    cannot end this way) → a named ``runtime_id`` that is not the live runtime (``stale_runtime``)."""
     caller.require("write")
     if outcome not in _OUTCOMES:
         raise ValidationFailed("outcome must be completed, aborted or failed", field="outcome", allowed=sorted(_OUTCOMES))
@@ -130,7 +155,10 @@ def end_run(caller: Caller, run_id: int, *, outcome: str, session_status: str | 
     with transaction.atomic():
         session, run = _lock_run(caller, run_id)
         if run.state != rt.RunState.OPEN:
-            raise Conflict("the run has already ended", code="run_not_open", state=run.state)
+            raise RunNotOpen("the run has already ended", state=run.state)
+        check(rt.check_transition, session.status, target or default_status)
+        if runtime_id is not None:
+            fence_runtime(caller, session, runtime_id)
         outbox = Outbox(caller.label)
         apply_transition(
             session, target or default_status, reason=reason or f"run {outcome}", outbox=outbox,

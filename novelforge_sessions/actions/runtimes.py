@@ -208,7 +208,7 @@ def detach_runtime(caller: Caller, runtime_id: int, *, reason: str = "detached")
     attachment = _visible_runtime(caller, runtime_id)
     if attachment.state != rt.RuntimeState.LIVE:
         return attachment  # idempotent, like close
-    close_session(caller, attachment.session_id, reason=reason)
+    close_session(caller, attachment.session_id, reason=reason, runtime_id=attachment.id)  # fenced: only itself
     attachment.refresh_from_db()
     return attachment
 

@@ -18,14 +18,16 @@ from novelforge_sessions.actions.lifecycle import (
     Outbox,
     apply_transition,
     check,
+    check_version,
     end_runtime,
+    fence_runtime,
     live_runtime,
     lock_session,
     open_run,
 )
 from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment, refuse_live_runtime
-from novelforge_sessions.errors import Conflict, NoOpenRun
-from novelforge_sessions.models import Session
+from novelforge_sessions.errors import NoLiveRuntime, NoOpenRun, OpenConflict
+from novelforge_sessions.models import RuntimeAttachment, Session
 
 
 @dataclass(frozen=True)
@@ -68,30 +70,45 @@ def create_session(caller: Caller, spec: NewSession, *, runtime: RuntimeSpec | N
             task_mode=session.task_mode, runtime_family=session.runtime_family, status=session.status,
         )
         if runtime is not None:
-            insert_attachment(session, runtime, outbox)
+            # Read out as the create response's ``runtime_id``: the runtime names it in its writes.
+            session.created_runtime_id = insert_attachment(session, runtime, outbox).id
             session.save(update_fields=["generation"])
         outbox.flush()
     return session
 
 
 def transition_session(
-    caller: Caller, session_id: int, target: str, *, reason: str = "", expected_version: int | None = None
+    caller: Caller, session_id: int, target: str, *, reason: str = "", expected_version: int | None = None,
+    runtime_id: int | None = None,
 ) -> Session:
     """A client-requested lifecycle change. Entering ``running`` needs a run: use
     ``start_run`` (from created/idle/failed) or ``resume_session``; from an awaiting state the
-    waiting run simply continues."""
+    waiting run simply continues.
+
+    Refusals, most fundamental first: not found → the caller's ``expected_version`` → the
+    lifecycle table → generation fencing (``runtime_id``) → no run, or no live runtime, to
+    enter running with → an open conflict. Each refusal writes nothing."""
     caller.require("write")
     with transaction.atomic():
         session = lock_session(caller, session_id, project=False)  # nothing here reads the project
+        check_version(session, expected_version)
+        check(rt.check_transition, session.status, target)
+        entering_running = target == rt.SessionStatus.RUNNING
+        attachment = live_runtime(session, lock=False) if entering_running or runtime_id is not None else None
+        fence_runtime(caller, session, runtime_id, attachment=attachment)
         run = open_run(session) if session.status in rt.RUN_HOLDING_STATES else None
-        if target == rt.SessionStatus.RUNNING and run is None and rt.is_legal(session.status, target):
+        if entering_running and run is None:
             raise NoOpenRun(
                 "entering running needs a run: start one (POST /sessions/{id}/runs) or resume the session",
                 status=session.status,
             )
-        if target == rt.SessionStatus.RUNNING and session.open_conflict:
-            raise Conflict("the session has an open conflict; a manager must resolve it first",
-                           code="open_conflict", reason=session.open_conflict)
+        if entering_running and attachment is None:
+            # Nothing would run it (and no lease could ever expire to tidy it up).
+            raise NoLiveRuntime("entering running needs a live runtime: attach one, or resume the session",
+                                status=session.status)
+        if entering_running and session.open_conflict:
+            raise OpenConflict("the session has an open conflict; a manager must resolve it first",
+                               reason=session.open_conflict)
         outbox = Outbox(caller.label)
         apply_transition(session, target, reason=reason, outbox=outbox, expected_version=expected_version, current_run=run)
         outbox.flush()
@@ -108,25 +125,34 @@ class CloseResult:
         return self.closed_runtime_id is None
 
 
-def close_session(caller: Caller, session_id: int, *, reason: str = "closed") -> CloseResult:
+def close_session(caller: Caller, session_id: int, *, reason: str = "closed", runtime_id: int | None = None) -> CloseResult:
     """End the live runtime generation; keep the record, runs, checkpoints and transcript.
 
-    Idempotent: closing a session with no live runtime changes nothing and writes nothing.
-    A ``running`` session goes ``idle`` (its run is interrupted); a waiting session keeps
-    waiting — it waits on a person or a worker, not on its runtime.
+    Idempotent: closing a session with no live runtime changes nothing and writes nothing
+    (also for a runtime that names its own, already ended, generation — but a superseded
+    generation naming itself is refused ``stale_runtime``, and while a runtime is live the
+    write is fenced like every other). A ``running`` session goes ``idle`` (its run is
+    interrupted); a waiting session keeps waiting — it waits on a person or a worker, not on
+    its runtime.
     """
     caller.require("write")
     with transaction.atomic():
         session = lock_session(caller, session_id)
         attachment = live_runtime(session)
-        if attachment is None:
+        if attachment is None and (runtime_id is None or _latest_generation(session, runtime_id)):
             return CloseResult(session, None)
+        fence_runtime(caller, session, runtime_id, attachment=attachment)
         outbox = Outbox(caller.label)
         if session.status == rt.SessionStatus.RUNNING:
             apply_transition(session, rt.SessionStatus.IDLE, reason=reason, outbox=outbox, run_end_state=rt.RunState.INTERRUPTED)
         end_runtime(attachment, rt.RuntimeState.CLOSED, reason, outbox, session)
         outbox.flush()
     return CloseResult(session, attachment.id)
+
+
+def _latest_generation(session: Session, runtime_id: int) -> bool:
+    """Is ``runtime_id`` the session's newest generation (ended or not): nobody superseded it."""
+    return RuntimeAttachment.objects.filter(id=runtime_id, session_id=session.id, generation=session.generation).exists()
 
 
 @dataclass(frozen=True)
@@ -136,15 +162,20 @@ class AbortResult:
     already_requested: bool
 
 
-def abort_session(caller: Caller, session_id: int, *, reason: str = "abort requested") -> AbortResult:
+def abort_session(
+    caller: Caller, session_id: int, *, reason: str = "abort requested", runtime_id: int | None = None
+) -> AbortResult:
     """Cooperatively interrupt the current run: flag it; the runtime sees the flag on its next
-    heartbeat and ends the run (outcome ``aborted``). Not close: the runtime stays live."""
+    heartbeat and ends the run (outcome ``aborted``). Not close: the runtime stays live.
+
+    Refusals: not found → a state that holds no run (``no_open_run``) → generation fencing."""
     caller.require("write")
     with transaction.atomic():
         session = lock_session(caller, session_id)
-        run = open_run(session)
+        run = open_run(session) if session.status in rt.RUN_HOLDING_STATES else None
         if run is None:
             raise NoOpenRun("there is no open run to abort", status=session.status)
+        fence_runtime(caller, session, runtime_id)
         if run.abort_requested_at is not None:
             return AbortResult(session, run.id, True)
         run.abort_requested_at = timezone.now()

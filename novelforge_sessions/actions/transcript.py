@@ -11,18 +11,23 @@ from django.db import transaction
 
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions.lifecycle import Outbox, check, lock_session
-from novelforge_sessions.errors import Conflict, TranscriptFull
+from novelforge_sessions.actions.lifecycle import Outbox, check, fence_runtime, lock_session
+from novelforge_sessions.errors import SessionTerminated, TranscriptFull
 from novelforge_sessions.models import TranscriptEntry
 
 
-def append_transcript(caller: Caller, session_id: int, *, role: str, content: str) -> TranscriptEntry:
+def append_transcript(
+    caller: Caller, session_id: int, *, role: str, content: str, runtime_id: int | None = None
+) -> TranscriptEntry:
+    """Refusals: not found → a terminated session (``session_terminated``) → generation fencing
+    (a late append from a superseded generation is not stored) → ``transcript_full``."""
     caller.require("write")
     check(rt.validate_transcript_entry, role=role, content=content, max_bytes=settings.TRANSCRIPT_ENTRY_MAX_BYTES)
     with transaction.atomic():
         session = lock_session(caller, session_id)
         if session.status == rt.SessionStatus.TERMINATED:
-            raise Conflict("a terminated session's transcript is closed", code="session_terminated")
+            raise SessionTerminated("a terminated session's transcript is closed", status=session.status)
+        fence_runtime(caller, session, runtime_id)
         if session.transcript_length >= settings.TRANSCRIPT_MAX_ENTRIES:
             raise TranscriptFull(
                 "the transcript reached its bound", limit=settings.TRANSCRIPT_MAX_ENTRIES

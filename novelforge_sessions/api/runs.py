@@ -22,7 +22,7 @@ router = Router(tags=["runs"])
 def start_run(request: HttpRequest, session_id: int, body: RunIn):
     run = actions.start_run(
         caller(request), session_id, task_mode=body.task_mode, target=body.target, cursor=body.cursor,
-        frozen_inputs=body.frozen_inputs,
+        frozen_inputs=body.frozen_inputs, runtime_id=body.runtime_id,
     )
     return Status(201, run)
 
@@ -47,7 +47,7 @@ def get_run(request: HttpRequest, run_id: int):
 
 @router.post("/runs/{run_id}/cursor", response={200: RunOut, **errors(403, 404, 409)}, summary="Advance the workflow cursor")
 def advance_cursor(request: HttpRequest, run_id: int, body: CursorIn):
-    return actions.advance_cursor(caller(request), run_id, body.cursor)
+    return actions.advance_cursor(caller(request), run_id, body.cursor, runtime_id=body.runtime_id)
 
 
 @router.post(
@@ -55,7 +55,10 @@ def advance_cursor(request: HttpRequest, run_id: int, body: CursorIn):
     summary="End the open run (the session goes idle, completed or failed)",
 )
 def end_run(request: HttpRequest, run_id: int, body: RunEndIn):
-    return actions.end_run(caller(request), run_id, outcome=body.outcome, session_status=body.session_status, reason=body.reason)
+    return actions.end_run(
+        caller(request), run_id, outcome=body.outcome, session_status=body.session_status, reason=body.reason,
+        runtime_id=body.runtime_id,
+    )
 
 
 @router.post(

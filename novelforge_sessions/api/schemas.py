@@ -160,6 +160,12 @@ class ArtifactOut(Schema):
 
 
 # ---- sessions ---------------------------------------------------------------------------
+#: Generation fencing (README "Generation fencing"): the runtime a write comes from.
+RUNTIME_ID_DOC = (
+    "the runtime this write comes from (the id create-with-runtime, attach and resume return): refused "
+    "409 `stale_runtime` unless it is the session's live runtime. Token writes to a session that has had more "
+    "than one generation must name it (409 `runtime_required`)"
+)
 class RuntimeIn(Strict):
     runtime_family: str = Field(..., max_length=64, examples=["claude-code"])
     capabilities: list[str] = Field(default_factory=list, examples=[["draft", "review"]])
@@ -202,10 +208,21 @@ class SessionOut(Schema):
         return sorted(t.value for t in rt.allowed_targets(obj.status))
 
 
+class SessionCreatedOut(SessionOut):
+    runtime_id: int | None = Field(
+        None, description="runtime generation 1's id when created with `runtime`: name it as `runtime_id` in its writes"
+    )
+
+    @staticmethod
+    def resolve_runtime_id(obj: Any) -> int | None:
+        return getattr(obj, "created_runtime_id", None)
+
+
 class TransitionIn(Strict):
     to: StatusName
     reason: str = Field("", max_length=200)
     expected_version: int | None = Field(None, description="refuse with version_conflict if the session moved on")
+    runtime_id: int | None = Field(None, ge=1, description=RUNTIME_ID_DOC)
 
 
 class ReasonIn(Strict):
@@ -214,6 +231,11 @@ class ReasonIn(Strict):
 
 class CloseIn(Strict):
     reason: str = Field("", max_length=64, description="recorded as the closed runtime's end reason")
+    runtime_id: int | None = Field(None, ge=1, description=RUNTIME_ID_DOC)
+
+
+class AbortIn(ReasonIn):
+    runtime_id: int | None = Field(None, ge=1, description=RUNTIME_ID_DOC)
 
 
 class CloseOut(Schema):
@@ -294,6 +316,7 @@ class RunIn(Strict):
     target: str = Field("", max_length=200)
     cursor: dict[str, Any] | None = None
     frozen_inputs: list[Any] | None = None
+    runtime_id: int | None = Field(None, ge=1, description=RUNTIME_ID_DOC)
 
 
 class RunOut(Schema):
@@ -314,14 +337,19 @@ class RunOut(Schema):
     ended_at: datetime | None
 
 
+RUN_RUNTIME_ID_DOC = "optional: the runtime this write comes from; refused 409 `stale_runtime` unless it is the session's live runtime"
+
+
 class CursorIn(Strict):
     cursor: dict[str, Any]
+    runtime_id: int | None = Field(None, ge=1, description=RUN_RUNTIME_ID_DOC)
 
 
 class RunEndIn(Strict):
     outcome: Literal["completed", "aborted", "failed"]
     session_status: Literal["idle", "completed", "failed"] | None = None
     reason: str = Field("", max_length=200)
+    runtime_id: int | None = Field(None, ge=1, description=RUN_RUNTIME_ID_DOC)
 
 
 class ArtifactRefIn(Strict):
@@ -363,6 +391,7 @@ class CheckpointOut(Schema):
 class TranscriptIn(Strict):
     role: Literal["user", "assistant", "system", "tool"]
     content: str
+    runtime_id: int | None = Field(None, ge=1, description=RUNTIME_ID_DOC)
 
 
 class TranscriptOut(Schema):

@@ -10,14 +10,15 @@ from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.transcript import append_transcript
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import (
+    AbortIn,
     AbortOut,
     CloseIn,
     CloseOut,
     Page,
-    ReasonIn,
     ResumeIn,
     ResumeReportOut,
     RuntimeIn,
+    SessionCreatedOut,
     SessionIn,
     SessionOut,
     StatusName,
@@ -48,7 +49,7 @@ class SessionFilters(Schema):
     limit: int = 50
 
 
-@router.post("/sessions", response={201: SessionOut, **errors(403, 413)}, summary="Create a session")
+@router.post("/sessions", response={201: SessionCreatedOut, **errors(403, 413)}, summary="Create a session")
 def create_session(request: HttpRequest, body: SessionIn):
     spec = actions.NewSession(
         role=body.role, role_extension=body.role_extension, memory_policy=body.memory_policy,
@@ -83,16 +84,20 @@ def get_session(request: HttpRequest, session_id: int):
 )
 def transition(request: HttpRequest, session_id: int, body: TransitionIn):
     return actions.transition_session(
-        caller(request), session_id, body.to, reason=body.reason, expected_version=body.expected_version
+        caller(request), session_id, body.to, reason=body.reason, expected_version=body.expected_version,
+        runtime_id=body.runtime_id,
     )
 
 
 @router.post(
-    "/sessions/{session_id}/close", response={200: CloseOut, **errors(403, 404)},
+    "/sessions/{session_id}/close", response={200: CloseOut, **errors(403, 404, 409)},
     summary="Close: end the live runtime, keep everything (idempotent)",
 )
 def close(request: HttpRequest, session_id: int, body: CloseIn | None = None):
-    result = actions.close_session(caller(request), session_id, reason=(body.reason if body and body.reason else "closed"))
+    result = actions.close_session(
+        caller(request), session_id, reason=(body.reason if body and body.reason else "closed"),
+        runtime_id=body.runtime_id if body else None,
+    )
     return {"session": result.session, "already_closed": result.already_closed, "closed_runtime_id": result.closed_runtime_id}
 
 
@@ -100,8 +105,11 @@ def close(request: HttpRequest, session_id: int, body: CloseIn | None = None):
     "/sessions/{session_id}/abort", response={200: AbortOut, **errors(403, 404, 409)},
     summary="Abort: ask the current run to stop (cooperative; not close)",
 )
-def abort(request: HttpRequest, session_id: int, body: ReasonIn | None = None):
-    result = actions.abort_session(caller(request), session_id, reason=(body.reason if body and body.reason else "abort requested"))
+def abort(request: HttpRequest, session_id: int, body: AbortIn | None = None):
+    result = actions.abort_session(
+        caller(request), session_id, reason=(body.reason if body and body.reason else "abort requested"),
+        runtime_id=body.runtime_id if body else None,
+    )
     return {"session": result.session, "run_id": result.run_id, "already_requested": result.already_requested}
 
 
@@ -133,7 +141,9 @@ def forget(request: HttpRequest, session_id: int):
     summary="Append a transcript entry (bounded; never memory, never authority)",
 )
 def add_transcript(request: HttpRequest, session_id: int, body: TranscriptIn):
-    return Status(201, append_transcript(caller(request), session_id, role=body.role, content=body.content))
+    return Status(201, append_transcript(
+        caller(request), session_id, role=body.role, content=body.content, runtime_id=body.runtime_id
+    ))
 
 
 @router.get(

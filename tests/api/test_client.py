@@ -67,3 +67,41 @@ def test_client_hands_off_and_delivers_at_least_once(server):
                        result={"ok": False})
     assert (info.value.status, info.value.code) == (409, "conflicting_result")
     assert agent.session(s["id"])["status"] == "failed"
+
+
+def test_the_client_names_its_runtime_so_a_superseded_generation_is_fenced(server):
+    """Generation fencing end to end: the client remembers the runtime it attached (create,
+    attach, resume) and names it in that session's writes."""
+    project = make_project("client-fencing")
+    _, raw = create_token(project, name="agent", permissions=["read", "write"])
+    gen1 = Client(server.url, raw)
+    s = gen1.create_session(role="writer", memory_policy="bounded", task_mode="drafting", runtime_family="cli",
+                            runtime={"runtime_family": "cli"})
+    assert gen1.runtime_for(s["id"]) == s["runtime_id"] is not None
+    run = gen1.start_run(s["id"], cursor={"step": "outline"})
+    gen1.checkpoint(run["id"], boundary="context_freeze", cursor={"step": "outline"})
+    first_runtime = gen1.runtime_for(s["id"])
+
+    gen2 = Client(server.url, raw)  # the next generation: same token, another process
+    gen2.close(s["id"])
+    report = gen2.resume(s["id"], {"runtime_family": "cli"})
+    assert gen2.runtime_for(s["id"]) == report["runtime_id"] != first_runtime
+
+    with pytest.raises(ApiError) as info:
+        gen1.transition(s["id"], "completed")  # gen1 still names the runtime it attached
+    assert (info.value.status, info.value.code) == (409, "stale_runtime")
+    assert info.value.details == {"runtime_id": first_runtime, "live_runtime_id": report["runtime_id"],
+                                  "live_generation": 2}
+    with pytest.raises(ApiError) as info:
+        gen1.append_transcript(s["id"], "assistant", "late")
+    assert info.value.code == "stale_runtime"
+    with pytest.raises(ApiError) as info:
+        Client(server.url, raw).transition(s["id"], "completed")  # knows no runtime: unnamed
+    assert info.value.code == "runtime_required"
+
+    assert gen2.append_transcript(s["id"], "assistant", "on time")["seq"] == 1
+    gen2.advance(report["run_id"], {"step": "draft"})
+    assert gen2.end_run(report["run_id"], "completed")["state"] == "completed"
+    assert gen2.session(s["id"])["status"] == "idle"
+    assert gen2.start_run(s["id"], cursor={"step": "again"})["seq"] == 3
+    assert gen2.close(s["id"])["already_closed"] is False and gen2.runtime_for(s["id"]) is None
