@@ -256,7 +256,7 @@ def run_ours_action(args: argparse.Namespace, counters: Counters) -> dict[str, A
     setup_django(args.db_url)
     from django.db import connection
 
-    from novelforge_sessions.actions.checkpoints import record_checkpoint
+    from novelforge_sessions.control.checkpoints import record_checkpoint
 
     caller, _, run_ids = ours_fixture("action", args.workers + 1)
     warm_run = run_ids.pop()

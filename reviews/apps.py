@@ -9,7 +9,7 @@ class ReviewsConfig(AppConfig):
     def ready(self) -> None:
         # Review gates are one of the things a run waits on: checkpoints resolve `pending.gates`,
         # resume revalidates them (step "reviews") and carries them over to the new run.
-        from novelforge_sessions.control import waits
+        from novelforge_sessions.control.service import register_wait_kind
         from reviews.waits import REVIEW_GATES
 
-        waits.register(REVIEW_GATES)
+        register_wait_kind(REVIEW_GATES)

@@ -21,8 +21,7 @@ from typing import Any
 
 from django.db.models import Q
 
-from novelforge_sessions.actions.resume import Repair
-from novelforge_sessions.control.waits import ResumeScope, WaitCheck, WaitKind, WriteScope
+from novelforge_sessions.control.service import Repair, ResumeScope, WaitCheck, WaitKind, WriteScope
 from novelforge_sessions.errors import ValidationFailed
 from novelforge_sessions.models import Run, Session
 from reviews.models import ReviewGate

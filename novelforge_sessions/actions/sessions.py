@@ -1,6 +1,6 @@
 """Session actions: create, transition, close, abort, forget (seed 003; contract §04).
 
-Resume lives in ``actions/resume.py``: it is a validation act of its own (contract §07).
+Resume lives in ``control/resume.py``: it is a validation act of its own (contract §07).
 Each action: authorize (``caller``), validate (pure core), then one ``transaction.atomic()``
 that locks the session row, writes, and appends its events last.
 """

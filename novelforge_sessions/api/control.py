@@ -10,11 +10,11 @@ from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 
 from novelforge_sessions import leases
-from novelforge_sessions.actions import bindings as binding_actions
-from novelforge_sessions.actions import handoffs as handoff_actions
-from novelforge_sessions.actions import intents as intent_actions
-from novelforge_sessions.actions import results as result_actions
-from novelforge_sessions.actions import routing as routing_actions
+from novelforge_sessions.control import bindings as binding_actions
+from novelforge_sessions.control import handoffs as handoff_actions
+from novelforge_sessions.control import intents as intent_actions
+from novelforge_sessions.control import results as result_actions
+from novelforge_sessions.control import routing as routing_actions
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import Page, Strict
 from novelforge_sessions.control.models import (

@@ -7,7 +7,7 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from novelforge_sessions.actions import runs as actions
-from novelforge_sessions.actions.checkpoints import record_checkpoint
+from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import CheckpointIn, CheckpointOut, CursorIn, Page, RunEndIn, RunIn, RunOut
 from novelforge_sessions.models import Checkpoint, Run

@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja import Query, Router, Status, Schema
 
-from novelforge_sessions.actions import resume as resume_actions
+from novelforge_sessions.control import resume as resume_actions
 from novelforge_sessions.actions import sessions as actions
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.transcript import append_transcript

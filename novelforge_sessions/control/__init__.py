@@ -1,6 +1,14 @@
-"""The control plane (contract §08, §11): handoffs under leases, result deliveries, validations,
-consume-once receipts, write intents and approvals, and the history of authority changes.
+"""The control plane (contract §07, §08, §11): everything between a run and the outside world.
 
-Models only; the writes live in ``novelforge_sessions/actions`` (handoffs, results, intents,
-bindings, routing) like every other action family.
+Records (``models``): handoffs under leases, result deliveries, validations, consume-once
+receipts, write intents and approvals, and the history of authority changes. Behaviour, beside
+them: ``handoffs`` (freeze, claim, renew, cancel), ``results`` (deliver → validate → consume
+once, conflicts), ``intents`` (compare-and-swap writes with approvals), ``bindings`` (binding
+invalidation, mark-stale), ``routing`` (live runtimes by capability), ``checkpoints`` (bounded
+checkpoints whose typed refs are resolved here), ``waits`` (what a run waits on, a registry
+other apps add kinds to), ``resume`` (the §07 revalidation act).
+
+``service`` is the ONE public interface for the layers above (``reviews``); the API edge calls
+the action modules directly. The control plane imports nothing from ``reviews``
+(import-linter contract in ``pyproject.toml``, run by ``tests/test_layers.py``).
 """

@@ -2,7 +2,7 @@
 
 Apps built on the control plane — ``reviews`` first, resume next — use only this module (plus
 ``control.errors`` and ``control.models`` for types and rows): never its SQL, its private
-helpers or the action modules behind it (``actions/handoffs.py``, ``actions/results.py``,
+helpers or the action modules behind it (``control/handoffs.py``, ``control/results.py``,
 which may move under ``control/``; these signatures stay). Every function takes keyword
 arguments only and answers with a typed, frozen dataclass (or a model row).
 
@@ -36,6 +36,15 @@ Functions::
     bind(*, session, handoff, fencing_token, result, actor, outbox) -> Bound
     cancel(*, session, handoffs, reason, outbox, settle_reason=None) -> Cancelled
     settle(*, session, run_id, reason, outbox) -> Settled
+
+What a run waits on (``control/waits.py``): handoffs are one wait kind; other apps register
+theirs (``reviews`` registers review gates) with :func:`register_wait_kind`, giving a
+``WaitKind`` that resolves checkpoint refs (``WriteScope``), lists what a run waits on,
+revalidates on resume (``ResumeScope`` → ``WaitCheck`` with a ``Repair`` route) and carries
+the waits over to the resumed run::
+
+    register_wait_kind(kind: WaitKind) -> None
+    waiting_on(session, run) -> dict[str, list[dict]]
 """
 from __future__ import annotations
 
@@ -46,17 +55,20 @@ from typing import Any
 
 from django.utils import timezone
 
-from novelforge_sessions.actions import handoffs as _handoffs
-from novelforge_sessions.actions import results as _results
+from novelforge_sessions.control import handoffs as _handoffs
+from novelforge_sessions.control import results as _results
 from novelforge_sessions.actions.lifecycle import Outbox
 from novelforge_sessions.control.errors import StaleLease
 from novelforge_sessions.control.models import Handoff, HandoffPurpose
+from novelforge_sessions.control.waits import Repair, ResumeScope, WaitCheck, WaitKind, WriteScope, waiting_on
+from novelforge_sessions.control.waits import register as register_wait_kind
 from novelforge_sessions.errors import ServiceError
 from novelforge_sessions.models import Run, Session
 
 __all__ = [
     "RESULTS_BOUND_REASON", "Bound", "Cancelled", "Claimed", "HandoffPurpose", "Job", "Lease", "Settled",
     "bind", "cancel", "claim", "create_job", "lease_refusal", "renew", "settle", "stale_lease",
+    "Repair", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope", "register_wait_kind", "waiting_on",
 ]
 
 #: The status reason :func:`settle` records when the last awaited result of a run was bound.

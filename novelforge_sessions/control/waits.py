@@ -35,6 +35,17 @@ from novelforge_sessions.errors import ValidationFailed
 from novelforge_sessions.models import Checkpoint, Project, Run, Session
 
 
+class Repair:
+    """The repair routes a failed resume step names (contract §07)."""
+
+    REFREEZE = "re-freeze"
+    REREVIEW = "re-review"
+    REAPPROVE = "re-approve"
+    TERMINATE_AS_STALE = "terminate-as-stale"
+    ATTACH_CAPABLE_RUNTIME = "attach-capable-runtime"
+    RESOLVE_CONFLICT = "resolve-conflict"
+
+
 @dataclass(frozen=True)
 class WriteScope:
     """Where a checkpoint is being written (the run is locked)."""

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from novelforge_sessions import leases
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.actions.intents import approval_problem, current_state
+from novelforge_sessions.control.intents import approval_problem, current_state
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import (
     AUTHORITY_EVENT_TYPES,

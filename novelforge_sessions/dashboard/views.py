@@ -33,9 +33,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from novelforge_sessions import access
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions import intents as intent_actions
+from novelforge_sessions.control import intents as intent_actions
 from novelforge_sessions.actions import sessions as session_actions
-from novelforge_sessions.actions.resume import ResumeRefused, resume_session
+from novelforge_sessions.control.resume import ResumeRefused, resume_session
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.control.models import Handoff, WriteIntent
 from novelforge_sessions.dashboard import presenters

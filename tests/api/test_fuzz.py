@@ -30,7 +30,8 @@ from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 
-from novelforge_sessions.actions import artifacts, checkpoints, handoffs, intents, runs, sessions
+from novelforge_sessions.actions import artifacts, runs, sessions
+from novelforge_sessions.control import checkpoints, handoffs, intents
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS
 from novelforge_sessions.actions.transcript import append_transcript

@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from novelforge_sessions import events
-from novelforge_sessions.actions.checkpoints import record_checkpoint
+from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.sessions import NewSession, create_session, transition_session

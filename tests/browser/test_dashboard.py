@@ -12,7 +12,8 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from novelforge_sessions.actions import checkpoints, runs, sessions
+from novelforge_sessions.actions import runs, sessions
+from novelforge_sessions.control import checkpoints
 from novelforge_sessions.actions.runtimes import RuntimeSpec, reconcile_expired_runtimes
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.models import Membership
@@ -227,7 +228,8 @@ def test_an_expired_lease_says_expired(server, page, world):
 
 
 def test_the_manager_approves_and_refuses_write_intents_on_the_project_page(server, page, world):
-    from novelforge_sessions.actions import artifacts, intents
+    from novelforge_sessions.actions import artifacts
+    from novelforge_sessions.control import intents
 
     who = caller_for(world.project)
     chapter = artifacts.create_artifact(who, name="chapter-03", kind="chapter", content="The orchard froze.")

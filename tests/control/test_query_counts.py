@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from novelforge_sessions.actions.handoffs import claim_handoff, create_handoff, heartbeat_handoff
-from novelforge_sessions.actions.results import deliver_result
+from novelforge_sessions.control.handoffs import claim_handoff, create_handoff, heartbeat_handoff
+from novelforge_sessions.control.results import deliver_result
 from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.sessions import NewSession, create_session
@@ -52,8 +52,8 @@ def test_checkpoint_refs_cost_one_query_per_kind_of_ref(django_assert_num_querie
     """Typed refs are resolved at write time (issue 8, defect 3): a checkpoint without refs runs
     none of those queries; approvals and each ``pending`` kind with refs add one query each."""
     from novelforge_sessions.actions.artifacts import add_artifact_version, create_artifact
-    from novelforge_sessions.actions.checkpoints import record_checkpoint
-    from novelforge_sessions.actions.intents import create_intent, read_before_state
+    from novelforge_sessions.control.checkpoints import record_checkpoint
+    from novelforge_sessions.control.intents import create_intent, read_before_state
 
     project = make_project("refs")
     who = caller_for(project)

@@ -14,8 +14,8 @@ import pytest
 from django.db import connection
 
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions.handoffs import claim_handoff, create_handoff
-from novelforge_sessions.actions.results import deliver_result
+from novelforge_sessions.control.handoffs import claim_handoff, create_handoff
+from novelforge_sessions.control.results import deliver_result
 from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.sessions import NewSession, create_session

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from novelforge_sessions.actions import results as actions
+from novelforge_sessions.control import results as actions
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import ConsumeReceipt, Handoff, ResultDelivery, ResultValidation
 from novelforge_sessions.models import Event, Run, Session

@@ -17,7 +17,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from novelforge_sessions.actions import handoffs as handoff_actions
+from novelforge_sessions.control import handoffs as handoff_actions
 from novelforge_sessions.actions.lifecycle import Outbox, lock_session
 from novelforge_sessions.control import service
 from novelforge_sessions.control.errors import HandoffClosed, HandoffNotClaimable, ReviewRouteRequired, StaleLease
@@ -55,9 +55,9 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-CONTROL_PLANE = ("novelforge_sessions.control", "novelforge_sessions.actions.handoffs",
-                 "novelforge_sessions.actions.results", "novelforge_sessions.actions.intents",
-                 "novelforge_sessions.actions.bindings", "novelforge_sessions.actions.routing")
+CONTROL_PLANE = ("novelforge_sessions.control", "novelforge_sessions.control.handoffs",
+                 "novelforge_sessions.control.results", "novelforge_sessions.control.intents",
+                 "novelforge_sessions.control.bindings", "novelforge_sessions.control.routing")
 ALLOWED = ("novelforge_sessions.control.service", "novelforge_sessions.control.errors",
            "novelforge_sessions.control.models")
 

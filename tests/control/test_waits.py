@@ -14,8 +14,7 @@ from tests.control.conftest import make_handoff
 
 ROOT = Path(novelforge_sessions.__file__).parent
 #: the control plane, and the session actions that use the registry
-CONTROL_MODULES = [*sorted((ROOT / "control").rglob("*.py")), ROOT / "actions" / "resume.py",
-                   ROOT / "actions" / "checkpoints.py", ROOT / "session_runtime.py"]
+CONTROL_MODULES = [*sorted((ROOT / "control").rglob("*.py")), ROOT / "session_runtime.py"]
 
 
 def imported_modules(path: Path) -> set[str]:

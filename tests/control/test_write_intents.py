@@ -6,7 +6,7 @@ import threading
 import pytest
 from django.db import connection
 
-from novelforge_sessions.actions import intents as actions
+from novelforge_sessions.control import intents as actions
 from novelforge_sessions.control.errors import StalePrecondition
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import Approval, AuthorityChange, WriteIntent

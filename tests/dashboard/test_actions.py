@@ -129,7 +129,7 @@ def failed_after_runtime_lost(make_session):
 
     from django.utils import timezone
 
-    from novelforge_sessions.actions.checkpoints import record_checkpoint
+    from novelforge_sessions.control.checkpoints import record_checkpoint
     from novelforge_sessions.actions.runtimes import reconcile_expired_runtimes
     from tests.conftest import caller_for
 

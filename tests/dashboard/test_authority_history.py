@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from novelforge_sessions.actions import intents
+from novelforge_sessions.control import intents
 from novelforge_sessions.actions.artifacts import create_artifact
 from novelforge_sessions.control.models import AUTHORITY_EVENT_TYPES, EVENT_AUTHORITY_SETTLED, EVENT_FRAMEWORK_CHANGED
 from novelforge_sessions.models import Event, Project

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from novelforge_sessions.actions.handoffs import cancel_handoff, claim_handoff, create_handoff
-from novelforge_sessions.actions.results import deliver_result
+from novelforge_sessions.control.handoffs import cancel_handoff, claim_handoff, create_handoff
+from novelforge_sessions.control.results import deliver_result
 from novelforge_sessions.control.errors import ConflictingResult
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.dashboard import presenters

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from novelforge_sessions.actions import intents
+from novelforge_sessions.control import intents
 from novelforge_sessions.actions.artifacts import add_artifact_version, create_artifact
 from novelforge_sessions.control.errors import IntentNotExecutable
 from novelforge_sessions.control.models import Approval, WriteIntent

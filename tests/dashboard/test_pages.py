@@ -90,7 +90,7 @@ def test_a_user_without_any_membership_sees_an_empty_dashboard(make_session):
 
 
 def test_session_page_shows_identity_diagram_timeline_checkpoints(mgr_client, make_session):
-    from novelforge_sessions.actions.checkpoints import record_checkpoint
+    from novelforge_sessions.control.checkpoints import record_checkpoint
 
     session = make_session(run=True, provider_metadata={"thread_id": "th_123"})
     run = session.runs.get()
@@ -183,7 +183,7 @@ def test_page_query_counts_do_not_grow_with_the_data(mgr_client, make_session):
     for _ in range(4):
         make_session(run=True)
     run = first.runs.get()
-    from novelforge_sessions.actions.checkpoints import record_checkpoint
+    from novelforge_sessions.control.checkpoints import record_checkpoint
 
     for n in range(3):
         record_checkpoint(caller_for(first.project), run.id, {"boundary": "context_freeze", "cursor": {"n": n}})

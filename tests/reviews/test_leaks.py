@@ -14,7 +14,7 @@ import json
 import pytest
 from django.test import Client
 
-from novelforge_sessions.actions.checkpoints import record_checkpoint
+from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.actions.transcript import append_transcript
 from novelforge_sessions.api.auth import caller_for_token

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from novelforge_sessions.actions import artifacts, intents
-from novelforge_sessions.actions.checkpoints import record_checkpoint
-from novelforge_sessions.actions.resume import ResumeRefused, resume_session
+from novelforge_sessions.actions import artifacts
+from novelforge_sessions.control import intents
+from novelforge_sessions.control.checkpoints import record_checkpoint
+from novelforge_sessions.control.resume import ResumeRefused, resume_session
 from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.sessions import close_session, transition_session
@@ -96,7 +97,8 @@ def test_resume_carries_a_pending_page_gate_to_the_new_run_and_the_verdict_settl
     assert interrupted[0] == "interrupted"
 
     # the continuing run waits on the reviewer again; the verdict moves the session back to running
-    transition_session(world.writer_caller, world.writer.id, "awaiting_user", reason="waiting on review")
+    transition_session(world.writer_caller, world.writer.id, "awaiting_user", reason="waiting on review",
+                       runtime_id=outcome.runtime.id)
     mark = Event.objects.order_by("-id").values_list("id", flat=True).first()
     bind_verdict(reviewer_for_user(world.users["alice"]), gate.packet.id, verdict_for(gate), channel="page")
     session = Session.objects.get(id=world.writer.id)
@@ -200,7 +202,8 @@ def test_an_agent_gate_and_its_handoffs_follow_the_new_run(world: World):
     assert interrupted[0] == "interrupted"
 
     # the continuing run waits on the reviewer; the bound verdict settles *that* run
-    transition_session(world.writer_caller, world.writer.id, "awaiting_external", reason="waiting on review")
+    transition_session(world.writer_caller, world.writer.id, "awaiting_external", reason="waiting on review",
+                       runtime_id=outcome.runtime.id)
     lease = agent.post("/review-packets/claim").json()["lease"]
     assert agent.post(f"/review-packets/{gate.packet.id}/verdicts",
                       agent_verdict(gate, lease["fencing_token"])).status_code == 201
@@ -219,7 +222,8 @@ def test_a_verdict_settles_the_run_that_waits_on_its_handoff_even_for_a_gate_res
     outcome = resume(world)
     ReviewGate.objects.filter(id=gate.id).update(run_id=world.run.id)  # as the old resume left it
     gate.refresh_from_db()
-    transition_session(world.writer_caller, world.writer.id, "awaiting_external", reason="waiting on review")
+    transition_session(world.writer_caller, world.writer.id, "awaiting_external", reason="waiting on review",
+                       runtime_id=outcome.runtime.id)
     interrupted = run_row(world.run.id)
     lease = agent.post("/review-packets/claim").json()["lease"]
     assert agent.post(f"/review-packets/{gate.packet.id}/verdicts",

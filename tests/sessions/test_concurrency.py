@@ -97,7 +97,7 @@ def test_racing_resumes_create_exactly_one_generation():
     who = caller_for(make_project("race-resume"))
     session = running_session(who)
     sessions.close_session(who, session.id)
-    from novelforge_sessions.actions.resume import resume_session
+    from novelforge_sessions.control.resume import resume_session
 
     results = race(lambda i: resume_session(who, session.id, runtime=RuntimeSpec(runtime_family="cli")).run_id)
     assert Counter(kind for kind, _ in results) == {"ok": 1, "error": THREADS - 1}, results

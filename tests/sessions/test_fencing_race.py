@@ -14,8 +14,9 @@ import pytest
 from django.db import connection
 
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions import checkpoints, runs, sessions
-from novelforge_sessions.actions.resume import resume_session
+from novelforge_sessions.actions import runs, sessions
+from novelforge_sessions.control import checkpoints
+from novelforge_sessions.control.resume import resume_session
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS
 from novelforge_sessions.actions.transcript import append_transcript

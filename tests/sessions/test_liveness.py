@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.actions import runs, sessions
-from novelforge_sessions.actions.resume import resume_session
+from novelforge_sessions.control.resume import resume_session
 from novelforge_sessions.actions.runtimes import RuntimeSpec, reconcile_expired_runtimes
 from novelforge_sessions.models import Event, Run, RuntimeAttachment, Session
 

@@ -10,7 +10,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions import artifacts, checkpoints, runs, runtimes, sessions
+from novelforge_sessions.actions import artifacts, runs, runtimes, sessions
+from novelforge_sessions.control import checkpoints
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.transcript import append_transcript
 from novelforge_sessions.models import ApiToken, Membership, Project
@@ -110,7 +111,7 @@ class Command(BaseCommand):
 
     def _populate_control_and_review(self, project: Project, who: Caller, chapter, plan) -> None:
         """A writer waiting on an external job, a draft waiting for review, a write awaiting approval."""
-        from novelforge_sessions.actions import handoffs, intents
+        from novelforge_sessions.control import handoffs, intents
         from reviews import actions as reviews
 
         ref = {"artifact_id": chapter.id, "fingerprint": chapter.current_version.fingerprint}

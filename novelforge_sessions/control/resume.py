@@ -10,7 +10,7 @@ The steps are plain functions of a :class:`ResumeContext`, in contract §07 orde
     load → framework → authority → context → artifacts → approvals → capabilities → results
     → [one step per registered wait kind that revalidates: ``reviews``] → consumed → continue
 
-What a checkpoint binds (typed and resolved when it was written, ``actions/checkpoints.py``),
+What a checkpoint binds (typed and resolved when it was written, ``control/checkpoints.py``),
 for the control-plane steps:
 
 * ``approvals`` — write-intent refs, stored as ``{"write_intent_id", "approval_id" (named or
@@ -45,13 +45,14 @@ from django.db import transaction
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import Outbox, check, end_run, lock_session, open_run
-from novelforge_sessions.actions.intents import approval_problem, target_state
-from novelforge_sessions.actions.routing import live_runtimes_for
+from novelforge_sessions.control.intents import approval_problem, target_state
+from novelforge_sessions.control.routing import live_runtimes_for
 from novelforge_sessions.actions.runs import create_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment, refuse_live_runtime
 from novelforge_sessions.errors import Conflict, NotFound
 from novelforge_sessions.models import Artifact, Checkpoint, Project, RuntimeAttachment, Session
 from novelforge_sessions.control import waits
+from novelforge_sessions.control.waits import Repair
 from novelforge_sessions.control.models import (
     UNBOUND_STATES,
     Approval,
@@ -65,15 +66,6 @@ from novelforge_sessions.control.models import (
     WriteIntent,
 )
 from novelforge_sessions.control.fingerprints import fingerprint
-
-
-class Repair:
-    REFREEZE = "re-freeze"
-    REREVIEW = "re-review"
-    REAPPROVE = "re-approve"
-    TERMINATE_AS_STALE = "terminate-as-stale"
-    ATTACH_CAPABLE_RUNTIME = "attach-capable-runtime"
-    RESOLVE_CONFLICT = "resolve-conflict"
 
 
 @dataclass

@@ -37,7 +37,7 @@ from django.utils import timezone
 from novelforge_sessions import events
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions.handoffs import (
+from novelforge_sessions.control.handoffs import (
     RESULTS_BOUND_REASON,
     lock_handoff,
     review_route_required,
