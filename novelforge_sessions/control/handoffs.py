@@ -47,13 +47,14 @@ from novelforge_sessions.control.errors import (
     ReviewRouteRequired,
     StaleLease,
 )
+from novelforge_sessions.control import result_schema as result_schemas
 from novelforge_sessions.control.fingerprints import job_fingerprint
 from novelforge_sessions.control.models import UNBOUND_STATES, ConsumeReceipt, Handoff, HandoffPurpose, HandoffState
 from novelforge_sessions.errors import Conflict, NotFound, ServiceError, ValidationFailed
 from novelforge_sessions.models import Run, Session
 
 LOGICAL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@#+=-]{0,199}$")
-RESULT_TYPES = frozenset({"string", "integer", "number", "boolean", "object", "array", "any"})
+RESULT_TYPES = result_schemas.SHORT_TYPES
 DEFAULT_TIMEOUT_SECONDS = 300
 MAX_TIMEOUT_SECONDS = 24 * 3600
 MAX_INPUTS = 100
@@ -99,11 +100,10 @@ def validate_job(
     frozen = [{"artifact_id": a, "fingerprint": f} for a, f in sorted(refs)]
     params = check(rt.validate_metadata, params, "params", MAX_PARAMS_BYTES)
     schema = check(rt.validate_metadata, result_schema, "result_schema", 4096)
-    for key, kind in schema.items():
-        if not isinstance(kind, str) or kind not in RESULT_TYPES:
-            raise ValidationFailed(
-                f"result_schema[{key!r}] must be one of {sorted(RESULT_TYPES)}", field=f"result_schema.{key}",
-            )
+    try:
+        result_schemas.as_json_schema(schema)  # the short form, or a full Draft 2020-12 JSON Schema
+    except result_schemas.ResultSchemaError as exc:
+        raise ValidationFailed(exc.message, field=exc.field) from None
     caps = check(rt.validate_capabilities, required_capabilities or [])
     timeout = DEFAULT_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
     if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= MAX_TIMEOUT_SECONDS:

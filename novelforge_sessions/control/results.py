@@ -53,6 +53,7 @@ from novelforge_sessions.control.errors import (
     StaleLease,
 )
 from novelforge_sessions.control.fingerprints import canonical_json, fingerprint
+from novelforge_sessions.control.result_schema import result_problems
 from novelforge_sessions.control.models import (
     ConsumeReceipt,
     DeliveryOutcome,
@@ -67,14 +68,6 @@ from novelforge_sessions.models import Session
 
 MAX_RESULT_BYTES = 128 * 1024
 
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "object": (dict,),
-    "array": (list,),
-}
 
 
 @dataclass
@@ -111,16 +104,8 @@ def check_against_job(handoff: Handoff, result: dict[str, Any], stated_job_finge
     problems: list[dict[str, str]] = []
     if stated_job_fingerprint != handoff.job_fingerprint:
         problems.append({"path": "job_fingerprint", "message": "does not cite the frozen job's fingerprint"})
-    for key, kind in (handoff.result_schema or {}).items():
-        if key not in result:
-            problems.append({"path": f"result.{key}", "message": "required by the job's result schema"})
-            continue
-        if kind == "any":
-            continue
-        value = result[key]
-        ok = isinstance(value, _JSON_TYPES[kind]) and not (kind in ("integer", "number") and isinstance(value, bool))
-        if not ok:
-            problems.append({"path": f"result.{key}", "message": f"must be of type {kind}"})
+    # The frozen job's result schema, as JSON Schema, checked by jsonschema (control/result_schema.py).
+    problems.extend(result_problems(handoff.result_schema or {}, result))
     return problems
 
 
