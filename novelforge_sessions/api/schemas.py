@@ -364,8 +364,25 @@ class CheckpointIn(Input):
     cursor: dict[str, Any]
     artifacts: list[ArtifactRefIn] = Field(default_factory=list)
     authority: dict[str, Any] | None = Field(None, description="the refs you froze against; must equal current")
-    pending: dict[str, Any] = Field(default_factory=dict)
-    approvals: list[Any] = Field(default_factory=list)
+    pending: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "typed references to what the run waits on, resolved when written (422 naming the field when "
+            'unknown or unresolvable): "handoffs": [logical id | {"logical_id"} | {"handoff_id"}] of this '
+            'session, "gates": [{"gate_id"}] review gates of this session. Stored normalised; resume '
+            "revalidates each."
+        ),
+        examples=[{"handoffs": ["chapter-3/continuity-check"], "gates": [{"gate_id": 12}]}],
+    )
+    approvals: list[Any] = Field(
+        default_factory=list,
+        description=(
+            'write intents the cursor is about to execute: [{"write_intent_id", "approval_id"?}] of this '
+            "project, resolved when written (the standing approval and before-state are recorded); resume fails "
+            "the approvals step when an approval was revoked or went stale, or the before-state moved."
+        ),
+        examples=[[{"write_intent_id": 7}]],
+    )
     resume_policy: str = "revalidate"
 
     model_config = ConfigDict(extra="allow")
