@@ -184,7 +184,7 @@ def heartbeat_runtime(caller: Caller, runtime_id: int, *, lease_seconds: int | N
         )
         row = cur.fetchone()
     if row is None:
-        attachment = _visible_runtime(caller, runtime_id)
+        attachment = visible_runtime(caller, runtime_id)
         raise RuntimeNotLive(
             "this runtime is no longer live; resume the session to start a new generation",
             runtime_id=attachment.id, state=attachment.state,
@@ -194,23 +194,11 @@ def heartbeat_runtime(caller: Caller, runtime_id: int, *, lease_seconds: int | N
     return Heartbeat(runtime_id, session_id, expires, bool(abort), run_id)
 
 
-def _visible_runtime(caller: Caller, runtime_id: int) -> RuntimeAttachment:
+def visible_runtime(caller: Caller, runtime_id: int) -> RuntimeAttachment:
     try:
         return RuntimeAttachment.objects.get(id=runtime_id, session__in=caller.sessions())
     except RuntimeAttachment.DoesNotExist:
         raise NotFound("runtime not found", runtime_id=runtime_id) from None
-
-
-def detach_runtime(caller: Caller, runtime_id: int, *, reason: str = "detached") -> RuntimeAttachment:
-    """The runtime says goodbye: the same as closing its session's live generation."""
-    from novelforge_sessions.actions.sessions import close_session
-
-    attachment = _visible_runtime(caller, runtime_id)
-    if attachment.state != rt.RuntimeState.LIVE:
-        return attachment  # idempotent, like close
-    close_session(caller, attachment.session_id, reason=reason, runtime_id=attachment.id)  # fenced: only itself
-    attachment.refresh_from_db()
-    return attachment
 
 
 @dataclass(frozen=True)

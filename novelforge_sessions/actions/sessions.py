@@ -25,7 +25,7 @@ from novelforge_sessions.actions.lifecycle import (
     lock_session,
     open_run,
 )
-from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment, refuse_live_runtime
+from novelforge_sessions.actions.runtimes import RuntimeSpec, visible_runtime, insert_attachment, refuse_live_runtime
 from novelforge_sessions.errors import NoLiveRuntime, NoOpenRun, OpenConflict
 from novelforge_sessions.models import RuntimeAttachment, Session
 
@@ -153,6 +153,17 @@ def close_session(caller: Caller, session_id: int, *, reason: str = "closed", ru
 def _latest_generation(session: Session, runtime_id: int) -> bool:
     """Is ``runtime_id`` the session's newest generation (ended or not): nobody superseded it."""
     return RuntimeAttachment.objects.filter(id=runtime_id, session_id=session.id, generation=session.generation).exists()
+
+
+def detach_runtime(caller: Caller, runtime_id: int, *, reason: str = "detached") -> RuntimeAttachment:
+    """The runtime says goodbye: the same as closing its session's live generation (and only
+    that generation: the close is fenced by this runtime's id)."""
+    attachment = visible_runtime(caller, runtime_id)
+    if attachment.state != rt.RuntimeState.LIVE:
+        return attachment  # idempotent, like close
+    close_session(caller, attachment.session_id, reason=reason, runtime_id=attachment.id)
+    attachment.refresh_from_db()
+    return attachment
 
 
 @dataclass(frozen=True)
