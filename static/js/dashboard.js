@@ -103,6 +103,7 @@
     if (family === "write_intent") {
       return "write intent #" + p.intent_id + " " + what.replace(/_/g, " ") + (p.kind ? " · " + p.kind : "");
     }
+    if (type === "authority.settled" || type === "framework.changed") return describeAuthority(type, p);
     const parts = [];
     for (const [k, v] of Object.entries(p)) {
       if (["string", "number", "boolean"].includes(typeof v) && v !== "") parts.push(k + "=" + v);
@@ -110,6 +111,18 @@
     const text = parts.join(" · ");
     return text.length <= 120 ? text : text.slice(0, 119) + "…";
   };
+
+  function describeAuthority(type, p) {
+    const before = p.before || {}, after = p.after || {};
+    let text;
+    if (type === "framework.changed") {
+      text = "framework " + before.framework_version + " → " + after.framework_version;
+    } else {
+      text = "authority v" + before.authority_version + " → v" + after.authority_version;
+      if (typeof after.lock_fingerprint === "string") text += " · lock " + after.lock_fingerprint.slice(0, 15) + "…";
+    }
+    return text + (p.intent_id ? " · write intent #" + p.intent_id : "");
+  }
 
   function describeHandoff(what, p) {
     const job = "handoff " + p.logical_id;
