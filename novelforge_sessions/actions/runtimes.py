@@ -21,6 +21,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from novelforge_sessions import leases
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import SYSTEM, Caller
 from novelforge_sessions.actions.lifecycle import (
@@ -75,7 +76,7 @@ def insert_attachment(session: Session, spec: RuntimeSpec, outbox: Outbox) -> Ru
         heartbeat_at=now,
     )
     outbox.add(
-        session, "runtime.attached", runtime_id=attachment.id, generation=attachment.generation,
+        session, ev.RUNTIME_ATTACHED, runtime_id=attachment.id, generation=attachment.generation,
         runtime_family=attachment.runtime_family, capabilities=caps,
     )
     return attachment
@@ -100,7 +101,7 @@ def expire_runtime(
     if claimed != 1:
         return False
     attachment.state, attachment.end_reason, attachment.ended_at = rt.RuntimeState.LOST.value, "runtime_lost", now
-    outbox.add(session, "runtime.lost", runtime_id=attachment.id, generation=attachment.generation, reason="runtime_lost")
+    outbox.add(session, ev.RUNTIME_LOST, runtime_id=attachment.id, generation=attachment.generation, reason="runtime_lost")
     if session.status == rt.SessionStatus.RUNNING:
         apply_transition(
             session, rt.SessionStatus.FAILED, reason="runtime_lost", outbox=outbox, run_end_state=rt.RunState.INTERRUPTED,

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import (
@@ -66,7 +67,7 @@ def create_session(caller: Caller, spec: NewSession, *, runtime: RuntimeSpec | N
         )
         outbox = Outbox(caller.label)
         outbox.add(
-            session, "session.created", role=session.role, memory_policy=session.memory_policy,
+            session, ev.SESSION_CREATED, role=session.role, memory_policy=session.memory_policy,
             task_mode=session.task_mode, runtime_family=session.runtime_family, status=session.status,
         )
         if runtime is not None:
@@ -192,7 +193,7 @@ def abort_session(
         run.abort_requested_at = timezone.now()
         run.save(update_fields=["abort_requested_at"])
         outbox = Outbox(caller.label)
-        outbox.add(session, "run.abort_requested", run_id=run.id, seq=run.seq, reason=reason)
+        outbox.add(session, ev.RUN_ABORT_REQUESTED, run_id=run.id, seq=run.seq, reason=reason)
         outbox.flush()
     return AbortResult(session, run.id, False)
 
@@ -205,6 +206,6 @@ def forget_session(caller: Caller, session_id: int) -> None:
         session = lock_session(caller, session_id)
         outbox = Outbox(caller.label)
         refuse_live_runtime(session, outbox, "close the live runtime before forgetting the session")
-        outbox.add(session, "session.forgotten", status=session.status, runs=session.run_count)
+        outbox.add(session, ev.SESSION_FORGOTTEN, status=session.status, runs=session.run_count)
         session.delete()
         outbox.flush()

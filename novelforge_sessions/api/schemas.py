@@ -7,6 +7,7 @@ from typing import Any, Generic, Literal, TypeVar
 from ninja import Field, Schema
 from pydantic import ConfigDict, ModelWrapValidatorHandler, model_validator
 
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.errors import ValidationFailed
 
@@ -16,6 +17,8 @@ StatusName = Literal[tuple(s.value for s in rt.SessionStatus)]  # type: ignore[v
 Role = Literal[tuple(r.value for r in rt.SessionRole)]  # type: ignore[valid-type]
 Memory = Literal[tuple(m.value for m in rt.MemoryPolicy)]  # type: ignore[valid-type]
 Boundary = Literal[tuple(b.value for b in rt.CheckpointBoundary)]  # type: ignore[valid-type]
+#: The catalog's event type names (``GET /events?type=``): an unknown type is a 422 naming ``type``.
+EventTypeName = Literal[tuple(sorted(ev.CATALOG))]  # type: ignore[valid-type]
 
 
 def _storable(text: str) -> bool:
@@ -425,6 +428,12 @@ class EventOut(Schema):
     session_id: int | None
     run_id: int | None
     type: str
+    #: What the event is about (``session``, ``run``, ``runtime``, ``handoff``, …; ``event_types.family_of``).
+    family: str
     payload: dict[str, Any]
     actor: str
     created_at: datetime
+
+    @staticmethod
+    def resolve_family(obj: Any) -> str:
+        return ev.family_of(obj.type)

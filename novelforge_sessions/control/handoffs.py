@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from novelforge_sessions import events
 from novelforge_sessions import leases
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
@@ -226,7 +227,7 @@ def insert_handoff(
     run.pending_external = [*run.pending_external, spec.logical_id]
     run.save(update_fields=["pending_external"])
     outbox.add(
-        session, "handoff.created", run_id=run.id, handoff_id=handoff.id, logical_id=handoff.logical_id,
+        session, ev.HANDOFF_CREATED, run_id=run.id, handoff_id=handoff.id, logical_id=handoff.logical_id,
         job_fingerprint=handoff.job_fingerprint, required_capabilities=handoff.required_capabilities,
         timeout_seconds=handoff.timeout_seconds, inputs=handoff.inputs, purpose=handoff.purpose,
     )
@@ -304,7 +305,7 @@ def claim_row(
         return None
     handoff = claimed[0]
     events.append(
-        project_id=handoff.project_id, session_id=handoff.session_id, run_id=handoff.run_id, type="handoff.claimed",
+        project_id=handoff.project_id, session_id=handoff.session_id, run_id=handoff.run_id, type=ev.HANDOFF_CLAIMED,
         actor=actor,
         payload={
             "handoff_id": handoff.id, "logical_id": handoff.logical_id, "attempt": handoff.attempt,
@@ -498,7 +499,7 @@ def cancel_locked(
             continue
         handoff.state, handoff.cancelled_at = HandoffState.CANCELLED, now
         handoff.save(update_fields=["state", "cancelled_at"])
-        outbox.add(session, "handoff.cancelled", run_id=handoff.run_id, handoff_id=handoff.id,
+        outbox.add(session, ev.HANDOFF_CANCELLED, run_id=handoff.run_id, handoff_id=handoff.id,
                    logical_id=handoff.logical_id, reason=reason)
         done.append(handoff)
     last_per_run = {h.run_id: h for h in done}

@@ -35,6 +35,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from novelforge_sessions import events
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.control.handoffs import (
@@ -200,7 +201,7 @@ def _record_invalid(
         stated_job_fingerprint=stated[:80], errors=problems,
     )
     events.append(
-        project_id=handoff.project_id, session_id=handoff.session_id, run_id=handoff.run_id, type="handoff.result_invalid",
+        project_id=handoff.project_id, session_id=handoff.session_id, run_id=handoff.run_id, type=ev.HANDOFF_RESULT_INVALID,
         actor=caller.label,
         payload={"handoff_id": handoff.id, "logical_id": handoff.logical_id, "delivery_id": delivery.id,
                  "result_hash": digest, "errors": problems},
@@ -253,7 +254,7 @@ def _conflict(
             Session.objects.filter(id=session.id).update(open_conflict=reason, updated_at=timezone.now())
         # The cause first, then its effect on the session.
         outbox.add(
-            session, "handoff.result_conflict", run_id=handoff.run_id, handoff_id=handoff.id,
+            session, ev.HANDOFF_RESULT_CONFLICT, run_id=handoff.run_id, handoff_id=handoff.id,
             logical_id=handoff.logical_id, consumed_hash=receipt.result_hash, conflicting_hash=digest,
             receipt_id=receipt.id, delivery_id=delivery.id,
             session_status=rt.SessionStatus.FAILED.value if fails else session.status,
@@ -337,7 +338,7 @@ def _record_consumption(
         job_fingerprint=handoff.job_fingerprint, result_hash=digest, result=result, consumed_at=now,
     )
     outbox.add(
-        session, "handoff.result_consumed", run_id=handoff.run_id, handoff_id=handoff.id, logical_id=handoff.logical_id,
+        session, ev.HANDOFF_RESULT_CONSUMED, run_id=handoff.run_id, handoff_id=handoff.id, logical_id=handoff.logical_id,
         delivery_id=delivery.id, receipt_id=receipt.id, result_hash=digest, attempt=handoff.attempt,
     )
     return receipt
@@ -388,7 +389,7 @@ def resolve_conflict(caller: Caller, handoff_id: int, *, resolution: str) -> Han
             session.open_conflict = ""
             Session.objects.filter(id=session.id).update(open_conflict="", updated_at=timezone.now())
         outbox = Outbox(caller.label)
-        outbox.add(session, "handoff.conflict_resolved", run_id=handoff.run_id, handoff_id=handoff.id,
+        outbox.add(session, ev.HANDOFF_CONFLICT_RESOLVED, run_id=handoff.run_id, handoff_id=handoff.id,
                    logical_id=handoff.logical_id, resolution=resolution, open_conflict=session.open_conflict or None)
         outbox.flush()
     return handoff
