@@ -63,3 +63,46 @@ def test_the_scan_would_catch_a_literal():
         assert any(p.search(sample) for p in PATTERNS), sample
     for harmless in ['{"pending": {"handoffs": []}}', 'StepResult("results", True, "bound", {"bound": bound})']:
         assert not any(p.search(harmless) for p in PATTERNS), harmless
+
+
+# ---- every status write goes through the one transition helper (issue #8) ---------------------
+HELPER = ROOT / "novelforge_sessions" / "actions" / "lifecycle.py"
+_UPDATE_CALL = re.compile(r"\.update\(((?:[^()]|\([^()]*\))*)\)", re.S)
+_STATE_KWARG = re.compile(r"(?<![\w.])(?:state|status)\s*=(?!=)")
+_WRITES = [
+    re.compile(r"""update_fields\s*=\s*\[[^\]]*['"](?:state|status)['"]"""),  # obj.save(update_fields=["state", ...])
+    re.compile(r"""\.(?:state|status)\s*=(?!=)(?!\s*(?:%\(|ANY\())"""),  # obj.state = ... (not SQL's h.state = %(x)s)
+]
+
+
+def _status_writes(text: str) -> list[int]:
+    lines = [n for n, line in enumerate(text.splitlines(), 1) if any(p.search(line) for p in _WRITES)]
+    for call in _UPDATE_CALL.finditer(text):
+        if _STATE_KWARG.search(call.group(1)):
+            lines.append(text.count("\n", 0, call.start()) + 1)
+    return sorted(lines)
+
+
+def test_every_status_write_goes_through_the_transition_helper():
+    """``actions.lifecycle.move``/``move_rows`` (and ``apply_transition`` for sessions) are the
+    only places a state column is assigned and saved, or updated by the ORM; raw SQL status
+    writes take their values from the tables (``Lifecycle.sources``) as parameters."""
+    found = []
+    for path in _files():
+        if path.suffix != ".py" or path == HELPER:
+            continue
+        text = path.read_text(encoding="utf-8")
+        for number in _status_writes(text):
+            found.append(f"{path.relative_to(ROOT)}:{number}: {text.splitlines()[number - 1].strip()[:160]}")
+    assert not found, "status writes outside the transition helper:\n" + "\n".join(found)
+
+
+def test_the_write_scan_would_catch_a_write():
+    for sample in ['gate.state = ReviewGate.State.CANCELLED', 'h.save(update_fields=["state", "cancelled_at"])',
+                   'Handoff.objects.filter(id=1).update(\n    state=HandoffState.BOUND, bound_at=now,\n)',
+                   'qs.update(status=S.RUNNING)']:
+        assert _status_writes(sample), sample
+    for harmless in ['if gate.state == ReviewGate.State.PENDING:', 'handoff.state, handoff.bound_at = H.BOUND, now',
+                     'Run.objects.filter(id=1, state=R.OPEN).update(pending_external=[])', 'values.update(override)',
+                     "AND r.state = %(live)s AND h.state = ANY(%(claim_from)s)"]:
+        assert not _status_writes(harmless), harmless
