@@ -4,7 +4,7 @@
 applies what the new state implies for the session's open run and live runtime. Every other
 record's state (run, runtime attachment, handoff, write intent, review gate, assignment) is
 written by :func:`move` (one loaded row) or :func:`move_rows` (a conditional UPDATE), both
-checked against that record's table in ``lifecycles``. It expects the caller to hold
+checked against that record's table in ``lifecycles``. ``apply_transition`` expects the caller to hold
 the session row lock (``lock_session``) and to be inside ``transaction.atomic()``. It does
 not append events itself: it returns them, and the action appends every event last (see
 ``events`` for why).
@@ -89,7 +89,8 @@ def check(fn, *args, **kwargs):
 
 def open_run(session: Session, *, lock: bool = True) -> Run | None:
     """The session's open run (at most one: a partial unique index), locked unless ``lock=False``."""
-    return next(iter(Run.objects.raw(_OPEN_RUN_SQL + (" FOR UPDATE" if lock else ""), [session.id, lc.RUN.initial.value])), None)
+    sql = _OPEN_RUN_SQL + (" FOR UPDATE" if lock else "")
+    return next(iter(Run.objects.raw(sql, [session.id, rt.RunState.OPEN.value])), None)
 
 
 def live_runtime(session: Session, *, lock: bool = True, now: datetime | None = None) -> RuntimeAttachment | None:
