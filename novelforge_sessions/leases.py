@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from novelforge_sessions.lifecycles import HandoffState
 from novelforge_sessions.session_runtime import RuntimeState
 
 
@@ -32,3 +33,23 @@ def runtime_is_live(state: str, expires_at: datetime | None, now: datetime) -> b
 def runtime_lease_expired(state: str, expires_at: datetime | None, now: datetime) -> bool:
     """The record still says live, but its lease ran out: the runtime is gone, the record not yet tidied."""
     return state == RuntimeState.LIVE and lease_expired(expires_at, now)
+
+
+def runtime_problem(state: str, expires_at: datetime | None, now: datetime) -> bool:
+    """A lost runtime, or one still recorded live whose lease has run out."""
+    return state == RuntimeState.LOST or runtime_lease_expired(state, expires_at, now)
+
+
+def handoff_lease_held(state: str, expires_at: datetime | None, now: datetime) -> bool:
+    """A worker holds the handoff: claimed, and the lease has not run out."""
+    return state == HandoffState.CLAIMED and lease_held(expires_at, now)
+
+
+def handoff_lease_expired(state: str, expires_at: datetime | None, now: datetime) -> bool:
+    """Claimed, but the lease ran out: the job is claimable again."""
+    return state == HandoffState.CLAIMED and not lease_held(expires_at, now)
+
+
+def handoff_claimable(state: str, expires_at: datetime | None, now: datetime) -> bool:
+    """Pending, or claimed with an expired lease (the claim statement's rule, in SQL there)."""
+    return state == HandoffState.PENDING or handoff_lease_expired(state, expires_at, now)

@@ -165,9 +165,11 @@ HANDOFF = Lifecycle("handoff", HandoffState, H.PENDING, _table({
 
 #: A consequential write (contract §08). Revoking an approval returns it to ``proposed``; a
 #: project that needs no approval executes (or refuses) a proposed intent directly.
+#: ``approved → approved``: a re-approval supersedes a standing approval that went stale (the
+#: project's authority moved since; DESIGN §4's "re-approve" repair route).
 WRITE_INTENT = Lifecycle("write intent", IntentState, I.PROPOSED, _table({
     I.PROPOSED: {I.APPROVED, I.REJECTED, I.EXECUTED, I.REFUSED},
-    I.APPROVED: {I.PROPOSED, I.REJECTED, I.EXECUTED, I.REFUSED},
+    I.APPROVED: {I.PROPOSED, I.APPROVED, I.REJECTED, I.EXECUTED, I.REFUSED},
     I.REJECTED: (), I.EXECUTED: (), I.REFUSED: (),
 }))
 
@@ -196,8 +198,74 @@ def validate_all() -> None:
         lifecycle.validate()
 
 
+# ---- predicates shared by actions and edges ------------------------------------------------
+# What actions refuse and pages/API read-outs show are decided by the same functions, so no
+# route, page or consumer re-derives a domain rule. (Lease predicates: ``leases``.)
+
+#: Ending a run: outcome (the run's end state) → (the session's default next status, the
+#: statuses the session may go to instead). The API's ``outcome``/``session_status`` choices.
+RUN_OUTCOMES: Mapping[RunState, tuple[SessionStatus, frozenset[SessionStatus]]] = {
+    R.COMPLETED: (S.IDLE, frozenset({S.IDLE, S.COMPLETED})),
+    R.ABORTED: (S.IDLE, frozenset({S.IDLE})),
+    R.FAILED: (S.FAILED, frozenset({S.FAILED})),
+}
+
+#: Session statuses a manager should look at (the overview highlights them).
+ATTENTION_STATUSES: frozenset[SessionStatus] = frozenset({S.FAILED, S.STALE})
+
+#: Handoffs still waiting for their result (a worker may still claim or answer them).
+HANDOFF_WAITING: tuple[HandoffState, ...] = (H.PENDING, H.CLAIMED)
+#: Handoffs whose result was consumed (a consume-once receipt exists).
+HANDOFF_CONSUMED: tuple[HandoffState, ...] = (H.BOUND, H.CONFLICTED)
+
+
+def holds_run(status: str | StrEnum) -> bool:
+    """The session holds an open run (executing, or waiting inside the session)."""
+    return SESSION.state(status) in rt.RUN_HOLDING_STATES
+
+
+def status_after_runtime_loss(status: str | StrEnum) -> SessionStatus:
+    """What a session becomes when its runtime's lease ran out: ``running`` fails (reason
+    ``runtime_lost``, resumable); idle and waiting sessions keep their state (they wait on a
+    person or a worker, not on the runtime)."""
+    current = SESSION.state(status)
+    return S.FAILED if current is S.RUNNING else current  # type: ignore[return-value]
+
+
+def resumable(status: str | StrEnum, *, runtime_lease_expired: bool = False) -> bool:
+    """The table allows ``→ running`` — once a runtime whose lease ran out is recorded lost."""
+    current = status_after_runtime_loss(status) if runtime_lease_expired else SESSION.state(status)
+    return SESSION.is_legal(current, S.RUNNING)
+
+
+def needs_attention(status: str | StrEnum, *, open_conflict: str | bool, runtime_problem: bool) -> bool:
+    """What the overview highlights: a failed or stale session, a lost runtime (or one whose
+    lease ran out), or an open conflict nobody resolved yet."""
+    return SESSION.state(status) in ATTENTION_STATUSES or runtime_problem or bool(open_conflict)
+
+
+def handoff_waiting(state: str | StrEnum) -> bool:
+    return HANDOFF.state(state) in HANDOFF_WAITING
+
+
+def handoff_consumed(state: str | StrEnum) -> bool:
+    return HANDOFF.state(state) in HANDOFF_CONSUMED
+
+
+def conflict_open(state: str | StrEnum) -> bool:
+    """A different result arrived after one was consumed, and no manager resolved it yet."""
+    return HANDOFF.state(state) is H.CONFLICTED
+
+
+def intent_open(state: str | StrEnum) -> bool:
+    """The intent may still be approved, refused or executed (not in a terminal state)."""
+    return WRITE_INTENT.state(state) not in WRITE_INTENT.terminal
+
+
 __all__ = [
-    "ALL", "AssignmentState", "GateState", "HANDOFF", "HandoffState", "IntentState", "Lifecycle",
+    "ALL", "ATTENTION_STATUSES", "HANDOFF_CONSUMED", "HANDOFF_WAITING", "RUN_OUTCOMES", "conflict_open",
+    "handoff_consumed", "handoff_waiting", "holds_run", "intent_open", "needs_attention", "resumable",
+    "status_after_runtime_loss", "AssignmentState", "GateState", "HANDOFF", "HandoffState", "IntentState", "Lifecycle",
     "LifecycleTableError", "REVIEW_ASSIGNMENT", "REVIEW_GATE", "RUN", "RUNTIME", "RunState", "RuntimeState",
     "SESSION", "SessionStatus", "WRITE_INTENT", "validate_all",
 ]

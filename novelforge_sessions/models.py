@@ -208,6 +208,11 @@ class RuntimeAttachment(models.Model):
         ]
 
     @property
+    def recorded_live(self) -> bool:
+        """The record says live (its lease may have run out: then ``lease_expired``)."""
+        return self.state == rt.RuntimeState.LIVE
+
+    @property
     def live(self) -> bool:
         return leases.runtime_is_live(self.state, self.lease_expires_at, timezone.now())
 

@@ -18,9 +18,12 @@ from django.utils import timezone
 
 from novelforge_sessions import events
 from novelforge_sessions import event_types as ev
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session, open_run
+from novelforge_sessions.actions.lifecycle import (
+    BIGINT_MAX, Outbox, apply_transition, check, lock_session, move, move_rows, open_run,
+)
 from novelforge_sessions.control import service as control
 from novelforge_sessions.control.errors import HandoffNotClaimable, StaleLease
 from novelforge_sessions.control.models import UNBOUND_STATES, Handoff, HandoffPurpose, HandoffState
@@ -200,14 +203,17 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
         stored = ReviewPacket.objects.create(gate=gate, fingerprint=packet.fingerprint, content=packet.content)
         now = timezone.now()
         slots = [
-            ReviewAssignment(packet=stored, reviewer=user_key(u.pk), reviewer_user=u, state="assigned", assigned_at=now)
+            ReviewAssignment(packet=stored, reviewer=user_key(u.pk), reviewer_user=u, state=ReviewAssignment.State.ASSIGNED,
+                             assigned_at=now)
             for u in users
         ] + [
-            ReviewAssignment(packet=stored, reviewer=session_key(s.pk), reviewer_session=s, state="assigned", assigned_at=now)
+            ReviewAssignment(packet=stored, reviewer=session_key(s.pk), reviewer_session=s,
+                             state=ReviewAssignment.State.ASSIGNED, assigned_at=now)
             for s in agents
         ]
         if valid.route == ReviewGate.Route.AGENT:
-            slots += [ReviewAssignment(packet=stored, state="open") for _ in range(valid.required - len(agents))]
+            slots += [ReviewAssignment(packet=stored, state=ReviewAssignment.State.OPEN)
+                      for _ in range(valid.required - len(agents))]
 
         outbox = Outbox(caller.label)
         outbox.add(
@@ -303,7 +309,7 @@ SELECT h.id, a.id FROM {_H} h
   JOIN {_V} v ON v.id = g.candidate_id
  WHERE h.project_id = %(project)s AND h.purpose = %(review)s
    AND g.route = %(agent)s AND g.state = %(gate_pending)s AND a.state <> %(submitted)s
-   AND (h.state = %(pending)s OR (h.state = %(claimed)s AND h.lease_expires_at <= %(now)s))
+   AND h.state = ANY(%(claim_from)s) AND (h.state <> %(claimed)s OR h.lease_expires_at <= %(now)s)
    AND (a.reviewer IN ('', %(key)s) OR h.state = %(claimed)s)
    AND g.session_id <> %(sid)s
    AND g.opened_by <> ALL(%(labels)s) AND v.created_by <> ALL(%(labels)s)
@@ -312,16 +318,13 @@ SELECT h.id, a.id FROM {_H} h
  LIMIT 1
    FOR UPDATE OF h SKIP LOCKED
 """
-_MOVE_SQL = f"""
-UPDATE {_A} SET reviewer = %(key)s, reviewer_session_id = %(sid)s, state = %(assigned)s, assigned_at = %(now)s
- WHERE id = %(id)s
-"""
 #: The state values those statements take as parameters (never literals in the SQL).
 _SLOT_PARAMS = {
     "review": HandoffPurpose.REVIEW.value, "agent": ReviewGate.Route.AGENT.value,
     "gate_pending": ReviewGate.State.PENDING.value, "submitted": ReviewAssignment.State.SUBMITTED.value,
     "pending": HandoffState.PENDING.value, "claimed": HandoffState.CLAIMED.value,
-    "assigned": ReviewAssignment.State.ASSIGNED.value,
+    # The states a claim may move (lifecycles.HANDOFF): pending, or claimed with its lease run out.
+    "claim_from": lc.HANDOFF.sources(HandoffState.CLAIMED),
 }
 
 
@@ -364,9 +367,11 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
             if claimed is None:
                 return None
             handoff = claimed.handoff
-            with connection.cursor() as cur:
-                cur.execute(_MOVE_SQL, {**_SLOT_PARAMS, "key": identity.key, "sid": identity.session_id, "now": now,
-                                        "id": assignment_id})
+            slot = ReviewAssignment.objects.filter(id=assignment_id)
+            if move_rows(slot, lc.REVIEW_ASSIGNMENT, ReviewAssignment.State.ASSIGNED, reviewer=identity.key,
+                         reviewer_session_id=identity.session_id, assigned_at=now) != 1:
+                # Unreachable while the claim holds the handoff row (a verdict takes it first too).
+                check(lc.REVIEW_ASSIGNMENT.check, slot.values_list("state", flat=True).get(), ReviewAssignment.State.ASSIGNED)
             assignment = ReviewAssignment.objects.select_related("packet__gate").get(id=assignment_id)
             gate = assignment.packet.gate
             common = {"project_id": gate.project_id, "session_id": gate.session_id, "run_id": gate.run_id,
@@ -513,9 +518,7 @@ def bind_verdict(
                 confidence=data.confidence, packet_fingerprint=data.packet_fingerprint,
                 artifact_fingerprint=data.artifact_fingerprint, fingerprint=fingerprint,
             )
-            assignment.state = ReviewAssignment.State.SUBMITTED
-            assignment.submitted_at = verdict.bound_at
-            assignment.save(update_fields=["state", "submitted_at"])
+            move(assignment, lc.REVIEW_ASSIGNMENT, ReviewAssignment.State.SUBMITTED, submitted_at=verdict.bound_at)
             outbox = Outbox(identity.key)
             if handoff is not None:
                 control.bind(session=session, handoff=handoff, fencing_token=token, result={
@@ -527,10 +530,10 @@ def bind_verdict(
             completed = gate.state == ReviewGate.State.PENDING and gate.bound_verdicts >= gate.required_verdicts
             if completed:
                 decisions = Verdict.objects.filter(packet=packet).values_list("decision", flat=True)
-                gate.state = ReviewGate.State.COMPLETE
-                gate.outcome = verdicts.aggregate_outcome(decisions)
-                gate.completed_at = timezone.now()
-            gate.save(update_fields=["bound_verdicts", "state", "outcome", "completed_at"])
+                move(gate, lc.REVIEW_GATE, ReviewGate.State.COMPLETE, bound_verdicts=gate.bound_verdicts,
+                     outcome=verdicts.aggregate_outcome(decisions), completed_at=timezone.now())
+            else:
+                gate.save(update_fields=["bound_verdicts"])
             outbox.add(
                 session, ev.REVIEW_VERDICT_BOUND, run_id=gate.run_id, gate_id=gate.id, packet_id=packet.id,
                 verdict_id=verdict.id, assignment_id=assignment.id, packet_fingerprint=verdict.packet_fingerprint,
@@ -592,9 +595,7 @@ def cancel_gate(caller: Caller, gate_id: int, *, reason: str = "") -> ReviewGate
             return gate
         if gate.state == ReviewGate.State.COMPLETE:
             raise Conflict("a complete gate cannot be cancelled", code="gate_closed", state=gate.state)
-        gate.state = ReviewGate.State.CANCELLED
-        gate.completed_at = timezone.now()
-        gate.save(update_fields=["state", "completed_at"])
+        move(gate, lc.REVIEW_GATE, ReviewGate.State.CANCELLED, completed_at=timezone.now())
         outbox = Outbox(caller.label)
         outbox.add(session, ev.REVIEW_GATE_CANCELLED, run_id=gate.run_id, gate_id=gate.id, state=gate.state)
         _resume_if_waiting(session, gate, outbox, reason=reason or f"review gate {gate.id} cancelled")

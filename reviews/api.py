@@ -30,6 +30,9 @@ from reviews.packets import DECISIONS, SEVERITIES
 
 router = Router(tags=["reviews"])
 
+#: The states a reviewer's own assignment can be in (an ``open`` slot is nobody's yet).
+QueueState = Literal[tuple(s.value for s in ReviewAssignment.State if s != ReviewAssignment.State.OPEN)]  # type: ignore[valid-type]
+
 
 # ---- schemas ---------------------------------------------------------------------------
 class ScaleIn(Strict):
@@ -322,7 +325,7 @@ def heartbeat_packet(request: HttpRequest, packet_id: int, body: PacketHeartbeat
     "/review-packets", response={200: Page[PacketSummaryOut], **errors(403)},
     summary="Packets assigned to you (oldest first)",
 )
-def list_packets(request: HttpRequest, state: Literal["assigned", "submitted"] | None = None,
+def list_packets(request: HttpRequest, state: QueueState | None = None,
                  after: int | None = None, limit: int = 50):
     identity = reviewer_for_caller(caller(request))
     qs = assignments_for(identity).select_related("packet__gate")

@@ -1,7 +1,10 @@
-"""The one place a session's status is written.
+"""The one place a status is written.
 
-``apply_transition`` checks the contract's table (pure core), then applies what the new
-state implies for the session's open run and live runtime. It expects the caller to hold
+``apply_transition`` checks the contract's table (pure core, ``lifecycles.SESSION``), then
+applies what the new state implies for the session's open run and live runtime. Every other
+record's state (run, runtime attachment, handoff, write intent, review gate, assignment) is
+written by :func:`move` (one loaded row) or :func:`move_rows` (a conditional UPDATE), both
+checked against that record's table in ``lifecycles``. ``apply_transition`` expects the caller to hold
 the session row lock (``lock_session``) and to be inside ``transaction.atomic()``. It does
 not append events itself: it returns them, and the action appends every event last (see
 ``events`` for why).
@@ -10,13 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
-from django.db import transaction
+from django.db import models, transaction
 from django.utils import timezone
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import events, leases
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.errors import NotFound, RuntimeRequired, StaleRuntime, VersionConflict, from_rule_error
@@ -57,7 +62,7 @@ SELECT * FROM {Session._meta.db_table}
  WHERE id = %(id)s AND project_id = ANY(%(projects)s) AND (%(bound)s::bigint IS NULL OR id = %(bound)s::bigint)
    FOR UPDATE
 """
-_OPEN_RUN_SQL = f"SELECT * FROM {Run._meta.db_table} WHERE session_id = %s AND state = '{rt.RunState.OPEN.value}'"
+_OPEN_RUN_SQL = f"SELECT * FROM {Run._meta.db_table} WHERE session_id = %s AND state = %s"
 
 
 def lock_session(caller: Caller, session_id: int, *, project: bool = True) -> Session:
@@ -90,7 +95,8 @@ def check(fn, *args, **kwargs):
 
 def open_run(session: Session, *, lock: bool = True) -> Run | None:
     """The session's open run (at most one: a partial unique index), locked unless ``lock=False``."""
-    return next(iter(Run.objects.raw(_OPEN_RUN_SQL + (" FOR UPDATE" if lock else ""), [session.id])), None)
+    sql = _OPEN_RUN_SQL + (" FOR UPDATE" if lock else "")
+    return next(iter(Run.objects.raw(sql, [session.id, rt.RunState.OPEN.value])), None)
 
 
 def live_runtime(session: Session, *, lock: bool = True, now: datetime | None = None) -> RuntimeAttachment | None:
@@ -111,11 +117,34 @@ def recorded_runtime(session: Session, *, lock: bool = True) -> RuntimeAttachmen
     return qs.first()
 
 
+def move(obj: models.Model, lifecycle: lc.Lifecycle, target: str | StrEnum, **fields: Any) -> StrEnum:
+    """The one transition helper for a loaded row of a non-session record: check
+    ``current → target`` against ``lifecycle``'s table (409 ``illegal_transition`` otherwise,
+    nothing written), set the state and ``fields``, and save exactly those columns. The caller
+    holds the row (lock or conditional statement) inside its transaction. Sessions move
+    through :func:`apply_transition`."""
+    assert lifecycle is not lc.SESSION, "session statuses move through apply_transition"
+    dst = check(lifecycle.check, getattr(obj, lifecycle.field), target)
+    setattr(obj, lifecycle.field, dst.value)
+    for name, value in fields.items():
+        setattr(obj, name, value)
+    obj.save(update_fields=[lifecycle.field, *fields])
+    return dst
+
+
+def move_rows(queryset: models.QuerySet, lifecycle: lc.Lifecycle, target: str | StrEnum, **fields: Any) -> int:
+    """The conditional-UPDATE form of :func:`move`: rows of ``queryset`` whose state is a legal
+    source of ``target`` (``lifecycle.sources``) move to ``target`` with ``fields``. Returns the
+    row count: the caller decides what a miss means (someone else moved the row first)."""
+    assert lifecycle is not lc.SESSION, "session statuses move through apply_transition"
+    dst = lifecycle.state(target)
+    return queryset.filter(**{f"{lifecycle.field}__in": lifecycle.sources(dst)}).update(
+        **{lifecycle.field: dst.value}, **fields
+    )
+
+
 def end_run(run: Run, state: rt.RunState, reason: str, outbox: Outbox, session: Session) -> None:
-    run.state = state.value
-    run.end_reason = reason
-    run.ended_at = timezone.now()
-    run.save(update_fields=["state", "end_reason", "ended_at"])
+    move(run, lc.RUN, state, end_reason=reason, ended_at=timezone.now())
     outbox.add(session, ev.RUN_ENDED, run_id=run.id, seq=run.seq, state=run.state, reason=reason)
 
 
@@ -124,10 +153,7 @@ RUNTIME_END_EVENTS = {rt.RuntimeState.CLOSED: ev.RUNTIME_CLOSED, rt.RuntimeState
 
 
 def end_runtime(attachment: RuntimeAttachment, state: rt.RuntimeState, reason: str, outbox: Outbox, session: Session) -> None:
-    attachment.state = state.value
-    attachment.end_reason = reason
-    attachment.ended_at = timezone.now()
-    attachment.save(update_fields=["state", "end_reason", "ended_at"])
+    move(attachment, lc.RUNTIME, state, end_reason=reason, ended_at=timezone.now())
     outbox.add(
         session, RUNTIME_END_EVENTS[state], runtime_id=attachment.id, generation=attachment.generation, reason=reason
     )
@@ -160,9 +186,9 @@ def apply_transition(
     """
     check_version(session, expected_version)
     source = rt.SessionStatus(session.status)
-    dst = check(rt.check_transition, source, target)
+    dst = check(lc.SESSION.check, source, target)
 
-    leaving_run = source in rt.RUN_HOLDING_STATES and dst not in rt.RUN_HOLDING_STATES
+    leaving_run = lc.holds_run(source) and not lc.holds_run(dst)
     if leaving_run:
         run = open_run(session) if current_run is True else current_run
         if run is not None:

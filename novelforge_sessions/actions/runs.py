@@ -6,6 +6,7 @@ from typing import Any
 from django.db import transaction
 
 from novelforge_sessions import event_types as ev
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import (
@@ -63,7 +64,7 @@ def start_run(
         # The most fundamental refusal first: can the session enter running with a new run at
         # all (a state holding a run already has one; completed, stale, terminated have no way
         # into running)? Then generation fencing, then the runtime, then the conflict flag.
-        existing = open_run(session, lock=False) if session.status in rt.RUN_HOLDING_STATES else None
+        existing = open_run(session, lock=False) if lc.holds_run(session.status) else None
         if existing is not None:
             raise OpenRunExists("this session already has an open run", run_id=existing.id, seq=existing.seq)
         check(rt.check_transition, session.status, rt.SessionStatus.RUNNING)
@@ -127,12 +128,8 @@ def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any], *, runti
     return run
 
 
-#: outcome → (run end state, default next session status, allowed next statuses)
-_OUTCOMES = {
-    "completed": (rt.RunState.COMPLETED, rt.SessionStatus.IDLE, {rt.SessionStatus.IDLE, rt.SessionStatus.COMPLETED}),
-    "aborted": (rt.RunState.ABORTED, rt.SessionStatus.IDLE, {rt.SessionStatus.IDLE}),
-    "failed": (rt.RunState.FAILED, rt.SessionStatus.FAILED, {rt.SessionStatus.FAILED}),
-}
+#: outcome → (run end state, default next session status, allowed next statuses): ``lifecycles.RUN_OUTCOMES``.
+_OUTCOMES = {state.value: (state, default, allowed) for state, (default, allowed) in lc.RUN_OUTCOMES.items()}
 
 
 def end_run(

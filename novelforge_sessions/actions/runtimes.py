@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from novelforge_sessions import leases
 from novelforge_sessions import event_types as ev
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import SYSTEM, Caller
 from novelforge_sessions.actions.lifecycle import (
@@ -29,6 +30,7 @@ from novelforge_sessions.actions.lifecycle import (
     apply_transition,
     check,
     lock_session,
+    move_rows,
     recorded_runtime,
 )
 from novelforge_sessions.errors import LiveRuntimeExists, NotFound, RuntimeNotLive, ValidationFailed
@@ -39,7 +41,7 @@ log = logging.getLogger("novelforge.runtimes")
 MAX_LEASE_SECONDS = 3600
 
 #: States in which a runtime may serve the session (it could run, or is waiting).
-_ATTACHABLE = frozenset(s for s in rt.SessionStatus if rt.SessionStatus.RUNNING in rt.LIFECYCLE[s]) | rt.RUN_HOLDING_STATES
+_ATTACHABLE = frozenset(s for s in rt.SessionStatus if lc.resumable(s) or lc.holds_run(s))
 
 
 @dataclass(frozen=True)
@@ -95,16 +97,18 @@ def expire_runtime(
     returns False, writing nothing, if it was renewed, closed or tidied meanwhile.
     """
     now = now or timezone.now()
-    claimed = RuntimeAttachment.objects.lease_expired(now).filter(id=attachment.id).update(
-        state=rt.RuntimeState.LOST.value, end_reason="runtime_lost", ended_at=now
+    claimed = move_rows(
+        RuntimeAttachment.objects.lease_expired(now).filter(id=attachment.id), lc.RUNTIME, rt.RuntimeState.LOST,
+        end_reason="runtime_lost", ended_at=now,
     )
     if claimed != 1:
         return False
     attachment.state, attachment.end_reason, attachment.ended_at = rt.RuntimeState.LOST.value, "runtime_lost", now
     outbox.add(session, ev.RUNTIME_LOST, runtime_id=attachment.id, generation=attachment.generation, reason="runtime_lost")
-    if session.status == rt.SessionStatus.RUNNING:
+    after = lc.status_after_runtime_loss(session.status)
+    if after != session.status:
         apply_transition(
-            session, rt.SessionStatus.FAILED, reason="runtime_lost", outbox=outbox, run_end_state=rt.RunState.INTERRUPTED,
+            session, after, reason="runtime_lost", outbox=outbox, run_end_state=rt.RunState.INTERRUPTED,
         )
     return True
 
@@ -159,12 +163,14 @@ UPDATE {RuntimeAttachment._meta.db_table} AS r
   FROM {Session._meta.db_table} AS s
  WHERE r.id = %(id)s AND r.session_id = s.id AND s.project_id = ANY(%(projects)s)
    AND (%(bound)s::bigint IS NULL OR s.id = %(bound)s::bigint)
-   AND r.state = 'live' AND r.lease_expires_at > %(now)s
+   AND r.state = %(live)s AND r.lease_expires_at > %(now)s
 RETURNING r.session_id,
-          (SELECT ru.id FROM {Run._meta.db_table} ru WHERE ru.session_id = r.session_id AND ru.state = 'open'),
+          (SELECT ru.id FROM {Run._meta.db_table} ru WHERE ru.session_id = r.session_id AND ru.state = %(open)s),
           (SELECT ru.abort_requested_at IS NOT NULL FROM {Run._meta.db_table} ru
-            WHERE ru.session_id = r.session_id AND ru.state = 'open')
+            WHERE ru.session_id = r.session_id AND ru.state = %(open)s)
 """
+#: The state values the heartbeat statement takes as parameters (never literals in the SQL).
+_HEARTBEAT_PARAMS = {"live": rt.RuntimeState.LIVE.value, "open": rt.RunState.OPEN.value}
 
 
 def heartbeat_runtime(caller: Caller, runtime_id: int, *, lease_seconds: int | None = None) -> Heartbeat:
@@ -180,7 +186,7 @@ def heartbeat_runtime(caller: Caller, runtime_id: int, *, lease_seconds: int | N
     with connection.cursor() as cur:
         cur.execute(
             _HEARTBEAT_SQL,
-            {"now": now, "expires": expires, "lease": lease, "id": runtime_id,
+            {**_HEARTBEAT_PARAMS, "now": now, "expires": expires, "lease": lease, "id": runtime_id,
              "projects": list(caller.project_ids), "bound": caller.session_id},
         )
         row = cur.fetchone()

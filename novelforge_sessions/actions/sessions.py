@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from novelforge_sessions import event_types as ev
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import (
@@ -97,7 +98,7 @@ def transition_session(
         entering_running = target == rt.SessionStatus.RUNNING
         attachment = live_runtime(session, lock=False) if entering_running or runtime_id is not None else None
         fence_runtime(caller, session, runtime_id, attachment=attachment)
-        run = open_run(session) if session.status in rt.RUN_HOLDING_STATES else None
+        run = open_run(session) if lc.holds_run(session.status) else None
         if entering_running and run is None:
             raise NoOpenRun(
                 "entering running needs a run: start one (POST /sessions/{id}/runs) or resume the session",
@@ -184,7 +185,7 @@ def abort_session(
     caller.require("write")
     with transaction.atomic():
         session = lock_session(caller, session_id)
-        run = open_run(session) if session.status in rt.RUN_HOLDING_STATES else None
+        run = open_run(session) if lc.holds_run(session.status) else None
         if run is None:
             raise NoOpenRun("there is no open run to abort", status=session.status)
         fence_runtime(caller, session, runtime_id)

@@ -10,6 +10,7 @@ from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 
 from novelforge_sessions import leases
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions.control import bindings as binding_actions
 from novelforge_sessions.control import handoffs as handoff_actions
 from novelforge_sessions.control import intents as intent_actions
@@ -21,7 +22,6 @@ from novelforge_sessions.control.models import (
     AuthorityChange,
     ConsumeReceipt,
     Handoff,
-    HandoffState,
     IntentKind,
     ResultDelivery,
     ResultValidation,
@@ -192,12 +192,9 @@ def _receipt_out(receipt: ConsumeReceipt | None) -> dict | None:
     }
 
 
-_NO_RECEIPT = (HandoffState.PENDING, HandoffState.CLAIMED, HandoffState.CANCELLED)
-
-
 def _handoff_out(h: Handoff, *, receipt: ConsumeReceipt | None | bool = True) -> dict:
     if receipt is True:
-        receipt = None if h.state in _NO_RECEIPT else result_actions._receipt_of(h)
+        receipt = result_actions._receipt_of(h) if lc.handoff_consumed(h.state) else None
     now = timezone.now()
     return {
         **{f: getattr(h, f) for f in (
@@ -206,7 +203,7 @@ def _handoff_out(h: Handoff, *, receipt: ConsumeReceipt | None | bool = True) ->
             "lease_holder", "lease_expires_at", "claimed_at", "heartbeat_at", "bound_at", "conflict_at",
             "conflict_resolved_at", "conflict_resolution", "cancelled_at", "created_at",
         )},
-        "lease_expired": h.state == HandoffState.CLAIMED and leases.lease_expired(h.lease_expires_at, now),
+        "lease_expired": leases.handoff_lease_expired(h.state, h.lease_expires_at, now),
         "receipt": _receipt_out(receipt or None),
     }
 

@@ -8,6 +8,7 @@ from ninja import Field, Schema
 from pydantic import ConfigDict, ModelWrapValidatorHandler, model_validator
 
 from novelforge_sessions import event_types as ev
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.errors import ValidationFailed
 
@@ -19,6 +20,11 @@ Memory = Literal[tuple(m.value for m in rt.MemoryPolicy)]  # type: ignore[valid-
 Boundary = Literal[tuple(b.value for b in rt.CheckpointBoundary)]  # type: ignore[valid-type]
 #: The catalog's event type names (``GET /events?type=``): an unknown type is a 422 naming ``type``.
 EventTypeName = Literal[tuple(sorted(ev.CATALOG))]  # type: ignore[valid-type]
+#: Ending a run (``lifecycles.RUN_OUTCOMES``): the outcome, and the statuses the session may go to.
+RunOutcome = Literal[tuple(o.value for o in lc.RUN_OUTCOMES)]  # type: ignore[valid-type]
+RunEndStatus = Literal[tuple(dict.fromkeys(  # type: ignore[valid-type]
+    s.value for default, allowed in lc.RUN_OUTCOMES.values() for s in (default, *sorted(allowed, key=list(rt.SessionStatus).index))
+))]
 
 
 def _storable(text: str) -> bool:
@@ -349,8 +355,8 @@ class CursorIn(Strict):
 
 
 class RunEndIn(Strict):
-    outcome: Literal["completed", "aborted", "failed"]
-    session_status: Literal["idle", "completed", "failed"] | None = None
+    outcome: RunOutcome
+    session_status: RunEndStatus | None = None
     reason: str = Field("", max_length=200)
     runtime_id: int | None = Field(None, ge=1, description=RUN_RUNTIME_ID_DOC)
 

@@ -36,10 +36,11 @@ from django.utils import timezone
 from novelforge_sessions import events
 from novelforge_sessions import leases
 from novelforge_sessions import event_types as ev
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
-from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session
+from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session, move
 from novelforge_sessions.control.errors import (
     AlreadyConsumed,
     HandoffClosed,
@@ -247,6 +248,8 @@ _S = Session._meta.db_table
 _LEASE_PARAMS = {
     "pending": HandoffState.PENDING.value,
     "claimed": HandoffState.CLAIMED.value,
+    # The states a claim may move (lifecycles.HANDOFF): pending, or claimed with its lease run out.
+    "claim_from": lc.HANDOFF.sources(HandoffState.CLAIMED),
     # A job of a session that can never run again is not worth a worker's time.
     "closed_statuses": [rt.SessionStatus.TERMINATED.value, rt.SessionStatus.STALE.value],
 }
@@ -260,7 +263,7 @@ WITH candidate AS (
        AND (%(bound)s::bigint IS NULL OR h.session_id = %(bound)s::bigint)
        AND (%(handoff)s::bigint IS NULL OR h.id = %(handoff)s::bigint)
        AND h.purpose = %(purpose)s
-       AND (h.state = %(pending)s OR (h.state = %(claimed)s AND h.lease_expires_at <= %(now)s))
+       AND h.state = ANY(%(claim_from)s) AND (h.state <> %(claimed)s OR h.lease_expires_at <= %(now)s)
        AND h.required_capabilities <@ %(caps)s::jsonb
        AND s.status <> ALL(%(closed_statuses)s)
      ORDER BY h.id
@@ -367,7 +370,7 @@ def _explain_unclaimable(caller: Caller, handoff_id: int, caps: list[str], now: 
     if handoff.purpose != HandoffPurpose.JOB:
         raise review_route_required(handoff)
     missing = sorted(set(handoff.required_capabilities) - set(caps))
-    lease_live = handoff.state == HandoffState.CLAIMED and leases.lease_held(handoff.lease_expires_at, now)
+    lease_live = leases.handoff_lease_held(handoff.state, handoff.lease_expires_at, now)
     raise HandoffNotClaimable(
         "this handoff cannot be claimed now", handoff_id=handoff.id, state=handoff.state,
         missing_capabilities=missing, lease_held=bool(lease_live),
@@ -497,8 +500,7 @@ def cancel_locked(
     for handoff in handoffs:
         if handoff.state not in UNBOUND_STATES:
             continue
-        handoff.state, handoff.cancelled_at = HandoffState.CANCELLED, now
-        handoff.save(update_fields=["state", "cancelled_at"])
+        move(handoff, lc.HANDOFF, HandoffState.CANCELLED, cancelled_at=now)
         outbox.add(session, ev.HANDOFF_CANCELLED, run_id=handoff.run_id, handoff_id=handoff.id,
                    logical_id=handoff.logical_id, reason=reason)
         done.append(handoff)

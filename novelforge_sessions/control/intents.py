@@ -31,9 +31,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from novelforge_sessions import events
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
-from novelforge_sessions.actions.lifecycle import check
+from novelforge_sessions.actions.lifecycle import check, move
 from novelforge_sessions.control.errors import (
     ApprovalRequired,
     IdempotencyKeyReused,
@@ -295,8 +296,7 @@ def approve_intent(caller: Caller, intent_id: int, *, note: str = "") -> WriteIn
             intent=intent, decision=ApprovalDecision.APPROVED, before_fingerprint=intent.before_fingerprint,
             authority_version=project.authority_version, note=note[:500], **_approver_fields(caller),
         )
-        intent.state = IntentState.APPROVED
-        intent.save(update_fields=["state"])
+        move(intent, lc.WRITE_INTENT, IntentState.APPROVED)
         _event(intent, ev.WRITE_INTENT_APPROVED, caller, approval_id=approval.id, reapproval=standing is not None,
                authority_version=project.authority_version)
     return intent
@@ -317,8 +317,7 @@ def reject_intent(caller: Caller, intent_id: int, *, note: str = "") -> WriteInt
             intent=intent, decision=ApprovalDecision.REJECTED, before_fingerprint=intent.before_fingerprint,
             authority_version=project.authority_version, note=note[:500], **_approver_fields(caller),
         )
-        intent.state = IntentState.REJECTED
-        intent.save(update_fields=["state"])
+        move(intent, lc.WRITE_INTENT, IntentState.REJECTED)
         _event(intent, ev.WRITE_INTENT_REJECTED, caller, approval_id=approval.id, note=note[:500])
     return intent
 
@@ -333,8 +332,7 @@ def revoke_approval(caller: Caller, intent_id: int, *, note: str = "") -> WriteI
         revoked = intent.approvals.filter(revoked_at__isnull=True).update(
             revoked_at=timezone.now(), revoked_by=caller.label,
         )
-        intent.state = IntentState.PROPOSED
-        intent.save(update_fields=["state"])
+        move(intent, lc.WRITE_INTENT, IntentState.PROPOSED)
         _event(intent, ev.WRITE_INTENT_APPROVAL_REVOKED, caller, revoked=revoked, note=note[:500])
     return intent
 
@@ -377,10 +375,7 @@ def execute_intent(caller: Caller, intent_id: int) -> Executed:
             current = target_state(intent, Project.objects.get(id=intent.project_id))
             detail = {"stated": intent.before_fingerprint, "current": fingerprint(current), "current_state": current,
                       **stale_detail}
-            intent.state = IntentState.REFUSED
-            intent.refusal_code = StalePrecondition.code
-            intent.outcome = detail
-            intent.save(update_fields=["state", "refusal_code", "outcome"])
+            move(intent, lc.WRITE_INTENT, IntentState.REFUSED, refusal_code=StalePrecondition.code, outcome=detail)
             _event(intent, ev.WRITE_INTENT_REFUSED, caller, code=StalePrecondition.code, **detail)
             refusal = StalePrecondition("the before-state changed: the write was not applied", intent_id=intent.id, **detail)
         else:
@@ -391,13 +386,11 @@ def execute_intent(caller: Caller, intent_id: int) -> Executed:
             if not post["ok"]:
                 raise PostconditionFailed("the write did not produce its promised state; rolled back",
                                           intent_id=intent.id, **post)
-            intent.state = IntentState.EXECUTED
-            intent.after_fingerprint = post["expected"]
-            intent.postcondition = post
-            intent.executed_at = now
-            intent.executed_by = caller.label
-            intent.outcome = {"before": intent.before_state, "after": observed, "after_fingerprint": post["expected"]}
-            intent.save(update_fields=["state", "after_fingerprint", "postcondition", "executed_at", "executed_by", "outcome"])
+            move(
+                intent, lc.WRITE_INTENT, IntentState.EXECUTED, after_fingerprint=post["expected"], postcondition=post,
+                executed_at=now, executed_by=caller.label,
+                outcome={"before": intent.before_state, "after": observed, "after_fingerprint": post["expected"]},
+            )
             if intent.kind in (IntentKind.AUTHORITY_SETTLE, IntentKind.FRAMEWORK_CHANGE):
                 AuthorityChange.objects.create(
                     project_id=intent.project_id, intent=intent, kind=intent.kind, before=intent.before_state, after=observed,

@@ -31,8 +31,8 @@ def _text_choices(name: str, enum: type) -> type[models.TextChoices]:
 HandoffState = _text_choices("HandoffState", lc.HandoffState)
 
 
-#: Handoffs still waiting for a result.
-UNBOUND_STATES = (HandoffState.PENDING.value, HandoffState.CLAIMED.value)
+#: Handoffs still waiting for a result (``lifecycles.HANDOFF_WAITING``).
+UNBOUND_STATES = tuple(s.value for s in lc.HANDOFF_WAITING)
 
 
 class HandoffPurpose(models.TextChoices):

@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from novelforge_sessions import events
 from novelforge_sessions import event_types as ev
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.control.handoffs import (
@@ -45,7 +46,9 @@ from novelforge_sessions.control.handoffs import (
     settle_waiting_run,
     visible_handoffs,
 )
-from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session
+from novelforge_sessions.actions.lifecycle import (
+    BIGINT_MAX, Outbox, apply_transition, check, lock_session, move, move_rows,
+)
 from novelforge_sessions.control.errors import (
     ConflictingResult,
     HandoffClosed,
@@ -239,10 +242,8 @@ def _conflict(
     handoff = Handoff.objects.select_for_update().get(id=handoff.id)
     delivery = _log(handoff, token, digest, DeliveryOutcome.CONFLICTING_RESULT, caller.label, payload=result)
     outbox = Outbox(caller.label)
-    if handoff.state != HandoffState.CONFLICTED:
-        handoff.state = HandoffState.CONFLICTED
-        handoff.conflict_at = timezone.now()
-        handoff.save(update_fields=["state", "conflict_at"])
+    if not lc.conflict_open(handoff.state):
+        move(handoff, lc.HANDOFF, HandoffState.CONFLICTED, conflict_at=timezone.now())
         reason = f"conflicting_result: {handoff.logical_id}"[:200]
         fails = rt.is_legal(session.status, rt.SessionStatus.FAILED)
         if not session.open_conflict:
@@ -287,8 +288,9 @@ def _consume(
     # fenced UPDATE below then decides, by its row count, which delivery binds the result.
     session = lock_session(caller, handoff.session_id)
     now = timezone.now()
-    bound = Handoff.objects.filter(id=handoff.id, state=HandoffState.CLAIMED, fencing_token=token).update(
-        state=HandoffState.BOUND, bound_at=now,
+    bound = move_rows(
+        Handoff.objects.filter(id=handoff.id, state=HandoffState.CLAIMED, fencing_token=token), lc.HANDOFF,
+        HandoffState.BOUND, bound_at=now,
     )
     if bound != 1:
         # Someone bound it (or re-claimed it, or cancelled it) while we waited: look again.
@@ -355,8 +357,9 @@ def consume_locked(
     result, digest = result_digest(result)
     now = timezone.now()
     # Fenced: the row is locked, so this only re-states the caller's checks as the write's condition.
-    bound = Handoff.objects.filter(id=handoff.id, state=HandoffState.CLAIMED, fencing_token=fencing_token).update(
-        state=HandoffState.BOUND, bound_at=now,
+    bound = move_rows(
+        Handoff.objects.filter(id=handoff.id, state=HandoffState.CLAIMED, fencing_token=fencing_token), lc.HANDOFF,
+        HandoffState.BOUND, bound_at=now,
     )
     if bound != 1:
         raise _stale(handoff, fencing_token) if fencing_token != handoff.fencing_token else _not_claimable(handoff)
@@ -378,12 +381,9 @@ def resolve_conflict(caller: Caller, handoff_id: int, *, resolution: str) -> Han
         raise ValidationFailed("resolution must say how the conflict was resolved (1–200 characters)", field="resolution")
     with transaction.atomic():
         session, handoff = lock_handoff(caller, handoff_id)
-        if handoff.state != HandoffState.CONFLICTED:
+        if not lc.conflict_open(handoff.state):
             raise Conflict("this handoff has no open conflict", code="no_open_conflict", state=handoff.state)
-        handoff.state = HandoffState.BOUND
-        handoff.conflict_resolved_at = timezone.now()
-        handoff.conflict_resolution = resolution
-        handoff.save(update_fields=["state", "conflict_resolved_at", "conflict_resolution"])
+        move(handoff, lc.HANDOFF, HandoffState.BOUND, conflict_resolved_at=timezone.now(), conflict_resolution=resolution)
         others = Handoff.objects.filter(session=session, state=HandoffState.CONFLICTED).exists()
         if session.open_conflict and not others:
             session.open_conflict = ""

@@ -21,11 +21,11 @@ from django.utils import timezone
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import leases
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.control.intents import approval_problem, current_state
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import (
-    UNBOUND_STATES,
     Approval,
     Handoff,
     HandoffState,
@@ -513,11 +513,13 @@ class SessionRow:
         att = self.runtime
         if att is None:
             return False
-        return att.state == rt.RuntimeState.LOST or att.lease_expired
+        return leases.runtime_problem(att.state, att.lease_expires_at, timezone.now())
 
     @property
     def stands_out(self) -> bool:
-        return self.session.status in (S.FAILED, S.STALE) or self.runtime_problem or bool(self.session.open_conflict)
+        return lc.needs_attention(
+            self.session.status, open_conflict=self.session.open_conflict, runtime_problem=self.runtime_problem,
+        )
 
 
 def session_rows(sessions: list[Session]) -> list[SessionRow]:
@@ -542,8 +544,9 @@ def session_rows(sessions: list[Session]) -> list[SessionRow]:
 OPEN_HANDOFFS_SHOWN = 50
 FINISHED_HANDOFFS_SHOWN = 10
 
-#: Still needs attention: waiting for a worker or a result, or a conflict nobody resolved yet.
-OPEN_HANDOFF_Q = Q(state__in=UNBOUND_STATES) | Q(state=HandoffState.CONFLICTED, conflict_resolved_at__isnull=True)
+#: Still needs attention: waiting for a worker or a result (``lifecycles.handoff_waiting``), or a
+#: conflict nobody resolved yet (``lifecycles.conflict_open``: resolving moves it back to bound).
+OPEN_HANDOFF_Q = Q(state__in=lc.HANDOFF_WAITING) | Q(state=HandoffState.CONFLICTED)
 
 
 @dataclass
@@ -552,15 +555,20 @@ class HandoffRow:
     now: datetime
 
     @property
+    def is_claimed(self) -> bool:
+        """Its current claim's lease fields describe a claim (held or run out)."""
+        return self.handoff.state == HandoffState.CLAIMED
+
+    @property
     def lease_live(self) -> bool:
         h = self.handoff
-        return h.state == HandoffState.CLAIMED and leases.lease_held(h.lease_expires_at, self.now)
+        return leases.handoff_lease_held(h.state, h.lease_expires_at, self.now)
 
     @property
     def lease_expired(self) -> bool:
         """Claimed, but the lease ran out: the job is claimable again."""
         h = self.handoff
-        return h.state == HandoffState.CLAIMED and not self.lease_live
+        return leases.handoff_lease_expired(h.state, h.lease_expires_at, self.now)
 
     @property
     def finished_at(self) -> datetime | None:
@@ -635,7 +643,7 @@ class IntentRow:
     @property
     def needs_approval(self) -> bool:
         """Open, and no standing approval authorises it (a stale one does not count)."""
-        return self.intent.state in (IntentState.PROPOSED, IntentState.APPROVED) and self.problem is not None
+        return lc.intent_open(self.intent.state) and self.problem is not None
 
     @property
     def can_approve(self) -> bool:
@@ -645,7 +653,16 @@ class IntentRow:
 
     @property
     def can_refuse(self) -> bool:
-        return self.intent.state in (IntentState.PROPOSED, IntentState.APPROVED)
+        return lc.intent_open(self.intent.state)
+
+    @property
+    def executed(self) -> bool:
+        return self.intent.state == IntentState.EXECUTED
+
+    @property
+    def refused(self) -> bool:
+        """Its compare-and-swap found a stale before-state (not a manager's rejection)."""
+        return self.intent.state == IntentState.REFUSED
 
     @property
     def problem_text(self) -> str:
@@ -691,7 +708,7 @@ def _intent_rows(project: Project, intents: list[WriteIntent]) -> list[IntentRow
         approval = i.standing[0] if i.standing else None
         problem = approval_problem(i, approval, project)
         stale = False
-        if i.state in (IntentState.PROPOSED, IntentState.APPROVED):
+        if lc.intent_open(i.state):
             # The same before-state the approval action compares (read from the preloaded rows).
             stale = fingerprint(current_state(project, i.kind, i.artifact)) != i.before_fingerprint
         rows.append(IntentRow(i, _intent_target(i, numbers), approval, problem, stale, project.requires_write_approval))
@@ -705,7 +722,7 @@ def project_intents(project: Project) -> ProjectIntents:
         WriteIntent.objects.filter(project=project).select_related("artifact__current_version")
         .prefetch_related(Prefetch("approvals", queryset=Approval.objects.filter(revoked_at__isnull=True), to_attr="standing"))
     )
-    open_states = (IntentState.PROPOSED, IntentState.APPROVED)
+    open_states = tuple(s for s in IntentState if lc.intent_open(s))
     open_intents = list(base.filter(state__in=open_states).order_by("id")[:OPEN_INTENTS_SHOWN])
     closed = list(base.exclude(state__in=open_states).order_by("-id")[:CLOSED_INTENTS_SHOWN])
     counts = {

@@ -31,6 +31,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from novelforge_sessions import access
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.control import intents as intent_actions
@@ -189,6 +190,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "projects": projects,
         "roles": [r.value for r in rt.SessionRole],
         "states": presenters.STATES,
+        "attention_states": sorted(lc.ATTENTION_STATUSES),
         "families": list(who.sessions().order_by("runtime_family").values_list("runtime_family", flat=True).distinct()),
         "feed": presenters.event_views(feed_qs.order_by("-id")[:FEED_SIZE]),
         "cursor": cursor,
@@ -252,13 +254,13 @@ def _session_context(session: Session) -> dict[str, Any]:
     allowed = rt.LIFECYCLE[status]
     # A running session whose runtime's lease ran out is failed / runtime_lost in all but the
     # record: resume records that first (as the reconciler would), so it is offered.
-    runtime_gone = status is rt.SessionStatus.RUNNING and expired is not None
-    can_resume = (rt.SessionStatus.RUNNING in allowed or runtime_gone) and live is None
+    runtime_gone = expired is not None and lc.status_after_runtime_loss(status) != status
+    can_resume = lc.resumable(status, runtime_lease_expired=expired is not None) and live is None
     if runtime_gone:
         resume_note = ""
     elif status is rt.SessionStatus.RUNNING:
         resume_note = "the session is already running"
-    elif rt.SessionStatus.RUNNING not in allowed:
+    elif not lc.resumable(status):
         resume_note = f"a {status.value} session cannot return to running"
     elif live is not None:
         resume_note = f"generation {live.generation} is live: close it before resuming"

@@ -18,6 +18,8 @@
     const feed = document.getElementById("feed");
     const projects = (root.dataset.projects || "").split(",").filter(Boolean).map(Number).slice(0, 32);
     const later = NF.debouncer(250);
+    // The statuses the server highlights (lifecycles.ATTENTION_STATUSES): never spelled here.
+    const attention = new Set((root.dataset.attentionStates || "").split(" ").filter(Boolean));
     const seq = new Map(); // session id → latest request number (stale answers are dropped)
 
     const withQuery = (url) => (query ? url + "?" + query : url);
@@ -32,7 +34,7 @@
       if (badge) { badge.textContent = state; badge.className = "badge st-" + state; }
       row.dataset.state = state;
       row.className = row.className.replace(/\brow-\S+/, "row-" + state);
-      row.classList.toggle("standout", state === "failed" || state === "stale");
+      row.classList.toggle("standout", attention.has(state));
       flash(row);
     }
 

@@ -85,7 +85,7 @@ def test_the_lease_and_slot_statements_take_status_values_as_parameters():
     from reviews import actions as review_actions
 
     statements = {"claim": handoff_actions._CLAIM_SQL, "heartbeat": handoff_actions._HEARTBEAT_SQL,
-                  "eligible": review_actions._ELIGIBLE_SQL, "move": review_actions._MOVE_SQL}
+                  "eligible": review_actions._ELIGIBLE_SQL}  # the slot's move is actions.lifecycle.move_rows
     words = {"pending", "claimed", "bound", "conflicted", "cancelled", "terminated", "stale", "job", "review", "agent",
              "complete", "submitted", "assigned", "open"}
     for name, sql in statements.items():

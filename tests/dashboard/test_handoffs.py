@@ -114,6 +114,27 @@ def test_a_conflicting_result_keeps_the_handoff_in_the_open_list(mgr_client, mak
     assert 'data-state="conflicted"' in conflicted and "a manager must resolve it" in conflicted
 
 
+def test_a_conflict_after_a_resolved_one_is_open_again(mgr_client, make_session):
+    """Defect: the open list asked for ``conflict_resolved_at IS NULL`` besides the state, so a
+    second conflict on a handoff whose first one was resolved folded away as finished. The
+    shared predicate (``lifecycles.conflict_open``) is the state: resolving moves it to bound."""
+    from novelforge_sessions.control.results import resolve_conflict
+
+    session = make_session(run=True)
+    h = claim(handoff(session, "job-twice"))
+    deliver(h, {"verdict": "consistent"})
+    with pytest.raises(ConflictingResult):
+        deliver(h, {"verdict": "something else"})
+    resolve_conflict(caller_for(session.project, ["read", "write", "approve"]), h.id, resolution="the first stands")
+    with pytest.raises(ConflictingResult):
+        deliver(h, {"verdict": "a third answer"})
+    h.refresh_from_db()
+    assert h.state == "conflicted" and h.conflict_resolved_at is not None
+    assert [r.handoff.id for r in presenters.session_handoffs(session.id).open] == [h.id]
+    open_rows = panel(mgr_client.get(f"/sessions/{session.id}/").content.decode()).split("Recently finished")[0]
+    assert "a manager must resolve it" in row(open_rows, h)
+
+
 def test_the_live_panels_endpoint_re_renders_the_handoffs(mgr_client, make_session):
     session = make_session(run=True)
     before = mgr_client.get(f"/sessions/{session.id}/panels/").json()["panels"]["handoffs"]

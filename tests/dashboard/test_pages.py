@@ -71,6 +71,8 @@ def test_failed_and_stale_rows_stand_out(mgr_client, make_session):
     html = mgr_client.get("/").content.decode()
     assert re.search(rf'id="session-{failed.id}"[^>]*class="srow standout', html)
     assert re.search(rf'id="session-{fine.id}"[^>]*class="srow row-running', html)
+    # The live repaint (static/js/overview.js) highlights the statuses the server names, never its own copy.
+    assert 'data-attention-states="failed stale"' in html
 
 
 def test_a_reviewer_without_manager_role_lands_on_the_review_queue(make_session, project):

@@ -28,7 +28,7 @@ EXPECTED = {
     },
     "write intent": {
         "proposed": {"approved", "rejected", "executed", "refused"},
-        "approved": {"proposed", "rejected", "executed", "refused"},
+        "approved": {"proposed", "approved", "rejected", "executed", "refused"},
         "rejected": set(), "executed": set(), "refused": set(),
     },
     "review gate": {"pending": {"complete", "cancelled"}, "complete": set(), "cancelled": set()},

@@ -10,6 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from novelforge_sessions.access import Caller
+from novelforge_sessions.session_runtime import RunState, SessionStatus
 from novelforge_sessions.actions import artifacts, runs, runtimes, sessions
 from novelforge_sessions.control import checkpoints
 from novelforge_sessions.actions.runtimes import RuntimeSpec
@@ -87,12 +88,12 @@ class Command(BaseCommand):
         writer = live("writer", "drafting", "claude-code", ["draft"])
         run = runs.start_run(who, writer, cursor={"step": "draft", "chapter": 1})
         checkpoints.record_checkpoint(who, run.id, {"boundary": "candidate_frozen", "cursor": {"step": "draft-done"}, "artifacts": refs[:1]})
-        runs.end_run(who, run.id, outcome="completed")
+        runs.end_run(who, run.id, outcome=RunState.COMPLETED)
         # A specialist waiting on the user.
         specialist = live("specialist", "research", "codex", ["research"])
         run = runs.start_run(who, specialist, cursor={"step": "ask-user"})
         checkpoints.record_checkpoint(who, run.id, {"boundary": "user_wait", "cursor": {"step": "ask-user"}})
-        sessions.transition_session(who, specialist, "awaiting_user", reason="needs the era of the lighthouse")
+        sessions.transition_session(who, specialist, SessionStatus.AWAITING_USER, reason="needs the era of the lighthouse")
         # A writer whose runtime died mid-run: the reconciler makes it failed / runtime_lost (resumable).
         lost = sessions.create_session(
             who, sessions.NewSession(role="writer", memory_policy="bounded", task_mode="revision", runtime_family="local-model"),
@@ -104,7 +105,7 @@ class Command(BaseCommand):
         # A finished session and a fresh one.
         done = live("specialist", "continuity-check", "ci", ["check"])
         run = runs.start_run(who, done, cursor={"step": "check"})
-        runs.end_run(who, run.id, outcome="completed", session_status="completed")
+        runs.end_run(who, run.id, outcome=RunState.COMPLETED, session_status=SessionStatus.COMPLETED)
         sessions.create_session(who, sessions.NewSession(role="other", role_extension="illustrator", memory_policy="none",
                                                          task_mode="cover-art", runtime_family="mcp-worker"))
         self._populate_control_and_review(project, who, chapter, plan)
