@@ -23,6 +23,7 @@ from ninja import Field, Router, Schema, Status
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import MAX_BODY_DEPTH, Page, Strict, nested_deeper_than, refuse_unstorable_text
 from novelforge_sessions.errors import ServiceError
+from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN
 from reviews import actions
 from reviews.access import assignment_for, assignments_for, reviewer_for_caller
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
@@ -172,8 +173,8 @@ _VERDICT_BODY = {
                 "properties": {
                     "fencing_token": {"type": "integer", "minimum": 1,
                                       "description": "the fencing token of your claim (agent route)"},
-                    "packet_fingerprint": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
-                    "artifact_fingerprint": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+                    "packet_fingerprint": {"type": "string", "pattern": FINGERPRINT_PATTERN},
+                    "artifact_fingerprint": {"type": "string", "pattern": FINGERPRINT_PATTERN},
                     "decision": {"enum": list(DECISIONS)},
                     "scores": {"type": "object", "additionalProperties": {"type": "integer"}},
                     "findings": {
