@@ -45,13 +45,6 @@ from novelforge_sessions.control.handoffs import (
     visible_handoffs,
 )
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session
-from novelforge_sessions.control.errors import (
-    ConflictingResult,
-    HandoffClosed,
-    HandoffNotClaimable,
-    InvalidResult,
-    StaleLease,
-)
 from novelforge_sessions.control.fingerprints import canonical_json, fingerprint
 from novelforge_sessions.control.models import (
     ConsumeReceipt,
@@ -62,7 +55,20 @@ from novelforge_sessions.control.models import (
     ResultDelivery,
     ResultValidation,
 )
-from novelforge_sessions.errors import Conflict, NotFound, ServiceError, ValidationFailed
+from novelforge_sessions.errors import (
+    AlreadyConsumed,
+    Conflict,
+    ConflictingResult,
+    HandoffClosed,
+    HandoffNotClaimable,
+    InvalidResult,
+    NoOpenConflict,
+    NotFound,
+    ResultHashMismatch,
+    ServiceError,
+    StaleLease,
+    ValidationFailed,
+)
 from novelforge_sessions.models import Session
 
 MAX_RESULT_BYTES = 128 * 1024
@@ -99,8 +105,8 @@ def result_digest(result: Any, stated_hash: str | None = None) -> tuple[dict[str
     except ValueError:
         raise ValidationFailed("result must be plain JSON (no NaN or Infinity)", field="result") from None
     if stated_hash is not None and stated_hash != digest:
-        raise ValidationFailed(
-            "result_hash does not match the server's sha256 of the canonical result", code="result_hash_mismatch",
+        raise ResultHashMismatch(
+            "result_hash does not match the server's sha256 of the canonical result",
             field="result_hash", stated=stated_hash, computed=digest,
         )
     return result, digest
@@ -345,7 +351,7 @@ def _record_consumption(
         row = cur.fetchone()
     if row is None:
         # Unreachable while handoff logical ids are unique too; the index is the last word.
-        raise Conflict("this logical id was consumed concurrently", code="already_consumed", logical_id=handoff.logical_id)
+        raise AlreadyConsumed("this logical id was consumed concurrently", logical_id=handoff.logical_id)
     receipt = ConsumeReceipt(
         id=row[0], project_id=handoff.project_id, logical_id=handoff.logical_id, handoff_id=handoff.id,
         session_id=handoff.session_id, run_id=handoff.run_id, delivery=delivery,
@@ -393,7 +399,7 @@ def resolve_conflict(caller: Caller, handoff_id: int, *, resolution: str) -> Han
     with transaction.atomic():
         session, handoff = lock_handoff(caller, handoff_id)
         if handoff.state != HandoffState.CONFLICTED:
-            raise Conflict("this handoff has no open conflict", code="no_open_conflict", state=handoff.state)
+            raise NoOpenConflict("this handoff has no open conflict", state=handoff.state)
         handoff.state = HandoffState.BOUND
         handoff.conflict_resolved_at = timezone.now()
         handoff.conflict_resolution = resolution
