@@ -57,7 +57,7 @@ def _declare(name: str, required: str, optional: str = "") -> EventType:
 # ---- sessions -------------------------------------------------------------------------------------
 SESSION_CREATED = _declare("session.created", "role memory_policy task_mode runtime_family status")
 SESSION_TRANSITIONED = _declare("session.transitioned", "from to reason version")
-SESSION_RESUMED = _declare("session.resumed", "generation checkpoint_id reason pending_external", "pending_gates")
+SESSION_RESUMED = _declare("session.resumed", "generation checkpoint_id reason pending_external carried_over")
 SESSION_FORGOTTEN = _declare("session.forgotten", "status runs")
 SESSION_BINDING_INVALIDATED = _declare("session.binding_invalidated", "checkpoint_id bound changed status")
 TRANSCRIPT_APPENDED = _declare("transcript.appended", "seq role")
@@ -65,7 +65,7 @@ TRANSCRIPT_APPENDED = _declare("transcript.appended", "seq role")
 # ---- runtimes -------------------------------------------------------------------------------------
 RUNTIME_ATTACHED = _declare("runtime.attached", "runtime_id generation runtime_family capabilities")
 RUNTIME_CLOSED = _declare("runtime.closed", "runtime_id generation reason")
-RUNTIME_LOST = _declare("runtime.lost", "runtime_id reason", "generation")
+RUNTIME_LOST = _declare("runtime.lost", "runtime_id generation reason")
 
 # ---- runs and checkpoints ---------------------------------------------------------------------------
 RUN_STARTED = _declare("run.started", "seq generation task_mode cursor resumed_from_checkpoint")
@@ -80,7 +80,7 @@ ARTIFACT_VERSION_ADDED = _declare("artifact.version_added", "artifact_id version
 
 # ---- handoffs and results (contract §08) -------------------------------------------------------------
 HANDOFF_CREATED = _declare(
-    "handoff.created", "handoff_id logical_id job_fingerprint required_capabilities timeout_seconds inputs", "purpose"
+    "handoff.created", "handoff_id logical_id job_fingerprint required_capabilities timeout_seconds inputs purpose"
 )
 HANDOFF_CLAIMED = _declare(
     "handoff.claimed",
@@ -106,7 +106,7 @@ WRITE_INTENT_REJECTED = _declare("write_intent.rejected", "intent_id approval_id
 WRITE_INTENT_APPROVAL_REVOKED = _declare("write_intent.approval_revoked", "intent_id revoked note")
 WRITE_INTENT_EXECUTED = _declare("write_intent.executed", "intent_id kind before after postcondition")
 WRITE_INTENT_REFUSED = _declare(
-    "write_intent.refused", "intent_id code stated current current_state", "expected_version observed_version"
+    "write_intent.refused", "intent_id code stated current current_state", "settled_artifacts_not_current"
 )
 ARTIFACT_CURRENT_CHANGED = _declare("artifact.current_changed", "intent_id before after params")
 AUTHORITY_SETTLED = _declare("authority.settled", "intent_id before after params")

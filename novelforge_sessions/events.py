@@ -23,6 +23,7 @@ from asgiref.sync import async_to_sync
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 
+from novelforge_sessions.event_types import EventType, family_of
 from novelforge_sessions.models import Event
 
 log = logging.getLogger("novelforge.events")
@@ -88,7 +89,7 @@ _INSERT = (
 def append(
     *,
     project_id: int,
-    type: str,
+    type: EventType,
     session_id: int | None = None,
     run_id: int | None = None,
     payload: dict[str, Any] | None = None,
@@ -96,16 +97,21 @@ def append(
 ) -> int:
     """Append one event in the current transaction and return its id.
 
-    Must be called inside ``transaction.atomic()``; call it after the change it records.
+    ``type`` is a constant of the catalog (``novelforge_sessions.event_types``), never a
+    string: the payload is checked against its declared fields (``TypeError`` otherwise,
+    nothing written). Must be called inside ``transaction.atomic()``; call it after the
+    change it records.
     """
+    if not isinstance(type, EventType):
+        raise TypeError(f"events.append takes an event_types constant, not {type!r}")
+    body = json.dumps(type(**(payload or {})), cls=DjangoJSONEncoder)
     if not connection.in_atomic_block:
         raise RuntimeError("events.append must run inside the writing transaction")
-    body = json.dumps(payload or {}, cls=DjangoJSONEncoder)
     with connection.cursor() as cur:
-        cur.execute(_INSERT, [project_id, session_id, run_id, type, body, actor])
+        cur.execute(_INSERT, [project_id, session_id, run_id, type.name, body, actor])
         event_id = cur.fetchone()[0]
     _current_wakeup().add(project_id, event_id)
-    log.info("event %s %s project=%s session=%s run=%s actor=%s", event_id, type, project_id, session_id, run_id, actor)
+    log.info("event %s %s project=%s session=%s run=%s actor=%s", event_id, type.name, project_id, session_id, run_id, actor)
     return event_id
 
 
@@ -116,6 +122,7 @@ def serialize(event: Event) -> dict[str, Any]:
         "session_id": event.session_id,
         "run_id": event.run_id,
         "type": event.type,
+        "family": family_of(event.type),
         "payload": event.payload,
         "actor": event.actor,
         "created_at": event.created_at.isoformat(),

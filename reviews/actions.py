@@ -17,6 +17,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from novelforge_sessions import events
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session, open_run
@@ -220,7 +221,7 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
 
         outbox = Outbox(caller.label)
         outbox.add(
-            session, "review.gate_opened", run_id=run.id, gate_id=gate.id, packet_id=stored.id, route=gate.route,
+            session, ev.REVIEW_GATE_OPENED, run_id=run.id, gate_id=gate.id, packet_id=stored.id, route=gate.route,
             required_verdicts=gate.required_verdicts, candidate_version_id=candidate.id,
             candidate_fingerprint=candidate.fingerprint, packet_fingerprint=stored.fingerprint, state=gate.state,
         )
@@ -380,7 +381,7 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
             gate = assignment.packet.gate
             common = {"project_id": gate.project_id, "session_id": gate.session_id, "run_id": gate.run_id,
                       "actor": identity.key}
-            events.append(type="review.packet_claimed", payload={
+            events.append(type=ev.REVIEW_PACKET_CLAIMED, payload={
                 "gate_id": gate.id, "packet_id": assignment.packet_id, "assignment_id": assignment.id,
                 "reviewer_session_id": identity.session_id, "state": assignment.state, "handoff_id": handoff.id,
                 "attempt": handoff.attempt,
@@ -428,7 +429,7 @@ def _held_assignment(identity: ReviewerIdentity, packet_id: int, token: int) -> 
             h.id: h for h in Handoff.objects.filter(review_assignment__packet_id=packet_id, project_id__in=identity.project_ids)
         }
         lost = held and Event.objects.filter(
-            session_id=next(iter(held.values())).session_id, type="handoff.claimed", payload__worker=identity.key,
+            session_id=next(iter(held.values())).session_id, type=ev.HANDOFF_CLAIMED.name, payload__worker=identity.key,
             payload__fencing_token=token, payload__handoff_id__in=list(held),
         ).values_list("payload__handoff_id", flat=True).first()
         if not lost:
@@ -541,13 +542,13 @@ def bind_verdict(
                 gate.completed_at = timezone.now()
             gate.save(update_fields=["bound_verdicts", "state", "outcome", "completed_at"])
             outbox.add(
-                session, "review.verdict_bound", run_id=gate.run_id, gate_id=gate.id, packet_id=packet.id,
+                session, ev.REVIEW_VERDICT_BOUND, run_id=gate.run_id, gate_id=gate.id, packet_id=packet.id,
                 verdict_id=verdict.id, assignment_id=assignment.id, packet_fingerprint=verdict.packet_fingerprint,
                 artifact_fingerprint=verdict.artifact_fingerprint, verdict_fingerprint=verdict.fingerprint,
                 bound_verdicts=gate.bound_verdicts, required_verdicts=gate.required_verdicts,
             )
             if completed:
-                outbox.add(session, "review.gate_completed", run_id=gate.run_id, gate_id=gate.id, state=gate.state)
+                outbox.add(session, ev.REVIEW_GATE_COMPLETED, run_id=gate.run_id, gate_id=gate.id, state=gate.state)
                 _resume_if_waiting(session, gate, outbox, reason=f"review gate {gate.id} bound")
             if handoff is not None:
                 # The run's pending list drops this handoff; the last one returns the session to running.
@@ -605,7 +606,7 @@ def cancel_gate(caller: Caller, gate_id: int, *, reason: str = "") -> ReviewGate
         gate.completed_at = timezone.now()
         gate.save(update_fields=["state", "completed_at"])
         outbox = Outbox(caller.label)
-        outbox.add(session, "review.gate_cancelled", run_id=gate.run_id, gate_id=gate.id, state=gate.state)
+        outbox.add(session, ev.REVIEW_GATE_CANCELLED, run_id=gate.run_id, gate_id=gate.id, state=gate.state)
         _resume_if_waiting(session, gate, outbox, reason=reason or f"review gate {gate.id} cancelled")
         if gate.route == ReviewGate.Route.AGENT:
             _cancel_handoffs(session, gate, outbox, reason=reason or f"review gate {gate.id} cancelled")

@@ -24,3 +24,10 @@ def test_make_run_starts_the_reconciler_loop_in_the_background_and_traps_its_end
     assert recipe.index("reconcile_runtimes --loop") < daphne
     assert not re.search(r"exec \S*daphne", recipe), "exec would replace the shell and drop the trap"
     assert 'echo "Serving on http://' in recipe
+
+
+def test_make_run_sweeps_often_when_the_reconciler_cannot_wake_the_server():
+    """In-memory layer (no REDIS_URL): the reconciler's events reach open pages by the sweep."""
+    recipe = _run_recipe()
+    assert re.search(r'if \[ -z "\$\{REDIS_URL:-\}" \]; then export LIVE_SWEEP_SECONDS="\$\{LIVE_SWEEP_SECONDS:-2\}"', recipe), recipe
+    assert recipe.index("LIVE_SWEEP_SECONDS") < recipe.index("daphne -b")

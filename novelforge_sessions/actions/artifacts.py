@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from django.db import IntegrityError, transaction
 
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import events
 from novelforge_sessions.access import Caller
 from novelforge_sessions.errors import ArtifactExists, NotFound, UnknownArtifactVersion, ValidationFailed
@@ -60,7 +61,7 @@ def create_artifact(caller: Caller, *, name: str, kind: str, content: str) -> Ar
             artifact.current_version = version
             artifact.save(update_fields=["current_version"])
             events.append(
-                project_id=project.id, type="artifact.created", actor=caller.label,
+                project_id=project.id, type=ev.ARTIFACT_CREATED, actor=caller.label,
                 payload={"artifact_id": artifact.id, "name": name, "version": 1, "fingerprint": version.fingerprint},
             )
     except IntegrityError:
@@ -81,7 +82,7 @@ def add_artifact_version(caller: Caller, artifact_id: int, *, content: str) -> A
             artifact=artifact, number=last + 1, content=content, fingerprint=content_fingerprint(data), created_by=caller.label
         )
         events.append(
-            project_id=artifact.project_id, type="artifact.version_added", actor=caller.label,
+            project_id=artifact.project_id, type=ev.ARTIFACT_VERSION_ADDED, actor=caller.label,
             payload={"artifact_id": artifact.id, "version": version.number, "fingerprint": version.fingerprint},
         )
     return version

@@ -15,6 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import events, leases
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
@@ -34,9 +35,14 @@ class Outbox:
     actor: str
     items: list[dict[str, Any]] = field(default_factory=list)
 
-    def add(self, session: Session, type: str, run_id: int | None = None, **payload: Any) -> None:
+    def add(self, session: Session, type: ev.EventType, run_id: int | None = None, **payload: Any) -> None:
+        """Queue one event: ``type`` is a catalog constant, checked against its declared fields now
+        (``TypeError`` on a string, a missing or an unknown field)."""
+        if not isinstance(type, ev.EventType):
+            raise TypeError(f"Outbox.add takes an event_types constant, not {type!r}")
         self.items.append(
-            {"project_id": session.project_id, "session_id": session.id, "run_id": run_id, "type": type, "payload": payload}
+            {"project_id": session.project_id, "session_id": session.id, "run_id": run_id, "type": type,
+             "payload": type(**payload)}
         )
 
     def flush(self) -> list[int]:
@@ -110,7 +116,11 @@ def end_run(run: Run, state: rt.RunState, reason: str, outbox: Outbox, session: 
     run.end_reason = reason
     run.ended_at = timezone.now()
     run.save(update_fields=["state", "end_reason", "ended_at"])
-    outbox.add(session, "run.ended", run_id=run.id, seq=run.seq, state=run.state, reason=reason)
+    outbox.add(session, ev.RUN_ENDED, run_id=run.id, seq=run.seq, state=run.state, reason=reason)
+
+
+#: The event that records a runtime attachment's end, by the state it ended in.
+RUNTIME_END_EVENTS = {rt.RuntimeState.CLOSED: ev.RUNTIME_CLOSED, rt.RuntimeState.LOST: ev.RUNTIME_LOST}
 
 
 def end_runtime(attachment: RuntimeAttachment, state: rt.RuntimeState, reason: str, outbox: Outbox, session: Session) -> None:
@@ -119,7 +129,7 @@ def end_runtime(attachment: RuntimeAttachment, state: rt.RuntimeState, reason: s
     attachment.ended_at = timezone.now()
     attachment.save(update_fields=["state", "end_reason", "ended_at"])
     outbox.add(
-        session, f"runtime.{state.value}", runtime_id=attachment.id, generation=attachment.generation, reason=reason
+        session, RUNTIME_END_EVENTS[state], runtime_id=attachment.id, generation=attachment.generation, reason=reason
     )
 
 
@@ -170,7 +180,7 @@ def apply_transition(
     # just before the transition, so the session is written once per action.
     session.save(update_fields=["status", "status_reason", "version", "generation", "run_count", "updated_at"])
     outbox.add(
-        session, "session.transitioned", **{"from": source.value, "to": dst.value, "reason": reason, "version": session.version}
+        session, ev.SESSION_TRANSITIONED, **{"from": source.value, "to": dst.value, "reason": reason, "version": session.version}
     )
     return dst
 

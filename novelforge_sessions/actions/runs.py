@@ -5,6 +5,7 @@ from typing import Any
 
 from django.db import transaction
 
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import (
@@ -37,7 +38,7 @@ def create_run(
         resumed_from=resumed_from,
     )
     outbox.add(
-        session, "run.started", run_id=run.id, seq=run.seq, generation=run.generation, task_mode=task_mode,
+        session, ev.RUN_STARTED, run_id=run.id, seq=run.seq, generation=run.generation, task_mode=task_mode,
         cursor=run.cursor, resumed_from_checkpoint=resumed_from.id if resumed_from else None,
     )
     apply_transition(session, rt.SessionStatus.RUNNING, reason="run started", outbox=outbox, current_run=None)
@@ -121,7 +122,7 @@ def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any], *, runti
         run.cursor = cursor
         run.save(update_fields=["cursor"])
         outbox = Outbox(caller.label)
-        outbox.add(session, "run.cursor_advanced", run_id=run.id, seq=run.seq, cursor=cursor)
+        outbox.add(session, ev.RUN_CURSOR_ADVANCED, run_id=run.id, seq=run.seq, cursor=cursor)
         outbox.flush()
     return run
 

@@ -21,6 +21,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from novelforge_sessions import leases
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import SYSTEM, Caller
 from novelforge_sessions.actions.lifecycle import (
@@ -75,7 +76,7 @@ def insert_attachment(session: Session, spec: RuntimeSpec, outbox: Outbox) -> Ru
         heartbeat_at=now,
     )
     outbox.add(
-        session, "runtime.attached", runtime_id=attachment.id, generation=attachment.generation,
+        session, ev.RUNTIME_ATTACHED, runtime_id=attachment.id, generation=attachment.generation,
         runtime_family=attachment.runtime_family, capabilities=caps,
     )
     return attachment
@@ -100,7 +101,7 @@ def expire_runtime(
     if claimed != 1:
         return False
     attachment.state, attachment.end_reason, attachment.ended_at = rt.RuntimeState.LOST.value, "runtime_lost", now
-    outbox.add(session, "runtime.lost", runtime_id=attachment.id, generation=attachment.generation, reason="runtime_lost")
+    outbox.add(session, ev.RUNTIME_LOST, runtime_id=attachment.id, generation=attachment.generation, reason="runtime_lost")
     if session.status == rt.SessionStatus.RUNNING:
         apply_transition(
             session, rt.SessionStatus.FAILED, reason="runtime_lost", outbox=outbox, run_end_state=rt.RunState.INTERRUPTED,
@@ -184,7 +185,7 @@ def heartbeat_runtime(caller: Caller, runtime_id: int, *, lease_seconds: int | N
         )
         row = cur.fetchone()
     if row is None:
-        attachment = _visible_runtime(caller, runtime_id)
+        attachment = visible_runtime(caller, runtime_id)
         raise RuntimeNotLive(
             "this runtime is no longer live; resume the session to start a new generation",
             runtime_id=attachment.id, state=attachment.state,
@@ -194,23 +195,11 @@ def heartbeat_runtime(caller: Caller, runtime_id: int, *, lease_seconds: int | N
     return Heartbeat(runtime_id, session_id, expires, bool(abort), run_id)
 
 
-def _visible_runtime(caller: Caller, runtime_id: int) -> RuntimeAttachment:
+def visible_runtime(caller: Caller, runtime_id: int) -> RuntimeAttachment:
     try:
         return RuntimeAttachment.objects.get(id=runtime_id, session__in=caller.sessions())
     except RuntimeAttachment.DoesNotExist:
         raise NotFound("runtime not found", runtime_id=runtime_id) from None
-
-
-def detach_runtime(caller: Caller, runtime_id: int, *, reason: str = "detached") -> RuntimeAttachment:
-    """The runtime says goodbye: the same as closing its session's live generation."""
-    from novelforge_sessions.actions.sessions import close_session
-
-    attachment = _visible_runtime(caller, runtime_id)
-    if attachment.state != rt.RuntimeState.LIVE:
-        return attachment  # idempotent, like close
-    close_session(caller, attachment.session_id, reason=reason, runtime_id=attachment.id)  # fenced: only itself
-    attachment.refresh_from_db()
-    return attachment
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import (
@@ -25,7 +26,7 @@ from novelforge_sessions.actions.lifecycle import (
     lock_session,
     open_run,
 )
-from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment, refuse_live_runtime
+from novelforge_sessions.actions.runtimes import RuntimeSpec, visible_runtime, insert_attachment, refuse_live_runtime
 from novelforge_sessions.errors import NoLiveRuntime, NoOpenRun, OpenConflict
 from novelforge_sessions.models import RuntimeAttachment, Session
 
@@ -66,7 +67,7 @@ def create_session(caller: Caller, spec: NewSession, *, runtime: RuntimeSpec | N
         )
         outbox = Outbox(caller.label)
         outbox.add(
-            session, "session.created", role=session.role, memory_policy=session.memory_policy,
+            session, ev.SESSION_CREATED, role=session.role, memory_policy=session.memory_policy,
             task_mode=session.task_mode, runtime_family=session.runtime_family, status=session.status,
         )
         if runtime is not None:
@@ -155,6 +156,17 @@ def _latest_generation(session: Session, runtime_id: int) -> bool:
     return RuntimeAttachment.objects.filter(id=runtime_id, session_id=session.id, generation=session.generation).exists()
 
 
+def detach_runtime(caller: Caller, runtime_id: int, *, reason: str = "detached") -> RuntimeAttachment:
+    """The runtime says goodbye: the same as closing its session's live generation (and only
+    that generation: the close is fenced by this runtime's id)."""
+    attachment = visible_runtime(caller, runtime_id)
+    if attachment.state != rt.RuntimeState.LIVE:
+        return attachment  # idempotent, like close
+    close_session(caller, attachment.session_id, reason=reason, runtime_id=attachment.id)
+    attachment.refresh_from_db()
+    return attachment
+
+
 @dataclass(frozen=True)
 class AbortResult:
     session: Session
@@ -181,7 +193,7 @@ def abort_session(
         run.abort_requested_at = timezone.now()
         run.save(update_fields=["abort_requested_at"])
         outbox = Outbox(caller.label)
-        outbox.add(session, "run.abort_requested", run_id=run.id, seq=run.seq, reason=reason)
+        outbox.add(session, ev.RUN_ABORT_REQUESTED, run_id=run.id, seq=run.seq, reason=reason)
         outbox.flush()
     return AbortResult(session, run.id, False)
 
@@ -194,6 +206,6 @@ def forget_session(caller: Caller, session_id: int) -> None:
         session = lock_session(caller, session_id)
         outbox = Outbox(caller.label)
         refuse_live_runtime(session, outbox, "close the live runtime before forgetting the session")
-        outbox.add(session, "session.forgotten", status=session.status, runs=session.run_count)
+        outbox.add(session, ev.SESSION_FORGOTTEN, status=session.status, runs=session.run_count)
         session.delete()
         outbox.flush()

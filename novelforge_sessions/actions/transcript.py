@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import transaction
 
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import Outbox, check, fence_runtime, lock_session
@@ -36,6 +37,6 @@ def append_transcript(
         entry = TranscriptEntry.objects.create(session=session, seq=session.transcript_length, role=role, content=content)
         session.save(update_fields=["transcript_length", "updated_at"])
         outbox = Outbox(caller.label)
-        outbox.add(session, "transcript.appended", seq=entry.seq, role=role)
+        outbox.add(session, ev.TRANSCRIPT_APPENDED, seq=entry.seq, role=role)
         outbox.flush()
     return entry

@@ -48,9 +48,17 @@ class HandoffIn(Strict):
                             examples=["chapter-3/continuity-check"])
     inputs: list[InputRefIn] = Field(default_factory=list, description="frozen input artifact versions")
     params: dict[str, Any] = Field(default_factory=dict, description="the job's instructions (bounded)")
-    result_schema: dict[str, str] = Field(
-        default_factory=dict, description="required result keys → string|integer|number|boolean|object|array|any",
-        examples=[{"verdict": "string", "issues": "array"}],
+    result_schema: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "the result's shape, part of the frozen job: either the short form (required result keys → "
+            "string|integer|number|boolean|object|array|any) or a full JSON Schema (Draft 2020-12, with "
+            '"$schema": "https://json-schema.org/draft/2020-12/schema"). Results are validated with jsonschema; '
+            "each problem is reported with its path (422 invalid_result). At most 4096 bytes."
+        ),
+        examples=[{"verdict": "string", "issues": "array"},
+                  {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+                   "required": ["verdict"], "properties": {"verdict": {"enum": ["pass", "revise"]}}}],
     )
     required_capabilities: list[str] = Field(default_factory=list, examples=[["continuity-check"]])
     timeout_seconds: int | None = Field(None, ge=1, le=86400, description="lease length of one attempt (default 300)")

@@ -5,7 +5,7 @@ from django.http import HttpRequest
 from ninja import Router
 
 from novelforge_sessions.api.common import caller, errors, keyset
-from novelforge_sessions.api.schemas import EventOut, Page
+from novelforge_sessions.api.schemas import EventOut, EventTypeName, Page
 from novelforge_sessions.models import Event
 
 router = Router(tags=["events"])
@@ -16,7 +16,8 @@ router = Router(tags=["events"])
     summary="Events after an id, oldest first (filter by session or type)",
 )
 def list_events(
-    request: HttpRequest, after: int | None = None, session_id: int | None = None, type: str | None = None, limit: int = 100
+    request: HttpRequest, after: int | None = None, session_id: int | None = None, type: EventTypeName | None = None,
+    limit: int = 100,
 ):
     who = caller(request)
     who.require("read")

@@ -5,6 +5,7 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from novelforge_sessions.actions import runtimes as actions
+from novelforge_sessions.actions import sessions as session_actions
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import HeartbeatIn, HeartbeatOut, Page, RuntimeIn, RuntimeOut
 from novelforge_sessions.api.sessions import runtime_spec
@@ -54,4 +55,4 @@ def heartbeat(request: HttpRequest, runtime_id: int, body: HeartbeatIn | None = 
     summary="Detach: the runtime ends its own generation (same as closing the session; idempotent)",
 )
 def detach(request: HttpRequest, runtime_id: int):
-    return actions.detach_runtime(caller(request), runtime_id)
+    return session_actions.detach_runtime(caller(request), runtime_id)

@@ -7,6 +7,7 @@ from typing import Any, Generic, Literal, TypeVar
 from ninja import Field, Schema
 from pydantic import ConfigDict, ModelWrapValidatorHandler, model_validator
 
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.errors import ValidationFailed
 
@@ -16,6 +17,8 @@ StatusName = Literal[tuple(s.value for s in rt.SessionStatus)]  # type: ignore[v
 Role = Literal[tuple(r.value for r in rt.SessionRole)]  # type: ignore[valid-type]
 Memory = Literal[tuple(m.value for m in rt.MemoryPolicy)]  # type: ignore[valid-type]
 Boundary = Literal[tuple(b.value for b in rt.CheckpointBoundary)]  # type: ignore[valid-type]
+#: The catalog's event type names (``GET /events?type=``): an unknown type is a 422 naming ``type``.
+EventTypeName = Literal[tuple(sorted(ev.CATALOG))]  # type: ignore[valid-type]
 
 
 def _storable(text: str) -> bool:
@@ -364,8 +367,25 @@ class CheckpointIn(Input):
     cursor: dict[str, Any]
     artifacts: list[ArtifactRefIn] = Field(default_factory=list)
     authority: dict[str, Any] | None = Field(None, description="the refs you froze against; must equal current")
-    pending: dict[str, Any] = Field(default_factory=dict)
-    approvals: list[Any] = Field(default_factory=list)
+    pending: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "typed references to what the run waits on, resolved when written (422 naming the field when "
+            'unknown or unresolvable): "handoffs": [logical id | {"logical_id"} | {"handoff_id"}] of this '
+            'session, "gates": [{"gate_id"}] review gates of this session. Stored normalised; resume '
+            "revalidates each."
+        ),
+        examples=[{"handoffs": ["chapter-3/continuity-check"], "gates": [{"gate_id": 12}]}],
+    )
+    approvals: list[Any] = Field(
+        default_factory=list,
+        description=(
+            'write intents the cursor is about to execute: [{"write_intent_id", "approval_id"?}] of this '
+            "project, resolved when written (the standing approval and before-state are recorded); resume fails "
+            "the approvals step when an approval was revoked or went stale, or the before-state moved."
+        ),
+        examples=[[{"write_intent_id": 7}]],
+    )
     resume_policy: str = "revalidate"
 
     model_config = ConfigDict(extra="allow")
@@ -408,6 +428,12 @@ class EventOut(Schema):
     session_id: int | None
     run_id: int | None
     type: str
+    #: What the event is about (``session``, ``run``, ``runtime``, ``handoff``, …; ``event_types.family_of``).
+    family: str
     payload: dict[str, Any]
     actor: str
     created_at: datetime
+
+    @staticmethod
+    def resolve_family(obj: Any) -> str:
+        return ev.family_of(obj.type)

@@ -16,6 +16,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import OuterRef, QuerySet, Subquery
 
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import Outbox, apply_transition
@@ -110,7 +111,7 @@ def mark_stale(caller: Caller, *, session_ids: list[int] | None = None) -> MarkS
                 continue
             binding.session = session
             apply_transition(session, rt.SessionStatus.STALE, reason=binding.reason()[:200], outbox=outbox, current_run=None)
-            outbox.add(session, "session.binding_invalidated", checkpoint_id=binding.checkpoint_id, bound=binding.bound,
+            outbox.add(session, ev.SESSION_BINDING_INVALIDATED, checkpoint_id=binding.checkpoint_id, bound=binding.bound,
                        changed=binding.changed, status=session.status)
             marked.append(binding)
         if session_ids is not None:

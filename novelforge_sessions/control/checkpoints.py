@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from novelforge_sessions import events
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
@@ -88,7 +89,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
         )
         Run.objects.filter(id=run_id).update(checkpoint_count=count + 1, cursor=spec.cursor)
         events.append(
-            project_id=project_id, session_id=session_id, run_id=run_id, type="checkpoint.recorded", actor=caller.label,
+            project_id=project_id, session_id=session_id, run_id=run_id, type=ev.CHECKPOINT_RECORDED, actor=caller.label,
             payload={"checkpoint_id": checkpoint.id, "seq": checkpoint.seq, "boundary": checkpoint.boundary,
                      "cursor": checkpoint.cursor},
         )

@@ -35,10 +35,12 @@ from django.utils import timezone
 
 from novelforge_sessions import events
 from novelforge_sessions import leases
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session
+from novelforge_sessions.control import result_schema as result_schemas
 from novelforge_sessions.control.fingerprints import job_fingerprint
 from novelforge_sessions.control.models import UNBOUND_STATES, ConsumeReceipt, Handoff, HandoffPurpose, HandoffState
 from novelforge_sessions.errors import (
@@ -57,7 +59,7 @@ from novelforge_sessions.errors import (
 from novelforge_sessions.models import Run, Session
 
 LOGICAL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@#+=-]{0,199}$")
-RESULT_TYPES = frozenset({"string", "integer", "number", "boolean", "object", "array", "any"})
+RESULT_TYPES = result_schemas.SHORT_TYPES
 DEFAULT_TIMEOUT_SECONDS = 300
 MAX_TIMEOUT_SECONDS = 24 * 3600
 MAX_INPUTS = 100
@@ -103,11 +105,10 @@ def validate_job(
     frozen = [{"artifact_id": a, "fingerprint": f} for a, f in sorted(refs)]
     params = check(rt.validate_metadata, params, "params", MAX_PARAMS_BYTES)
     schema = check(rt.validate_metadata, result_schema, "result_schema", 4096)
-    for key, kind in schema.items():
-        if not isinstance(kind, str) or kind not in RESULT_TYPES:
-            raise ValidationFailed(
-                f"result_schema[{key!r}] must be one of {sorted(RESULT_TYPES)}", field=f"result_schema.{key}",
-            )
+    try:
+        result_schemas.as_json_schema(schema)  # the short form, or a full Draft 2020-12 JSON Schema
+    except result_schemas.ResultSchemaError as exc:
+        raise ValidationFailed(exc.message, field=exc.field) from None
     caps = check(rt.validate_capabilities, required_capabilities or [])
     timeout = DEFAULT_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
     if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= MAX_TIMEOUT_SECONDS:
@@ -230,7 +231,7 @@ def insert_handoff(
     run.pending_external = [*run.pending_external, spec.logical_id]
     run.save(update_fields=["pending_external"])
     outbox.add(
-        session, "handoff.created", run_id=run.id, handoff_id=handoff.id, logical_id=handoff.logical_id,
+        session, ev.HANDOFF_CREATED, run_id=run.id, handoff_id=handoff.id, logical_id=handoff.logical_id,
         job_fingerprint=handoff.job_fingerprint, required_capabilities=handoff.required_capabilities,
         timeout_seconds=handoff.timeout_seconds, inputs=handoff.inputs, purpose=handoff.purpose,
     )
@@ -308,7 +309,7 @@ def claim_row(
         return None
     handoff = claimed[0]
     events.append(
-        project_id=handoff.project_id, session_id=handoff.session_id, run_id=handoff.run_id, type="handoff.claimed",
+        project_id=handoff.project_id, session_id=handoff.session_id, run_id=handoff.run_id, type=ev.HANDOFF_CLAIMED,
         actor=actor,
         payload={
             "handoff_id": handoff.id, "logical_id": handoff.logical_id, "attempt": handoff.attempt,
@@ -502,7 +503,7 @@ def cancel_locked(
             continue
         handoff.state, handoff.cancelled_at = HandoffState.CANCELLED, now
         handoff.save(update_fields=["state", "cancelled_at"])
-        outbox.add(session, "handoff.cancelled", run_id=handoff.run_id, handoff_id=handoff.id,
+        outbox.add(session, ev.HANDOFF_CANCELLED, run_id=handoff.run_id, handoff_id=handoff.id,
                    logical_id=handoff.logical_id, reason=reason)
         done.append(handoff)
     last_per_run = {h.run_id: h for h in done}

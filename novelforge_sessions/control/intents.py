@@ -36,7 +36,7 @@ from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import check
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import (
-    INTENT_EXECUTED_EVENT_TYPES,
+    INTENT_EXECUTED_EVENTS,
     Approval,
     ApprovalDecision,
     AuthorityChange,
@@ -44,6 +44,7 @@ from novelforge_sessions.control.models import (
     IntentState,
     WriteIntent,
 )
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.errors import (
     ApprovalRequired,
@@ -204,7 +205,7 @@ def create_intent(
                 before_fingerprint=before_fingerprint, before_state=state, idempotency_key=idempotency_key,
                 request_fingerprint=request_fp, created_by=caller.label,
             )
-            _event(intent, "write_intent.created", caller, kind=kind, artifact_id=intent.artifact_id, params=clean,
+            _event(intent, ev.WRITE_INTENT_CREATED, caller, kind=kind, artifact_id=intent.artifact_id, params=clean,
                    before_fingerprint=before_fingerprint, idempotency_key=idempotency_key,
                    requires_approval=project.requires_write_approval)
     except IntegrityError:
@@ -222,7 +223,7 @@ def _same_request(existing: WriteIntent, request_fp: str) -> WriteIntent:
     return existing
 
 
-def _event(intent: WriteIntent, type: str, caller: Caller, **payload: Any) -> None:
+def _event(intent: WriteIntent, type: ev.EventType, caller: Caller, **payload: Any) -> None:
     events.append(
         project_id=intent.project_id, session_id=intent.session_id, run_id=intent.run_id, type=type, actor=caller.label,
         payload={"intent_id": intent.id, **payload},
@@ -300,7 +301,7 @@ def approve_intent(caller: Caller, intent_id: int, *, note: str = "") -> WriteIn
         )
         intent.state = IntentState.APPROVED
         intent.save(update_fields=["state"])
-        _event(intent, "write_intent.approved", caller, approval_id=approval.id, reapproval=standing is not None,
+        _event(intent, ev.WRITE_INTENT_APPROVED, caller, approval_id=approval.id, reapproval=standing is not None,
                authority_version=project.authority_version)
     return intent
 
@@ -322,7 +323,7 @@ def reject_intent(caller: Caller, intent_id: int, *, note: str = "") -> WriteInt
         )
         intent.state = IntentState.REJECTED
         intent.save(update_fields=["state"])
-        _event(intent, "write_intent.rejected", caller, approval_id=approval.id, note=note[:500])
+        _event(intent, ev.WRITE_INTENT_REJECTED, caller, approval_id=approval.id, note=note[:500])
     return intent
 
 
@@ -338,7 +339,7 @@ def revoke_approval(caller: Caller, intent_id: int, *, note: str = "") -> WriteI
         )
         intent.state = IntentState.PROPOSED
         intent.save(update_fields=["state"])
-        _event(intent, "write_intent.approval_revoked", caller, revoked=revoked, note=note[:500])
+        _event(intent, ev.WRITE_INTENT_APPROVAL_REVOKED, caller, revoked=revoked, note=note[:500])
     return intent
 
 
@@ -384,7 +385,7 @@ def execute_intent(caller: Caller, intent_id: int) -> Executed:
             intent.refusal_code = StalePrecondition.code
             intent.outcome = detail
             intent.save(update_fields=["state", "refusal_code", "outcome"])
-            _event(intent, "write_intent.refused", caller, code=StalePrecondition.code, **detail)
+            _event(intent, ev.WRITE_INTENT_REFUSED, caller, code=StalePrecondition.code, **detail)
             refusal = StalePrecondition("the before-state changed: the write was not applied", intent_id=intent.id, **detail)
         else:
             # Post-condition: read the state back and compare with what the write promised.
@@ -405,9 +406,9 @@ def execute_intent(caller: Caller, intent_id: int) -> Executed:
                 AuthorityChange.objects.create(
                     project_id=intent.project_id, intent=intent, kind=intent.kind, before=intent.before_state, after=observed,
                 )
-            _event(intent, "write_intent.executed", caller, kind=intent.kind, before=intent.before_state, after=observed,
+            _event(intent, ev.WRITE_INTENT_EXECUTED, caller, kind=intent.kind, before=intent.before_state, after=observed,
                    postcondition=post)
-            follow = INTENT_EXECUTED_EVENT_TYPES[IntentKind(intent.kind)]
+            follow = INTENT_EXECUTED_EVENTS[IntentKind(intent.kind)]
             _event(intent, follow, caller, before=intent.before_state, after=observed, params=intent.params)
     if refusal is not None:
         raise refusal

@@ -208,18 +208,13 @@ class IntentKind(models.TextChoices):
     FRAMEWORK_CHANGE = "framework.change"
 
 
-#: The event each executed intent kind emits after ``write_intent.executed`` (exact types:
-#: readers such as the project page's authority history match them by equality, never by prefix).
-EVENT_ARTIFACT_CURRENT_CHANGED = ev.ARTIFACT_CURRENT_CHANGED.name
-EVENT_AUTHORITY_SETTLED = ev.AUTHORITY_SETTLED.name
-EVENT_FRAMEWORK_CHANGED = ev.FRAMEWORK_CHANGED.name
-INTENT_EXECUTED_EVENT_TYPES = {
-    IntentKind.ARTIFACT_MAKE_CURRENT: EVENT_ARTIFACT_CURRENT_CHANGED,
-    IntentKind.AUTHORITY_SETTLE: EVENT_AUTHORITY_SETTLED,
-    IntentKind.FRAMEWORK_CHANGE: EVENT_FRAMEWORK_CHANGED,
+#: The catalog event each executed intent kind emits after ``write_intent.executed`` (readers
+#: such as the project page's authority history select them by ``event_types.AUTHORITY_HISTORY``).
+INTENT_EXECUTED_EVENTS: dict[IntentKind, ev.EventType] = {
+    IntentKind.ARTIFACT_MAKE_CURRENT: ev.ARTIFACT_CURRENT_CHANGED,
+    IntentKind.AUTHORITY_SETTLE: ev.AUTHORITY_SETTLED,
+    IntentKind.FRAMEWORK_CHANGE: ev.FRAMEWORK_CHANGED,
 }
-#: The events that change a project's authority (its version / lock, or its framework).
-AUTHORITY_EVENT_TYPES = (EVENT_AUTHORITY_SETTLED, EVENT_FRAMEWORK_CHANGED)
 
 
 #: ``lifecycles.WRITE_INTENT``: proposed, approved, rejected, executed, refused (a stale
@@ -336,8 +331,7 @@ class AuthorityChange(models.Model):
 
 
 __all__ = [
-    "AUTHORITY_EVENT_TYPES", "EVENT_ARTIFACT_CURRENT_CHANGED", "EVENT_AUTHORITY_SETTLED", "EVENT_FRAMEWORK_CHANGED",
-    "INTENT_EXECUTED_EVENT_TYPES",
+    "INTENT_EXECUTED_EVENTS",
     "Approval", "ApprovalDecision", "AuthorityChange", "ConsumeReceipt", "DeliveryOutcome",
     "Handoff", "HandoffPurpose", "HandoffState", "IntentKind", "IntentState", "ResultDelivery", "ResultValidation", "WriteIntent",
     "UNBOUND_STATES",

@@ -15,7 +15,9 @@ where the result went wrong.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -62,12 +64,18 @@ def _path(parts: Any) -> str:
     return "result" + "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in parts)
 
 
+@lru_cache(maxsize=256)
+def _validator(frozen_schema: str) -> Draft202012Validator:
+    """One compiled validator per distinct schema (handoffs of one kind share theirs)."""
+    return Draft202012Validator(as_json_schema(json.loads(frozen_schema)))
+
+
 def result_problems(result_schema: Mapping[str, Any], result: Any) -> list[dict[str, str]]:
     """Every way ``result`` fails the schema, as ``{"path", "message"}``, in a stable order."""
-    schema = as_json_schema(result_schema)
     short = not is_full_schema(result_schema)
+    validator = _validator(json.dumps(result_schema, sort_keys=True))
     problems: list[dict[str, str]] = []
-    for error in Draft202012Validator(schema).iter_errors(result):
+    for error in validator.iter_errors(result):
         if error.validator == "required":
             present = error.instance if isinstance(error.instance, Mapping) else {}
             for name in error.validator_value:

@@ -35,6 +35,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from novelforge_sessions import events
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.control.handoffs import (
@@ -46,6 +47,7 @@ from novelforge_sessions.control.handoffs import (
 )
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session
 from novelforge_sessions.control.fingerprints import canonical_json, fingerprint
+from novelforge_sessions.control.result_schema import result_problems
 from novelforge_sessions.control.models import (
     ConsumeReceipt,
     DeliveryOutcome,
@@ -73,14 +75,6 @@ from novelforge_sessions.models import Session
 
 MAX_RESULT_BYTES = 128 * 1024
 
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "object": (dict,),
-    "array": (list,),
-}
 
 
 @dataclass
@@ -117,16 +111,8 @@ def check_against_job(handoff: Handoff, result: dict[str, Any], stated_job_finge
     problems: list[dict[str, str]] = []
     if stated_job_fingerprint != handoff.job_fingerprint:
         problems.append({"path": "job_fingerprint", "message": "does not cite the frozen job's fingerprint"})
-    for key, kind in (handoff.result_schema or {}).items():
-        if key not in result:
-            problems.append({"path": f"result.{key}", "message": "required by the job's result schema"})
-            continue
-        if kind == "any":
-            continue
-        value = result[key]
-        ok = isinstance(value, _JSON_TYPES[kind]) and not (kind in ("integer", "number") and isinstance(value, bool))
-        if not ok:
-            problems.append({"path": f"result.{key}", "message": f"must be of type {kind}"})
+    # The frozen job's result schema, as JSON Schema, checked by jsonschema (control/result_schema.py).
+    problems.extend(result_problems(handoff.result_schema or {}, result))
     return problems
 
 
@@ -221,7 +207,7 @@ def _record_invalid(
         stated_job_fingerprint=stated[:80], errors=problems,
     )
     events.append(
-        project_id=handoff.project_id, session_id=handoff.session_id, run_id=handoff.run_id, type="handoff.result_invalid",
+        project_id=handoff.project_id, session_id=handoff.session_id, run_id=handoff.run_id, type=ev.HANDOFF_RESULT_INVALID,
         actor=caller.label,
         payload={"handoff_id": handoff.id, "logical_id": handoff.logical_id, "delivery_id": delivery.id,
                  "result_hash": digest, "errors": problems},
@@ -274,7 +260,7 @@ def _conflict(
             Session.objects.filter(id=session.id).update(open_conflict=reason, updated_at=timezone.now())
         # The cause first, then its effect on the session.
         outbox.add(
-            session, "handoff.result_conflict", run_id=handoff.run_id, handoff_id=handoff.id,
+            session, ev.HANDOFF_RESULT_CONFLICT, run_id=handoff.run_id, handoff_id=handoff.id,
             logical_id=handoff.logical_id, consumed_hash=receipt.result_hash, conflicting_hash=digest,
             receipt_id=receipt.id, delivery_id=delivery.id,
             session_status=rt.SessionStatus.FAILED.value if fails else session.status,
@@ -358,7 +344,7 @@ def _record_consumption(
         job_fingerprint=handoff.job_fingerprint, result_hash=digest, result=result, consumed_at=now,
     )
     outbox.add(
-        session, "handoff.result_consumed", run_id=handoff.run_id, handoff_id=handoff.id, logical_id=handoff.logical_id,
+        session, ev.HANDOFF_RESULT_CONSUMED, run_id=handoff.run_id, handoff_id=handoff.id, logical_id=handoff.logical_id,
         delivery_id=delivery.id, receipt_id=receipt.id, result_hash=digest, attempt=handoff.attempt,
     )
     return receipt
@@ -409,7 +395,7 @@ def resolve_conflict(caller: Caller, handoff_id: int, *, resolution: str) -> Han
             session.open_conflict = ""
             Session.objects.filter(id=session.id).update(open_conflict="", updated_at=timezone.now())
         outbox = Outbox(caller.label)
-        outbox.add(session, "handoff.conflict_resolved", run_id=handoff.run_id, handoff_id=handoff.id,
+        outbox.add(session, ev.HANDOFF_CONFLICT_RESOLVED, run_id=handoff.run_id, handoff_id=handoff.id,
                    logical_id=handoff.logical_id, resolution=resolution, open_conflict=session.open_conflict or None)
         outbox.flush()
     return handoff

@@ -42,6 +42,7 @@ from typing import Any
 
 from django.db import transaction
 
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import Outbox, check, end_run, lock_session, open_run
@@ -451,7 +452,7 @@ def resume_session(
         # gates, …: every registered wait kind): whatever settles it later settles the run
         # that now continues the cursor, never the interrupted one.
         carried = waits.carry_over(session, run)
-        outbox.add(session, "session.resumed", run_id=run.id, generation=session.generation,
+        outbox.add(session, ev.SESSION_RESUMED, run_id=run.id, generation=session.generation,
                    checkpoint_id=outcome.checkpoint_id, reason=reason,
                    pending_external=carried.get(waits.HANDOFFS.pending_key, []), carried_over=carried)
         outbox.flush()

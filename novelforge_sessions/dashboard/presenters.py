@@ -19,13 +19,12 @@ from django.db.models import Count, Max, Prefetch, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from novelforge_sessions import event_types as ev
 from novelforge_sessions import leases
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.control.intents import approval_problem, current_state
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import (
-    AUTHORITY_EVENT_TYPES,
-    EVENT_FRAMEWORK_CHANGED,
     UNBOUND_STATES,
     Approval,
     Handoff,
@@ -151,7 +150,7 @@ def _edge_path(src: S, dst: S, bidirectional: bool) -> tuple[str, float, float]:
 def transition_path(session_id: int, limit: int = 500) -> list[tuple[str, str]]:
     """The (from, to) pairs this session has taken, oldest first (from its event log)."""
     rows = (
-        Event.objects.filter(session_id=session_id, type="session.transitioned")
+        Event.objects.filter(session_id=session_id, type=ev.SESSION_TRANSITIONED.name)
         .order_by("-id").values_list("payload", flat=True)[:limit]
     )
     pairs = [(p.get("from"), p.get("to")) for p in reversed(list(rows))]
@@ -390,37 +389,50 @@ def _scalar_items(payload: dict[str, Any]) -> str:
     return text if len(text) <= 120 else text[:119] + "…"
 
 
+#: Stored type names of the catalog events ``describe`` words specially (compared by equality).
+_AUTHORITY_HISTORY_NAMES = tuple(e.name for e in ev.AUTHORITY_HISTORY)
+
+
 def describe(event_type: str, payload: dict[str, Any]) -> str:
-    """A one-line summary of an event for the feeds (mirrored by static/js/dashboard.js)."""
+    """A one-line summary of an event for the feeds (mirrored by static/js/dashboard.js).
+
+    ``event_type`` is the stored name; it is compared with the catalog constants' names and
+    grouped by ``event_types.family_of``, never matched by prefix."""
     p = payload or {}
-    if event_type == "session.transitioned":
+    family = ev.family_of(event_type)
+    if event_type == ev.SESSION_TRANSITIONED.name:
         text = f"{p.get('from')} → {p.get('to')}"
         return text + (f" · {p['reason']}" if p.get("reason") else "")
-    if event_type == "session.created":
+    if event_type == ev.SESSION_CREATED.name:
         return f"{p.get('role')} · {p.get('task_mode')} · {p.get('runtime_family')}"
-    if event_type == "run.started":
+    if event_type == ev.RUN_STARTED.name:
         return f"run #{p.get('seq')} started · gen {p.get('generation')}"
-    if event_type == "run.ended":
+    if event_type == ev.RUN_ENDED.name:
         return f"run #{p.get('seq')} {p.get('state')}" + (f" · {p['reason']}" if p.get("reason") else "")
-    if event_type == "checkpoint.recorded":
+    if event_type == ev.CHECKPOINT_RECORDED.name:
         return f"checkpoint #{p.get('seq')} · {p.get('boundary')}"
-    if event_type.startswith("runtime."):
+    if family == ev.RUNTIME_ATTACHED.family:
         return f"generation {p.get('generation', '?')}" + (f" · {p['reason']}" if p.get("reason") else "")
-    if event_type.startswith("handoff."):
-        return _describe_handoff(event_type.removeprefix("handoff."), p)
-    if event_type.startswith("review."):
-        return _describe_review(event_type.removeprefix("review."), p)
-    if event_type.startswith("write_intent."):
-        what = event_type.removeprefix("write_intent.").replace("_", " ")
+    if family == ev.HANDOFF_CREATED.family:
+        return _describe_handoff(ev.CATALOG[event_type], p)
+    if family == ev.REVIEW_GATE_OPENED.family:
+        return _describe_review(ev.CATALOG[event_type], p)
+    if family == ev.WRITE_INTENT_CREATED.family:
+        what = _action(ev.CATALOG[event_type]).replace("_", " ")
         return f"write intent #{p.get('intent_id')} {what}" + (f" · {p['kind']}" if p.get("kind") else "")
-    if event_type in AUTHORITY_EVENT_TYPES:
+    if event_type in _AUTHORITY_HISTORY_NAMES:
         return _describe_authority(event_type, p)
     return _scalar_items(p)
 
 
+def _action(event: ev.EventType) -> str:
+    """What happened, the part of the name after its family (``claimed`` of ``handoff.claimed``)."""
+    return event.name[len(event.family) + 1:]
+
+
 def _describe_authority(event_type: str, p: dict[str, Any]) -> str:
     before, after = p.get("before") or {}, p.get("after") or {}
-    if event_type == EVENT_FRAMEWORK_CHANGED:
+    if event_type == ev.FRAMEWORK_CHANGED.name:
         text = f"framework {before.get('framework_version')} → {after.get('framework_version')}"
     else:
         text = f"authority v{before.get('authority_version')} → v{after.get('authority_version')}"
@@ -432,41 +444,41 @@ def _describe_authority(event_type: str, p: dict[str, Any]) -> str:
 
 def authority_history(project: Project, *, limit: int = 20) -> list[EventView]:
     """The project's authority history, newest first: the events of exactly the types that
-    change it (a settle, a framework change; ``control.models.AUTHORITY_EVENT_TYPES``)."""
-    rows = Event.objects.filter(project=project, type__in=AUTHORITY_EVENT_TYPES).order_by("-id")[:limit]
+    change it (a settle, a framework change; ``event_types.AUTHORITY_HISTORY``)."""
+    rows = Event.objects.filter(project=project, type__in=_AUTHORITY_HISTORY_NAMES).order_by("-id")[:limit]
     return event_views(rows)
 
 
-def _describe_handoff(what: str, p: dict[str, Any]) -> str:
+def _describe_handoff(event: ev.EventType, p: dict[str, Any]) -> str:
     job = f"handoff {p.get('logical_id')}"
-    if what == "created":
+    if event is ev.HANDOFF_CREATED:
         caps = p.get("required_capabilities") or []
         return f"{job} created" + (f" · needs {', '.join(map(str, caps))}" if caps else "")
-    if what == "claimed":
+    if event is ev.HANDOFF_CLAIMED:
         text = f"{job} claimed by {p.get('worker')} · attempt {p.get('attempt')}"
         return text + (" · previous lease expired" if p.get("reclaimed_after_expiry") else "")
-    if what == "result_consumed":
+    if event is ev.HANDOFF_RESULT_CONSUMED:
         return f"{job} · result consumed"
-    if what == "result_invalid":
+    if event is ev.HANDOFF_RESULT_INVALID:
         return f"{job} · invalid result refused"
-    if what == "result_conflict":
+    if event is ev.HANDOFF_RESULT_CONFLICT:
         return f"{job} · CONFLICTING result: hard stop"
-    if what == "conflict_resolved":
+    if event is ev.HANDOFF_CONFLICT_RESOLVED:
         return f"{job} · conflict resolved"
-    if what == "cancelled":
+    if event is ev.HANDOFF_CANCELLED:
         return f"{job} cancelled" + (f" · {p['reason']}" if p.get("reason") else "")
-    return f"{job} · {what.replace('_', ' ')}"
+    return f"{job} · {_action(event).replace('_', ' ')}"
 
 
-def _describe_review(what: str, p: dict[str, Any]) -> str:
+def _describe_review(event: ev.EventType, p: dict[str, Any]) -> str:
     gate = f"review gate #{p.get('gate_id')}"
-    if what == "gate_opened":
+    if event is ev.REVIEW_GATE_OPENED:
         return f"{gate} opened · {p.get('route')} route · {p.get('required_verdicts')} verdict(s) needed"
-    if what == "verdict_bound":
+    if event is ev.REVIEW_VERDICT_BOUND:
         return f"{gate} · verdict bound ({p.get('bound_verdicts')} of {p.get('required_verdicts')})"
-    if what == "packet_claimed":
+    if event is ev.REVIEW_PACKET_CLAIMED:
         return f"{gate} · packet #{p.get('packet_id')} claimed"
-    return f"{gate} · {what.replace('gate_', '').replace('_', ' ')}"
+    return f"{gate} · {_action(event).replace('gate_', '').replace('_', ' ')}"
 
 
 @dataclass
@@ -483,7 +495,7 @@ class EventView:
 def event_views(rows: Iterable[Event]) -> list[EventView]:
     out = []
     for e in rows:
-        to_state = e.payload.get("to") if e.type == "session.transitioned" else None
+        to_state = e.payload.get("to") if e.type == ev.SESSION_TRANSITIONED.name else None
         out.append(EventView(e.id, e.type, e.session_id, e.project_id, describe(e.type, e.payload), e.created_at,
                              to_state if to_state in STATES else None))
     return out

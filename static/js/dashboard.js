@@ -86,21 +86,24 @@
   };
 
   // ------------------------------------------------------------------ event summaries
-  /** Mirrors presenters.describe(). */
-  NF.describe = function (type, p) {
+  /** Mirrors presenters.describe(). `family` is the event's family as the server sends it
+   *  (`event.family`: session, run, runtime, handoff, review, write_intent, …). */
+  NF.describe = function (type, p, family) {
     p = p || {};
     const why = p.reason ? " · " + p.reason : "";
+    const what = family && family !== "other" ? type.slice(family.length + 1) : "";
     if (type === "session.transitioned") return p.from + " → " + p.to + why;
     if (type === "session.created") return p.role + " · " + p.task_mode + " · " + p.runtime_family;
     if (type === "run.started") return "run #" + p.seq + " started · gen " + p.generation;
     if (type === "run.ended") return "run #" + p.seq + " " + p.state + why;
     if (type === "checkpoint.recorded") return "checkpoint #" + p.seq + " · " + p.boundary;
-    if (type.startsWith("runtime.")) return "generation " + (p.generation != null ? p.generation : "?") + why;
-    if (type.startsWith("handoff.")) return describeHandoff(type.slice(8), p);
-    if (type.startsWith("review.")) return describeReview(type.slice(7), p);
-    if (type.startsWith("write_intent.")) {
-      return "write intent #" + p.intent_id + " " + type.slice(13).replace(/_/g, " ") + (p.kind ? " · " + p.kind : "");
+    if (family === "runtime") return "generation " + (p.generation != null ? p.generation : "?") + why;
+    if (family === "handoff") return describeHandoff(what, p);
+    if (family === "review") return describeReview(what, p);
+    if (family === "write_intent") {
+      return "write intent #" + p.intent_id + " " + what.replace(/_/g, " ") + (p.kind ? " · " + p.kind : "");
     }
+    if (type === "authority.settled" || type === "framework.changed") return describeAuthority(type, p);
     const parts = [];
     for (const [k, v] of Object.entries(p)) {
       if (["string", "number", "boolean"].includes(typeof v) && v !== "") parts.push(k + "=" + v);
@@ -108,6 +111,18 @@
     const text = parts.join(" · ");
     return text.length <= 120 ? text : text.slice(0, 119) + "…";
   };
+
+  function describeAuthority(type, p) {
+    const before = p.before || {}, after = p.after || {};
+    let text;
+    if (type === "framework.changed") {
+      text = "framework " + before.framework_version + " → " + after.framework_version;
+    } else {
+      text = "authority v" + before.authority_version + " → v" + after.authority_version;
+      if (typeof after.lock_fingerprint === "string") text += " · lock " + after.lock_fingerprint.slice(0, 15) + "…";
+    }
+    return text + (p.intent_id ? " · write intent #" + p.intent_id : "");
+  }
 
   function describeHandoff(what, p) {
     const job = "handoff " + p.logical_id;
@@ -164,7 +179,7 @@
       body.append(el("a", { href: "/sessions/" + ev.session_id + "/" }, "session #" + ev.session_id));
       body.append(" · ");
     }
-    body.append(el("span", { class: "ev-sum" }, NF.describe(ev.type, ev.payload)));
+    body.append(el("span", { class: "ev-sum" }, NF.describe(ev.type, ev.payload, ev.family)));
     body.append(" ");
     body.append(el("span", { class: "ev-id" }, "#" + ev.id));
     li.append(head, body);

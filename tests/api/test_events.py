@@ -5,7 +5,11 @@ import pytest
 from django.db import transaction
 
 from novelforge_sessions import events
+from novelforge_sessions.event_types import EventType
 from novelforge_sessions.models import Event
+
+#: Test-only event types (not in the catalog: production code emits only catalog constants).
+DOOMED, KEPT, LOOSE = (EventType(n, frozenset()) for n in ("doomed", "kept", "loose"))
 
 pytestmark = pytest.mark.django_db
 
@@ -45,16 +49,16 @@ def test_a_rolled_back_change_leaves_no_event_and_sends_no_wakeup(project, monke
     monkeypatch.setattr(events._Wakeup, "__call__", lambda self: sent.append(dict(self.max_ids)))
     with pytest.raises(RuntimeError):
         with transaction.atomic():
-            events.append(project_id=project.id, type="doomed")
+            events.append(project_id=project.id, type=DOOMED)
             raise RuntimeError("abort")
     assert not Event.objects.filter(type="doomed").exists() and sent == []
     with transaction.atomic():
-        first = events.append(project_id=project.id, type="kept")
-        second = events.append(project_id=project.id, type="kept")
+        first = events.append(project_id=project.id, type=KEPT)
+        second = events.append(project_id=project.id, type=KEPT)
     assert sent == [{project.id: second}] and second > first, "one wake-up per transaction, after commit"
 
 
 @pytest.mark.django_db(transaction=True)
 def test_append_outside_a_transaction_is_refused(project):
     with pytest.raises(RuntimeError):
-        events.append(project_id=project.id, type="loose")
+        events.append(project_id=project.id, type=LOOSE)

@@ -225,3 +225,42 @@ def test_a_fencing_token_beyond_bigint_is_422_and_logs_nothing(worker, claimed):
     assert err["details"]["field"] == "fencing_token"
     assert counts() == before
     assert Handoff.objects.get(id=claimed["handoff"]["id"]).state == "claimed"
+
+
+# ---- result schemas are JSON Schema (jsonschema validates them) ------------------------------------
+FULL_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object", "required": ["verdict", "score"],
+    "properties": {"verdict": {"enum": ["pass", "revise"]}, "score": {"type": "integer", "minimum": 1, "maximum": 5},
+                   "notes": {"type": "array", "items": {"type": "string"}}},
+}
+
+
+def test_a_full_json_schema_is_enforced_with_every_problem_named(owner, worker, running):
+    from novelforge_sessions.control.models import ConsumeReceipt, ResultValidation
+
+    handoff = make_handoff(owner, running["run"]["id"], "schema-job", result_schema=FULL_SCHEMA)
+    lease = claim(worker)
+    assert lease["id"] == handoff["id"]
+    err = refused(deliver(worker, lease, {"verdict": "maybe", "score": 9, "notes": ["ok", 3]}), 422, "invalid_result")
+    assert err["details"]["errors"] == [
+        {"path": "result.notes[1]", "message": "3 is not of type 'string'"},
+        {"path": "result.score", "message": "9 is greater than the maximum of 5"},
+        {"path": "result.verdict", "message": "'maybe' is not one of ['pass', 'revise']"},
+    ]
+    assert not ConsumeReceipt.objects.filter(logical_id="schema-job").exists()
+    assert ResultValidation.objects.filter(valid=False).count() == 1
+    assert ok(deliver(worker, lease, {"verdict": "pass", "score": 4}))["outcome"] == "consumed"
+
+
+def test_a_malformed_json_schema_is_refused_at_handoff_time_naming_its_path(owner, running):
+    from novelforge_sessions.control.models import Handoff
+
+    bad = {**FULL_SCHEMA, "properties": {"score": {"type": "integer", "minimum": "one"}}}
+    err = refused(owner.post(f"/runs/{running['run']['id']}/handoffs", {"logical_id": "bad-schema", "result_schema": bad}),
+                  422, "validation_error")
+    assert err["details"]["field"] == "result_schema.properties.score.minimum"
+    wrong_dialect = {**FULL_SCHEMA, "$schema": "http://json-schema.org/draft-04/schema#"}
+    err = refused(owner.post(f"/runs/{running['run']['id']}/handoffs",
+                             {"logical_id": "bad-schema", "result_schema": wrong_dialect}), 422, "validation_error")
+    assert err["details"]["field"] == "result_schema.$schema"
+    assert not Handoff.objects.filter(logical_id="bad-schema").exists()

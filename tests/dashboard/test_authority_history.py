@@ -9,7 +9,7 @@ import pytest
 
 from novelforge_sessions.control import intents
 from novelforge_sessions.actions.artifacts import create_artifact
-from novelforge_sessions.control.models import AUTHORITY_EVENT_TYPES, EVENT_AUTHORITY_SETTLED, EVENT_FRAMEWORK_CHANGED
+from novelforge_sessions import event_types as ev
 from novelforge_sessions.models import Event, Project
 from tests.conftest import caller_for
 
@@ -35,7 +35,7 @@ def execute(project: Project, kind: str, key: str, params: dict) -> None:
 def test_an_executed_framework_change_reaches_the_authority_history(mgr_client, project):
     assert "No authority change recorded" in history(mgr_client, project)
     execute(project, "framework.change", "fw-2", {"framework_version": "2"})
-    event = Event.objects.get(type=EVENT_FRAMEWORK_CHANGED)
+    event = Event.objects.get(type=ev.FRAMEWORK_CHANGED.name)
     part = history(mgr_client, project)
     assert f'data-id="{event.id}" data-type="framework.changed"' in part
     assert "framework 1 → 2" in part
@@ -50,14 +50,14 @@ def test_a_settle_is_listed_too_and_other_events_are_not(mgr_client, project):
     execute(project, "framework.change", "fw-2", {"framework_version": "2"})
     part = history(mgr_client, project)
     listed = re.findall(r'data-type="([^"]+)"', part)
-    assert listed == [EVENT_FRAMEWORK_CHANGED, EVENT_AUTHORITY_SETTLED]  # newest first
+    assert listed == [ev.FRAMEWORK_CHANGED.name, ev.AUTHORITY_SETTLED.name]  # newest first
     assert "authority v1 → v2" in part
     # write_intent.* and artifact events happened too, but are not authority changes
-    assert Event.objects.filter(project=project).exclude(type__in=AUTHORITY_EVENT_TYPES).exists()
+    assert Event.objects.filter(project=project).exclude(type__in=[e.name for e in ev.AUTHORITY_HISTORY]).exists()
 
 
 def test_the_constants_are_the_types_execution_emits(project):
     execute(project, "framework.change", "fw-2", {"framework_version": "2"})
     types = set(Event.objects.filter(project=project).values_list("type", flat=True))
-    assert EVENT_FRAMEWORK_CHANGED in types
-    assert set(AUTHORITY_EVENT_TYPES) == {EVENT_AUTHORITY_SETTLED, EVENT_FRAMEWORK_CHANGED}
+    assert ev.FRAMEWORK_CHANGED.name in types
+    assert set(ev.AUTHORITY_HISTORY) == {ev.AUTHORITY_SETTLED, ev.FRAMEWORK_CHANGED}

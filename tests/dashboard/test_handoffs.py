@@ -181,6 +181,11 @@ SUMMARY_CASES = [
     ("review.gate_completed", {"gate_id": 3, "state": "complete"}, "review gate #3 · completed"),
     ("write_intent.approved", {"intent_id": 9}, "write intent #9 approved"),
     ("write_intent.created", {"intent_id": 9, "kind": "framework.change"}, "write intent #9 created · framework.change"),
+    ("framework.changed", {"intent_id": 9, "before": {"framework_version": "1"}, "after": {"framework_version": "2"}},
+     "framework 1 → 2 · write intent #9"),
+    ("authority.settled", {"intent_id": 4, "before": {"authority_version": 1},
+                           "after": {"authority_version": 2, "lock_fingerprint": "sha256:0123456789abcdef"}},
+     "authority v1 → v2 · lock sha256:01234567… · write intent #4"),
 ]
 
 

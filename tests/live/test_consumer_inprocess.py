@@ -13,8 +13,12 @@ from channels.testing import WebsocketCommunicator
 from django.db import transaction
 
 from novelforge_sessions import events
+from novelforge_sessions.event_types import EventType
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.models import Event
+
+#: Test-only event types (not in the catalog: production code emits only catalog constants).
+DOOMED, KEPT, UNANNOUNCED = (EventType(f"test.{n}", frozenset()) for n in ("doomed", "kept", "unannounced"))
 from tests.conftest import make_project
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
@@ -40,14 +44,14 @@ def _rolled_back(project_id: int) -> int:
     drawn = []
     with pytest.raises(RuntimeError):
         with transaction.atomic():
-            drawn.append(events.append(project_id=project_id, type="test.doomed"))
+            drawn.append(events.append(project_id=project_id, type=DOOMED))
             raise RuntimeError("roll back")
     return drawn[0]
 
 
 def _committed(project_id: int) -> int:
     with transaction.atomic():
-        return events.append(project_id=project_id, type="test.kept")
+        return events.append(project_id=project_id, type=KEPT)
 
 
 async def _frame(comm: WebsocketCommunicator) -> dict:
@@ -112,7 +116,7 @@ async def test_the_sweep_delivers_an_event_whose_wake_up_was_lost(local_settings
 
     def commit_without_wakeup() -> int:
         with transaction.atomic():
-            event_id = events.append(project_id=project_id, type="test.unannounced")
+            event_id = events.append(project_id=project_id, type=UNANNOUNCED)
             transaction.get_connection().run_on_commit.clear()  # the wake-up is "lost"
         return event_id
 

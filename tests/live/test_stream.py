@@ -8,10 +8,15 @@ import pytest
 from django.db import connection, transaction
 
 from novelforge_sessions import events
+from novelforge_sessions.event_types import EventType
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.actions.transcript import append_transcript
 from novelforge_sessions.live import replay
 from novelforge_sessions.models import Event
+
+#: Test-only event types (not in the catalog: production code emits only catalog constants).
+BACKLOG = EventType("test.backlog", frozenset({"n"}))
+DIRECT = EventType("test.direct", frozenset({"n"}))
 from tests.conftest import SESSION, caller_for, make_project
 from tests.live.conftest import api_post
 
@@ -66,7 +71,7 @@ def test_events_committed_while_the_backlog_streams_arrive_once_each_in_order(ws
     # A backlog longer than one page, so it is streamed in several reads.
     with transaction.atomic():
         for n in range(2 * replay.PAGE_SIZE + 50):
-            events.append(project_id=project.id, session_id=session.id, type="test.backlog", payload={"n": n})
+            events.append(project_id=project.id, session_id=session.id, type=BACKLOG, payload={"n": n})
     before = len(table_ids(project.id))
 
     writers, per_writer = 4, 25
@@ -87,7 +92,7 @@ def test_events_committed_while_the_backlog_streams_arrive_once_each_in_order(ws
         try:
             for n in range(per_writer):
                 with transaction.atomic():
-                    events.append(project_id=project.id, session_id=session.id, type="test.direct", payload={"n": n})
+                    events.append(project_id=project.id, session_id=session.id, type=DIRECT, payload={"n": n})
         except BaseException as exc:
             errors.append(exc)
         finally:

@@ -9,20 +9,11 @@ import pytest
 
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
+from tests.sessions.test_lifecycle_table import CONTRACT
 
 # Written out independently of the module under test (state → legal targets).
 EXPECTED = {
-    "session": {
-        "created": {"running"},
-        "running": {"idle", "awaiting_user", "awaiting_external", "completed", "failed", "terminated", "stale"},
-        "idle": {"running", "completed", "terminated", "stale"},
-        "awaiting_user": {"running", "failed", "terminated", "stale"},
-        "awaiting_external": {"running", "failed", "terminated", "stale"},
-        "failed": {"running", "terminated", "stale"},
-        "completed": {"stale"},
-        "stale": {"terminated"},
-        "terminated": set(),
-    },
+    "session": CONTRACT,  # the contract's §04 table, written out in test_lifecycle_table
     "run": {
         "open": {"completed", "failed", "aborted", "interrupted", "terminated"},
         "completed": set(), "failed": set(), "aborted": set(), "interrupted": set(), "terminated": set(),
