@@ -1,7 +1,13 @@
-"""One error hierarchy for the whole service: a code, an HTTP status, a message, details.
+"""One error hierarchy for the whole service — and its closed catalog.
 
-Every refusal the API, the websocket or the pages report is one of these, rendered as
-``{"error": {"code", "message", "details"}}``. Pure lifecycle refusals from
+Every refusal the API, the websocket or the pages report is one of these classes, rendered as
+``{"error": {"code", "message", "details"}}``. A class *is* its code and HTTP status: there is
+no way to override them at a raise site (``ServiceError(..., code=...)`` is a ``TypeError``);
+a new refusal is a new class here, added to :data:`CATALOG`. Base classes that only group
+others (:class:`ServiceError`, :class:`Conflict`, :class:`BadRequest`, :class:`IntentNotExecutable`) are marked
+:func:`abstract`: they cannot be raised and are not in the catalog. ``tests/test_error_catalog.py``
+checks that every concrete class anywhere in the project is in the catalog and that the README's
+error table lists exactly the catalog. Pure lifecycle refusals from
 :mod:`novelforge_sessions.session_runtime` are converted by :func:`from_rule_error`.
 """
 from __future__ import annotations
@@ -10,24 +16,38 @@ from typing import Any
 
 from novelforge_sessions import session_runtime as rt
 
+_ABSTRACT: set[type] = set()
 
+
+def abstract(cls: type[ServiceError]) -> type[ServiceError]:
+    """Mark a grouping base class: never raised itself, so not part of the catalog."""
+    _ABSTRACT.add(cls)
+    return cls
+
+
+def is_abstract(cls: type) -> bool:
+    return cls in _ABSTRACT
+
+
+@abstract
 class ServiceError(Exception):
     code: str = "error"
     http_status: int = 400
 
-    def __init__(self, message: str, *, code: str | None = None, http_status: int | None = None, **details: Any):
+    def __init__(self, message: str, **details: Any):
+        if type(self) in _ABSTRACT:
+            raise TypeError(f"{type(self).__name__} is abstract: raise one of its catalogued subclasses")
+        if "code" in details or "http_status" in details:
+            raise TypeError("an error's code and status are its class's: add a class to errors.CATALOG")
         super().__init__(message)
         self.message = message
-        if code:
-            self.code = code
-        if http_status:
-            self.http_status = http_status
         self.details = details
 
     def as_dict(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message, "details": self.details}}
 
 
+@abstract
 class BadRequest(ServiceError):
     code, http_status = "bad_request", 400
 
@@ -44,6 +64,7 @@ class NotFound(ServiceError):
     code, http_status = "not_found", 404
 
 
+@abstract
 class Conflict(ServiceError):
     """409: the request is well-formed but the current state refuses it."""
 
@@ -122,6 +143,213 @@ class RuntimeRequired(Conflict):
 
 class CheckpointNotBounded(ServiceError):
     code, http_status = "checkpoint_not_bounded", 422
+
+
+class SessionNotRunning(Conflict):
+    """The write needs a running session (a handoff, a review gate)."""
+
+    code = "session_not_running"
+
+
+class UnknownArtifactVersion(ValidationFailed):
+    """A reference names no version of this project's artifacts."""
+
+    code = "unknown_artifact_version"
+
+
+class ArtifactExists(Conflict):
+    code = "artifact_exists"
+
+
+class ResumeRefused(Conflict):
+    """A resume step failed; ``details.report`` is the step report. Nothing changed."""
+
+    code = "resume_refused"
+
+
+# --- request framing (the API's edge) ------------------------------------------------------
+
+class MalformedBody(BadRequest):
+    """The request body is not JSON, or nests deeper than the API accepts."""
+
+    code = "malformed_body"
+
+
+class MethodNotAllowed(ServiceError):
+    code, http_status = "method_not_allowed", 405
+
+
+class OtherHttpError(ServiceError):
+    """An HTTP-level refusal of the framework that no class above names (see :func:`for_status`)."""
+
+    code, http_status = "http_error", 400
+
+
+class InternalError(ServiceError):
+    """An unexpected exception: logged, answered in the one shape, never an HTML page."""
+
+    code, http_status = "internal_error", 500
+
+
+# --- the control plane: handoffs, results, write intents ------------------------------------
+
+class StaleLease(Conflict):
+    """A write carried a fencing token that a later claim superseded."""
+
+    code = "stale_lease"
+
+
+class HandoffNotClaimable(Conflict):
+    code = "handoff_not_claimable"
+
+
+class HandoffClosed(Conflict):
+    """The handoff takes no more lease traffic (bound, conflicted or cancelled)."""
+
+    code = "handoff_closed"
+
+
+class LogicalIdTaken(Conflict):
+    code = "logical_id_taken"
+
+
+class AlreadyConsumed(Conflict):
+    """A *new* handoff for a logical id whose result was consumed before (deliveries of a
+    consumed result are answered 200 ``already_consumed`` instead)."""
+
+    code = "already_consumed"
+
+
+class ConflictingResult(Conflict):
+    code = "conflicting_result"
+
+
+class NoOpenConflict(Conflict):
+    """Resolving a conflict on a handoff that has none."""
+
+    code = "no_open_conflict"
+
+
+class InvalidResult(ServiceError):
+    """The delivery was logged, but its result is not a valid result of the frozen job."""
+
+    code, http_status = "invalid_result", 422
+
+
+class ResultHashMismatch(ValidationFailed):
+    """The stated ``result_hash`` is not the server's sha256 of the canonical result."""
+
+    code = "result_hash_mismatch"
+
+
+class StalePrecondition(Conflict):
+    code = "stale_precondition"
+
+
+class ApprovalRequired(Conflict):
+    code = "approval_required"
+
+
+@abstract
+class IntentNotExecutable(Conflict):
+    """The write intent cannot be executed (grouping base: see :class:`IntentClosed`)."""
+
+    code = "intent_not_executable"
+
+
+class IntentClosed(IntentNotExecutable):
+    """The write intent is closed (rejected, refused or executed): it takes no more decisions."""
+
+    code = "intent_closed"
+
+
+class NotApproved(Conflict):
+    """Revoking the approval of an intent that is not approved (or already executed)."""
+
+    code = "not_approved"
+
+
+class IdempotencyKeyReused(Conflict):
+    code = "idempotency_key_reused"
+
+
+class PostconditionFailed(ServiceError):
+    code, http_status = "postcondition_failed", 500
+
+
+class ReviewRouteRequired(Conflict):
+    """409: the handoff is an agent-review slot (``purpose = review``). The plain handoff
+    routes never claim, renew, answer or cancel it — only the review routes do
+    (``/review-packets/claim``, ``…/heartbeat``, ``…/verdicts``; a gate is withdrawn with
+    ``/review-gates/{id}/cancel``). Nothing is written."""
+
+    code = "review_route_required"
+
+
+# --- independent review ----------------------------------------------------------------------
+
+class IndependenceViolation(Forbidden):
+    code = "independence_violation"
+
+
+class StaleFingerprint(Conflict):
+    code = "stale_fingerprint"
+
+
+class AlreadyClaimed(Conflict):
+    """This reviewer already holds a slot on that packet."""
+
+    code = "already_claimed"
+
+
+class VerdictConflict(Conflict):
+    """A different verdict is already bound to this packet by the same reviewer."""
+
+    code = "verdict_conflict"
+
+
+class GateClosed(Conflict):
+    """The review gate is cancelled or complete."""
+
+    code = "gate_closed"
+
+
+#: The closed catalog, in one explicit list: every code the service answers with.
+_CATALOGUED: tuple[type[ServiceError], ...] = (
+    # generic refusals
+    Unauthorized, Forbidden, NotFound, PayloadTooLarge, ValidationFailed, CheckpointNotBounded,
+    MalformedBody, MethodNotAllowed, OtherHttpError, InternalError,
+    # sessions
+    IllegalTransition, VersionConflict, LiveRuntimeExists, NoLiveRuntime, RuntimeNotLive, OpenRunExists,
+    NoOpenRun, RunNotOpen, StaleAuthority, TranscriptFull, OpenConflict, SessionTerminated, StaleRuntime,
+    RuntimeRequired, SessionNotRunning, UnknownArtifactVersion, ArtifactExists, ResumeRefused,
+    # control plane
+    StaleLease, HandoffNotClaimable, HandoffClosed, LogicalIdTaken, AlreadyConsumed, ConflictingResult,
+    NoOpenConflict, InvalidResult, ResultHashMismatch, StalePrecondition, ApprovalRequired,
+    IntentClosed, NotApproved, IdempotencyKeyReused, PostconditionFailed,
+    ReviewRouteRequired,
+    # reviews
+    IndependenceViolation, StaleFingerprint, AlreadyClaimed, VerdictConflict, GateClosed,
+)
+
+#: code → class. Codes are unique (checked here at import, and by the tests).
+CATALOG: dict[str, type[ServiceError]] = {cls.code: cls for cls in _CATALOGUED}
+assert len(CATALOG) == len(_CATALOGUED), "two catalogued classes share a code"
+assert not any(is_abstract(cls) for cls in _CATALOGUED), "an abstract class is catalogued"
+
+#: The generic class for a bare HTTP status (ninja's ``HttpError`` carries only a status).
+_BY_STATUS: dict[int, type[ServiceError]] = {
+    400: MalformedBody, 401: Unauthorized, 403: Forbidden, 404: NotFound, 405: MethodNotAllowed,
+    413: PayloadTooLarge, 422: ValidationFailed, 500: InternalError,
+}
+
+
+def for_status(status: int) -> type[ServiceError]:
+    """The catalogued class answering a bare HTTP status: a 5xx is an internal error, any other
+    status without a generic class here is ``http_error`` (400)."""
+    if status >= 500:
+        return InternalError
+    return _BY_STATUS.get(status, OtherHttpError)
 
 
 _RULE_MAP: dict[type[rt.RuntimeRuleError], type[ServiceError]] = {

@@ -112,7 +112,7 @@ class ArtifactVersion(models.Model):
         ordering = ["artifact_id", "number"]
         constraints = [
             models.UniqueConstraint(fields=["artifact", "number"], name="artifact_version_number_unique"),
-            models.CheckConstraint(condition=Q(fingerprint__regex=r"^sha256:[0-9a-f]{64}$"), name="artifact_version_fp_format"),
+            models.CheckConstraint(condition=Q(fingerprint__regex=rt.FINGERPRINT_PATTERN), name="artifact_version_fp_format"),
         ]
 
 

@@ -328,7 +328,10 @@ CHECKPOINT_FIELDS = frozenset(
     {"boundary", "cursor", "artifacts", "authority", "pending", "approvals", "resume_policy", "schema_version"}
 )
 APPROVAL_REF_FIELDS = frozenset({"write_intent_id", "approval_id"})
-FINGERPRINT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: The one content-fingerprint pattern, ``sha256:<64 lowercase hex digits>``. Validators, JSON
+#: Schemas and the database's check constraints all use this string (never a copy of it).
+FINGERPRINT_PATTERN = r"^sha256:[0-9a-f]{64}$"
+FINGERPRINT_RE = re.compile(FINGERPRINT_PATTERN)
 _ID_MAX = 2**63 - 1
 
 
@@ -471,8 +474,14 @@ def validate_pending(value: Any, keys: Iterable[str] | None = None) -> dict[str,
     return pending
 
 
+def is_fingerprint(value: Any) -> bool:
+    """Whether ``value`` is a fingerprint. ``fullmatch``: Python's ``$`` also matches before a
+    trailing newline, which the database's regex (same pattern) refuses."""
+    return isinstance(value, str) and FINGERPRINT_RE.fullmatch(value) is not None
+
+
 def validate_fingerprint(value: Any, field_name: str) -> str:
-    if not isinstance(value, str) or not FINGERPRINT_RE.match(value):
+    if not is_fingerprint(value):
         raise InvalidPayload(f"{field_name} must look like sha256:<64 hex digits>", field=field_name)
     return value
 

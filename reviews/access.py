@@ -14,20 +14,12 @@ from django.db.models import QuerySet
 
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.errors import Conflict, Forbidden, NotFound
+from novelforge_sessions.errors import IndependenceViolation, NotFound
 from novelforge_sessions.models import Membership, Session
 from reviews.models import ReviewAssignment, ReviewGate
 
 #: Memory policies an independent reviewer may run with (contract §03).
 INDEPENDENT_MEMORY = frozenset({rt.MemoryPolicy.NONE.value, rt.MemoryPolicy.BOUNDED.value})
-
-
-class IndependenceViolation(Forbidden):
-    code = "independence_violation"
-
-
-class StaleFingerprint(Conflict):
-    code = "stale_fingerprint"
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,26 @@ from novelforge_sessions.actions.lifecycle import (
     BIGINT_MAX, Outbox, apply_transition, check, lock_session, move, move_rows, open_run,
 )
 from novelforge_sessions.control import service as control
-from novelforge_sessions.control.errors import HandoffNotClaimable, StaleLease
 from novelforge_sessions.control.models import UNBOUND_STATES, Handoff, HandoffPurpose, HandoffState
-from novelforge_sessions.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from novelforge_sessions.errors import (
+    AlreadyClaimed,
+    Forbidden,
+    GateClosed,
+    HandoffNotClaimable,
+    IndependenceViolation,
+    NoOpenRun,
+    NotFound,
+    SessionNotRunning,
+    StaleFingerprint,
+    StaleLease,
+    ValidationFailed,
+    VerdictConflict,
+)
 from novelforge_sessions.models import Artifact, ArtifactVersion, Event, Membership, RuntimeAttachment, Run, Session
 from reviews import packets, verdicts
 from reviews.access import (
     INDEPENDENT_MEMORY,
-    IndependenceViolation,
     ReviewerIdentity,
-    StaleFingerprint,
     assignment_for,
     check_agent_reviewer_session,
     check_independence,
@@ -172,11 +182,11 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
         may_open = {rt.SessionStatus.RUNNING, rt.SessionStatus.AWAITING_EXTERNAL} \
             if valid.route == ReviewGate.Route.AGENT else {rt.SessionStatus.RUNNING}
         if session.status not in may_open:
-            raise Conflict("a gate is opened by the open run of a running session", code="session_not_running",
-                           status=session.status)
+            raise SessionNotRunning("a gate is opened by the open run of a running session",
+                                    status=session.status)
         run = open_run(session)
         if run is None:
-            raise Conflict("a gate is opened by an open run", code="no_open_run", status=session.status)
+            raise NoOpenRun("a gate is opened by an open run", status=session.status)
         try:
             candidate = ArtifactVersion.objects.select_related("artifact").get(
                 id=spec.candidate_version_id, artifact__project_id=session.project_id
@@ -384,7 +394,7 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
     except IntegrityError:
         # The same reviewer claimed a second slot of one packet concurrently: the unique
         # (packet, reviewer) constraint refused it; the first claim stands.
-        raise Conflict("this reviewer already holds a slot on that packet", code="already_claimed") from None
+        raise AlreadyClaimed("this reviewer already holds a slot on that packet") from None
     return Claim(assignment, handoff)
 
 
@@ -496,12 +506,12 @@ def bind_verdict(
             if existing is not None:
                 if existing.fingerprint == fingerprint:
                     return BoundVerdict(existing, False, gate)
-                raise Conflict(
-                    "you already bound a different verdict to this packet", code="verdict_conflict",
+                raise VerdictConflict(
+                    "you already bound a different verdict to this packet",
                     verdict_id=existing.id,
                 )
             if gate.state == ReviewGate.State.CANCELLED:
-                raise Conflict("this review gate was cancelled", code="gate_closed")
+                raise GateClosed("this review gate was cancelled")
             if handoff is not None and handoff.state != HandoffState.CLAIMED:
                 raise HandoffNotClaimable("this claim takes no verdict", handoff_id=handoff.id, state=handoff.state)
             # Read, not lock: the artifact's head is changed only by approved writes, and a
@@ -555,8 +565,8 @@ def bind_verdict(
         created = False
         verdict = Verdict.objects.get(packet_id=packet_id, reviewer=identity.key)
         if verdict.fingerprint != data.fingerprint():
-            raise Conflict("you already bound a different verdict to this packet", code="verdict_conflict",
-                           verdict_id=verdict.id) from None
+            raise VerdictConflict("you already bound a different verdict to this packet",
+                                  verdict_id=verdict.id) from None
         gate = ReviewGate.objects.get(id=packet.gate_id)
     return BoundVerdict(verdict, created, gate)
 
@@ -594,7 +604,7 @@ def cancel_gate(caller: Caller, gate_id: int, *, reason: str = "") -> ReviewGate
         if gate.state == ReviewGate.State.CANCELLED:
             return gate
         if gate.state == ReviewGate.State.COMPLETE:
-            raise Conflict("a complete gate cannot be cancelled", code="gate_closed", state=gate.state)
+            raise GateClosed("a complete gate cannot be cancelled", state=gate.state)
         move(gate, lc.REVIEW_GATE, ReviewGate.State.CANCELLED, completed_at=timezone.now())
         outbox = Outbox(caller.label)
         outbox.add(session, ev.REVIEW_GATE_CANCELLED, run_id=gate.run_id, gate_id=gate.id, state=gate.state)

@@ -22,7 +22,8 @@ from ninja import Field, Router, Schema, Status
 
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import MAX_BODY_DEPTH, Page, Strict, nested_deeper_than, refuse_unstorable_text
-from novelforge_sessions.errors import ServiceError
+from novelforge_sessions.errors import MalformedBody
+from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN
 from reviews import actions
 from reviews.access import assignment_for, assignments_for, reviewer_for_caller
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
@@ -175,8 +176,8 @@ _VERDICT_BODY = {
                 "properties": {
                     "fencing_token": {"type": "integer", "minimum": 1,
                                       "description": "the fencing token of your claim (agent route)"},
-                    "packet_fingerprint": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
-                    "artifact_fingerprint": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+                    "packet_fingerprint": {"type": "string", "pattern": FINGERPRINT_PATTERN},
+                    "artifact_fingerprint": {"type": "string", "pattern": FINGERPRINT_PATTERN},
                     "decision": {"enum": list(DECISIONS)},
                     "scores": {"type": "object", "additionalProperties": {"type": "integer"}},
                     "findings": {
@@ -363,11 +364,11 @@ def submit_verdict(request: HttpRequest, packet_id: int):
     try:
         payload = json.loads(request.body or b"null")
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested ~1,000 levels deep
-        raise ServiceError("the request body is not valid JSON", code="malformed_body", http_status=400) from None
+        raise MalformedBody("the request body is not valid JSON") from None
     # Parsed by hand, so neither the API's parser nor schemas.Input checked it: the same checks here.
     if nested_deeper_than(payload, MAX_BODY_DEPTH):
-        raise ServiceError(f"the request body nests deeper than {MAX_BODY_DEPTH} levels", code="malformed_body",
-                           http_status=400, max_depth=MAX_BODY_DEPTH)
+        raise MalformedBody(f"the request body nests deeper than {MAX_BODY_DEPTH} levels",
+                            max_depth=MAX_BODY_DEPTH)
     refuse_unstorable_text(payload)
     # The lease's token travels with the verdict but is not part of it (nor of its fingerprint).
     token = payload.pop("fencing_token", None) if isinstance(payload, dict) else None

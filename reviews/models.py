@@ -25,9 +25,9 @@ from django.db.models import Q
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.lifecycles import AssignmentState, GateState
 from novelforge_sessions.models import ArtifactVersion, Project, Run, Session
+from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN
 from reviews.packets import DECISIONS, ROUTES
 
-FP_REGEX = r"^sha256:[0-9a-f]{64}$"
 
 
 def _enum(field: str, values) -> Q:
@@ -80,7 +80,7 @@ class ReviewGate(models.Model):
             models.CheckConstraint(condition=_enum("state", GateState), name="review_gate_state_enum"),
             models.CheckConstraint(condition=_enum("outcome", ["", *DECISIONS]), name="review_gate_outcome_enum"),
             models.CheckConstraint(condition=Q(required_verdicts__gte=1), name="review_gate_needs_a_verdict"),
-            models.CheckConstraint(condition=Q(candidate_fingerprint__regex=FP_REGEX), name="review_gate_candidate_fp_format"),
+            models.CheckConstraint(condition=Q(candidate_fingerprint__regex=FINGERPRINT_PATTERN), name="review_gate_candidate_fp_format"),
             # A complete gate has an outcome; a pending one has none yet.
             models.CheckConstraint(
                 condition=(Q(state=GateState.COMPLETE) & ~Q(outcome="")) | (~Q(state=GateState.COMPLETE) & Q(outcome="")),
@@ -128,7 +128,7 @@ class ReviewPacket(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [
-            models.CheckConstraint(condition=Q(fingerprint__regex=FP_REGEX), name="review_packet_fp_format"),
+            models.CheckConstraint(condition=Q(fingerprint__regex=FINGERPRINT_PATTERN), name="review_packet_fp_format"),
         ]
 
     def __str__(self) -> str:
@@ -217,8 +217,8 @@ class Verdict(models.Model):
             models.CheckConstraint(condition=_enum("decision", DECISIONS), name="verdict_decision_enum"),
             models.CheckConstraint(condition=_enum("channel", ["page", "relay", "api"]), name="verdict_channel_enum"),
             models.CheckConstraint(condition=Q(confidence__gte=0) & Q(confidence__lte=1), name="verdict_confidence_range"),
-            models.CheckConstraint(condition=Q(packet_fingerprint__regex=FP_REGEX), name="verdict_packet_fp_format"),
-            models.CheckConstraint(condition=Q(artifact_fingerprint__regex=FP_REGEX), name="verdict_artifact_fp_format"),
+            models.CheckConstraint(condition=Q(packet_fingerprint__regex=FINGERPRINT_PATTERN), name="verdict_packet_fp_format"),
+            models.CheckConstraint(condition=Q(artifact_fingerprint__regex=FINGERPRINT_PATTERN), name="verdict_artifact_fp_format"),
         ]
 
     def __str__(self) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from novelforge_sessions.session_runtime import InvalidPayload
+from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN, InvalidPayload
 
 PACKET_SCHEMA = "novelforge.review_packet/1"
 VERDICT_SCHEMA_ID = "novelforge.verdict/1"
@@ -36,7 +36,6 @@ MAX_LOCATION = 200
 MAX_NOTE = 4000
 
 _KEY_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
-_FP_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 INSTRUCTIONS = (
     "You are an independent reviewer. Review only the candidate below, against the rubric below, "
@@ -55,10 +54,6 @@ def canonical_json(value: Any) -> bytes:
 
 def sha256_fingerprint(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def is_fingerprint(value: Any) -> bool:
-    return isinstance(value, str) and bool(_FP_RE.match(value))
 
 
 def _is_int(value: Any) -> bool:
@@ -218,7 +213,7 @@ def verdict_schema(rubric: Rubric, artifact_fingerprint: str) -> dict[str, Any]:
         "additionalProperties": False,
         "required": ["packet_fingerprint", "artifact_fingerprint", "decision", "scores", "findings", "confidence"],
         "properties": {
-            "packet_fingerprint": {"type": "string", "pattern": _FP_RE.pattern, "description": "the packet fingerprint, exactly"},
+            "packet_fingerprint": {"type": "string", "pattern": FINGERPRINT_PATTERN, "description": "the packet fingerprint, exactly"},
             "artifact_fingerprint": {"const": artifact_fingerprint},
             "decision": {"enum": list(DECISIONS)},
             "scores": {

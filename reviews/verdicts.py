@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from novelforge_sessions.session_runtime import InvalidPayload
+from novelforge_sessions.session_runtime import InvalidPayload, is_fingerprint
 from reviews.packets import (
     DECISIONS,
     MAX_FINDINGS,
@@ -22,7 +22,6 @@ from reviews.packets import (
     SEVERITIES,
     Rubric,
     canonical_json,
-    is_fingerprint,
     sha256_fingerprint,
 )
 

@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import events
 from novelforge_sessions.access import Caller
-from novelforge_sessions.errors import Conflict, NotFound, ValidationFailed
+from novelforge_sessions.errors import ArtifactExists, NotFound, UnknownArtifactVersion, ValidationFailed
 from novelforge_sessions.models import Artifact, ArtifactVersion, content_fingerprint
 
 MAX_ARTIFACT_BYTES = 1024 * 1024
@@ -33,9 +33,8 @@ def require_versions(project_id: int, refs: Iterable[tuple[int, str]], *, what: 
     )
     missing = sorted(wanted - found)
     if missing:
-        raise ValidationFailed(
+        raise UnknownArtifactVersion(
             f"{what} must name existing versions of this project's artifacts",
-            code="unknown_artifact_version",
             missing=[{"artifact_id": a, "fingerprint": f} for a, f in missing],
         )
 
@@ -66,7 +65,7 @@ def create_artifact(caller: Caller, *, name: str, kind: str, content: str) -> Ar
                 payload={"artifact_id": artifact.id, "name": name, "version": 1, "fingerprint": version.fingerprint},
             )
     except IntegrityError:
-        raise Conflict("an artifact with this name exists in the project", code="artifact_exists", name=name) from None
+        raise ArtifactExists("an artifact with this name exists in the project", name=name) from None
     return artifact
 
 

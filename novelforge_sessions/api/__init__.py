@@ -23,7 +23,17 @@ from ninja.parser import Parser
 
 from novelforge_sessions.api.auth import TokenAuth
 from novelforge_sessions.api.schemas import MAX_BODY_DEPTH, nested_deeper_than, refuse_unstorable_text
-from novelforge_sessions.errors import NotFound, PayloadTooLarge, ServiceError, Unauthorized, ValidationFailed
+from novelforge_sessions.errors import (
+    InternalError,
+    MalformedBody,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    ServiceError,
+    Unauthorized,
+    ValidationFailed,
+    for_status,
+)
 
 log = logging.getLogger("novelforge.api")
 
@@ -47,9 +57,7 @@ def _in_the_error_shape(view: Callable[..., HttpResponse]) -> Callable[..., Http
             return _no_such_route(request)
         if response.status_code == 405 and not response.get("Content-Type", "").startswith("application/json"):
             allowed = sorted(m.strip() for m in response.get("Allow", "").split(",") if m.strip())
-            err = ServiceError(
-                f"{request.method} is not allowed here", code="method_not_allowed", http_status=405, allowed=allowed
-            )
+            err = MethodNotAllowed(f"{request.method} is not allowed here", allowed=allowed)
             json_response = JsonResponse(err.as_dict(), status=err.http_status)
             json_response["Allow"] = ", ".join(allowed)
             return json_response
@@ -144,13 +152,12 @@ def _auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
 @api.exception_handler(HttpError)
 def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     if exc.status_code == 400 and isinstance(exc.__cause__, _TooDeep):
-        return _render(request, ServiceError(
-            f"the request body nests deeper than {MAX_BODY_DEPTH} levels", code="malformed_body", http_status=400,
-            max_depth=MAX_BODY_DEPTH,
+        return _render(request, MalformedBody(
+            f"the request body nests deeper than {MAX_BODY_DEPTH} levels", max_depth=MAX_BODY_DEPTH,
         ))
     if exc.status_code == 400:
-        return _render(request, ServiceError("the request body is not valid JSON", code="malformed_body", http_status=400))
-    return _render(request, ServiceError(str(exc), code="http_error", http_status=exc.status_code))
+        return _render(request, MalformedBody("the request body is not valid JSON"))
+    return _render(request, for_status(exc.status_code)(str(exc), status=exc.status_code))
 
 
 @api.exception_handler(Http404)
@@ -166,7 +173,7 @@ def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
 @api.exception_handler(Exception)
 def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     log.exception("unexpected error on %s %s", request.method, request.path)
-    return _render(request, ServiceError("internal error; it has been logged", code="internal_error", http_status=500))
+    return _render(request, InternalError("internal error; it has been logged"))
 
 
 def _register_routers() -> None:

@@ -14,7 +14,7 @@ from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.models import ApprovalDecision, WriteIntent
-from novelforge_sessions.errors import Conflict, NotFound, StaleAuthority, ValidationFailed
+from novelforge_sessions.errors import NotFound, RunNotOpen, StaleAuthority, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Project, Run, Session
 
 #: The columns ``Project.authority_ref()`` reads, so the lock below selects exactly those.
@@ -62,7 +62,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
             raise NotFound("run not found", run_id=run_id)
         state, count, session_id, project_id, *authority = row
         if state != rt.RunState.OPEN:
-            raise Conflict("checkpoints are written by an open run", code="run_not_open", state=state)
+            raise RunNotOpen("checkpoints are written by an open run", state=state)
         current = dict(zip(_AUTHORITY_FIELDS, authority))
         stated = payload.get("authority")
         if stated is not None:

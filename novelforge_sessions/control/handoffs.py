@@ -41,18 +41,22 @@ from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session, move
-from novelforge_sessions.control.errors import (
+from novelforge_sessions.control import result_schema as result_schemas
+from novelforge_sessions.control.fingerprints import job_fingerprint
+from novelforge_sessions.control.models import UNBOUND_STATES, ConsumeReceipt, Handoff, HandoffPurpose, HandoffState
+from novelforge_sessions.errors import (
     AlreadyConsumed,
     HandoffClosed,
     HandoffNotClaimable,
     LogicalIdTaken,
+    NotFound,
     ReviewRouteRequired,
+    RunNotOpen,
+    ServiceError,
+    SessionNotRunning,
     StaleLease,
+    ValidationFailed,
 )
-from novelforge_sessions.control import result_schema as result_schemas
-from novelforge_sessions.control.fingerprints import job_fingerprint
-from novelforge_sessions.control.models import UNBOUND_STATES, ConsumeReceipt, Handoff, HandoffPurpose, HandoffState
-from novelforge_sessions.errors import Conflict, NotFound, ServiceError, ValidationFailed
 from novelforge_sessions.models import Run, Session
 
 LOGICAL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@#+=-]{0,199}$")
@@ -189,10 +193,10 @@ def create_handoff(
                 handoff_id=existing.id if existing.session_id == session.id else None,
             )
         if run.state != rt.RunState.OPEN:
-            raise Conflict("handoffs are created by an open run", code="run_not_open", state=run.state)
+            raise RunNotOpen("handoffs are created by an open run", state=run.state)
         if session.status not in (rt.SessionStatus.RUNNING, rt.SessionStatus.AWAITING_EXTERNAL):
-            raise Conflict(
-                "only a running session hands off work", code="session_not_running", status=session.status,
+            raise SessionNotRunning(
+                "only a running session hands off work", status=session.status,
             )
         outbox = Outbox(caller.label)
         handoff = insert_handoff(session, run, spec, actor=caller.label, outbox=outbox)

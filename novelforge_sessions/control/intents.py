@@ -35,13 +35,6 @@ from novelforge_sessions import lifecycles as lc
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import check, move
-from novelforge_sessions.control.errors import (
-    ApprovalRequired,
-    IdempotencyKeyReused,
-    IntentNotExecutable,
-    PostconditionFailed,
-    StalePrecondition,
-)
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import (
     INTENT_EXECUTED_EVENTS,
@@ -54,7 +47,18 @@ from novelforge_sessions.control.models import (
 )
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.errors import Conflict, NotFound, ServiceError, ValidationFailed
+from novelforge_sessions.errors import (
+    ApprovalRequired,
+    Conflict,
+    IdempotencyKeyReused,
+    IntentClosed,
+    NotApproved,
+    NotFound,
+    PostconditionFailed,
+    ServiceError,
+    StalePrecondition,
+    ValidationFailed,
+)
 from novelforge_sessions.models import Artifact, ArtifactVersion, Project, Run
 
 KEY_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
@@ -263,7 +267,7 @@ def target_state(intent: WriteIntent, project: Project) -> dict[str, Any]:
 
 
 def _closed(intent: WriteIntent) -> Conflict:
-    return IntentNotExecutable(f"this write intent is {intent.state}", code="intent_closed", intent_id=intent.id, state=intent.state)
+    return IntentClosed(f"this write intent is {intent.state}", intent_id=intent.id, state=intent.state)
 
 
 def _approver_fields(caller: Caller) -> dict[str, Any]:
@@ -327,8 +331,8 @@ def revoke_approval(caller: Caller, intent_id: int, *, note: str = "") -> WriteI
     with transaction.atomic():
         intent = _lock_intent(caller, intent_id)
         if intent.state != IntentState.APPROVED:
-            raise Conflict("only an approved, unexecuted intent has an approval to revoke", code="not_approved",
-                           intent_id=intent.id, state=intent.state)
+            raise NotApproved("only an approved, unexecuted intent has an approval to revoke",
+                              intent_id=intent.id, state=intent.state)
         revoked = intent.approvals.filter(revoked_at__isnull=True).update(
             revoked_at=timezone.now(), revoked_by=caller.label,
         )

@@ -18,8 +18,7 @@ from django.db.models import Q
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions.models import Artifact, Project, Run, Session
-
-FINGERPRINT_REGEX = r"^sha256:[0-9a-f]{64}$"
+from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN
 
 
 def _text_choices(name: str, enum: type) -> type[models.TextChoices]:
@@ -101,7 +100,7 @@ class Handoff(models.Model):
             # Which routes may touch it: only the declared purposes.
             models.CheckConstraint(condition=Q(purpose__in=HandoffPurpose.values), name="handoff_purpose_enum"),
             # A job is identified by a server-computed content address (DESIGN §3, §7).
-            models.CheckConstraint(condition=Q(job_fingerprint__regex=FINGERPRINT_REGEX), name="handoff_job_fp_format"),
+            models.CheckConstraint(condition=Q(job_fingerprint__regex=FINGERPRINT_PATTERN), name="handoff_job_fp_format"),
             # A lease is only ever held with a holder, an expiry and a fencing token ≥ 1.
             models.CheckConstraint(
                 condition=~Q(state=lc.HandoffState.CLAIMED) | (Q(lease_expires_at__isnull=False) & Q(fencing_token__gte=1)),
@@ -152,7 +151,7 @@ class ResultDelivery(models.Model):
             # Every arrival is classified by what became of it (contract §08: delivery ≠ consumption).
             models.CheckConstraint(condition=Q(outcome__in=DeliveryOutcome.values), name="delivery_outcome_enum"),
             # The hash is the server's sha256 of the canonical result: the identity duplicates are recognised by.
-            models.CheckConstraint(condition=Q(result_hash__regex=FINGERPRINT_REGEX), name="delivery_hash_format"),
+            models.CheckConstraint(condition=Q(result_hash__regex=FINGERPRINT_PATTERN), name="delivery_hash_format"),
         ]
 
 
@@ -199,7 +198,7 @@ class ConsumeReceipt(models.Model):
             # deliveries race on this index; exactly one insert wins.
             models.UniqueConstraint(fields=["project", "logical_id"], name="receipt_one_per_logical_id"),
             # A same-hash arrival is a duplicate, any other hash a conflict: the hash must be exact.
-            models.CheckConstraint(condition=Q(result_hash__regex=FINGERPRINT_REGEX), name="receipt_hash_format"),
+            models.CheckConstraint(condition=Q(result_hash__regex=FINGERPRINT_PATTERN), name="receipt_hash_format"),
         ]
 
 
@@ -262,7 +261,7 @@ class WriteIntent(models.Model):
             models.CheckConstraint(condition=Q(kind__in=IntentKind.values), name="intent_kind_enum"),
             models.CheckConstraint(condition=Q(state__in=IntentState.values), name="intent_state_enum"),
             # Contract §08: every consequential write names the before-state it expects.
-            models.CheckConstraint(condition=Q(before_fingerprint__regex=FINGERPRINT_REGEX), name="intent_before_fp_format"),
+            models.CheckConstraint(condition=Q(before_fingerprint__regex=FINGERPRINT_PATTERN), name="intent_before_fp_format"),
             # An artifact write names its artifact; an authority write names none.
             models.CheckConstraint(
                 condition=(Q(kind="artifact.make_current") & Q(artifact__isnull=False))

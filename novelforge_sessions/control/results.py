@@ -49,13 +49,6 @@ from novelforge_sessions.control.handoffs import (
 from novelforge_sessions.actions.lifecycle import (
     BIGINT_MAX, Outbox, apply_transition, check, lock_session, move, move_rows,
 )
-from novelforge_sessions.control.errors import (
-    ConflictingResult,
-    HandoffClosed,
-    HandoffNotClaimable,
-    InvalidResult,
-    StaleLease,
-)
 from novelforge_sessions.control.fingerprints import canonical_json, fingerprint
 from novelforge_sessions.control.result_schema import result_problems
 from novelforge_sessions.control.models import (
@@ -67,7 +60,20 @@ from novelforge_sessions.control.models import (
     ResultDelivery,
     ResultValidation,
 )
-from novelforge_sessions.errors import Conflict, NotFound, ServiceError, ValidationFailed
+from novelforge_sessions.errors import (
+    AlreadyConsumed,
+    Conflict,
+    ConflictingResult,
+    HandoffClosed,
+    HandoffNotClaimable,
+    InvalidResult,
+    NoOpenConflict,
+    NotFound,
+    ResultHashMismatch,
+    ServiceError,
+    StaleLease,
+    ValidationFailed,
+)
 from novelforge_sessions.models import Session
 
 MAX_RESULT_BYTES = 128 * 1024
@@ -96,8 +102,8 @@ def result_digest(result: Any, stated_hash: str | None = None) -> tuple[dict[str
     except ValueError:
         raise ValidationFailed("result must be plain JSON (no NaN or Infinity)", field="result") from None
     if stated_hash is not None and stated_hash != digest:
-        raise ValidationFailed(
-            "result_hash does not match the server's sha256 of the canonical result", code="result_hash_mismatch",
+        raise ResultHashMismatch(
+            "result_hash does not match the server's sha256 of the canonical result",
             field="result_hash", stated=stated_hash, computed=digest,
         )
     return result, digest
@@ -333,7 +339,7 @@ def _record_consumption(
         row = cur.fetchone()
     if row is None:
         # Unreachable while handoff logical ids are unique too; the index is the last word.
-        raise Conflict("this logical id was consumed concurrently", code="already_consumed", logical_id=handoff.logical_id)
+        raise AlreadyConsumed("this logical id was consumed concurrently", logical_id=handoff.logical_id)
     receipt = ConsumeReceipt(
         id=row[0], project_id=handoff.project_id, logical_id=handoff.logical_id, handoff_id=handoff.id,
         session_id=handoff.session_id, run_id=handoff.run_id, delivery=delivery,
@@ -382,7 +388,7 @@ def resolve_conflict(caller: Caller, handoff_id: int, *, resolution: str) -> Han
     with transaction.atomic():
         session, handoff = lock_handoff(caller, handoff_id)
         if not lc.conflict_open(handoff.state):
-            raise Conflict("this handoff has no open conflict", code="no_open_conflict", state=handoff.state)
+            raise NoOpenConflict("this handoff has no open conflict", state=handoff.state)
         move(handoff, lc.HANDOFF, HandoffState.BOUND, conflict_resolved_at=timezone.now(), conflict_resolution=resolution)
         others = Handoff.objects.filter(session=session, state=HandoffState.CONFLICTED).exists()
         if session.open_conflict and not others:

@@ -50,7 +50,7 @@ from novelforge_sessions.control.intents import approval_problem, target_state
 from novelforge_sessions.control.routing import live_runtimes_for
 from novelforge_sessions.actions.runs import create_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment, refuse_live_runtime
-from novelforge_sessions.errors import Conflict, NotFound
+from novelforge_sessions.errors import NotFound, ResumeRefused
 from novelforge_sessions.models import Artifact, Checkpoint, Project, RuntimeAttachment, Session
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.waits import Repair
@@ -377,10 +377,6 @@ def run_steps(ctx: ResumeContext) -> list[StepResult]:
         if step is step_results:
             steps.extend(step_waits(ctx))
     return steps
-
-
-class ResumeRefused(Conflict):
-    code = "resume_refused"
 
 
 @dataclass

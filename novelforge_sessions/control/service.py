@@ -1,7 +1,7 @@
 """The control plane's ONE public interface (contract §08, §11; DESIGN §13).
 
 Apps built on the control plane — ``reviews`` first, resume next — use only this module (plus
-``control.errors`` and ``control.models`` for types and rows): never its SQL, its private
+``errors`` and ``control.models`` for types and rows): never its SQL, its private
 helpers or the action modules behind it (``control/handoffs.py``, ``control/results.py``,
 which may move under ``control/``; these signatures stay). Every function takes keyword
 arguments only and answers with a typed, frozen dataclass (or a model row).
@@ -58,11 +58,10 @@ from django.utils import timezone
 from novelforge_sessions.control import handoffs as _handoffs
 from novelforge_sessions.control import results as _results
 from novelforge_sessions.actions.lifecycle import Outbox
-from novelforge_sessions.control.errors import StaleLease
 from novelforge_sessions.control.models import Handoff, HandoffPurpose
 from novelforge_sessions.control.waits import Repair, ResumeScope, WaitCheck, WaitKind, WriteScope, waiting_on
 from novelforge_sessions.control.waits import register as register_wait_kind
-from novelforge_sessions.errors import ServiceError
+from novelforge_sessions.errors import ServiceError, StaleLease
 from novelforge_sessions.models import Run, Session
 
 __all__ = [

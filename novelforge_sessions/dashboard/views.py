@@ -36,11 +36,11 @@ from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.control import intents as intent_actions
 from novelforge_sessions.actions import sessions as session_actions
-from novelforge_sessions.control.resume import ResumeRefused, resume_session
+from novelforge_sessions.control.resume import resume_session
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.control.models import Handoff, WriteIntent
 from novelforge_sessions.dashboard import presenters
-from novelforge_sessions.errors import ServiceError, VersionConflict
+from novelforge_sessions.errors import ResumeRefused, ServiceError, VersionConflict
 from novelforge_sessions.live.replay import latest_event_id
 from novelforge_sessions.models import (
     Artifact,

@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from novelforge_sessions.control import handoffs as actions
-from novelforge_sessions.control.errors import HandoffNotClaimable
+from novelforge_sessions.errors import HandoffNotClaimable
 from novelforge_sessions.control.models import Handoff, ResultDelivery
 from novelforge_sessions.models import Event, Run, Session
 from tests.conftest import caller_for, make_project

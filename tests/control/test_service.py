@@ -2,7 +2,7 @@
 
 Its functions take keyword arguments only and answer with typed results; each lease function
 serves one handoff purpose and never touches the other; the review app reaches the control
-plane only through it (and ``control.errors`` / ``control.models``); the lease statements take
+plane only through it (and ``control.models``; errors are the pure core's ``errors``); the lease statements take
 their status values as parameters."""
 from __future__ import annotations
 
@@ -20,9 +20,8 @@ from django.utils import timezone
 from novelforge_sessions.control import handoffs as handoff_actions
 from novelforge_sessions.actions.lifecycle import Outbox, lock_session
 from novelforge_sessions.control import service
-from novelforge_sessions.control.errors import HandoffClosed, HandoffNotClaimable, ReviewRouteRequired, StaleLease
 from novelforge_sessions.control.models import Handoff, HandoffPurpose, HandoffState
-from novelforge_sessions.errors import NotFound
+from novelforge_sessions.errors import HandoffClosed, HandoffNotClaimable, NotFound, ReviewRouteRequired, StaleLease
 from novelforge_sessions.models import Event, Run, Session
 from tests.conftest import caller_for
 from tests.control.conftest import make_handoff
@@ -58,8 +57,7 @@ def _imports(path: Path) -> set[str]:
 CONTROL_PLANE = ("novelforge_sessions.control", "novelforge_sessions.control.handoffs",
                  "novelforge_sessions.control.results", "novelforge_sessions.control.intents",
                  "novelforge_sessions.control.bindings", "novelforge_sessions.control.routing")
-ALLOWED = ("novelforge_sessions.control.service", "novelforge_sessions.control.errors",
-           "novelforge_sessions.control.models")
+ALLOWED = ("novelforge_sessions.control.service", "novelforge_sessions.control.models")
 
 
 def test_reviews_reaches_the_control_plane_only_through_its_service():

@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 
 from novelforge_sessions.control import intents as actions
-from novelforge_sessions.control.errors import StalePrecondition
+from novelforge_sessions.errors import StalePrecondition
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import Approval, AuthorityChange, WriteIntent
 from novelforge_sessions.models import Artifact, Event, Project

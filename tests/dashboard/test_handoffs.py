@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from novelforge_sessions.control.handoffs import cancel_handoff, claim_handoff, create_handoff
 from novelforge_sessions.control.results import deliver_result
-from novelforge_sessions.control.errors import ConflictingResult
+from novelforge_sessions.errors import ConflictingResult
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.dashboard import presenters
 from tests.conftest import caller_for

@@ -9,7 +9,7 @@ import pytest
 
 from novelforge_sessions.control import intents
 from novelforge_sessions.actions.artifacts import add_artifact_version, create_artifact
-from novelforge_sessions.control.errors import IntentNotExecutable
+from novelforge_sessions.errors import IntentNotExecutable
 from novelforge_sessions.control.models import Approval, WriteIntent
 from novelforge_sessions.models import Event, Membership, Project
 from reviews import actions as review_actions

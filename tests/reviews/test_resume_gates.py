@@ -10,14 +10,14 @@ import pytest
 from novelforge_sessions.actions import artifacts
 from novelforge_sessions.control import intents
 from novelforge_sessions.control.checkpoints import record_checkpoint
-from novelforge_sessions.control.resume import ResumeRefused, resume_session
+from novelforge_sessions.control.resume import resume_session
 from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.sessions import close_session, transition_session
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.api.auth import caller_for_token
-from novelforge_sessions.errors import ValidationFailed
+from novelforge_sessions.errors import ResumeRefused, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Event, Run, RuntimeAttachment, Session
 from reviews.access import reviewer_for_user
 from reviews.actions import GateSpec, bind_verdict, cancel_gate, open_gate
