@@ -58,6 +58,11 @@ class ValidationFailed(ServiceError):
     code, http_status = "validation_error", 422
 
 
+class NonFiniteNumber(ValidationFailed):
+    """A JSON body held ``NaN``, ``Infinity``, ``-Infinity`` or a number too large for a double
+    (``1e999``): Python's json reads them, PostgreSQL cannot store them (422 ``validation_error``)."""
+
+
 class IllegalTransition(Conflict):
     code = "illegal_transition"
 
