@@ -10,7 +10,10 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from novelforge_sessions import logredact
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "novelforge_sessions.settings")
+logredact.install()  # daphne's access log: tokens in a query string are redacted
 # Build the Django app before importing anything that touches models (PITFALLS.md).
 django_asgi_app = get_asgi_application()
 
