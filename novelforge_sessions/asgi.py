@@ -1,7 +1,8 @@
 """ASGI entry point: HTTP through Django, websockets through Channels.
 
-Websockets are wrapped, outermost first, in ``AllowedHostsOriginValidator`` (a page from a
-foreign Origin cannot open a socket with the manager's cookie: the handshake is refused) and
+Websockets are wrapped, outermost first, in ``SameOriginValidator`` (a page from a foreign
+Origin — another host, scheme or port — cannot open a socket with the manager's cookie: the
+handshake is refused; ``novelforge_sessions.live.origins``) and
 ``AuthMiddlewareStack`` (the Django session cookie becomes ``scope["user"]``). Agents present
 a bearer token instead; the consumer checks it (``novelforge_sessions.live.consumers``).
 """
@@ -9,19 +10,22 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from novelforge_sessions import logredact
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "novelforge_sessions.settings")
+logredact.install()  # daphne's access log: tokens in a query string are redacted
 # Build the Django app before importing anything that touches models (PITFALLS.md).
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from novelforge_sessions.live.origins import SameOriginValidator  # noqa: E402
 from novelforge_sessions.live.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

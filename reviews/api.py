@@ -12,7 +12,6 @@ calibration material and other reviewers' verdicts have no field to travel in.
 """
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any, Literal
 
@@ -21,7 +20,9 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
-from novelforge_sessions.api.schemas import MAX_BODY_DEPTH, Page, Strict, nested_deeper_than, refuse_unstorable_text
+from novelforge_sessions.api.schemas import (
+    MAX_BODY_DEPTH, Page, Strict, loads_json, nested_deeper_than, refuse_unstorable_text,
+)
 from novelforge_sessions.errors import MalformedBody
 from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN
 from reviews import actions
@@ -362,7 +363,7 @@ def get_packet(request: HttpRequest, packet_id: int):
 def submit_verdict(request: HttpRequest, packet_id: int):
     identity = reviewer_for_caller(caller(request))
     try:
-        payload = json.loads(request.body or b"null")
+        payload = loads_json(request.body or b"null")  # NaN/Infinity/1e999: a typed 422 naming the field
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested ~1,000 levels deep
         raise MalformedBody("the request body is not valid JSON") from None
     # Parsed by hand, so neither the API's parser nor schemas.Input checked it: the same checks here.

@@ -17,6 +17,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
+from novelforge_sessions.api.schemas import loads_json
 from novelforge_sessions.errors import NotFound, ServiceError
 from novelforge_sessions.models import Project, Session
 from reviews import actions, calibration as scoring
@@ -134,7 +135,10 @@ def relay_paste(request: HttpRequest, packet_id: int) -> HttpResponse:
         refusal = {"code": "validation_error", "message": form.errors["answer"][0], "fields": [{"field": "answer", "message": form.errors["answer"][0]}], "status": 422}
         return render(request, "reviews/packet.html", _packet_context(request, assignment, relay_form=form, relay_refusal=refusal), status=422)
     try:
-        payload = json.loads(form.cleaned_data["answer"])
+        payload = loads_json(form.cleaned_data["answer"])  # the API's parser: NaN/Infinity/1e999 refused by name
+    except ServiceError as exc:
+        ctx = _packet_context(request, assignment, relay_form=form, relay_refusal=_refusal(exc))
+        return render(request, "reviews/packet.html", ctx, status=exc.http_status)
     except json.JSONDecodeError as exc:
         refusal = {
             "code": "malformed_body", "status": 400,

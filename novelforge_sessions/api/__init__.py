@@ -22,7 +22,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 
 from novelforge_sessions.api.auth import TokenAuth
-from novelforge_sessions.api.schemas import MAX_BODY_DEPTH, nested_deeper_than, refuse_unstorable_text
+from novelforge_sessions.api.schemas import MAX_BODY_DEPTH, loads_json, nested_deeper_than, refuse_unstorable_text
 from novelforge_sessions.errors import (
     InternalError,
     MalformedBody,
@@ -72,7 +72,7 @@ class _TooDeep(ValueError):
 
 class _Parser(Parser):
     def parse_body(self, request: HttpRequest) -> Any:
-        data = super().parse_body(request)
+        data = loads_json(request.body)  # refuses NaN/Infinity/1e999 (a ServiceError: see _http_error)
         if nested_deeper_than(data, MAX_BODY_DEPTH):
             raise _TooDeep  # ninja turns any parse failure into HttpError(400): see _http_error
         return data
@@ -151,6 +151,8 @@ def _auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
 
 @api.exception_handler(HttpError)
 def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    if exc.status_code == 400 and isinstance(exc.__cause__, ServiceError):  # the parser's typed refusal
+        return _render(request, exc.__cause__)
     if exc.status_code == 400 and isinstance(exc.__cause__, _TooDeep):
         return _render(request, MalformedBody(
             f"the request body nests deeper than {MAX_BODY_DEPTH} levels", max_depth=MAX_BODY_DEPTH,

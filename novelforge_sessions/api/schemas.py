@@ -1,6 +1,8 @@
 """Request and response schemas of the agent API (pydantic, via django-ninja)."""
 from __future__ import annotations
 
+import json
+import math
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
@@ -84,6 +86,59 @@ def refuse_unstorable_text(value: Any, *, where: str = "body") -> None:
     if path is not None:
         field = (path or where).encode("ascii", "backslashreplace").decode().replace("\x00", "\\x00")
         raise ValidationFailed(f"{field}: text cannot contain NUL (U+0000) or unpaired surrogates", field=field)
+
+
+class _NonFinite:
+    """Stands where the JSON text had a non-finite number, so its path can be named."""
+
+    __slots__ = ("literal",)
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+def _non_finite_at(value: Any) -> tuple[str, str] | None:
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, _NonFinite):
+            return path, item.literal
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{key}" if path else str(key), child) for key, child in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
+    return None
+
+
+def loads_json(raw: bytes | str) -> Any:
+    """Parse a JSON body as JSON (RFC 8259) defines it: the one parser of every body and paste.
+
+    Python's json accepts ``NaN``, ``Infinity`` and ``-Infinity`` and reads ``1e999`` as an
+    infinite float; none is a JSON number and PostgreSQL refuses them (a 500 at the insert).
+    They are refused here with 422 ``validation_error`` naming the field's path. Malformed JSON
+    raises ``ValueError`` (or ``RecursionError``) as ``json.loads`` does.
+    """
+    seen: list[str] = []
+
+    def constant(literal: str) -> _NonFinite:
+        seen.append(literal)
+        return _NonFinite(literal)
+
+    def number(literal: str) -> float | _NonFinite:
+        value = float(literal)
+        return value if math.isfinite(value) else constant(literal)
+
+    data = json.loads(raw, parse_constant=constant, parse_float=number)
+    if seen:
+        found = _non_finite_at(data)
+        field, literal = found if found is not None else ("", seen[0])
+        field = (field or "body").encode("ascii", "backslashreplace").decode().replace("\x00", "\\x00")
+        # NaN, ±Infinity, 1e999: Python's json reads them; PostgreSQL cannot store them.
+        raise ValidationFailed(
+            f"{field}: numbers must be finite (NaN, Infinity and numbers beyond a double's range such as 1e999 "
+            "are refused)", field=field, value=literal[:40],
+        )
+    return data
 
 
 class Input(Schema):

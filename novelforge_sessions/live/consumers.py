@@ -13,7 +13,8 @@ Protocol (JSON text frames, at most ``MAX_FRAME_BYTES`` each from the client):
 
 Close codes: 4400 malformed frame (bad JSON, binary, unknown type, bad fields), 4401 not
 authenticated, 4403 subscription refused (after an ``error`` frame), 4413 frame too large.
-A foreign ``Origin`` never gets this far: ``AllowedHostsOriginValidator`` refuses the handshake.
+A foreign ``Origin`` (host, scheme or port) never gets this far: ``live.origins.SameOriginValidator``
+refuses the handshake.
 
 Correctness. The Event table is the truth; the channel layer only says "project P has new
 events". Each subscription keeps a cursor (the last id sent). On subscribe the consumer joins
@@ -129,7 +130,7 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
             return
         try:
             message = json.loads(text_data)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a frame nested ~1,000 levels deep (4 KiB is enough)
             await self._refuse(CLOSE_MALFORMED, "malformed_frame", "the frame is not valid JSON")
             return
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):

@@ -66,7 +66,7 @@ async def test_a_rolled_back_transaction_emits_nothing(local_settings):
     spy = await layer.new_channel()
     await layer.group_add(events.project_group(project_id), spy)
     comm = WebsocketCommunicator(
-        application, "/ws/events/", headers=[(b"origin", b"http://localhost"), (b"authorization", f"Bearer {token}".encode())]
+        application, "/ws/events/", headers=[(b"origin", b"http://localhost"), (b"host", b"localhost"), (b"authorization", f"Bearer {token}".encode())]
     )
     connected, _ = await comm.connect()
     assert connected
@@ -91,7 +91,7 @@ async def test_an_unauthenticated_socket_is_closed_after_the_auth_deadline(local
     from novelforge_sessions.asgi import application
 
     local_settings.LIVE_AUTH_TIMEOUT_SECONDS = 0.2
-    comm = WebsocketCommunicator(application, "/ws/events/", headers=[(b"origin", b"http://localhost")])
+    comm = WebsocketCommunicator(application, "/ws/events/", headers=[(b"origin", b"http://localhost"), (b"host", b"localhost")])
     connected, _ = await comm.connect()
     assert connected
     frame = await _frame(comm)
@@ -107,7 +107,7 @@ async def test_the_sweep_delivers_an_event_whose_wake_up_was_lost(local_settings
     local_settings.LIVE_SWEEP_SECONDS = 0.2
     project_id, token = await database_sync_to_async(_project_with_token)()
     comm = WebsocketCommunicator(
-        application, "/ws/events/", headers=[(b"origin", b"http://localhost"), (b"authorization", f"Bearer {token}".encode())]
+        application, "/ws/events/", headers=[(b"origin", b"http://localhost"), (b"host", b"localhost"), (b"authorization", f"Bearer {token}".encode())]
     )
     assert (await comm.connect())[0]
     await comm.send_json_to({"type": "subscribe", "project_id": project_id, "after": 0})
@@ -142,7 +142,7 @@ def _manager_login(project_id: int) -> tuple[str, int]:
 async def _subscribed(headers: list[tuple[bytes, bytes]], project_id: int) -> WebsocketCommunicator:
     from novelforge_sessions.asgi import application
 
-    comm = WebsocketCommunicator(application, "/ws/events/", headers=[(b"origin", b"http://localhost"), *headers])
+    comm = WebsocketCommunicator(application, "/ws/events/", headers=[(b"origin", b"http://localhost"), (b"host", b"localhost"), *headers])
     assert (await comm.connect())[0]
     await comm.send_json_to({"type": "subscribe", "project_id": project_id, "after": 0})
     assert (await _frame(comm))["type"] == "subscribed"

@@ -1,0 +1,85 @@
+"""Secrets never reach the logs in clear: the access log and every log record are redacted.
+
+Tokens belong in the ``Authorization`` header (a token in a query string is refused), but a
+client that puts one in the URL still gets its request line logged — by daphne's access log
+(``"GET /api/v1/sessions?token=nfs_…" 401``) and by Django's request logging (``Not Found:
+/…/nfs_…``). Both go through :func:`redact`:
+
+- every ``nfs_…`` API token, wherever it appears (percent-encoded too), becomes ``nfs_[redacted]``;
+- the value of a query parameter whose name says it is a credential (``token``, ``access_token``,
+  ``api_key``, ``password``, ``secret``, ``auth…``, ``credential``, ``sessionid``, ``key``,
+  ``bearer``, ``signature``, ``jwt``) becomes ``[redacted]``; so does any value holding a token.
+
+Daphne writes its access log itself (not through ``logging``), so :func:`install` wraps its
+``AccessLogGenerator.write_entry`` (called from ``asgi.py``, before daphne builds its logger);
+``settings.LOGGING`` puts :class:`RedactingFilter` on the console handler for everything else.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+from urllib.parse import unquote_plus
+
+REDACTED = "[redacted]"
+_TOKEN = re.compile(r"nfs_[A-Za-z0-9_\-]+|nfs(?:%5F|%5f)[A-Za-z0-9_\-%]+")
+_CREDENTIAL_NAME = re.compile(
+    r"^(?:.*token.*|.*passw.*|.*secret.*|.*api[_-]?key.*|auth.*|.*credential.*|sessionid|key|bearer|signature|sig|jwt)$",
+    re.IGNORECASE,
+)
+# a query string: from "?" up to whitespace, a quote or the end
+_QUERY = re.compile(r"\?([^\s\"'#]*)")
+
+
+def _redact_query(match: re.Match[str]) -> str:
+    parts = []
+    for pair in match.group(1).split("&"):
+        name, eq, value = pair.partition("=")
+        if eq and value and (_CREDENTIAL_NAME.match(unquote_plus(name)) or "nfs_" in unquote_plus(value)):
+            value = REDACTED
+        parts.append(f"{name}{eq}{value}")
+    return "?" + "&".join(parts)
+
+
+def redact(text: str) -> str:
+    """``text`` with API tokens and credential-named query values replaced (idempotent)."""
+    if "?" in text:
+        text = _QUERY.sub(_redact_query, text)
+    if "nfs" in text:
+        text = _TOKEN.sub("nfs_" + REDACTED, text)
+    return text
+
+
+class RedactingFilter(logging.Filter):
+    """A handler filter: the record's message is redacted before it is formatted."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record is the formatter's business
+            return True
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+_installed = False
+
+
+def install() -> None:
+    """Redact daphne's access log (its request line names the path and query string)."""
+    global _installed
+    if _installed:
+        return
+    try:
+        from daphne.access import AccessLogGenerator
+    except ImportError:  # not served by daphne
+        return
+    original = AccessLogGenerator.write_entry
+
+    def write_entry(self: Any, host: Any, date: Any, request: str, *args: Any, **kwargs: Any) -> Any:
+        return original(self, host, date, redact(request), *args, **kwargs)
+
+    AccessLogGenerator.write_entry = write_entry  # type: ignore[method-assign]
+    _installed = True

@@ -1,0 +1,92 @@
+"""Issue 9, finding 8: a token a client puts in a URL never appears in the server's log in clear.
+
+On the original code daphne's access log wrote the request line as received
+(``"GET /api/v1/sessions?token=nfs_…" 401``) and Django's request logging wrote ``Not Found:
+/…/nfs_…``. The log of a real daphne process is captured and searched for the secret.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import quote
+
+import pytest
+from websockets.sync.client import connect
+
+from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
+from novelforge_sessions.logredact import RedactingFilter, redact
+from tests.conftest import make_project
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _log_since(server, start: int, expect: list[str], timeout: float = 10.0) -> str:
+    """The server's log written since ``start``, once every ``expect`` line is in it (deadline-bounded:
+    daphne writes an access line just after the response)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tail = server.log_path.read_bytes()[start:].decode("utf-8", "replace")
+        if all(e in tail for e in expect) or time.monotonic() > deadline:
+            return tail
+        time.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tokens_in_urls_are_redacted_in_the_access_log_and_the_request_log(ws_server):
+    project = make_project("logs")
+    _, raw = create_token(project, name="leaky", permissions=ALL_PERMISSIONS)
+    secret = raw[len("nfs_"):]
+    start = ws_server.log_path.stat().st_size
+    base = ws_server.url
+    assert _get(f"{base}/api/v1/sessions?token={raw}") == 401  # refused, but logged
+    assert _get(f"{base}/api/v1/sessions?limit=5&access_token={raw}") == 401
+    assert _get(f"{base}/api/v1/sessions?q={quote(raw, safe='')}", {"Authorization": f"Bearer {raw}"}) == 200
+    assert _get(f"{base}/no-such-page/{raw}/") == 404  # Django's request log: "Not Found: …"
+    assert _get(f"{base}/login/?next=/&password=hunter2-{secret[:6]}") == 200
+    with connect(ws_server.ws_url + f"/ws/events/?token={raw}", origin=base, open_timeout=10) as ws:
+        ws.send('{"type": "ping"}')
+        ws.recv(timeout=10)
+
+    tail = _log_since(ws_server, start, [
+        '"GET /api/v1/sessions?token=[redacted]" 401',
+        '"GET /api/v1/sessions?limit=5&access_token=[redacted]" 401',
+        '"GET /api/v1/sessions?q=[redacted]" 200',
+        "Not Found: /no-such-page/nfs_[redacted]/",
+        '"GET /no-such-page/nfs_[redacted]/" 404',
+        '"GET /login/?next=/&password=[redacted]" 200',
+    ])
+    assert raw not in tail and secret not in tail and secret[:12] not in tail, tail
+    assert "hunter2" not in tail, tail
+    for line in ['"GET /api/v1/sessions?token=[redacted]" 401', "Not Found: /no-such-page/nfs_[redacted]/",
+                 '"GET /api/v1/sessions?q=[redacted]" 200', '"GET /login/?next=/&password=[redacted]" 200']:
+        assert line in tail, tail
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("GET /a?token=nfs_abc-DEF_1&x=1", "GET /a?token=[redacted]&x=1"),
+        ("GET /a?x=1&api_key=k1", "GET /a?x=1&api_key=[redacted]"),
+        ("GET /a?q=nfs%5Fabc", "GET /a?q=[redacted]"),
+        ("GET /a?session_id=3&after=9", "GET /a?session_id=3&after=9"),  # ids are not secrets
+        ("Not Found: /p/nfs_abc/", "Not Found: /p/nfs_[redacted]/"),
+        ("WSCONNECT /ws/events/", "WSCONNECT /ws/events/"),
+    ],
+)
+def test_redact(text, expected):
+    assert redact(text) == expected
+    assert redact(expected) == expected
+
+
+def test_the_logging_filter_redacts_formatted_records():
+    record = logging.LogRecord("django.request", logging.WARNING, __file__, 1, "Not Found: %s", ("/p/nfs_abc/",), None)
+    assert RedactingFilter().filter(record) is True
+    assert record.getMessage() == "Not Found: /p/nfs_[redacted]/"
