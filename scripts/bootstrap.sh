@@ -16,6 +16,11 @@
 #   FORCE_LOCAL_PG=1     ignore DATABASE_URL and 127.0.0.1:5432; use the project-local cluster
 #   FORCE_LOCAL_REDIS=1  ignore REDIS_URL/TEST_REDIS_URL and 127.0.0.1:6379; use the local Redis
 #   LOCAL_PG_PORT (54329), LOCAL_REDIS_PORT (63799), LOCAL_DB_NAME (novelforge)
+#   LOCAL_PG_DIR      where the project-local cluster lives (default: .pgdata/, or a per-project
+#                     directory under /tmp when the postgres user cannot reach the checkout)
+#   LOCAL_REDIS_DIR   where the project-local Redis keeps its pid and log files (default: .redis/)
+#   BOOTSTRAP_ENV_FILE   where the export lines are also written (default: .env.bootstrap)
+#   BOOTSTRAP_PYTHON  use this interpreter as is: no .venv is created or installed into (CI, tests)
 #   PYTHON            interpreter used to create .venv (default: python3.11, else python3)
 set -euo pipefail
 
@@ -37,7 +42,9 @@ STAMP="$VENV/.bootstrap-pyproject.sha256"
 LOCAL_PG_PORT="${LOCAL_PG_PORT:-54329}"
 LOCAL_REDIS_PORT="${LOCAL_REDIS_PORT:-63799}"
 LOCAL_DB_NAME="${LOCAL_DB_NAME:-novelforge}"
-REDIS_DIR="$ROOT/.redis"
+REDIS_DIR="${LOCAL_REDIS_DIR:-$ROOT/.redis}"
+ENV_FILE="${BOOTSTRAP_ENV_FILE:-$ROOT/.env.bootstrap}"
+[ -n "${BOOTSTRAP_PYTHON:-}" ] && VPY="$BOOTSTRAP_PYTHON"
 
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
 die() { printf '[bootstrap] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -93,6 +100,7 @@ find_pg_bin() {
 # postgres user cannot reach the project directory, a per-project directory under /tmp.
 PG_BASE=""
 pg_base_candidates() {
+  if [ -n "${LOCAL_PG_DIR:-}" ]; then echo "$LOCAL_PG_DIR"; return 0; fi
   echo "$ROOT/.pgdata"
   echo "/tmp/novelforge-pg-$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)"
 }
@@ -167,8 +175,10 @@ start_local_pg() {
   sockdir="$PG_BASE"
   [ "${#sockdir}" -lt 90 ] || sockdir="/tmp"
   log "starting project-local PostgreSQL on 127.0.0.1:$LOCAL_PG_PORT ($PG_BASE)"
+  # The server outlives this script: it must not inherit fd 3 (the caller's `$(…)` pipe, which
+  # would then never see end of input) nor any other descriptor of ours (see daemon_fds).
   pg_as_owner "$bin/pg_ctl" -D "$PG_BASE/data" -l "$PG_BASE/postgres.log" -w -t 60 \
-    -o "-c listen_addresses=127.0.0.1 -p $LOCAL_PG_PORT -k $sockdir" start >/dev/null \
+    -o "-c listen_addresses=127.0.0.1 -p $LOCAL_PG_PORT -k $sockdir" start </dev/null >/dev/null 3>&- \
     || { tail -n 20 "$PG_BASE/postgres.log" >&2 || true; die "could not start local PostgreSQL"; }
   PG_PORT="$LOCAL_PG_PORT"
 }
@@ -248,8 +258,9 @@ start_local_redis() {
     && die "port $LOCAL_REDIS_PORT is taken by something that is not Redis; set LOCAL_REDIS_PORT"
   mkdir -p "$REDIS_DIR"
   log "starting project-local Redis on 127.0.0.1:$LOCAL_REDIS_PORT"
+  # As PostgreSQL: the daemon must not hold the caller's `$(…)` pipe (fd 3) open.
   redis-server --daemonize yes --bind 127.0.0.1 --port "$LOCAL_REDIS_PORT" --save "" --appendonly no \
-    --dir "$REDIS_DIR" --pidfile "$REDIS_DIR/redis.pid" --logfile "$REDIS_DIR/redis.log" >/dev/null
+    --dir "$REDIS_DIR" --pidfile "$REDIS_DIR/redis.pid" --logfile "$REDIS_DIR/redis.log" </dev/null >/dev/null 3>&-
   for _ in $(seq 1 50); do
     redis_ping 127.0.0.1 "$LOCAL_REDIS_PORT" && return 0
     sleep 0.1
@@ -266,6 +277,9 @@ if [ "$MODE" = stop ]; then
 fi
 
 # ---- 1. virtualenv
+if [ -n "${BOOTSTRAP_PYTHON:-}" ]; then
+  log "BOOTSTRAP_PYTHON=$BOOTSTRAP_PYTHON: using it as is (no .venv)"
+else
 if [ -e "$VENV" ] && ! "$VPY" -c 'import sys' >/dev/null 2>&1; then
   log ".venv exists but its python does not run; recreating it"
   rm -rf "$VENV"
@@ -289,6 +303,7 @@ if [ "$want_sha" != "$have_sha" ]; then
 else
   log ".venv up to date"
 fi
+fi  # BOOTSTRAP_PYTHON
 
 # ---- 2. PostgreSQL
 if [ "${FORCE_LOCAL_PG:-0}" = 1 ]; then
@@ -339,6 +354,6 @@ out=""
 for name in "${EXPORTS[@]}"; do
   out+="$(printf 'export %s=%q' "$name" "${!name}")"$'\n'
 done
-printf '# written by scripts/bootstrap.sh %s\n%s' "$MODE" "$out" > "$ROOT/.env.bootstrap"
+printf '# written by scripts/bootstrap.sh %s\n%s' "$MODE" "$out" > "$ENV_FILE"
 printf '%s' "$out" >&3
 log "ready ($MODE): ${EXPORTS[*]}"
