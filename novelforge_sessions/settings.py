@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "channels",
+    "ninja",  # its templates and static files: /api/docs serves Swagger UI locally, not from a CDN
     "novelforge_sessions",
     "novelforge_sessions.control",
     "reviews",
