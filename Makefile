@@ -41,7 +41,7 @@ run:
 	@$(call bootstrap,run)
 	$(MANAGE) migrate --noinput
 	$(MANAGE) collectstatic --noinput
-	$(MANAGE) load_demo
+	$(MANAGE) load_demo --base-url http://$(RUN_HOST):$(RUN_PORT)
 	echo "Serving on http://$(RUN_HOST):$(RUN_PORT)/"
 	# Without REDIS_URL the channel layer is in-memory: the reconciler (another process) cannot
 	# wake this server's websockets, so they re-read the event table every 2 s instead of 15 s

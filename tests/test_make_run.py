@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
 from django.conf import settings
 
 from tests.live import ROOT
@@ -31,3 +32,28 @@ def test_make_run_sweeps_often_when_the_reconciler_cannot_wake_the_server():
     recipe = _run_recipe()
     assert re.search(r'if \[ -z "\$\{REDIS_URL:-\}" \]; then export LIVE_SWEEP_SECONDS="\$\{LIVE_SWEEP_SECONDS:-2\}"', recipe), recipe
     assert recipe.index("LIVE_SWEEP_SECONDS") < recipe.index("daphne -b")
+
+
+def test_make_run_prints_the_address_it_serves_on():
+    """Issue 10, item 4: the printed curl line and the banner follow RUN_HOST / RUN_PORT."""
+    recipe = subprocess.run(["make", "-n", "run", "RUN_HOST=127.0.0.2", "RUN_PORT=8123"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout
+    assert "manage.py load_demo --base-url http://127.0.0.2:8123\n" in recipe, recipe
+    assert 'echo "Serving on http://127.0.0.2:8123/"' in recipe
+    assert "daphne -b 127.0.0.2 -p 8123 " in recipe
+    assert ":8000" not in recipe
+
+
+@pytest.mark.django_db
+def test_load_demo_prints_a_curl_line_for_the_given_address():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("load_demo", "--base-url", "http://127.0.0.2:8123", stdout=out)
+    curl = [line for line in out.getvalue().splitlines() if "curl" in line]
+    assert len(curl) == 1 and curl[0].endswith(" http://127.0.0.2:8123/api/v1/sessions"), out.getvalue()
+    out = StringIO()
+    call_command("load_demo", "--base-url", "http://0.0.0.0:9001/", stdout=out)  # bound everywhere: loopback
+    assert out.getvalue().rstrip().endswith(" http://127.0.0.1:9001/api/v1/sessions"), out.getvalue()

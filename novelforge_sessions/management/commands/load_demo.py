@@ -21,6 +21,15 @@ DEMO_SLUG = "demo-novel"
 DEMO_USERS = {"manager": "manager-demo-pass", "reviewer": "reviewer-demo-pass"}
 
 
+def _reachable(base_url: str) -> str:
+    """The URL a client on this machine uses: a server bound to every address (``0.0.0.0``, ``::``)
+    is reached on the loopback address."""
+    base_url = base_url.rstrip("/")
+    for wildcard in ("//0.0.0.0:", "//[::]:", "//:::"):
+        base_url = base_url.replace(wildcard, "//127.0.0.1:")
+    return base_url
+
+
 def demo_token() -> str:
     """Deterministic per SECRET_KEY, so re-running prints the same token; only its hash is stored."""
     return "nfs_demo_" + hmac.new(settings.SECRET_KEY.encode(), b"demo-token", hashlib.sha256).hexdigest()[:40]
@@ -29,7 +38,13 @@ def demo_token() -> str:
 class Command(BaseCommand):
     help = "Create the demo project, users, token and a few sessions in different states."
 
-    def handle(self, *args, **options):
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--base-url", default="http://127.0.0.1:8000",
+            help="where the server listens, for the printed curl line (`make run` passes RUN_HOST/RUN_PORT)",
+        )
+
+    def handle(self, *args, base_url="http://127.0.0.1:8000", **options):
         raw = demo_token()
         with transaction.atomic():
             project, created = Project.objects.get_or_create(
@@ -58,7 +73,7 @@ class Command(BaseCommand):
         self.stdout.write(f"  API token (all permissions): {raw}")
         self.stdout.write("  Dashboard login: manager / manager-demo-pass  (reviewer / reviewer-demo-pass)")
         self.stdout.write("  Admin login:     admin / admin-demo-pass")
-        self.stdout.write(f'  Try: curl -H "Authorization: Bearer {raw}" http://127.0.0.1:8000/api/v1/sessions')
+        self.stdout.write(f'  Try: curl -H "Authorization: Bearer {raw}" {_reachable(base_url)}/api/v1/sessions')
 
     def _populate(self, project: Project) -> None:
         who = Caller(label="demo-loader", project_ids=frozenset({project.id}),
