@@ -212,8 +212,8 @@ class Client:
         return self.request("GET", "/routing/runtimes", capability=capability)
 
     # ---- review --------------------------------------------------------------------------------------
-    def open_review_gate(self, session_id: int, **fields: Any) -> dict:
-        return self.request("POST", f"/sessions/{session_id}/review-gates", fields)
+    def open_review_gate(self, session_id: int, *, runtime_id: int | None = None, **fields: Any) -> dict:
+        return self.request("POST", f"/sessions/{session_id}/review-gates", self._fenced(session_id, fields, runtime_id))
 
     def claim_review_packet(self) -> dict:
         """``{"packet", "lease"}`` (both null when nothing waits); cite ``lease["fencing_token"]``."""

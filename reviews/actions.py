@@ -22,7 +22,7 @@ from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import (
-    BIGINT_MAX, Outbox, apply_transition, check, lock_session, move, move_rows, open_run,
+    BIGINT_MAX, Outbox, apply_transition, check, fence_runtime, lock_session, move, move_rows, open_run,
 )
 from novelforge_sessions.control import service as control
 from novelforge_sessions.control.models import UNBOUND_STATES, Handoff, HandoffPurpose, HandoffState
@@ -78,6 +78,9 @@ class GateSpec:
     reviewers: list[str] = field(default_factory=list)  # usernames (page/relay)
     reviewer_session_ids: list[int] = field(default_factory=list)  # agent route, optional
     calibration: dict[str, Any] | None = None
+    #: the opening runtime (generation fencing, DESIGN §13): required once the session has had a
+    #: second generation, checked against the live runtime whenever given
+    runtime_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,8 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
         if session.status not in may_open:
             raise SessionNotRunning("a gate is opened by the open run of a running session",
                                     status=session.status)
+        # A superseded generation cannot open a gate on the run that now continues the cursor.
+        fence_runtime(caller, session, spec.runtime_id)
         run = open_run(session)
         if run is None:
             raise NoOpenRun("a gate is opened by an open run", status=session.status)

@@ -79,6 +79,10 @@ class GateIn(Strict):
     calibration: CalibrationIn | None = Field(
         None, description="hidden: scores reviewers afterwards; never in a packet, a page for reviewers or an event"
     )
+    runtime_id: int | None = Field(
+        None, ge=1, description="the opening runtime (generation fencing): required once the session has had a "
+        "second runtime generation; 409 stale_runtime when it is not the live one",
+    )
 
 
 class AssignmentOut(Schema):
@@ -252,7 +256,7 @@ def open_gate(request: HttpRequest, session_id: int, body: GateIn):
         candidate_version_id=body.candidate_version_id, rubric=body.rubric.model_dump(),
         evidence=[e.model_dump() for e in body.evidence], route=body.route, required_verdicts=body.required_verdicts,
         reviewers=body.reviewers, reviewer_session_ids=body.reviewer_session_ids,
-        calibration=body.calibration.model_dump() if body.calibration else None,
+        calibration=body.calibration.model_dump() if body.calibration else None, runtime_id=body.runtime_id,
     )
     gate = actions.open_gate(caller(request), session_id, spec)
     return Status(201, gate_out(_gates(ReviewGate.objects).get(id=gate.id)))

@@ -188,3 +188,29 @@ def test_openapi_documents_review_routes_without_calibration_in_packets():
     for name in ("PacketOut", "VerdictOut", "PacketClaimOut", "PacketSummaryOut", "PacketLeaseOut"):
         text = str(comps[name])
         assert "calibration" not in text and "answer_key" not in text and "expected" not in text
+
+
+def test_a_superseded_generation_cannot_open_a_gate_on_the_resumed_run(world):
+    """Generation fencing (issue 8, defect 9) covers opening a gate: after resume, generation 1's
+    agent (same token) is refused — unnamed runtime_required, named stale_runtime — nothing written."""
+    from novelforge_sessions.models import RuntimeAttachment
+
+    gen1 = RuntimeAttachment.objects.get(session=world.writer, generation=1).id
+    assert world.writer_api.post(f"/sessions/{world.writer.id}/close", {}).status_code == 200
+    report = world.writer_api.post(f"/sessions/{world.writer.id}/resume",
+                                   {"runtime": {"runtime_family": "claude-code", "lease_seconds": 600}}).json()
+    assert report["ok"] and report["generation"] == 2
+    counts = (ReviewGate.objects.count(), ReviewPacket.objects.count(), ReviewAssignment.objects.count(), Event.objects.count())
+
+    assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world)), 409, "runtime_required")
+    err = assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world, runtime_id=gen1)),
+                       409, "stale_runtime")
+    assert err["details"]["live_runtime_id"] == report["runtime_id"]
+    assert (ReviewGate.objects.count(), ReviewPacket.objects.count(), ReviewAssignment.objects.count(),
+            Event.objects.count()) == counts
+    world.refresh()
+    assert world.writer.status == "running"
+
+    resp = world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world, runtime_id=report["runtime_id"]))
+    assert resp.status_code == 201, resp.content
+    assert resp.json()["run_id"] == report["run_id"]
