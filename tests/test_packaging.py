@@ -18,11 +18,12 @@ import sys
 import tarfile
 import textwrap
 import tomllib
+import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.live import ROOT
+from tests.live import ROOT, free_port
 
 SHIPPED = ("templates", "static")  # top-level folders of the checkout, shipped as package data
 CODE = ("novelforge_sessions", "reviews")
@@ -149,3 +150,68 @@ def test_the_installed_package_serves_pages_static_files_and_docs_from_outside_t
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "served" in proc.stdout
 
+
+def _production_block() -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    return readme.split("\n### Production\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readmes_production_section_works_on_a_clean_database(built, tmp_path):
+    """README, Production: from `createdb` to a served request, run as written (the installed package
+    from outside the checkout; only the placeholder exports, the port and `pip install .` differ)."""
+    import psycopg
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    name = f"nf_readme_{uuid.uuid4().hex[:10]}"
+    port = free_port()
+    lines, placeholders = [], []
+    for line in _production_block().splitlines():
+        if line == "pip install .":
+            continue  # the package is `built` (PYTHONPATH below)
+        if line.startswith("export ") and "…" in line:
+            placeholders.append(line)  # the test provides these values
+            continue
+        lines.append(line)
+    assert len(placeholders) == 3, placeholders
+    assert lines.index("createdb") < lines.index("python -m django migrate --noinput"), "the database first"
+    script = "\n".join(lines)
+    assert script.count("-b 0.0.0.0 -p 8000 ") == 1 and script.count("http://127.0.0.1:8000/") == 1
+    script = script.replace("-b 0.0.0.0 -p 8000 ", f"-b 127.0.0.1 -p {port} ").replace(
+        "http://127.0.0.1:8000/", f"http://127.0.0.1:{port}/")
+    script = "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + script
+
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "DATABASE_URL", "REDIS_URL"}}
+    env.update(
+        PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}",
+        PYTHONPATH=str(built),
+        PGHOST=db.get("HOST") or "127.0.0.1", PGPORT=str(db.get("PORT") or 5432),
+        PGUSER=db.get("USER") or "postgres", PGPASSWORD=db.get("PASSWORD") or "", PGDATABASE=name,
+        SECRET_KEY="readme-check-" + uuid.uuid4().hex + uuid.uuid4().hex,
+        ALLOWED_HOSTS="127.0.0.1,localhost", STATIC_ROOT=str(tmp_path / "static"),
+        NOVELFORGE_PASSWORD_ALICE="alice-secret-pass", NOVELFORGE_PASSWORD_BOB="bob-secret-pass",
+        NOVELFORGE_PASSWORD_CAROL="carol-secret-pass",
+    )
+    maintenance = f"host={env['PGHOST']} port={env['PGPORT']} user={env['PGUSER']} dbname=postgres"
+    if env["PGPASSWORD"]:
+        maintenance += f" password={env['PGPASSWORD']}"
+    proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        pytest.fail("the production section did not finish:\n" + out)
+    finally:
+        try:
+            os.killpg(proc.pid, 15)  # daphne and the reconciler, if the trap did not reach them
+        except ProcessLookupError:
+            pass
+        with psycopg.connect(maintenance, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    assert proc.returncode == 0, out
+    assert out.rstrip().endswith('{"items": [], "next_after": null}'), out
+    assert "project my-novel created" in out and "carol is now reviewer of my-novel" in out
+    assert (tmp_path / "static" / "css" / "app.css").is_file(), "collectstatic used STATIC_ROOT"
+    assert (tmp_path / "static" / "ninja" / "swagger-ui-bundle.js").is_file()
