@@ -13,6 +13,13 @@ from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
+# Templates and static files: one rule. They live in the checkout's top-level templates/ and static/;
+# an installed (non-editable) package carries copies of both as package data in
+# novelforge_sessions/_site/ (pyproject.toml maps them there). So: the package's _site/ when it exists
+# (an installed package), else the checkout beside the package (a checkout, or an editable install).
+_PACKAGED_SITE = Path(__file__).resolve().parent / "_site"
+SITE_DIR = _PACKAGED_SITE if _PACKAGED_SITE.is_dir() else BASE_DIR
+
 env = environ.Env()
 
 
@@ -86,7 +93,7 @@ ASGI_APPLICATION = "novelforge_sessions.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [SITE_DIR / "templates"],  # first: overrides the apps' templates (registration/)
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -152,8 +159,8 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [SITE_DIR / "static"]
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(BASE_DIR / "staticfiles")))  # collectstatic's target
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
