@@ -43,10 +43,9 @@ run:
 	$(MANAGE) collectstatic --noinput
 	$(MANAGE) load_demo --base-url http://$(RUN_HOST):$(RUN_PORT)
 	echo "Serving on http://$(RUN_HOST):$(RUN_PORT)/"
-	# Without REDIS_URL the channel layer is in-memory: the reconciler (another process) cannot
-	# wake this server's websockets, so they re-read the event table every 2 s instead of 15 s
-	# and its events (runtime.lost, failed/runtime_lost) reach open pages within ~2 s.
-	if [ -z "$${REDIS_URL:-}" ]; then export LIVE_SWEEP_SECONDS="$${LIVE_SWEEP_SECONDS:-2}"; fi
+	# Without REDIS_URL the reconciler (another process) wakes this server's websockets through
+	# PostgreSQL NOTIFY (LIVE_PG_NOTIFY): its events reach open pages within ~1 s, so the
+	# sockets keep the default 15 s sweep (LIVE_SWEEP_SECONDS) as their safety net only.
 	# The reconciler runs beside the server (expired leases → lost runtimes, running sessions
 	# failed/runtime_lost), every $(RECONCILE_INTERVAL) s: well within one lease. Stopped with it.
 	$(MANAGE) reconcile_runtimes --loop --interval $(RECONCILE_INTERVAL) &

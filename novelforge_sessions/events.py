@@ -12,14 +12,25 @@ the transaction commits (the lock is held for one insert and the commit).
 Broadcast. After commit, one wake-up per transaction and project goes to the channel layer
 group ``events.project.<id>``; subscribers then read the table. The channel layer is
 at-most-once and only a wake-up; the table is the truth (PITFALLS.md).
+
+Other processes. The in-memory layer (no ``REDIS_URL``) only reaches this process's sockets,
+so with ``LIVE_PG_NOTIFY`` on the same after-commit wake-up also publishes ONE
+``pg_notify(NOTIFY_CHANNEL, …)`` per transaction: after the commit, as its own short
+autocommit statement (never inside the writing transaction, never one per row), carrying
+only the projects touched and their highest ids. Each server process's listener
+(``live/pgnotify.py``) forwards it into its own in-memory groups. With Redis the layer
+itself crosses processes and nothing is NOTIFYed.
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 from typing import Any
 
 from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 
@@ -32,8 +43,56 @@ log = logging.getLogger("novelforge.events")
 EVENT_LOG_LOCK = 0x4E465345
 
 
+#: The one PostgreSQL channel the wake-ups of every process go through (``live/pgnotify.py``).
+NOTIFY_CHANNEL = "novelforge_events"
+#: This process's mark in its NOTIFY payloads: its listener skips its own (already sent locally).
+NOTIFY_ORIGIN = f"{os.getpid()}.{secrets.token_hex(4)}"
+#: PostgreSQL caps a payload below 8000 bytes; a transaction touching very many projects
+#: is split into several payloads (still one statement, after the commit).
+_NOTIFY_PAYLOAD_BYTES = 7000
+
+
 def project_group(project_id: int) -> str:
     return f"events.project.{project_id}"
+
+
+def notify_payloads(max_ids: dict[int, int]) -> list[str]:
+    """``{"o": origin, "p": [[project_id, max_id], ...]}`` texts, each under PostgreSQL's limit."""
+    payloads: list[str] = []
+    chunk: list[list[int]] = []
+    size = 0
+    for project_id, max_id in sorted(max_ids.items()):
+        item = [project_id, max_id]
+        item_size = len(str(project_id)) + len(str(max_id)) + 4
+        if chunk and size + item_size > _NOTIFY_PAYLOAD_BYTES:
+            payloads.append(json.dumps({"o": NOTIFY_ORIGIN, "p": chunk}, separators=(",", ":")))
+            chunk, size = [], 0
+        chunk.append(item)
+        size += item_size
+    if chunk:
+        payloads.append(json.dumps({"o": NOTIFY_ORIGIN, "p": chunk}, separators=(",", ":")))
+    return payloads
+
+
+def _publish_notify(max_ids: dict[int, int]) -> None:
+    """One ``pg_notify`` statement for the whole transaction, run after its commit.
+
+    Sent on the raw psycopg connection of this thread's Django connection (already open: the
+    transaction just committed on it), in autocommit: it is not part of the writing
+    transaction, and it stays outside Django's query log, so the write paths' query-count
+    pins measure the transaction alone (the NOTIFY is one extra round trip after COMMIT).
+    """
+    raw = connection.connection
+    if raw is None:
+        return
+    payloads = notify_payloads(max_ids)
+    try:
+        if len(payloads) == 1:
+            raw.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, payloads[0]])
+        else:
+            raw.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", [NOTIFY_CHANNEL, payloads])
+    except Exception:  # lost: the other processes' sockets get the events at their next sweep
+        log.warning("event NOTIFY for projects %s failed", sorted(max_ids), exc_info=True)
 
 
 class _Wakeup:
@@ -68,6 +127,10 @@ class _Wakeup:
                 )
             except Exception:  # a lost wake-up is recoverable: readers replay from the table
                 log.warning("event wake-up for project %s failed", project_id, exc_info=True)
+        # The in-memory layer cannot reach other processes: wake their listeners through
+        # PostgreSQL (settings.LIVE_PG_NOTIFY; always off with Redis, which crosses processes).
+        if local is not None and self.max_ids and settings.LIVE_PG_NOTIFY:
+            _publish_notify(self.max_ids)
 
 
 def _current_wakeup() -> _Wakeup:

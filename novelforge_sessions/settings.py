@@ -182,6 +182,12 @@ TOKEN_LAST_USED_RESOLUTION_SECONDS = _strict_int("TOKEN_LAST_USED_RESOLUTION_SEC
 # long a token-authenticated socket may take to send its auth frame.
 LIVE_SWEEP_SECONDS = _strict_int("LIVE_SWEEP_SECONDS", default=15, minimum=1)
 LIVE_AUTH_TIMEOUT_SECONDS = _strict_int("LIVE_AUTH_TIMEOUT_SECONDS", default=10, minimum=1)
+# Cross-process wake-ups without Redis: with the in-memory layer, each transaction that
+# appended events sends one pg_notify after its commit and every server process LISTENs
+# (live/pgnotify.py), so events written by another process (the reconciler, a management
+# command) reach open sockets within about a second rather than at the next sweep. With
+# REDIS_URL the Redis layer crosses processes itself and this is off.
+LIVE_PG_NOTIFY = _strict_bool("LIVE_PG_NOTIFY", default=True) and not REDIS_URL
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the dashboard's JS reads it for POSTs

@@ -27,11 +27,11 @@ def test_make_run_starts_the_reconciler_loop_in_the_background_and_traps_its_end
     assert 'echo "Serving on http://' in recipe
 
 
-def test_make_run_sweeps_often_when_the_reconciler_cannot_wake_the_server():
-    """In-memory layer (no REDIS_URL): the reconciler's events reach open pages by the sweep."""
+def test_make_run_keeps_the_default_sweep_because_notify_wakes_the_server():
+    """In-memory layer (no REDIS_URL): the reconciler's events reach open pages through PostgreSQL
+    NOTIFY (tests/live/test_pg_notify.py), so `make run` no longer shortens the 15 s sweep."""
     recipe = _run_recipe()
-    assert re.search(r'if \[ -z "\$\{REDIS_URL:-\}" \]; then export LIVE_SWEEP_SECONDS="\$\{LIVE_SWEEP_SECONDS:-2\}"', recipe), recipe
-    assert recipe.index("LIVE_SWEEP_SECONDS") < recipe.index("daphne -b")
+    assert "LIVE_SWEEP_SECONDS=" not in recipe and "LIVE_PG_NOTIFY=" not in recipe, recipe
 
 
 def test_make_run_prints_the_address_it_serves_on():

@@ -25,6 +25,8 @@ and nothing is skipped however wake-ups and backlog pages interleave. Because th
 at-most-once (and in-memory group membership expires), a periodic sweep re-joins the groups
 and reads after each cursor, so a lost wake-up only delays an event, never loses it. The
 sweep also re-authorizes: a revoked token, a logout or a lost membership ends the stream.
+Without Redis, other processes' commits arrive through PostgreSQL NOTIFY (``live.pgnotify``)
+as the same wake-ups.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ from django.conf import settings
 
 from novelforge_sessions.access import Caller, caller_for_user
 from novelforge_sessions.api.auth import caller_for_token
-from novelforge_sessions.live import replay
+from novelforge_sessions.live import pgnotify, replay
 from novelforge_sessions.live.replay import Subscription
 
 log = logging.getLogger("novelforge.live")
@@ -79,6 +81,8 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
     """Thin edge: parse, authorize (``replay.resolve_subscription``), read the log, send."""
 
     async def connect(self) -> None:
+        # Without Redis: this process's one LISTEN for other processes' commits (started once).
+        pgnotify.ensure_listener()
         self.caller: Caller | None = None
         self.subs: dict[str, Subscription] = {}
         self.cursors: dict[str, int] = {}

@@ -30,6 +30,8 @@ IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 def local_settings(settings):
     settings.CHANNEL_LAYERS = IN_MEMORY  # whatever REDIS_URL says: this test is about one process
     settings.ALLOWED_HOSTS = ["localhost", "testserver"]
+    # One process: no LISTEN for other processes (its connection would outlive the test's loop).
+    settings.LIVE_PG_NOTIFY = False
     return settings
 
 

@@ -55,6 +55,7 @@ async def test_in_process_a_nested_frame_is_4400_before_authentication(settings,
 
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     settings.ALLOWED_HOSTS = ["localhost"]
+    settings.LIVE_PG_NOTIFY = False  # one process: no LISTEN (it would outlive the test's loop)
     comm = WebsocketCommunicator(application, "/ws/events/", headers=[(b"origin", b"http://localhost"),
                                                                      (b"host", b"localhost")])
     connected, _ = await comm.connect()
