@@ -34,8 +34,10 @@ def _profile() -> dict[str, str]:
 
 
 def _check_deploy(extra: dict[str, str]) -> subprocess.CompletedProcess:
+    # Not the test process's own knobs (another test module sets DJANGO_ALLOW_ASYNC_UNSAFE, async.E001).
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SECURE_", "SESSION_COOKIE_", "CSRF_")) and k not in {"SECRET_KEY", "DEBUG", "ALLOWED_HOSTS"}}
+           if not k.startswith(("SECURE_", "SESSION_COOKIE_", "CSRF_", "DJANGO_"))
+           and k not in {"SECRET_KEY", "REQUIRE_SECRET_KEY", "DEBUG", "ALLOWED_HOSTS"}}
     env.update(PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="novelforge_sessions.settings", **extra)
     return subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
