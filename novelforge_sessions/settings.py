@@ -6,9 +6,11 @@ malformed (``DEBUG=maybe``, a ``DATABASE_URL`` that is not PostgreSQL) stops sta
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import environ
+from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -49,12 +51,15 @@ def _strict_int(name: str, default: int, minimum: int = 0) -> int:
 
 
 DEBUG = _strict_bool("DEBUG", default=False)
+# The development default is long enough for Django's own check; `check --deploy` warns about it
+# by name (novelforge_sessions.W001, checks.py).
 _DEV_SECRET = "insecure-development-key-change-me-0123456789abcdefghijklmnopqrstuvwxyz"
 SECRET_KEY = env.str("SECRET_KEY", default=_DEV_SECRET)
 if SECRET_KEY == _DEV_SECRET and not DEBUG and _strict_bool("REQUIRE_SECRET_KEY", default=False):
     raise ImproperlyConfigured("SECRET_KEY must be set when REQUIRE_SECRET_KEY is true")
 if len(SECRET_KEY) < 32:
     raise ImproperlyConfigured("SECRET_KEY must be at least 32 characters long")
+SECRET_KEY_IS_DEVELOPMENT_DEFAULT = SECRET_KEY == _DEV_SECRET  # `check --deploy` warns (checks.py)
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
@@ -69,6 +74,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "channels",
+    "csp",  # django-csp: the Content-Security-Policy header, per-response nonces
     "ninja",  # its templates and static files: /api/docs serves Swagger UI locally, not from a CDN
     "novelforge_sessions",
     "novelforge_sessions.control",
@@ -77,6 +83,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "novelforge_sessions.middleware.CSPMiddleware",  # django-csp's, plus the websocket origin
     "novelforge_sessions.middleware.ApiBodyLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -100,6 +107,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "csp.context_processors.nonce",  # {{ CSP_NONCE }}
             ],
         },
     },
@@ -193,6 +201,59 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the dashboard's JS reads it for POSTs
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# HTTPS. The defaults serve development over plain http (`make run`, the tests); the production
+# profile in README ("Production: HTTPS and check --deploy") turns all of them on and passes
+# `manage.py check --deploy --fail-level WARNING` with no warning.
+SECURE_SSL_REDIRECT = _strict_bool("SECURE_SSL_REDIRECT", default=False)
+# The probes answer over plain HTTP (a load balancer's health check does not speak TLS); the
+# patterns match the path without its leading slash.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+SECURE_HSTS_SECONDS = _strict_int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _strict_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = _strict_bool("SECURE_HSTS_PRELOAD", default=False)
+SESSION_COOKIE_SECURE = _strict_bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = _strict_bool("CSRF_COOKIE_SECURE", default=False)
+
+
+def _proxy_ssl_header() -> tuple[str, str] | None:
+    """``SECURE_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO,https``: the header (as Django's META key)
+    and the value a TLS-terminating proxy sets. Set it only behind a proxy that always sets (or
+    strips) that header, otherwise a client could claim HTTPS."""
+    raw = env.str("SECURE_PROXY_SSL_HEADER", default="").strip()
+    if raw == "":
+        return None
+    parts = [p.strip() for p in raw.split(",")]
+    if len(parts) != 2 or not all(parts) or not re.fullmatch(r"HTTP_[A-Z0-9_]+", parts[0]):
+        raise ImproperlyConfigured(
+            "SECURE_PROXY_SSL_HEADER must be HEADER,VALUE with HEADER a META name such as "
+            f"HTTP_X_FORWARDED_PROTO (e.g. HTTP_X_FORWARDED_PROTO,https), got {raw!r}"
+        )
+    return parts[0], parts[1]
+
+
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header()
+
+# Content-Security-Policy (django-csp). Strict: scripts and styles only from this origin or
+# carrying the response's nonce (templates put {{ request.csp_nonce }} on every <script> and
+# stylesheet), no inline script, no style attributes (the timeline's geometry is applied by
+# static/js/dashboard.js through the CSSOM), no plugins, no framing, forms and <base> to this
+# origin only. novelforge_sessions.middleware.CSPMiddleware adds this host's ws:/wss: origin to
+# connect-src for the live sockets.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, NONCE],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "frame-ancestors": [NONE],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+    },
+}
 
 LOGGING = {
     "version": 1,

@@ -224,7 +224,9 @@
   // ------------------------------------------------------------------ copy, confirm
   async function copyText(text) {
     try { await navigator.clipboard.writeText(text); return true; } catch (_) { /* insecure context: fall back */ }
-    const area = el("textarea", { readonly: "", style: "position:fixed;opacity:0" });
+    const area = el("textarea", { readonly: "" });
+    area.style.position = "fixed";  // through the CSSOM: the CSP allows no style attributes
+    area.style.opacity = "0";
     area.value = text;
     document.body.append(area);
     area.select();
@@ -257,7 +259,22 @@
     };
   };
 
+  // ------------------------------------------------------------------ geometry
+  /** The timeline's positions come as data-left / data-width (percent) and data-top /
+   * data-height (px); they are applied through the CSSOM because the Content-Security-Policy
+   * allows no style="" attributes. Call it again after a panel is re-rendered. */
+  NF.layout = function (root) {
+    for (const n of (root || document).querySelectorAll("[data-left], [data-width], [data-top], [data-height]")) {
+      const d = n.dataset;
+      if (d.left != null) n.style.left = d.left + "%";
+      if (d.width != null) n.style.width = d.width + "%";
+      if (d.top != null) n.style.top = d.top + "px";
+      if (d.height != null) n.style.height = d.height + "px";
+    }
+  };
+
   document.addEventListener("DOMContentLoaded", () => {
+    NF.layout(document);
     NF.tick();
     setInterval(NF.tick, 1000);
   });

@@ -35,6 +35,7 @@
       const active = panel.contains(document.activeElement) ? document.activeElement : null;
       const focusKey = active && (active.getAttribute("value") || active.textContent || "").trim();
       panel.innerHTML = html;
+      NF.layout(panel);
       for (const d of panel.querySelectorAll("details[data-key]")) {
         if (openKeys.has(d.dataset.key)) d.open = true;
         else if (closedKeys.has(d.dataset.key)) d.open = false;

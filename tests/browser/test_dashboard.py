@@ -129,7 +129,7 @@ def test_after_a_reconnect_the_page_catches_up_from_the_event_log(server, page, 
     page.evaluate("window.__sameDocument = true")
     # Drop the socket and hold the reconnect, so the change below is missed live.
     page.evaluate("NF.stream.stopped = true; NF.stream.ws.close()")
-    page.wait_for_function("NF.stream.ws === null")
+    page.wait_for_function("() => NF.stream.ws === null")  # a function: a bare expression is eval()ed, which the CSP refuses
 
     world.api(server, "POST", f"/sessions/{world.watched}/transition", {"to": "idle", "reason": "while offline"})
     expect(state_of(page, world.watched)).to_have_text("running")  # nothing arrived while disconnected

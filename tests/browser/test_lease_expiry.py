@@ -101,7 +101,7 @@ def test_a_silent_runtime_shows_lease_expired_then_its_session_fails_without_a_r
 
     # No heartbeat ever comes. Within one lease period (plus a moment for the page's timer):
     left = LEASE_SECONDS + 1.5 - (time.monotonic() - attached)
-    page.wait_for_function("window.__seen.includes('runtime:lease expired')", timeout=max(left, 0.5) * 1000)
+    page.wait_for_function("() => window.__seen.includes('runtime:lease expired')", timeout=max(left, 0.5) * 1000)
 
     # Then the reconciler's runtime.lost and session.transitioned arrive over the websocket.
     expect(page.locator("#session-state")).to_have_text("failed", timeout=LEASE_SECONDS * 1000)
