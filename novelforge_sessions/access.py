@@ -4,15 +4,108 @@ A :class:`Caller` is built at the edge — from a bearer token (agents) or from 
 user's memberships (managers) — and handed to actions. Every object lookup goes through
 ``caller.sessions()``/``caller.projects()`` so an id from another project is simply not
 found (404, never 403: ids are not an oracle).
+
+A token bound to one session (``ApiToken.session``) is that session's identity: it sees and
+touches only what its session owns or was given. :data:`BOUND_TOKEN_MATRIX` is the one table of
+what that means per object kind; every API lookup of a kind goes through :meth:`Caller.scope`,
+which applies it. The permission ``project`` ("project-wide despite the binding") lifts the
+limit for the project-level kinds the table marks ``widened`` (artifacts, write intents,
+authority history); the session-level kinds stay the session's own whatever the permissions.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
 
 from django.db.models import QuerySet
 
 from novelforge_sessions.errors import Forbidden, NotFound
 from novelforge_sessions.models import Membership, Project, Session
+
+
+#: The permission that widens a bound token's reach to the whole project (project-level kinds only).
+PROJECT_WIDE = "project"
+
+
+class Reach(StrEnum):
+    """What a session-bound token reaches of one object kind."""
+
+    PROJECT = "project"  # the whole project (the token's own project record)
+    OWN_SESSION = "own_session"  # rows of its own session only (``path`` leads to the session id)
+    GIVEN_ARTIFACTS = "given_artifacts"  # artifacts its session created or was given (``path`` → artifact id)
+    ASSIGNED_PACKETS = "assigned_packets"  # review packets assigned to it or claimable by it (reviews.access)
+    NOTHING = "nothing"  # none: lists are empty, ids are 404
+
+
+@dataclass(frozen=True)
+class Rule:
+    bound: Reach
+    path: str = ""  # the queryset lookup the rule filters on
+    widened: bool = False  # the ``project`` permission lifts the limit
+    note: str = ""
+
+
+#: The bound-token matrix (README "Session-bound tokens"): object kind → what a token bound to a
+#: session reaches. An unbound token reaches its whole project for every kind. Objects outside the
+#: reach are 404 on reads and writes alike, and lists leave them out.
+BOUND_TOKEN_MATRIX: dict[str, Rule] = {
+    "project": Rule(Reach.PROJECT, note="its own project (current authority, framework)"),
+    "session": Rule(Reach.OWN_SESSION, "id", note="its own session"),
+    "transcript": Rule(Reach.OWN_SESSION, "session_id", note="its session's transcript"),
+    "runtime": Rule(Reach.OWN_SESSION, "session_id", note="its session's runtimes"),
+    "run": Rule(Reach.OWN_SESSION, "session_id", note="its session's runs"),
+    "checkpoint": Rule(Reach.OWN_SESSION, "session_id", note="its session's checkpoints"),
+    "handoff": Rule(Reach.OWN_SESSION, "session_id", note="handoffs its session made, with deliveries"),
+    "receipt": Rule(Reach.OWN_SESSION, "session_id", note="receipts of its session's handoffs"),
+    "event": Rule(Reach.OWN_SESSION, "session_id", note="events of its session"),
+    "review_gate": Rule(Reach.OWN_SESSION, "session_id", note="gates its session opened"),
+    "binding": Rule(Reach.OWN_SESSION, "id", note="its own session's binding"),
+    "routing": Rule(Reach.OWN_SESSION, "session_id", note="its own session's live runtimes"),
+    "review_packet": Rule(Reach.ASSIGNED_PACKETS, note="packets assigned to its session or claimable by it"),
+    "artifact": Rule(Reach.GIVEN_ARTIFACTS, "id", widened=True,
+                     note="artifacts its session created, or its runs, checkpoints, handoffs or gates cite"),
+    "artifact_version": Rule(Reach.GIVEN_ARTIFACTS, "artifact_id", widened=True,
+                             note="versions of those artifacts"),
+    "write_intent": Rule(Reach.OWN_SESSION, "session_id", widened=True,
+                         note="intents its session proposed, with their approvals"),
+    "authority_change": Rule(Reach.NOTHING, widened=True, note="none"),
+}
+
+
+def token_label(name: str, token_id: int) -> str:
+    """A token's actor label (every event, ``created_by``): fits every actor column."""
+    return f"token:{name[:100]}#{token_id}"
+
+
+def artifact_ids_in(refs: Any) -> set[int]:
+    """Artifact ids cited by a list of ``{"artifact_id": …}`` refs (frozen inputs, checkpoint refs)."""
+    found: set[int] = set()
+    if isinstance(refs, list):
+        for ref in refs:
+            if isinstance(ref, dict) and isinstance(ref.get("artifact_id"), int) and not isinstance(ref["artifact_id"], bool):
+                found.add(ref["artifact_id"])
+    return found
+
+
+def artifacts_given_to(session_id: int) -> set[int]:
+    """Artifacts a session owns or was given: versions written under a token bound to it, and the
+    artifacts its runs' frozen inputs, checkpoints, handoffs and review gates cite. A reviewer's
+    packets are not a grant: a blind packet carries what the reviewer may read, nothing more."""
+    from novelforge_sessions.models import ApiToken, ArtifactVersion, Checkpoint, Run
+
+    labels = [token_label(name, tid) for tid, name in ApiToken.objects.filter(session_id=session_id).values_list("id", "name")]
+    ids = set(ArtifactVersion.objects.filter(created_by__in=labels).values_list("artifact_id", flat=True)) if labels else set()
+    for refs in Run.objects.filter(session_id=session_id).values_list("frozen_inputs", flat=True):
+        ids |= artifact_ids_in(refs)
+    for refs in Checkpoint.objects.filter(session_id=session_id).values_list("artifacts", flat=True):
+        ids |= artifact_ids_in(refs)
+    # the control plane's handoffs and the review gates by their reverse names (no upward import)
+    sessions = Session.objects.filter(id=session_id)
+    for refs in sessions.filter(handoffs__isnull=False).values_list("handoffs__inputs", flat=True):
+        ids |= artifact_ids_in(refs)
+    ids |= {a for a in sessions.values_list("review_gates__candidate__artifact_id", flat=True) if a is not None}
+    return ids
 
 
 @dataclass(frozen=True)
@@ -33,10 +126,29 @@ class Caller:
         return Project.objects.filter(id__in=self.project_ids)
 
     def sessions(self) -> QuerySet[Session]:
-        qs = Session.objects.filter(project_id__in=self.project_ids)
-        if self.session_id is not None:
-            qs = qs.filter(id=self.session_id)
-        return qs
+        return self.scope("session", Session.objects.filter(project_id__in=self.project_ids))
+
+    def bound_for(self, kind: str) -> Rule | None:
+        """The matrix rule limiting this caller for ``kind``, or None when it reaches the whole project."""
+        if self.session_id is None:
+            return None
+        rule = BOUND_TOKEN_MATRIX[kind]
+        if rule.bound == Reach.PROJECT or (rule.widened and PROJECT_WIDE in self.permissions):
+            return None
+        return rule
+
+    def scope(self, kind: str, qs: QuerySet) -> QuerySet:
+        """``qs`` (already limited to the caller's projects) limited by the bound-token matrix."""
+        rule = self.bound_for(kind)
+        if rule is None:
+            return qs
+        if rule.bound == Reach.OWN_SESSION:
+            return qs.filter(**{rule.path: self.session_id})
+        if rule.bound == Reach.GIVEN_ARTIFACTS:
+            return qs.filter(**{f"{rule.path}__in": artifacts_given_to(self.session_id)})
+        if rule.bound == Reach.NOTHING:
+            return qs.none()
+        raise ValueError(f"{kind}: {rule.bound} is applied by its own module")  # review packets: reviews.access
 
     def sees_session(self, session: Session) -> bool:
         return session.project_id in self.project_ids and (self.session_id in (None, session.id))

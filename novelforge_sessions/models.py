@@ -332,6 +332,7 @@ class ApiToken(models.Model):
         WORK = "work"  # claim handoffs, deliver results (workers)
         APPROVE = "approve"  # approve write intents, mark stale (managers)
         REVIEW = "review"  # claim review packets, submit verdicts (agent reviewers)
+        PROJECT = "project"  # project-wide despite a session binding (artifacts, intents, authority history)
 
     name = models.CharField(max_length=200)
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tokens")

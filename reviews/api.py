@@ -278,7 +278,8 @@ def list_gates(request: HttpRequest, session_id: int, after: int | None = None, 
 def get_gate(request: HttpRequest, gate_id: int):
     who = caller(request)
     who.require("read")
-    return gate_out(get_or_404(_gates(ReviewGate.objects.filter(session__in=who.sessions())), "review gate", id=gate_id))
+    qs = who.scope("review_gate", ReviewGate.objects.filter(project_id__in=who.project_ids))
+    return gate_out(get_or_404(_gates(qs), "review gate", id=gate_id))
 
 
 @router.post(

@@ -74,7 +74,9 @@ def add_artifact_version(caller: Caller, artifact_id: int, *, content: str) -> A
     data = _check_content(content)
     with transaction.atomic():
         try:
-            artifact = Artifact.objects.select_for_update().get(id=artifact_id, project_id__in=caller.project_ids)
+            artifact = caller.scope("artifact", Artifact.objects.select_for_update()).get(
+                id=artifact_id, project_id__in=caller.project_ids
+            )
         except Artifact.DoesNotExist:
             raise NotFound("artifact not found", artifact_id=artifact_id) from None
         last = artifact.versions.order_by("-number").values_list("number", flat=True).first() or 0

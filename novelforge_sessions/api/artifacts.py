@@ -37,7 +37,8 @@ def create_artifact(request: HttpRequest, body: ArtifactIn):
 def list_artifacts(request: HttpRequest, after: int | None = None, limit: int = 50):
     who = caller(request)
     who.require("read")
-    page = keyset(Artifact.objects.filter(project_id__in=who.project_ids).select_related("current_version"), after=after, limit=limit)
+    qs = who.scope("artifact", Artifact.objects.filter(project_id__in=who.project_ids))
+    page = keyset(qs.select_related("current_version"), after=after, limit=limit)
     return {"items": [_out(a) for a in page["items"]], "next_after": page["next_after"]}
 
 
@@ -45,7 +46,7 @@ def list_artifacts(request: HttpRequest, after: int | None = None, limit: int = 
 def get_artifact(request: HttpRequest, artifact_id: int):
     who = caller(request)
     who.require("read")
-    qs = Artifact.objects.filter(project_id__in=who.project_ids).select_related("current_version")
+    qs = who.scope("artifact", Artifact.objects.filter(project_id__in=who.project_ids)).select_related("current_version")
     return _out(get_or_404(qs, "artifact", id=artifact_id))
 
 
@@ -64,4 +65,5 @@ def add_version(request: HttpRequest, artifact_id: int, body: ArtifactVersionIn)
 def get_version(request: HttpRequest, version_id: int):
     who = caller(request)
     who.require("read")
-    return get_or_404(ArtifactVersion.objects.filter(artifact__project_id__in=who.project_ids), "artifact version", id=version_id)
+    qs = who.scope("artifact_version", ArtifactVersion.objects.filter(artifact__project_id__in=who.project_ids))
+    return get_or_404(qs, "artifact version", id=version_id)

@@ -16,7 +16,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja.security import HttpBearer
 
-from novelforge_sessions.access import Caller
+from novelforge_sessions.access import Caller, token_label
 from novelforge_sessions.models import ApiToken, Project
 
 
@@ -49,7 +49,7 @@ def caller_for_token(raw: str) -> Caller | None:
             last_used_at=now
         )
     return Caller(
-        label=f"token:{name[:100]}#{token_id}",  # fits every actor column, whatever the admin allowed
+        label=token_label(name, token_id),  # fits every actor column, whatever the admin allowed
         project_ids=frozenset({project.id}),
         permissions=frozenset(permissions if isinstance(permissions, list) else json.loads(permissions)),
         session_id=session_id,

@@ -349,9 +349,7 @@ def resolve_conflict(request: HttpRequest, handoff_id: int, body: ResolveIn) -> 
 def list_receipts(request: HttpRequest, logical_id: str | None = None, after: int | None = None, limit: int = 50) -> dict:
     who = caller(request)
     who.require("read")
-    qs = ConsumeReceipt.objects.filter(project_id__in=who.project_ids)
-    if who.session_id is not None:
-        qs = qs.filter(session_id=who.session_id)
+    qs = who.scope("receipt", ConsumeReceipt.objects.filter(project_id__in=who.project_ids))
     if logical_id:
         qs = qs.filter(logical_id=logical_id)
     return keyset(qs, after=after, limit=limit)
@@ -476,7 +474,7 @@ def list_intents(request: HttpRequest, state: str | None = None, session_id: int
                  after: int | None = None, limit: int = 50) -> dict:
     who = caller(request)
     who.require("read")
-    qs = WriteIntent.objects.filter(project_id__in=who.project_ids)
+    qs = who.scope("write_intent", WriteIntent.objects.filter(project_id__in=who.project_ids))
     if state:
         qs = qs.filter(state=state)
     if session_id is not None:
@@ -490,7 +488,8 @@ def list_intents(request: HttpRequest, state: str | None = None, session_id: int
 def get_intent(request: HttpRequest, intent_id: int) -> dict:
     who = caller(request)
     who.require("read")
-    return _intent_out(get_or_404(WriteIntent.objects.filter(project_id__in=who.project_ids), "write intent", id=intent_id))
+    qs = who.scope("write_intent", WriteIntent.objects.filter(project_id__in=who.project_ids))
+    return _intent_out(get_or_404(qs, "write intent", id=intent_id))
 
 
 @intents_router.post(
@@ -536,7 +535,8 @@ def execute(request: HttpRequest, intent_id: int) -> dict:
 def authority_changes(request: HttpRequest, after: int | None = None, limit: int = 50) -> dict:
     who = caller(request)
     who.require("read")
-    return keyset(AuthorityChange.objects.filter(project_id__in=who.project_ids), after=after, limit=limit)
+    qs = who.scope("authority_change", AuthorityChange.objects.filter(project_id__in=who.project_ids))
+    return keyset(qs, after=after, limit=limit)
 
 
 # ---- bindings ------------------------------------------------------------------------------------------

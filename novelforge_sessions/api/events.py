@@ -21,9 +21,7 @@ def list_events(
 ):
     who = caller(request)
     who.require("read")
-    qs = Event.objects.filter(project_id__in=who.project_ids)
-    if who.session_id is not None:
-        qs = qs.filter(session_id=who.session_id)
+    qs = who.scope("event", Event.objects.filter(project_id__in=who.project_ids))
     if session_id is not None:
         qs = qs.filter(session_id=session_id)
     if type:

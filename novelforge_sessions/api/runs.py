@@ -42,7 +42,7 @@ def list_runs(request: HttpRequest, session_id: int, state: str | None = None, a
 def get_run(request: HttpRequest, run_id: int):
     who = caller(request)
     who.require("read")
-    return get_or_404(Run.objects.filter(session__in=who.sessions()), "run", id=run_id)
+    return get_or_404(who.scope("run", Run.objects.filter(session__project_id__in=who.project_ids)), "run", id=run_id)
 
 
 @router.post("/runs/{run_id}/cursor", response={200: RunOut, **errors(403, 404, 409)}, summary="Advance the workflow cursor")
@@ -74,7 +74,7 @@ def create_checkpoint(request: HttpRequest, run_id: int, body: CheckpointIn):
 def list_checkpoints(request: HttpRequest, run_id: int, after: int | None = None, limit: int = 50):
     who = caller(request)
     who.require("read")
-    run = get_or_404(Run.objects.filter(session__in=who.sessions()), "run", id=run_id)
+    run = get_or_404(who.scope("run", Run.objects.filter(session__project_id__in=who.project_ids)), "run", id=run_id)
     return keyset(Checkpoint.objects.filter(run=run), after=after, limit=limit)
 
 
@@ -82,4 +82,5 @@ def list_checkpoints(request: HttpRequest, run_id: int, after: int | None = None
 def get_checkpoint(request: HttpRequest, checkpoint_id: int):
     who = caller(request)
     who.require("read")
-    return get_or_404(Checkpoint.objects.filter(session__in=who.sessions()), "checkpoint", id=checkpoint_id)
+    qs = who.scope("checkpoint", Checkpoint.objects.filter(session__project_id__in=who.project_ids))
+    return get_or_404(qs, "checkpoint", id=checkpoint_id)

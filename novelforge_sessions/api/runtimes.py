@@ -35,7 +35,8 @@ def list_runtimes(request: HttpRequest, session_id: int, after: int | None = Non
 def get_runtime(request: HttpRequest, runtime_id: int):
     who = caller(request)
     who.require("read")
-    return get_or_404(RuntimeAttachment.objects.filter(session__in=who.sessions()), "runtime", id=runtime_id)
+    qs = who.scope("runtime", RuntimeAttachment.objects.filter(session__project_id__in=who.project_ids))
+    return get_or_404(qs, "runtime", id=runtime_id)
 
 
 @router.post(

@@ -122,10 +122,7 @@ def validate_job(
 
 # ---- shared with results/resume ----------------------------------------------------------------
 def visible_handoffs(caller: Caller) -> QuerySet[Handoff]:
-    qs = Handoff.objects.filter(project_id__in=caller.project_ids)
-    if caller.session_id is not None:
-        qs = qs.filter(session_id=caller.session_id)
-    return qs
+    return caller.scope("handoff", Handoff.objects.filter(project_id__in=caller.project_ids))
 
 
 #: The session's status reason when the last awaited result of its run was bound.

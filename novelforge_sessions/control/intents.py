@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from novelforge_sessions import events
 from novelforge_sessions import lifecycles as lc
-from novelforge_sessions.access import Caller
+from novelforge_sessions.access import Caller, artifact_ids_in
 from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import check, move
 from novelforge_sessions.control.fingerprints import fingerprint
@@ -98,11 +98,11 @@ def _kind(value: Any) -> str:
     return value
 
 
-def _artifact(project: Project, artifact_id: Any) -> Artifact:
+def _artifact(caller: Caller, project: Project, artifact_id: Any) -> Artifact:
     if not isinstance(artifact_id, int) or isinstance(artifact_id, bool):
         raise ValidationFailed("artifact.make_current needs an integer artifact_id", field="artifact_id")
     try:
-        return Artifact.objects.select_related("current_version").get(id=artifact_id, project=project)
+        return caller.scope("artifact", Artifact.objects.select_related("current_version")).get(id=artifact_id, project=project)
     except Artifact.DoesNotExist:
         raise NotFound("artifact not found", artifact_id=artifact_id) from None
 
@@ -119,7 +119,7 @@ def read_before_state(caller: Caller, *, kind: str, artifact_id: int | None = No
     caller.require("read")
     kind = _kind(kind)
     project = Project.objects.get(id=caller.single_project().id)
-    artifact = _artifact(project, artifact_id) if kind == IntentKind.ARTIFACT_MAKE_CURRENT else None
+    artifact = _artifact(caller, project, artifact_id) if kind == IntentKind.ARTIFACT_MAKE_CURRENT else None
     state = current_state(project, kind, artifact)
     return BeforeState(kind, artifact.id if artifact else None, state, fingerprint(state))
 
@@ -176,13 +176,20 @@ def create_intent(
     if kind != IntentKind.ARTIFACT_MAKE_CURRENT and artifact_id is not None:
         raise ValidationFailed(f"{kind} takes no artifact_id", field="artifact_id")
     project = Project.objects.get(id=caller.single_project().id)
+    if session_id is None and caller.session_id is not None:
+        session_id = caller.session_id  # a bound token proposes as its session (the intents it then sees)
     if session_id is not None and not caller.sessions().filter(id=session_id).exists():
         raise NotFound("session not found", session_id=session_id)
     if run_id is not None and not Run.objects.filter(id=run_id, session__in=caller.sessions()).filter(
         **({"session_id": session_id} if session_id is not None else {})
     ).exists():
         raise NotFound("run not found", run_id=run_id)
-    artifact = _artifact(project, artifact_id) if kind == IntentKind.ARTIFACT_MAKE_CURRENT else None
+    artifact = _artifact(caller, project, artifact_id) if kind == IntentKind.ARTIFACT_MAKE_CURRENT else None
+    if kind == IntentKind.AUTHORITY_SETTLE and caller.bound_for("artifact") is not None and isinstance(params, dict):
+        cited = artifact_ids_in(params.get("artifacts"))
+        unseen = cited - set(caller.scope("artifact", Artifact.objects.filter(id__in=cited)).values_list("id", flat=True))
+        if unseen:  # before any fingerprint check: what a bound token cannot see is simply not found
+            raise NotFound("artifact not found", artifact_id=min(unseen))
     clean = _params(project, kind, artifact, params)
     if kind == IntentKind.FRAMEWORK_CHANGE and clean["framework_version"] == project.framework_version:
         raise ValidationFailed("the project is already on this framework version", field="params.framework_version")
@@ -192,7 +199,7 @@ def create_intent(
     })
     existing = WriteIntent.objects.filter(project=project, idempotency_key=idempotency_key).first()
     if existing is not None:
-        return CreatedIntent(_same_request(existing, request_fp), False)
+        return CreatedIntent(_same_request(caller, existing, request_fp), False)
     state = current_state(project, kind, artifact)
     if fingerprint(state) != before_fingerprint:
         raise StalePrecondition(
@@ -212,16 +219,18 @@ def create_intent(
     except IntegrityError:
         # Another request with the same key won the insert: replay it (or refuse a different one).
         existing = WriteIntent.objects.get(project=project, idempotency_key=idempotency_key)
-        return CreatedIntent(_same_request(existing, request_fp), False)
+        return CreatedIntent(_same_request(caller, existing, request_fp), False)
     return CreatedIntent(intent, True)
 
 
-def _same_request(existing: WriteIntent, request_fp: str) -> WriteIntent:
+def _same_request(caller: Caller, existing: WriteIntent, request_fp: str) -> WriteIntent:
     if existing.request_fingerprint != request_fp:
+        # the key is taken either way; its intent is named only to a caller that may see it
+        seen = caller.bound_for("write_intent") is None or existing.session_id == caller.session_id
         raise IdempotencyKeyReused(
-            "this idempotency key already names a different write intent", intent_id=existing.id,
+            "this idempotency key already names a different write intent", **({"intent_id": existing.id} if seen else {}),
         )
-    return existing
+    return existing  # same request: same session, so a bound caller's own
 
 
 def _event(intent: WriteIntent, type: ev.EventType, caller: Caller, **payload: Any) -> None:
@@ -252,8 +261,8 @@ def approval_problem(intent: WriteIntent, approval: Approval | None, project: Pr
 def _lock_intent(caller: Caller, intent_id: int) -> WriteIntent:
     try:
         return (
-            WriteIntent.objects.select_for_update(of=("self",)).select_related("artifact__current_version")
-            .get(id=intent_id, project_id__in=caller.project_ids)
+            caller.scope("write_intent", WriteIntent.objects.select_for_update(of=("self",)))
+            .select_related("artifact__current_version").get(id=intent_id, project_id__in=caller.project_ids)
         )
     except WriteIntent.DoesNotExist:
         raise NotFound("write intent not found", intent_id=intent_id) from None

@@ -40,5 +40,5 @@ def eligible_runtimes(caller: Caller, capabilities: list[str], *, limit: int = 5
     qs = live_runtimes_for(caller.project_ids, caps)
     if caller.session_id is not None:
         # A token bound to one session sees only that session (access.Caller), here too.
-        qs = qs.filter(session_id=caller.session_id)
+        qs = caller.scope("routing", qs)
     return list(qs[: max(1, min(limit, 200))])

@@ -141,7 +141,9 @@ def test_session_state_role_and_metadata_grant_no_write_authority(owner, manager
     """A manager-role session, completed, whose provider metadata claims admin rights and an
     approval, with a token bound to it that holds every permission but `approve`: still no write."""
     s = new_session(role="manager", provider_metadata={"role": "admin", "approved": True, "can_write_canon": True})
-    ok(owner.post(f"/sessions/{s['id']}/runs", {}), 201)
+    art = draft["artifact"]  # given to the session by its run's frozen inputs (a bound token reaches only those)
+    frozen = [{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}]
+    ok(owner.post(f"/sessions/{s['id']}/runs", {"frozen_inputs": frozen}), 201)
     run = ok(owner.get(f"/sessions/{s['id']}/runs"))["items"][0]
     ok(owner.post(f"/runs/{run['id']}/end", {"outcome": "completed", "session_status": "completed"}))
     bound = token_api(project, "manager-session", ["read", "write", "work", "review"], session_id=s["id"])

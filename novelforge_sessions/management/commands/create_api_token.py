@@ -14,7 +14,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--permissions", default="read,write", help=f"comma-separated, from: {','.join(ALL_PERMISSIONS)}"
         )
-        parser.add_argument("--session", type=int, default=None, help="bind the token to one session id")
+        parser.add_argument(
+            "--session", type=int, default=None,
+            help="bind the token to one session id: it reaches only what that session owns or was given "
+            "(add the 'project' permission to reach the project's artifacts, intents and authority history)",
+        )
 
     def handle(self, *args, project, name, permissions, session, **options):
         try:

@@ -1,0 +1,383 @@
+"""Session-bound tokens reach only what their session owns or was given (issue 9, finding 3).
+
+The matrix is one table, ``access.BOUND_TOKEN_MATRIX``; every API route is walked from the
+OpenAPI schema with three tokens against the objects of a writer session W:
+
+* a reviewer token bound to its own semantic_reviewer session R (``review,read``),
+* a token bound to another writer session O with every permission but ``project``,
+* an unbound token of the project (every permission).
+
+A bound token gets, for W's ids, exactly what it gets for ids that exist nowhere (404 — or the
+permission refusal, which does not depend on the id), lists leave W's objects out (no response
+carries W's markers), and a refusal writes nothing. The unbound token reaches W's objects.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.apps import apps
+from django.core.management import call_command
+
+from novelforge_sessions.access import BOUND_TOKEN_MATRIX, PROJECT_WIDE, Caller, Reach
+from novelforge_sessions.actions import artifacts, runs, sessions
+from novelforge_sessions.actions.runtimes import RuntimeSpec
+from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
+from novelforge_sessions.api import api
+from novelforge_sessions.lifecycles import IntentState
+from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.control.models import AuthorityChange, WriteIntent
+from novelforge_sessions.models import ApiToken, Artifact, Event, RuntimeAttachment, Session
+from reviews import actions as review_actions
+from tests.conftest import Api
+from tests.reviews.factories import RUBRIC, make_user
+
+pytestmark = pytest.mark.django_db
+
+MARK = "victim"  # in every string W's objects carry; never in what a bound token of R or O gets
+MISSING = 9_000_000_001  # an id no row has
+WRITER_PERMS = ["read", "write", "work", "approve", "review"]  # everything but `project`
+
+
+@dataclass
+class World:
+    owner: Api
+    writer: Api
+    reviewer: Api
+    other: Api
+    ids: dict[str, int]
+    job_fingerprint: str
+    before_fingerprint: str
+
+
+def _session(project, role: str, memory: str, caps: list[str], **meta: Any) -> Session:
+    setup = Caller(label="test:setup", project_ids=frozenset({project.id}), permissions=frozenset({"write"}), project=project)
+    return sessions.create_session(
+        setup, sessions.NewSession(role=role, memory_policy=memory, task_mode="drafting", runtime_family="claude-code",
+                                   provider_metadata=meta or None),
+        runtime=RuntimeSpec(runtime_family="claude-code", capabilities=caps, lease_seconds=600),
+    )
+
+
+def _token(project, name: str, permissions: list[str], session: Session | None = None) -> str:
+    return create_token(project, name=name, permissions=permissions, session=session)[1]
+
+
+def ok(resp, status: int = 200) -> Any:
+    assert resp.status_code == status, resp.content
+    return resp.json()
+
+
+def build(project) -> World:
+    owner = Api(_token(project, "owner", ALL_PERMISSIONS))
+    w = _session(project, "writer", "session", ["draft", "victim-cap"], victim=True)
+    w_raw = _token(project, "victim-writer", ["read", "write"], w)
+    writer, wc = Api(w_raw), caller_for_token(w_raw)
+    art = artifacts.create_artifact(wc, name="victim-chapter", kind="chapter", content="victim text, first draft")
+    v2 = ok(writer.post(f"/artifacts/{art.id}/versions", {"content": "victim text, second draft"}), 201)
+    run = runs.start_run(wc, w.id, cursor={"victim": "draft"})
+    cp = ok(writer.post(f"/runs/{run.id}/checkpoints", {"boundary": "user_wait", "cursor": {"victim": 1}}), 201)
+    make_user(project, "alice", "reviewer")
+    gate = review_actions.open_gate(wc, w.id, review_actions.GateSpec(
+        candidate_version_id=art.current_version_id, rubric=RUBRIC, route="page", reviewers=["alice"]))
+    ok(writer.post(f"/sessions/{w.id}/transition", {"to": "running"}))
+    handoff = ok(writer.post(f"/runs/{run.id}/handoffs", {
+        "logical_id": "victim-job", "params": {"victim": 1},
+        "inputs": [{"artifact_id": art.id, "fingerprint": art.current_version.fingerprint}]}), 201)
+    before = ok(writer.get("/write-intents/before-state", kind="artifact.make_current", artifact_id=art.id))
+    intent = ok(writer.post("/write-intents", {
+        "kind": "artifact.make_current", "idempotency_key": "victim-intent", "artifact_id": art.id,
+        "params": {"version_id": v2["id"]}, "before_fingerprint": before["before_fingerprint"], "session_id": w.id}), 201)
+    settle_before = ok(owner.get("/write-intents/before-state", kind="authority.settle"))["before_fingerprint"]
+    settle = ok(owner.post("/write-intents", {
+        "kind": "authority.settle", "idempotency_key": "settle-1", "before_fingerprint": settle_before,
+        "params": {"artifacts": [{"artifact_id": art.id, "fingerprint": art.current_version.fingerprint}], "note": "settled"}}), 201)
+    ok(owner.post(f"/write-intents/{settle['id']}/approve"))
+    ok(owner.post(f"/write-intents/{settle['id']}/execute"))
+    assert AuthorityChange.objects.count() == 1
+    ok(owner.post(f"/write-intents/{intent['id']}/approve", {"note": "victim-note"}))
+
+    r = _session(project, "semantic_reviewer", "none", ["review"])
+    reviewer = Api(_token(project, "reviewer", ["review", "read"], r))
+    o = _session(project, "writer", "session", ["draft"])
+    other = Api(_token(project, "other-writer", WRITER_PERMS, o))
+    ok(other.post(f"/sessions/{o.id}/runs", {"cursor": {"step": "x"}}), 201)
+    ids = {
+        "session_id": w.id, "runtime_id": RuntimeAttachment.objects.get(session=w).id, "run_id": run.id,
+        "checkpoint_id": cp["id"], "handoff_id": handoff["id"], "artifact_id": art.id, "version_id": v2["id"],
+        "intent_id": intent["id"], "gate_id": gate.id, "packet_id": gate.packet.id,
+    }
+    return World(owner, writer, reviewer, other, ids, handoff["job_fingerprint"], before["before_fingerprint"])
+
+
+# ---- the walk -------------------------------------------------------------------------------------------
+def _body(method: str, path: str, ids: dict[str, int], world: World) -> Any:
+    """A body the route accepts (valid by its schema), naming W's objects where it names any."""
+    fp = "sha256:" + "0" * 64
+    bodies: dict[str, Any] = {
+        "POST /artifacts": {"name": "mine", "content": "mine"},
+        "POST /artifacts/{artifact_id}/versions": {"content": "a third draft"},
+        "POST /sessions": {"role": "writer", "memory_policy": "bounded", "task_mode": "drafting", "runtime_family": "claude-code"},
+        "POST /sessions/{session_id}/transition": {"to": "awaiting_user"},
+        "POST /sessions/{session_id}/close": {},
+        "POST /sessions/{session_id}/abort": {"reason": "stop"},
+        "POST /sessions/{session_id}/resume": {"runtime": {"runtime_family": "claude-code"}, "dry_run": True},
+        "POST /sessions/{session_id}/transcript": {"role": "user", "content": "hello"},
+        "POST /sessions/{session_id}/runtimes": {"runtime_family": "claude-code"},
+        "POST /runtimes/{runtime_id}/heartbeat": {},
+        "POST /sessions/{session_id}/runs": {"cursor": {"step": "again"}},
+        "POST /runs/{run_id}/cursor": {"cursor": {"step": "next"}},
+        "POST /runs/{run_id}/end": {"outcome": "completed"},
+        "POST /runs/{run_id}/checkpoints": {"boundary": "user_wait", "cursor": {"a": 1}},
+        "POST /runs/{run_id}/handoffs": {"logical_id": "another-job"},
+        "POST /handoffs/claim": {"worker": "w", "handoff_id": ids["handoff_id"]},
+        "POST /handoffs/{handoff_id}/heartbeat": {"fencing_token": 1},
+        "POST /handoffs/{handoff_id}/results": {"fencing_token": 1, "job_fingerprint": world.job_fingerprint, "result": {}},
+        "POST /handoffs/{handoff_id}/cancel": {},
+        "POST /handoffs/{handoff_id}/resolve-conflict": {"resolution": "keep"},
+        "POST /write-intents": {"kind": "artifact.make_current", "idempotency_key": "another", "artifact_id": ids["artifact_id"],
+                                "params": {"version_id": ids["version_id"]}, "before_fingerprint": world.before_fingerprint},
+        "POST /write-intents/{intent_id}/approve": {"note": "ok"},
+        "POST /write-intents/{intent_id}/reject": {"note": "no"},
+        "POST /write-intents/{intent_id}/revoke-approval": {"note": "wait"},
+        "POST /bindings/mark-stale": {"session_ids": [ids["session_id"]]},
+        "POST /sessions/{session_id}/review-gates": {"candidate_version_id": ids["version_id"], "rubric": RUBRIC, "route": "agent"},
+        "POST /review-packets/{packet_id}/heartbeat": {"fencing_token": 1},
+        "POST /review-packets/{packet_id}/verdicts": {"packet_fingerprint": fp, "artifact_fingerprint": fp, "decision": "pass",
+                                                      "scores": {"clarity": 4, "pacing": 6}, "confidence": 0.5},
+    }
+    return bodies.get(f"{method} {path}")
+
+
+def _query(path: str, ids: dict[str, int]) -> dict[str, Any]:
+    return {
+        "/events": {"session_id": ids["session_id"]},
+        "/handoffs": {"session_id": ids["session_id"]},
+        "/write-intents": {"session_id": ids["session_id"]},
+        "/write-intents/before-state": {"kind": "artifact.make_current", "artifact_id": ids["artifact_id"]},
+        "/routing/runtimes": {"capability": "victim-cap"},
+    }.get(path, {})
+
+
+def _operations() -> list[tuple[str, str]]:
+    ops = []
+    for path, item in api.get_openapi_schema()["paths"].items():
+        for method in item:
+            ops.append((method.upper(), path.removeprefix("/api/v1")))
+    return ops
+
+
+OPERATIONS = _operations()
+
+
+def _call(api_client: Api, method: str, template: str, ids: dict[str, int], world: World):
+    path = re.sub(r"\{(\w+)\}", lambda m: str(ids[m.group(1)]), template)
+    body = _body(method, template, ids, world)
+    if method == "GET":
+        return api_client.get(path, **_query(template, ids))
+    if method == "DELETE":
+        return api_client.delete(path)
+    return api_client.post(path, body)
+
+
+def _foreign_ids(template: str, world: World) -> set[int] | None:
+    """For a list route: ids of the objects no bound token of R or O may list."""
+    ids = world.ids
+    return {
+        "/artifacts": {ids["artifact_id"]},
+        "/sessions": {ids["session_id"]},
+        "/handoffs": {ids["handoff_id"]},
+        "/receipts": set(),
+        "/write-intents": set(WriteIntent.objects.values_list("id", flat=True)),
+        "/authority/changes": set(AuthorityChange.objects.values_list("id", flat=True)),
+        "/bindings/invalidated": {ids["session_id"]},
+        "/routing/runtimes": {ids["runtime_id"]},
+        "/events": set(Event.objects.filter(session_id=ids["session_id"]).values_list("id", flat=True))
+        | set(Event.objects.filter(session_id__isnull=True).values_list("id", flat=True)),
+        "/review-packets": {ids["packet_id"]},
+    }.get(template)
+
+
+def rows() -> dict[str, int]:
+    counted = {}
+    for label in ("novelforge_sessions", "control", "reviews"):
+        for model in apps.get_app_config(label).get_models():
+            counted[model._meta.label] = model.objects.count()
+    return counted
+
+
+def test_the_walk_covers_every_route():
+    """A new route must have a body here when it takes one: the walk stays complete."""
+    schema = api.get_openapi_schema()["paths"]
+    for method, path in OPERATIONS:
+        if "requestBody" in schema["/api/v1" + path][method.lower()] and method == "POST":
+            required = schema["/api/v1" + path][method.lower()]["requestBody"].get("required", False)
+            if required:
+                assert _body(method, path, {k: 1 for k in ("handoff_id", "artifact_id", "version_id", "session_id")},
+                             World(*([None] * 4), {}, "", "")) is not None, (method, path)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("who", ["reviewer", "other"])
+@pytest.mark.parametrize(("method", "template"), OPERATIONS, ids=[f"{m} {p}" for m, p in OPERATIONS])
+def test_a_bound_token_reaches_nothing_of_another_session(project, who, method, template):
+    world = build(project)
+    token: Api = getattr(world, who)
+    names_ids = bool(re.search(r"\{\w+\}", template)) or _body(method, template, world.ids, world) != _body(
+        method, template, dict.fromkeys(world.ids, MISSING), world)
+    before, events = rows(), Event.objects.count()
+    theirs = _call(token, method, template, world.ids, world)
+    assert theirs.status_code < 500, theirs.content
+    assert MARK not in theirs.content.decode(), (who, method, template, theirs.content[:400])
+    foreign = _foreign_ids(template, world)
+    if theirs.status_code == 200 and foreign is not None:
+        listed = theirs.json()
+        listed = listed["items"] if isinstance(listed, dict) else listed
+        assert not {item.get("id", item.get("packet_id", item.get("runtime_id", item.get("session_id")))) for item in listed} & foreign, (
+            who, template, theirs.content)
+    if theirs.status_code >= 400:
+        assert rows() == before and Event.objects.count() == events, (who, method, template, theirs.content)
+    if names_ids:
+        nowhere = _call(token, method, template, dict.fromkeys(world.ids, MISSING), world)
+        same = (theirs.status_code, theirs.json().get("error", {}).get("code") if theirs.status_code >= 400 else None)
+        assert same == (nowhere.status_code, nowhere.json().get("error", {}).get("code") if nowhere.status_code >= 400 else None), (
+            who, method, template, theirs.content, nowhere.content)
+        if theirs.status_code < 400:  # only routes whose ids a bound token does not look up (claims: nothing claimable)
+            assert (method, template) in {("POST", "/handoffs/claim"), ("POST", "/bindings/mark-stale")}, (method, template)
+
+
+#: Routes where even the unbound project token meets a refusal that is not about reach: a page
+#: reviewer's packet is no agent's; the packet routes need the token's own reviewer session.
+UNBOUND_NOT_REACHING = {"/review-packets/{packet_id}", "/review-packets/{packet_id}/heartbeat",
+                        "/review-packets/{packet_id}/verdicts"}
+
+
+@pytest.mark.parametrize(("method", "template"), [op for op in OPERATIONS if re.search(r"\{\w+\}", op[1])],
+                         ids=[f"{m} {p}" for m, p in OPERATIONS if re.search(r"\{\w+\}", p)])
+def test_the_unbound_project_token_reaches_the_writers_objects(project, method, template):
+    world = build(project)
+    resp = _call(world.owner, method, template, world.ids, world)
+    assert resp.status_code < 500, resp.content
+    if template not in UNBOUND_NOT_REACHING:
+        assert resp.status_code != 404, (method, template, resp.content)
+
+
+# ---- the two scenarios of the finding ---------------------------------------------------------------------
+def test_a_reviewer_token_reads_none_of_the_writers_project_objects(project):
+    world = build(project)
+    ids, reviewer = world.ids, world.reviewer
+    for path in (f"/artifacts/{ids['artifact_id']}", f"/artifact-versions/{ids['version_id']}",
+                 f"/write-intents/{ids['intent_id']}", f"/runtimes/{ids['runtime_id']}",
+                 f"/sessions/{ids['session_id']}/runtimes"):
+        resp = reviewer.get(path)
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", (path, resp.content)
+    assert ok(reviewer.get("/artifacts"))["items"] == []
+    assert ok(reviewer.get("/write-intents"))["items"] == []
+    assert ok(reviewer.get("/authority/changes"))["items"] == []
+    assert ok(reviewer.get("/bindings/invalidated")) == []
+    assert ok(reviewer.get("/routing/runtimes", capability="victim-cap")) == []
+    assert ok(reviewer.get("/routing/runtimes", capability="draft")) == []
+    # the unbound token sees them all
+    assert len(ok(world.owner.get("/write-intents"))["items"]) == 2
+    assert len(ok(world.owner.get("/authority/changes"))["items"]) == 1
+    assert ok(world.owner.get(f"/artifact-versions/{ids['version_id']}"))["content"] == "victim text, second draft"
+
+
+def test_a_writer_session_token_cannot_execute_another_sessions_approved_intent(project):
+    world = build(project)
+    intent_id = world.ids["intent_id"]
+    assert WriteIntent.objects.get(id=intent_id).state == IntentState.APPROVED
+    current = Artifact.objects.get(id=world.ids["artifact_id"]).current_version_id
+    before, events = rows(), Event.objects.count()
+    resp = world.other.post(f"/write-intents/{intent_id}/execute")
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", resp.content
+    for verb in ("approve", "reject", "revoke-approval"):
+        resp = world.other.post(f"/write-intents/{intent_id}/{verb}", {"note": "x"})
+        assert resp.status_code == 404, (verb, resp.content)
+    # its idempotency key is taken, but the refusal does not name another session's intent
+    art = ok(world.owner.get(f"/artifacts/{world.ids['artifact_id']}"))
+    given = [{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}]
+    o = Session.objects.get(tokens__name="other-writer")
+    ok(world.other.post(f"/runs/{o.runs.get().id}/end", {"outcome": "completed"}))
+    ok(world.other.post(f"/sessions/{o.id}/runs", {"frozen_inputs": given}), 201)  # now O may see the artifact
+    state = ok(world.other.get("/write-intents/before-state", kind="artifact.make_current", artifact_id=art["id"]))
+    taken = world.other.post("/write-intents", {
+        "kind": "artifact.make_current", "idempotency_key": "victim-intent", "artifact_id": art["id"],
+        "params": {"version_id": world.ids["version_id"]}, "before_fingerprint": state["before_fingerprint"]})
+    assert taken.status_code == 409 and taken.json()["error"]["code"] == "idempotency_key_reused", taken.content
+    assert "intent_id" not in taken.json()["error"]["details"]
+    before, events = rows(), Event.objects.count()
+    assert world.other.post(f"/write-intents/{intent_id}/execute").status_code == 404  # given the artifact, not the intent
+    assert rows() == before and Event.objects.count() == events
+    intent = WriteIntent.objects.get(id=intent_id)
+    assert intent.state == IntentState.APPROVED and intent.executed_at is None
+    assert Artifact.objects.get(id=world.ids["artifact_id"]).current_version_id == current
+    # its own session's token executes it
+    assert ok(world.writer.post(f"/write-intents/{intent_id}/execute"))["state"] == IntentState.EXECUTED
+
+
+# ---- what a bound token does reach ------------------------------------------------------------------------
+def test_a_bound_token_reaches_what_its_session_created_or_was_given(project):
+    world = build(project)
+    ids = world.ids
+    assert [a["id"] for a in ok(world.writer.get("/artifacts"))["items"]] == [ids["artifact_id"]]
+    assert [i["id"] for i in ok(world.writer.get("/write-intents"))["items"]] == [ids["intent_id"]]  # not the owner's settle
+    assert ok(world.writer.get(f"/artifact-versions/{ids['version_id']}"))["content"] == "victim text, second draft"
+    # a bound token proposes as its session when it names none: the intent is then its own
+    art = ok(world.writer.get(f"/artifacts/{ids['artifact_id']}"))
+    state = ok(world.writer.get("/write-intents/before-state", kind="artifact.make_current", artifact_id=art["id"]))
+    mine = ok(world.writer.post("/write-intents", {
+        "kind": "artifact.make_current", "idempotency_key": "mine", "artifact_id": art["id"],
+        "params": {"version_id": ids["version_id"]}, "before_fingerprint": state["before_fingerprint"]}), 201)
+    assert mine["session_id"] == Session.objects.get(tokens__name="victim-writer").id
+    assert {i["id"] for i in ok(world.writer.get("/write-intents"))["items"]} == {ids["intent_id"], mine["id"]}
+    # an artifact the owner made is given to O by O's run's frozen inputs
+    given = ok(world.owner.post("/artifacts", {"name": "outline", "content": "the outline"}), 201)
+    secret = ok(world.owner.post("/artifacts", {"name": "notes", "content": "the notes"}), 201)
+    o = Session.objects.get(tokens__name="other-writer")
+    ok(world.owner.post(f"/runs/{o.runs.get().id}/end", {"outcome": "completed"}))
+    ok(world.owner.post(f"/sessions/{o.id}/runs", {
+        "frozen_inputs": [{"artifact_id": given["id"], "fingerprint": given["current_fingerprint"]}]}), 201)
+    assert [a["id"] for a in ok(world.other.get("/artifacts"))["items"]] == [given["id"]]
+    assert world.other.get(f"/artifacts/{secret['id']}").status_code == 404
+    assert ok(world.other.post(f"/artifacts/{given['id']}/versions", {"content": "outline v2"}), 201)["number"] == 2
+    refused = world.other.post(f"/artifacts/{secret['id']}/versions", {"content": "mine now"})
+    assert refused.status_code == 404 and Artifact.objects.get(id=secret["id"]).versions.count() == 1
+
+
+def test_the_project_permission_widens_the_project_level_kinds_only(project):
+    world = build(project)
+    ids = world.ids
+    o = Session.objects.get(tokens__name="other-writer")
+    wide = Api(_token(project, "auditor", ["read", PROJECT_WIDE], o))
+    assert ok(wide.get(f"/artifacts/{ids['artifact_id']}"))["name"] == "victim-chapter"
+    assert ok(wide.get(f"/write-intents/{ids['intent_id']}"))["id"] == ids["intent_id"]
+    assert len(ok(wide.get("/authority/changes"))["items"]) == 1
+    # the session-level kinds stay its own session's
+    for path in (f"/sessions/{ids['session_id']}", f"/runtimes/{ids['runtime_id']}", f"/runs/{ids['run_id']}",
+                 f"/handoffs/{ids['handoff_id']}", f"/checkpoints/{ids['checkpoint_id']}"):
+        assert wide.get(path).status_code == 404, path
+    assert MARK not in wide.get("/events").content.decode()
+
+
+def test_create_api_token_takes_the_project_permission(project):
+    o = _session(project, "writer", "session", ["draft"])
+    out = StringIO()
+    call_command("create_api_token", project.slug, "--name", "wide", "--permissions", "read,project", "--session", str(o.id),
+                 stdout=out)
+    token = ApiToken.objects.get(name="wide")
+    assert token.permissions == ["project", "read"] and token.session_id == o.id
+    assert caller_for_token(out.getvalue().strip()).bound_for("artifact") is None
+
+
+def test_the_matrix_names_every_kind_the_api_looks_up_and_the_readme_shows_it():
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[2].joinpath("README.md").read_text()
+    section = readme.split("### Session-bound tokens", 1)[1].split("\n## ", 1)[0]
+    for kind, rule in BOUND_TOKEN_MATRIX.items():
+        assert f"`{kind}`" in section, kind
+        assert isinstance(rule.bound, Reach)
+    assert "`project`" in section and "create_api_token" in section
