@@ -22,6 +22,11 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from novelforge_sessions.live.origins import SameOriginValidator  # noqa: E402
 from novelforge_sessions.live.routing import websocket_urlpatterns  # noqa: E402
+from novelforge_sessions.live import shutdown  # noqa: E402
+
+# Under daphne, SIGTERM drains (stop listening, websockets closed with 1012, requests in flight
+# finish) before daphne cancels what is left: novelforge_sessions.live.shutdown.
+shutdown.install()
 
 application = ProtocolTypeRouter(
     {
