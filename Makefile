@@ -4,6 +4,8 @@
 #   make run        migrate, collectstatic, load_demo, then daphne on http://$(RUN_HOST):$(RUN_PORT)/
 #                   with the lease reconciler beside it (every $(RECONCILE_INTERVAL) s; stopped with the server)
 #   make test       pytest -m "not browser", then pytest -m browser (exit 5 = none collected is OK)
+#   make serve-cluster  N daphne processes (N=2) on ports $(CLUSTER_BASE_PORT).. sharing Redis, and
+#                   the reconciler as its own process; all stopped together (deploy/nginx.conf in front)
 #   make reconcile  manage.py reconcile_runtimes --loop
 #   make bench      python bench/run.py $(BENCH_ARGS), when bench/run.py exists
 #   make stop-local stop the project-local PostgreSQL/Redis the bootstrap may have started
@@ -25,14 +27,17 @@ BENCH_ARGS  ?=
 RUN_HOST    ?= 127.0.0.1
 RUN_PORT    ?= 8000
 RECONCILE_INTERVAL ?= 2
+N                 ?= 2
+CLUSTER_BASE_PORT ?= 8001
+CLUSTER_REDIS_URL ?= redis://127.0.0.1:6379/0
 
 # $(call bootstrap,MODE): run the bootstrap, abort on failure, import its exports.
 bootstrap = bootstrap_env="$$(scripts/bootstrap.sh $(1))"; eval "$$bootstrap_env"
 
-.PHONY: help setup run test reconcile bench stop-local
+.PHONY: help setup run serve-cluster test reconcile bench stop-local
 
 help:
-	@sed -n '1,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,15p' Makefile | sed 's/^# \{0,1\}//'
 
 setup:
 	@$(call bootstrap,test)
@@ -57,6 +62,35 @@ run:
 	# The server takes its database connections from psycopg's pool (see README, Configuration).
 	export DB_POOL_MAX_SIZE="$${DB_POOL_MAX_SIZE:-10}"
 	$(VENV)/bin/daphne -b $(RUN_HOST) -p $(RUN_PORT) novelforge_sessions.asgi:application
+
+# N processes behind one address (README, Deployment): each daphne on its own port with REDIS_URL
+# (the channel layer that crosses processes), the reconciler as its own process. Any process
+# exiting, Ctrl-C or SIGTERM stops them all: each daphne gets SIGTERM and drains (requests in
+# flight finish, websockets close with 1012; novelforge_sessions/live/shutdown.py).
+serve-cluster:
+	@$(call bootstrap,run)
+	export REDIS_URL="$${REDIS_URL:-$(CLUSTER_REDIS_URL)}"
+	$(PY) -c 'import os, redis; redis.Redis.from_url(os.environ["REDIS_URL"]).ping()' \
+	  || { echo "serve-cluster needs Redis at $$REDIS_URL (set REDIS_URL=redis://…)" >&2; exit 1; }
+	$(MANAGE) migrate --noinput
+	$(MANAGE) collectstatic --noinput
+	$(MANAGE) load_demo --base-url http://$(RUN_HOST):$(CLUSTER_BASE_PORT)
+	export DB_POOL_MAX_SIZE="$${DB_POOL_MAX_SIZE:-10}"
+	pids=""
+	trap 'kill $$pids 2>/dev/null || true; wait $$pids 2>/dev/null || true' EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+	$(MANAGE) reconcile_runtimes --loop --interval $(RECONCILE_INTERVAL) &
+	pids="$$!"
+	echo "Reconciling expired runtime leases every $(RECONCILE_INTERVAL) s (pid $$!)"
+	for i in $$(seq 0 $$(( $(N) - 1 ))); do
+	  port=$$(( $(CLUSTER_BASE_PORT) + i ))
+	  $(VENV)/bin/daphne -b $(RUN_HOST) -p $$port novelforge_sessions.asgi:application &
+	  pids="$$pids $$!"
+	  echo "Serving on http://$(RUN_HOST):$$port/ (pid $$!, REDIS_URL=$$REDIS_URL)"
+	done
+	echo "One address in front: nginx -p /tmp/nf-nginx -c $$PWD/deploy/nginx.conf (→ :8080)"
+	wait -n
 
 test:
 	@$(call bootstrap,test)
