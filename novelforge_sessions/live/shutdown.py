@@ -43,10 +43,17 @@ POLL_SECONDS = 0.05
 
 
 def grace_seconds() -> float:
+    """``SHUTDOWN_GRACE_SECONDS`` (default 20): a malformed or negative value stops start-up."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    raw = os.environ.get("SHUTDOWN_GRACE_SECONDS", "20").strip()
     try:
-        return max(float(os.environ.get("SHUTDOWN_GRACE_SECONDS", "20")), 0.0)
+        value = float(raw)
     except ValueError:
-        return 20.0
+        value = -1.0
+    if not value >= 0:
+        raise ImproperlyConfigured(f"SHUTDOWN_GRACE_SECONDS must be a number of seconds >= 0, got {raw!r}")
+    return value
 
 
 def install() -> bool:
@@ -55,6 +62,7 @@ def install() -> bool:
     if server_module is None:  # not under daphne (runserver, tests, management commands)
         return False
     server_cls = server_module.Server
+    server_cls._novelforge_grace = grace_seconds()  # validated at start-up
     if getattr(server_cls, "_novelforge_drain", False):
         return True
     server_cls.kill_all_applications = _drain_then_kill
@@ -78,10 +86,12 @@ def _drain_then_kill(server):  # noqa: ANN001 - a daphne.server.Server
             if protocol.state == protocol.STATE_OPEN:
                 protocol.sendCloseFrame(code=SHUTDOWN_CLOSE_CODE, reasonUtf8=b"server restarting")
                 closed += 1
-    logger.info("shutdown: stopped listening, closed %d websocket(s) with %d", closed, SHUTDOWN_CLOSE_CODE)
+    # INFO only when there was something to drain: an idle process exits silently.
+    logger.log(logging.INFO if closed else logging.DEBUG,
+               "shutdown: stopped listening, closed %d websocket(s) with %d", closed, SHUTDOWN_CLOSE_CODE)
 
     done = defer.Deferred()
-    deadline = time.monotonic() + grace_seconds()
+    deadline = time.monotonic() + server._novelforge_grace
 
     def in_flight() -> int:
         count = 0
@@ -124,7 +134,8 @@ def _cancel_the_rest(server):  # noqa: ANN001
         if instance is not None and not instance.done():
             instance.cancel()
             pending.append(instance)
-    logger.info("shutdown: cancelled %d application instance(s) left", len(pending))
+    logger.log(logging.INFO if pending else logging.DEBUG,
+               "shutdown: cancelled %d application instance(s) left", len(pending))
     waiting = defer.Deferred.fromFuture(asyncio.gather(*pending, return_exceptions=True))
     waiting.addErrback(lambda _failure: None)
     return waiting

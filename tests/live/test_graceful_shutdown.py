@@ -185,3 +185,19 @@ def test_sigterm_on_one_of_two_processes_loses_no_acknowledged_write_while_the_o
             w.stop_flag.set()
         a.stop()
         b.stop()
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_grace_is_validated_at_start_up(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from novelforge_sessions.live.shutdown import grace_seconds
+
+    monkeypatch.delenv("SHUTDOWN_GRACE_SECONDS", raising=False)
+    assert grace_seconds() == 20.0
+    monkeypatch.setenv("SHUTDOWN_GRACE_SECONDS", "2.5")
+    assert grace_seconds() == 2.5
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv("SHUTDOWN_GRACE_SECONDS", bad)
+        with pytest.raises(ImproperlyConfigured):
+            grace_seconds()
