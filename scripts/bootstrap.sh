@@ -347,6 +347,14 @@ if [ "$MODE" = test ]; then
     apt_install chromium
     [ -x /usr/bin/chromium ] || die "/usr/bin/chromium missing after install"
   fi
+
+  # nginx for the deployment test (tests/live/test_nginx.py runs deploy/nginx.conf in front of two
+  # server processes). Only the binary is used: the packaged service is not needed, so its
+  # maintainer scripts get no inherited descriptors (fd 3 is our stdout) and RUNLEVEL=1 keeps
+  # invoke-rc.d from starting it. Best effort: without it that test says it was skipped.
+  if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    RUNLEVEL=1 apt_install nginx </dev/null 3>&- || log "nginx could not be installed; the nginx test will be skipped"
+  fi
 fi
 
 # ---- 4. emit exports
