@@ -12,7 +12,7 @@ from tests.live import ROOT
 
 def _run_recipe() -> str:
     # -n prints the recipe without running it (nothing is bootstrapped, served or migrated).
-    return subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return subprocess.run(["make", "--no-print-directory", "-n", "run"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
 def test_make_run_starts_the_reconciler_loop_in_the_background_and_traps_its_end():
@@ -36,7 +36,7 @@ def test_make_run_keeps_the_default_sweep_because_notify_wakes_the_server():
 
 def test_make_run_prints_the_address_it_serves_on():
     """Issue 10, item 4: the printed curl line and the banner follow RUN_HOST / RUN_PORT."""
-    recipe = subprocess.run(["make", "-n", "run", "RUN_HOST=127.0.0.2", "RUN_PORT=8123"], cwd=ROOT,
+    recipe = subprocess.run(["make", "--no-print-directory", "-n", "run", "RUN_HOST=127.0.0.2", "RUN_PORT=8123"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout
     assert "manage.py load_demo --base-url http://127.0.0.2:8123\n" in recipe, recipe
     assert 'echo "Serving on http://127.0.0.2:8123/"' in recipe

@@ -2,6 +2,7 @@
 own process, all stopped together (read from the recipe: `make -n` runs nothing)."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -9,8 +10,10 @@ from tests.live import ROOT
 
 
 def recipe(*args: str) -> str:
-    return subprocess.run(["make", "-n", "serve-cluster", *args], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout
+    # Under `make test` this runs as a sub-make: keep its "Entering directory" lines out.
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
+    return subprocess.run(["make", "--no-print-directory", "-n", "serve-cluster", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=True).stdout
 
 
 def test_serve_cluster_starts_n_processes_with_redis_and_the_reconciler_and_stops_them_together():
