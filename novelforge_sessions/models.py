@@ -28,6 +28,12 @@ def _choices(enum: type) -> list[tuple[str, str]]:
     return [(m.value, m.value) for m in enum]
 
 
+def text_choices(name: str, enum: type) -> type[models.TextChoices]:
+    """Django choices for a state enum declared in the pure core (``lifecycles``): one
+    declaration, no copies (used by the control plane's and the reviews' models)."""
+    return models.TextChoices(name, [(m.name, m.value) for m in enum])
+
+
 def _in_enum(field: str, enum: type) -> Q:
     return Q(**{f"{field}__in": [m.value for m in enum]})
 

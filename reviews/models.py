@@ -24,19 +24,13 @@ from django.db.models import Q
 
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.lifecycles import AssignmentState, GateState
-from novelforge_sessions.models import ArtifactVersion, Project, Run, Session
+from novelforge_sessions.models import ArtifactVersion, Project, Run, Session, text_choices
 from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN
 from reviews.packets import DECISIONS, ROUTES
 
 
-
 def _enum(field: str, values) -> Q:
     return Q(**{f"{field}__in": [str(v) for v in values]})
-
-
-def _text_choices(name: str, enum: type) -> type[models.TextChoices]:
-    """Django choices for a state enum declared in the pure core (one declaration, no copies)."""
-    return models.TextChoices(name, [(m.name, m.value) for m in enum])
 
 
 class ReviewGate(models.Model):
@@ -46,7 +40,7 @@ class ReviewGate(models.Model):
         AGENT = "agent"  # an agent reviewer session claims it through the API
 
     #: Declared in the pure core (``lifecycles.REVIEW_GATE``); these are its Django choices.
-    State = _text_choices("State", GateState)
+    State = text_choices("State", GateState)
 
     #: Routes that wait on a person: the session is ``awaiting_user`` while one is pending.
     USER_ROUTES = frozenset({Route.PAGE.value, Route.RELAY.value})
@@ -147,7 +141,7 @@ class ReviewAssignment(models.Model):
 
     #: Declared in the pure core (``lifecycles.REVIEW_ASSIGNMENT``): open (an unclaimed agent
     #: slot), assigned, submitted.
-    State = _text_choices("State", AssignmentState)
+    State = text_choices("State", AssignmentState)
 
     packet = models.ForeignKey(ReviewPacket, on_delete=models.CASCADE, related_name="assignments")
     reviewer = models.CharField(max_length=64, blank=True, default="")  # "user:<id>" | "session:<id>" | "" (open)

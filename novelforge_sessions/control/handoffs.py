@@ -73,7 +73,7 @@ class JobSpec:
     logical_id: str
     inputs: list[dict[str, Any]]
     params: dict[str, Any]
-    result_schema: dict[str, str]
+    result_schema: dict[str, Any]  # the short form or a full JSON Schema (control/result_schema.py)
     required_capabilities: list[str]
     timeout_seconds: int
     job_fingerprint: str
@@ -162,7 +162,7 @@ class CreatedHandoff:
 
 def create_handoff(
     caller: Caller, run_id: int, *, logical_id: str, inputs: list[dict[str, Any]] | None = None,
-    params: dict[str, Any] | None = None, result_schema: dict[str, str] | None = None,
+    params: dict[str, Any] | None = None, result_schema: dict[str, Any] | None = None,
     required_capabilities: list[str] | None = None, timeout_seconds: int | None = None,
 ) -> CreatedHandoff:
     caller.require("write")

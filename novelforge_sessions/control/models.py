@@ -17,17 +17,12 @@ from django.db.models import Q
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
-from novelforge_sessions.models import Artifact, Project, Run, Session
+from novelforge_sessions.models import Artifact, Project, Run, Session, text_choices
 from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN
 
 
-def _text_choices(name: str, enum: type) -> type[models.TextChoices]:
-    """Django choices for a state enum declared in the pure core (``lifecycles``): one declaration."""
-    return models.TextChoices(name, [(m.name, m.value) for m in enum])
-
-
 #: ``lifecycles.HANDOFF``: pending, claimed, bound, conflicted, cancelled.
-HandoffState = _text_choices("HandoffState", lc.HandoffState)
+HandoffState = text_choices("HandoffState", lc.HandoffState)
 
 
 #: Handoffs still waiting for a result (``lifecycles.HANDOFF_WAITING``).
@@ -219,7 +214,7 @@ INTENT_EXECUTED_EVENTS: dict[IntentKind, ev.EventType] = {
 
 #: ``lifecycles.WRITE_INTENT``: proposed, approved, rejected, executed, refused (a stale
 #: before-state at execution: terminal).
-IntentState = _text_choices("IntentState", lc.IntentState)
+IntentState = text_choices("IntentState", lc.IntentState)
 
 
 class WriteIntent(models.Model):

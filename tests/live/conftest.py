@@ -16,6 +16,8 @@ from websockets.sync.client import ClientConnection, connect
 from tests.live import DaphneServer
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL") or "redis://127.0.0.1:6379/14"
+#: No periodic sweep: a delivery must come from a wake-up that crossed processes (Redis).
+NO_SWEEP = {"LIVE_SWEEP_SECONDS": "3600"}
 TIMEOUT = 15.0
 
 
@@ -122,3 +124,18 @@ def api_post(server: DaphneServer, token: str, path: str, body: dict[str, Any]) 
     with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
         assert resp.status in (200, 201), resp.status
         return json.loads(resp.read())
+
+
+@pytest.fixture
+def two_servers() -> Iterator[tuple[DaphneServer, DaphneServer]]:
+    """Two daphne processes sharing the Redis channel layer, sweep off (stop() tolerates a
+    process a test already ended)."""
+    a = DaphneServer(redis_url=REDIS_URL, extra_env=NO_SWEEP)
+    try:
+        b = DaphneServer(redis_url=REDIS_URL, extra_env=NO_SWEEP)
+    except BaseException:
+        a.stop()
+        raise
+    yield a, b
+    a.stop()
+    b.stop()

@@ -20,11 +20,9 @@ from novelforge_sessions.live.shutdown import SHUTDOWN_CLOSE_CODE
 from novelforge_sessions.models import Session, TranscriptEntry
 from tests.conftest import SESSION, make_project
 from tests.live import DaphneServer, database_url
-from tests.live.conftest import REDIS_URL, TIMEOUT, api_post
+from tests.live.conftest import NO_SWEEP, TIMEOUT, api_post
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NO_SWEEP = {"LIVE_SWEEP_SECONDS": "3600"}
 
 
 def post_transcript(server: DaphneServer, token: str, session_id: int, content: str) -> int:
@@ -130,13 +128,8 @@ class Writer(threading.Thread):
                 self.acked.append(content)
 
 
-def test_sigterm_on_one_of_two_processes_loses_no_acknowledged_write_while_the_other_serves(open_socket):
-    a = DaphneServer(redis_url=REDIS_URL, extra_env=NO_SWEEP)
-    try:
-        b = DaphneServer(redis_url=REDIS_URL, extra_env=NO_SWEEP)
-    except BaseException:
-        a.stop()
-        raise
+def test_sigterm_on_one_of_two_processes_loses_no_acknowledged_write_while_the_other_serves(two_servers, open_socket):
+    a, b = two_servers
     writers: list[Writer] = []
     try:
         project = make_project("two-drain")
@@ -183,8 +176,6 @@ def test_sigterm_on_one_of_two_processes_loses_no_acknowledged_write_while_the_o
     finally:
         for w in writers:
             w.stop_flag.set()
-        a.stop()
-        b.stop()
 
 
 @pytest.mark.django_db(transaction=False)

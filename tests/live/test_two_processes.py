@@ -7,27 +7,9 @@ import pytest
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.models import Event
 from tests.conftest import SESSION, make_project
-from tests.live import DaphneServer
-from tests.live.conftest import REDIS_URL, api_post
+from tests.live.conftest import api_post
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-#: No periodic sweep during the test: delivery to B must come from A's wake-up through Redis.
-NO_SWEEP = {"LIVE_SWEEP_SECONDS": "3600"}
-
-
-@pytest.fixture
-def two_servers():
-    a = DaphneServer(redis_url=REDIS_URL, extra_env=NO_SWEEP)
-    try:
-        b = DaphneServer(redis_url=REDIS_URL, extra_env=NO_SWEEP)
-    except BaseException:
-        a.stop()
-        raise
-    yield a, b
-    a.stop()
-    b.stop()
 
 
 def test_an_event_committed_through_a_reaches_a_socket_on_b(two_servers, open_socket):

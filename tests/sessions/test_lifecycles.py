@@ -103,15 +103,3 @@ def test_validation_catches_a_malformed_table():
     with pytest.raises(lc.LifecycleTableError, match="rows missing"):
         missing_row.validate()
 
-
-def test_the_lifecycle_core_imports_nothing_from_django():
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(lc))
-    imported = {
-        (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
-        for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-        for alias in node.names
-    }
-    assert not any(name.split(".")[0] == "django" for name in imported), imported
