@@ -3,7 +3,7 @@
 One daphne (``bench/stream_asgi.py``: the project plus a bare ``/ws/bare/`` consumer) on its
 own database ``nfbench_stream``, with the Redis channel layer (the production layout; a bare
 ``group_send`` from another process needs a layer that crosses processes). A child process
-holds the websocket clients and the publisher:
+holds the websocket clients; each scenario's publisher is a process of its own:
 
 - ours: the publisher commits one event per tick (``events.append`` in a transaction; its
   after-commit wake-up goes through Redis to the server, whose feed reads the log once and
@@ -157,8 +157,9 @@ def _publish_bare(cfg: dict[str, Any], rate: float, seconds: float, sent: dict[i
     i = 0
     while time.perf_counter() < deadline and not stop.is_set():
         t0 = time.time()
-        async_to_sync(layer.group_send)("bench.bare", {"type": "bench.event", "text": json.dumps({"n": i, "t": t0, "f": filler})})
-        sent[i] = t0
+        n = i * cfg["publishers"] + cfg["publisher"]
+        async_to_sync(layer.group_send)("bench.bare", {"type": "bench.event", "text": json.dumps({"n": n, "t": t0, "f": filler})})
+        sent[n] = t0
         i += 1
         t_next += period
         time.sleep(max(0.0, t_next - time.perf_counter()))
@@ -169,13 +170,20 @@ async def _scenario(cfg: dict[str, Any], kind: str, n: int, rate: float, seconds
     orders: list[list[int]] = [[] for _ in conns]
     readers = [asyncio.ensure_future(_reader(ws, g, o)) for ws, g, o in zip(conns, got, orders)]
     await asyncio.sleep(0.5)  # let the sockets settle before the window (bench pacing)
-    sent: dict[int, float] = {}
-    stop = threading.Event()
-    publish = _publish_ours if kind == "ours" else _publish_bare
     cpu0 = _cpu_seconds(cfg["server_pid"])
-    thread = threading.Thread(target=publish, args=(cfg, rate, seconds, sent, stop))
-    thread.start()
-    await asyncio.get_running_loop().run_in_executor(None, thread.join)
+    # The publisher is its own process: in this one it would share the GIL with the clients.
+    # One publisher per 20 events/s (a commit here takes up to ~50 ms when the machine is busy).
+    count = max(1, -(-int(rate) // 20))
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--_publish", kind, json.dumps(cfg), str(rate / count), str(seconds), str(k), str(count),
+        stdout=asyncio.subprocess.PIPE, cwd=str(ROOT)) for k in range(count)]
+    sent: dict[int, float] = {}
+    for proc in procs:
+        stdout, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {kind} publisher failed")
+        line = [ln for ln in stdout.decode().splitlines() if ln.startswith("RESULT ")][-1]
+        sent.update({int(k): v for k, v in json.loads(line[len("RESULT "):]).items()})
     # Give the last deliveries up to 3 s to arrive (bounded drain, then count what is missing).
     deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline and any(len(set(g) & set(sent)) < len(sent) for g in got):
@@ -236,7 +244,7 @@ def run(quick: bool, server_url: str | None = None) -> dict[str, Any]:
         rows = _child(env, "--_measure", json.dumps(cfg))
     finally:
         srv.stop()
-    return {"rows": rows, "quick": quick, "redis": redis_url()}
+    return {"rows": rows, "quick": quick, "redis": redis_url(), "seconds": cfg["seconds"]}
 
 
 class _BenchDaphne(Daphne):
@@ -288,7 +296,8 @@ def goals_from(result: dict[str, Any]) -> list[dict[str, Any]]:
                          f"({cpu_ratio or 0:.2f}x){gaps_note}"),
             "target": f"<= {GOAL}x p99, <= {GOAL}x cpu per delivered event" + (", 0 gaps" if n == 200 else ""),
             "met": met,
-            "detail": (f"{ours['events']} events, {ours['delivered']} deliveries; Redis layer; "
+            "detail": (f"{ours['events']} events ({ours['events'] / result['seconds']:.0f}/s achieved; bare "
+                       f"{bare['events'] / result['seconds']:.0f}/s), {ours['delivered']} deliveries; Redis layer; "
                        f"p50 {ours['p50_ms']:.1f} vs {bare['p50_ms']:.1f} ms" + (" (--quick: 3 s windows)" if result["quick"] else "")),
         })
     return out
@@ -307,6 +316,16 @@ def main() -> int:
         import django  # noqa: F401
 
         print("RESULT " + json.dumps(_child_setup()))
+        return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--_publish":
+        import django
+
+        django.setup()
+        kind, cfg, rate, seconds = sys.argv[2], json.loads(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+        cfg["publisher"], cfg["publishers"] = int(sys.argv[6]), int(sys.argv[7])
+        sent: dict[int, float] = {}
+        (_publish_ours if kind == "ours" else _publish_bare)(cfg, rate, seconds, sent, threading.Event())
+        print("RESULT " + json.dumps(sent))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--_measure":
         print("RESULT " + json.dumps(asyncio.run(_measure(json.loads(sys.argv[2])))))
