@@ -266,6 +266,8 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
                 self.cursors[sub.key] = max(position, head)
                 return
             await self._drain(sub)
+            if feed is None:  # not a member of the feed (cannot happen while subscribed): the log alone
+                return
 
     async def _drain(self, sub: Subscription) -> None:
         """Read the log after the subscription's cursor until a short page, sending each event.
