@@ -299,6 +299,33 @@ class TranscriptEntry(models.Model):
         ]
 
 
+class AnyId(models.Lookup):
+    """``field__any=[ids]`` → ``field = ANY(%s::bigint[])``, for the event log's scoped reads.
+
+    Why not ``__in`` or ``=``: PostgreSQL folds ``col = const`` (and a one-element ``IN``) into
+    an equivalence, drops ``col`` from ``ORDER BY col, id`` as redundant, and then may walk
+    the primary key in id order, filtering for ``col``: a plan that reads every later event
+    of the table when the project's or session's events are old or sparse (they are: sessions
+    live for a while, then go quiet). ``= ANY(array)`` creates no equivalence, so
+    ``ORDER BY col, id`` can only come from a ``(col, …, id)`` index, which reads just the
+    rows it returns (tests/test_event_query_plans.py walks the plans).
+    """
+
+    lookup_name = "any"
+    prepare_rhs = False
+
+    def get_prep_lookup(self):
+        return [int(v) for v in self.rhs]
+
+    def as_sql(self, compiler, connection):
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        return f"{lhs} = ANY(%s::bigint[])", [*lhs_params, self.rhs]
+
+
+models.BigIntegerField.register_lookup(AnyId)
+models.ForeignKey.register_lookup(AnyId)
+
+
 class Event(models.Model):
     """The append-only log: every state change, in the same transaction as the change.
 
@@ -322,6 +349,11 @@ class Event(models.Model):
         indexes = [
             models.Index(fields=["project", "id"], name="event_project_id"),
             models.Index(fields=["session_id", "id"], name="event_session_id"),
+            # The type filters (GET /api/v1/events?type=, the project page's authority history)
+            # and a session's events of one type (the session page's transition path) read
+            # only their own rows, however many other events the project or session has.
+            models.Index(fields=["project", "type", "id"], name="event_project_type_id"),
+            models.Index(fields=["session_id", "type", "id"], name="event_session_type_id"),
         ]
 
 

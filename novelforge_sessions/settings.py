@@ -190,6 +190,9 @@ TOKEN_LAST_USED_RESOLUTION_SECONDS = _strict_int("TOKEN_LAST_USED_RESOLUTION_SEC
 # long a token-authenticated socket may take to send its auth frame.
 LIVE_SWEEP_SECONDS = _strict_int("LIVE_SWEEP_SECONDS", default=15, minimum=1)
 LIVE_AUTH_TIMEOUT_SECONDS = _strict_int("LIVE_AUTH_TIMEOUT_SECONDS", default=10, minimum=1)
+# Per project and process: the last events the live feed keeps (serialised once) for its
+# sockets (live/fanout.py); a socket further behind reads the log after its own cursor.
+LIVE_BUFFER_EVENTS = _strict_int("LIVE_BUFFER_EVENTS", default=1000, minimum=1)
 # Cross-process wake-ups without Redis: with the in-memory layer, each transaction that
 # appended events sends one pg_notify after its commit and every server process LISTENs
 # (live/pgnotify.py), so events written by another process (the reconciler, a management

@@ -20,12 +20,17 @@ def caller(request: HttpRequest) -> Caller:
     return request.auth  # set by TokenAuth
 
 
-def keyset(qs: QuerySet, *, after: int | None, limit: int) -> dict:
-    """Keyset pagination on the primary key: cost stays flat however long the table grows."""
+def keyset(qs: QuerySet, *, after: int | None, limit: int, within: str | None = None) -> dict:
+    """Keyset pagination on the primary key: cost stays flat however long the table grows.
+
+    ``within``: a column ``qs`` pins to ONE value (with ``__any``, see ``models.AnyId``); the
+    order becomes ``(within, id)``, the same rows in the same order, read from that column's
+    ``(within, …, id)`` index instead of a walk of the primary key.
+    """
     limit = max(1, min(limit, MAX_PAGE))
     if after is not None:
         qs = qs.filter(id__gt=after)
-    items = list(qs.order_by("id")[: limit + 1])
+    items = list(qs.order_by(*([within] if within else []), "id")[: limit + 1])
     more = len(items) > limit
     items = items[:limit]
     return {"items": items, "next_after": items[-1].id if more and items else None}

@@ -21,9 +21,17 @@ def list_events(
 ):
     who = caller(request)
     who.require("read")
-    qs = who.scope("event", Event.objects.filter(project_id__in=who.project_ids))
+    qs = who.scope("event", Event.objects.filter(project_id__any=sorted(who.project_ids)))
     if session_id is not None:
-        qs = qs.filter(session_id=session_id)
+        qs = qs.filter(session_id__any=[session_id])
     if type:
         qs = qs.filter(type=type)
-    return keyset(qs, after=after, limit=limit)
+    # Read from the narrowest index: one session's (session_id[, type], id), else the one
+    # project's (project_id[, type], id). Several projects (a manager): plain id order.
+    if session_id is not None or who.session_id is not None:
+        within = "session_id"
+    elif len(who.project_ids) == 1:
+        within = "project_id"
+    else:
+        within = None
+    return keyset(qs, after=after, limit=limit, within=within)

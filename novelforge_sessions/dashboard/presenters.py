@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Max, Prefetch, Q
+from django.db.models import Count, Prefetch, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -150,9 +150,9 @@ def _edge_path(src: S, dst: S, bidirectional: bool) -> tuple[str, float, float]:
 def transition_path(session_id: int, limit: int = 500) -> list[tuple[str, str]]:
     """The (from, to) pairs this session has taken, oldest first (from its event log)."""
     rows = (
-        Event.objects.filter(session_id=session_id, type=ev.SESSION_TRANSITIONED.name)
-        .order_by("-id").values_list("payload", flat=True)[:limit]
-    )
+        Event.objects.filter(session_id__any=[session_id], type=ev.SESSION_TRANSITIONED.name)
+        .order_by("-session_id", "-id").values_list("payload", flat=True)[:limit]
+    )  # from the (session_id, type, id) index, however many checkpoints the session has
     pairs = [(p.get("from"), p.get("to")) for p in reversed(list(rows))]
     return [(a, b) for a, b in pairs if a in STATES and b in STATES]
 
@@ -391,6 +391,7 @@ def _scalar_items(payload: dict[str, Any]) -> str:
 
 #: Stored type names of the catalog events ``describe`` words specially (compared by equality).
 _AUTHORITY_HISTORY_NAMES = tuple(e.name for e in ev.AUTHORITY_HISTORY)
+_EVENTS = Event._meta.db_table
 
 
 def describe(event_type: str, payload: dict[str, Any]) -> str:
@@ -445,7 +446,12 @@ def _describe_authority(event_type: str, p: dict[str, Any]) -> str:
 def authority_history(project: Project, *, limit: int = 20) -> list[EventView]:
     """The project's authority history, newest first: the events of exactly the types that
     change it (a settle, a framework change; ``event_types.AUTHORITY_HISTORY``)."""
-    rows = Event.objects.filter(project=project, type__in=_AUTHORITY_HISTORY_NAMES).order_by("-id")[:limit]
+    rows = Event.objects.raw(  # newest of each type from (project_id, type, id), merged
+        f"SELECT e.* FROM unnest(%s::text[]) AS t(name) CROSS JOIN LATERAL "
+        f"(SELECT * FROM {_EVENTS} WHERE project_id = ANY(%s::bigint[]) AND type = t.name "
+        "ORDER BY project_id DESC, id DESC LIMIT %s) AS e ORDER BY e.id DESC LIMIT %s",
+        [list(_AUTHORITY_HISTORY_NAMES), [project.id], limit, limit],
+    )
     return event_views(rows)
 
 
@@ -531,11 +537,37 @@ def session_rows(sessions: list[Session]) -> list[SessionRow]:
         a.session_id: a
         for a in RuntimeAttachment.objects.filter(session_id__in=ids).order_by("session_id", "-generation").distinct("session_id")
     }
-    last_ids = (
-        Event.objects.filter(session_id__in=ids).values("session_id").annotate(last=Max("id")).values_list("last", flat=True)
-    )
-    last_events = {e.session_id: e for e in Event.objects.filter(id__in=list(last_ids))}
+    last_events = {e.session_id: e for e in last_event_per_session(ids)}
     return [SessionRow(s, latest.get(s.id), last_events.get(s.id)) for s in sessions]
+
+
+def last_event_per_session(session_ids: Sequence[int]) -> list[Event]:
+    """Each session's newest event, as a lateral top-1: one backward probe of the
+    (session_id, id) index per session, so the cost does not grow with the sessions' events
+    (a ``GROUP BY … max(id)`` reads every event of every session on the page). ``= ANY(ARRAY[…])``
+    and the two-column order keep the planner off the primary key: ``models.AnyId``."""
+    return list(Event.objects.raw(
+        f"SELECT e.* FROM unnest(%s::bigint[]) AS s(id) CROSS JOIN LATERAL "
+        f"(SELECT * FROM {_EVENTS} WHERE session_id = ANY(ARRAY[s.id]) ORDER BY session_id DESC, id DESC LIMIT 1) AS e",
+        [list(session_ids)],
+    ))
+
+
+def session_feed(session_id: int, limit: int) -> list[Event]:
+    """The session's newest events, newest first, from its (session_id, id) index."""
+    return list(Event.objects.filter(session_id__any=[session_id]).order_by("-session_id", "-id")[:limit])
+
+
+def newest_events(project_ids: Iterable[int], limit: int) -> list[Event]:
+    """The newest ``limit`` events of these projects, newest first: the top ``limit`` of each
+    project from its (project_id, id) index, merged (flat in the number of events; an
+    ``IN (…) ORDER BY id DESC`` over several projects sorts all their events)."""
+    return list(Event.objects.raw(
+        f"SELECT e.* FROM unnest(%s::bigint[]) AS p(id) CROSS JOIN LATERAL "
+        f"(SELECT * FROM {_EVENTS} WHERE project_id = ANY(ARRAY[p.id]) ORDER BY project_id DESC, id DESC LIMIT %s) AS e "
+        "ORDER BY e.id DESC LIMIT %s",
+        [sorted(project_ids), limit, limit],
+    ))
 
 
 # ------------------------------------------------------------------------------------

@@ -173,7 +173,6 @@ def overview(request: HttpRequest) -> HttpResponse:
     older = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
     projects = list(who.projects().order_by("name"))
-    feed_qs = Event.objects.filter(project_id__in=[filters.project] if filters.project else who.project_ids)
     counts = _counts(who, filters)
     context = {
         "filters": filters,
@@ -192,7 +191,9 @@ def overview(request: HttpRequest) -> HttpResponse:
         "states": presenters.STATES,
         "attention_states": sorted(lc.ATTENTION_STATUSES),
         "families": list(who.sessions().order_by("runtime_family").values_list("runtime_family", flat=True).distinct()),
-        "feed": presenters.event_views(feed_qs.order_by("-id")[:FEED_SIZE]),
+        "feed": presenters.event_views(
+            presenters.newest_events([filters.project] if filters.project else who.project_ids, FEED_SIZE)
+        ),
         "cursor": cursor,
         "live_projects": [filters.project] if filters.project else sorted(who.project_ids),
         "filter_params": filters.params(),
@@ -298,7 +299,7 @@ def session_detail(request: HttpRequest, session_id: int) -> HttpResponse:
     session = _visible_session(who, session_id)
     context = _session_context(session)
     context["cursor"] = cursor
-    context["feed"] = presenters.event_views(Event.objects.filter(session_id=session.id).order_by("-id")[:40])
+    context["feed"] = presenters.event_views(presenters.session_feed(session.id, 40))
     context.update(_nav(request))
     return render(request, "dashboard/session.html", context)
 

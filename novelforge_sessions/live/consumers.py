@@ -17,16 +17,21 @@ A foreign ``Origin`` (host, scheme or port) never gets this far: ``live.origins.
 refuses the handshake.
 
 Correctness. The Event table is the truth; the channel layer only says "project P has new
-events". Each subscription keeps a cursor (the last id sent). On subscribe the consumer joins
-the project's group *first*, then streams the backlog from the table, so an event committed
-while the backlog is read is either in a page or announced by a wake-up that arrives later.
-Every send path reads "after my cursor" under one per-socket lock, so nothing is sent twice
-and nothing is skipped however wake-ups and backlog pages interleave. Because the layer is
-at-most-once (and in-memory group membership expires), a periodic sweep re-joins the groups
-and reads after each cursor, so a lost wake-up only delays an event, never loses it. The
-sweep also re-authorizes: a revoked token, a logout or a lost membership ends the stream.
-Without Redis, other processes' commits arrive through PostgreSQL NOTIFY (``live.pgnotify``)
-as the same wake-ups.
+events". Each subscription keeps a cursor, a position in the project's log: every event at or
+below it that belongs to the subscription has been sent. The process reads the log ONCE per
+project per wake-up (``live.fanout``: one hub per process, one feed per project, a buffer of
+the last ``LIVE_BUFFER_EVENTS`` events serialised once) and every socket sends from that buffer
+what lies after its cursor. A subscription behind the buffer (its backlog on subscribe, a
+reconnect with an old ``after``, a socket that fell behind) reads the log after its own cursor
+first, then continues from the buffer. On subscribe the feed joins the project's group *first*,
+then the backlog is read, so an event committed meanwhile is either in the backlog or in a
+later read. Every send path runs under one per-socket lock and sends only ids after the
+cursor, so nothing is sent twice and nothing is skipped however wake-ups and backlog pages
+interleave. Because the layer is at-most-once (and in-memory group membership expires), the
+hub's periodic sweep re-joins the groups and reads each feed once, so a lost wake-up only
+delays an event, never loses it. Each socket's sweep re-authorizes: a revoked token, a logout
+or a lost membership ends the stream. Without Redis, other processes' commits arrive through
+PostgreSQL NOTIFY (``live.pgnotify``) as the same wake-ups.
 """
 from __future__ import annotations
 
@@ -42,7 +47,7 @@ from django.conf import settings
 
 from novelforge_sessions.access import Caller, caller_for_user
 from novelforge_sessions.api.auth import caller_for_token
-from novelforge_sessions.live import pgnotify, replay
+from novelforge_sessions.live import fanout, pgnotify, replay
 from novelforge_sessions.live.replay import Subscription
 
 log = logging.getLogger("novelforge.live")
@@ -77,6 +82,12 @@ def _non_negative_int(value: Any) -> int | None:
     return None
 
 
+def _settled_and_page(sub: Subscription, after: int) -> tuple[int, list[dict[str, Any]]]:
+    """Sync: the highest committed id, THEN the subscription's next page after ``after``."""
+    settled = replay.latest_event_id()
+    return settled, replay.events_after(sub, after, replay.PAGE_SIZE)
+
+
 class EventStreamConsumer(AsyncWebsocketConsumer):
     """Thin edge: parse, authorize (``replay.resolve_subscription``), read the log, send."""
 
@@ -86,11 +97,14 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
         self.caller: Caller | None = None
         self.subs: dict[str, Subscription] = {}
         self.cursors: dict[str, int] = {}
-        self.joined: set[str] = set()
+        self.joined: set[int] = set()  # projects whose feed this socket is a member of
         self.closed = False
-        # One lock per socket: backlog pages, wake-ups and sweeps never interleave their sends.
+        # One lock per socket: backlog pages, feed deliveries and sweeps never interleave their sends.
         self.send_lock = asyncio.Lock()
-        self.tasks: list[asyncio.Task] = []
+        self.advanced: set[int] = set()  # projects whose feed read new events since the last delivery
+        self.kick = asyncio.Event()
+        self.hub = fanout.hub()
+        self.tasks: list[asyncio.Task] = [asyncio.ensure_future(self._deliver_loop())]
         # Kept in memory only, to re-check revocation in the sweep; never logged.
         self.token: str | None = None
         await self.accept()
@@ -118,8 +132,8 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for group in self.joined:
-            await self.channel_layer.group_discard(group, self.channel_name)
+        for project_id in self.joined:
+            await self.hub.leave(self, project_id)
         self.joined.clear()
 
     # ---------------------------------------------------------------- client frames
@@ -198,17 +212,17 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
             await self._refuse(CLOSE_MALFORMED, "too_many_subscriptions", f"at most {MAX_SUBSCRIPTIONS} per socket")
             return
         async with self.send_lock:
-            # Join the group FIRST: anything committed from here on either is in the backlog we
-            # are about to read or produces a wake-up we will handle after it.
-            if sub.group not in self.joined:
-                await self.channel_layer.group_add(sub.group, self.channel_name)
-                self.joined.add(sub.group)
+            # Join the project's feed FIRST: anything committed from here on either is in the
+            # backlog we are about to read or in a later read of the feed.
+            if sub.project_id not in self.joined:
+                await self.hub.join(self, sub.project_id)
+                self.joined.add(sub.project_id)
             if after is None:
                 after = await database_sync_to_async(replay.latest_event_id)()
             self.subs[sub.key] = sub
             self.cursors[sub.key] = after
             await self._send({"type": "subscribed", "sub": sub.key, "after": after})
-            await self._drain(sub)
+            await self._catch_up(sub)
             await self._send({"type": "caught_up", "sub": sub.key, "cursor": self.cursors[sub.key]})
 
     async def _unsubscribe(self, message: dict[str, Any]) -> None:
@@ -216,31 +230,59 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
         async with self.send_lock:
             sub = self.subs.pop(key, None) if isinstance(key, str) else None
             self.cursors.pop(key, None)
-            if sub is not None and not any(s.group == sub.group for s in self.subs.values()):
-                await self.channel_layer.group_discard(sub.group, self.channel_name)
-                self.joined.discard(sub.group)
+            if sub is not None and not any(s.project_id == sub.project_id for s in self.subs.values()):
+                await self.hub.leave(self, sub.project_id)
+                self.joined.discard(sub.project_id)
         await self._send({"type": "unsubscribed", "sub": key if isinstance(key, str) else None})
 
-    # ---------------------------------------------------------------- channel layer
-    async def events_wakeup(self, message: dict[str, Any]) -> None:
-        """``{"type": "events.wakeup", "project_id", "max_id"}`` from ``events.append``'s on_commit."""
-        project_id = message.get("project_id")
-        max_id = message.get("max_id") or 0
-        async with self.send_lock:
-            for key, sub in list(self.subs.items()):
-                # Skip the read when this subscription has already sent past the announced id.
-                if sub.project_id == project_id and self.cursors.get(key, 0) < max_id:
-                    await self._drain(sub)
+    # ---------------------------------------------------------------- the project feeds
+    def feed_advanced(self, project_id: int) -> None:
+        """The feed of ``project_id`` read new events (``live.fanout``): deliver them soon."""
+        self.advanced.add(project_id)
+        self.kick.set()
+
+    async def _deliver_loop(self) -> None:
+        while not self.closed:
+            await self.kick.wait()
+            self.kick.clear()
+            projects, self.advanced = self.advanced, set()
+            async with self.send_lock:
+                for sub in list(self.subs.values()):
+                    if sub.project_id in projects:
+                        await self._catch_up(sub)
 
     # ---------------------------------------------------------------- internals
-    async def _drain(self, sub: Subscription) -> None:
-        """Send everything after the subscription's cursor, page by page. Caller holds send_lock."""
+    async def _catch_up(self, sub: Subscription) -> None:
+        """Send everything after the subscription's cursor: from the feed's buffer when the
+        cursor is inside it, else from the log first. Caller holds send_lock."""
+        prefix = '{"type":"event","sub":' + json.dumps(sub.key) + ',"event":'
         while not self.closed and sub.key in self.subs:
-            page = await database_sync_to_async(replay.events_after)(sub, self.cursors[sub.key], replay.PAGE_SIZE)
+            feed = self.hub.feeds.get(sub.project_id)
+            position = self.cursors[sub.key]
+            if feed is not None and position >= feed.start:
+                head = feed.head
+                for _event_id, text in feed.events_after(position, sub.session_id):
+                    await self._send_text(prefix + text + "}")
+                self.cursors[sub.key] = max(position, head)
+                return
+            await self._drain(sub)
+            if feed is None:  # not a member of the feed (cannot happen while subscribed): the log alone
+                return
+
+    async def _drain(self, sub: Subscription) -> None:
+        """Read the log after the subscription's cursor until a short page, sending each event.
+
+        Afterwards the cursor is at least the highest committed id seen *before* the last read
+        (every id at or below it was visible to that read), so a session subscription whose own
+        events are old still lands inside the feed's buffer.
+        """
+        while not self.closed and sub.key in self.subs:
+            settled, page = await database_sync_to_async(_settled_and_page)(sub, self.cursors[sub.key])
             for event in page:
                 await self._send({"type": "event", "sub": sub.key, "event": event})
                 self.cursors[sub.key] = event["id"]
             if len(page) < replay.PAGE_SIZE:
+                self.cursors[sub.key] = max(self.cursors[sub.key], settled)
                 return
 
     async def _sweep_loop(self) -> None:
@@ -263,11 +305,9 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
                 if verdict == "forbidden":
                     await self._refuse(CLOSE_FORBIDDEN, "forbidden", "a subscription is no longer visible to you")
                     return
-                async with self.send_lock:
-                    for group in list(self.joined):
-                        await self.channel_layer.group_add(group, self.channel_name)
+                async with self.send_lock:  # the hub's own sweep re-reads the feeds
                     for sub in list(self.subs.values()):
-                        await self._drain(sub)
+                        await self._catch_up(sub)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a failed sweep (database or layer hiccup) is retried next interval
@@ -299,8 +339,11 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
             await self._refuse(CLOSE_UNAUTHENTICATED, "unauthorized", "no credentials were presented in time")
 
     async def _send(self, payload: dict[str, Any]) -> None:
+        await self._send_text(json.dumps(payload, separators=(",", ":")))
+
+    async def _send_text(self, text: str) -> None:
         if not self.closed:
-            await self.send(text_data=json.dumps(payload, separators=(",", ":")))
+            await self.send(text_data=text)
 
     async def _refuse(self, code: int, error: str, message: str, **details: Any) -> None:
         """An error frame in the one error shape, then close with ``code``."""

@@ -1,0 +1,349 @@
+"""The live stream against bare Channels ``group_send`` on the same server (issue 13).
+
+One daphne (``bench/stream_asgi.py``: the project plus a bare ``/ws/bare/`` consumer) on its
+own database ``nfbench_stream``, with the Redis channel layer (the production layout; a bare
+``group_send`` from another process needs a layer that crosses processes). A child process
+holds the websocket clients; each scenario's publisher is a process of its own:
+
+- ours: the publisher commits one event per tick (``events.append`` in a transaction; its
+  after-commit wake-up goes through Redis to the server, whose feed reads the log once and
+  fans out); commit time = just after COMMIT (an ``on_commit`` hook registered first);
+- bare: the publisher ``group_send``s the same-sized JSON to ``bench.bare``; time = just before.
+
+Latency = client receive time − that time (one machine, one clock), over every delivery to
+every subscriber. Server CPU = the daphne process's user+system time over the window, per
+delivered event. Subscribers 1 / 10 / 50 at 20 events/s, and 200 at 50 events/s; every
+subscriber of ours is checked for gaps (a committed id it never got), duplicates and order.
+
+    python bench/stream.py --quick     # 3 s per scenario
+    python bench/stream.py             # 10 s per scenario
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+from daphne_server import Daphne  # noqa: E402
+
+DBNAME = "nfbench_stream"
+SCENARIOS = [(1, 20), (10, 20), (50, 20), (200, 50)]
+GOAL = 2.0
+
+
+def _server(server_url: str | None) -> str:
+    url = server_url if server_url and server_url.startswith("postgres") else (
+        os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/postgres")
+    parts = urlsplit(url)
+    return urlunsplit(("postgresql", parts.netloc, "/postgres", parts.query, ""))
+
+
+def _db_url(server: str, name: str) -> str:
+    parts = urlsplit(server)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
+
+
+def redis_url() -> str:
+    return os.environ.get("BENCH_REDIS_URL") or os.environ.get("TEST_REDIS_URL") or "redis://127.0.0.1:6379/13"
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+# ---------------------------------------------------------------- child: clients + publisher
+def _child_setup() -> dict[str, Any]:
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from novelforge_sessions.access import Caller
+    from novelforge_sessions.actions.sessions import NewSession, create_session
+    from novelforge_sessions.actions.tokens import create_token
+    from novelforge_sessions.models import Project
+
+    project = Project.objects.create(slug="stream", name="Stream", lock_fingerprint="sha256:" + "a" * 64, framework_version="1")
+    who = Caller(label="bench", project_ids=frozenset({project.id}), permissions=frozenset({"read", "write"}), project=project)
+    spec = {"role": "writer", "memory_policy": "bounded", "task_mode": "drafting", "runtime_family": "bench"}
+    session = create_session(who, NewSession(**spec))
+    _, token = create_token(project, name="bench", permissions=["read"])
+    return {"project": project.id, "session": session.id, "token": token}
+
+
+async def _clients(cfg: dict[str, Any], kind: str, n: int) -> tuple[list[Any], list[dict[int, float]]]:
+    import websockets
+
+    url = cfg["ws_url"] + ("/ws/events/" if kind == "ours" else "/ws/bare/")
+    headers = {"Authorization": f"Bearer {cfg['token']}"} if kind == "ours" else {}
+    conns, got = [], []
+    for _ in range(n):
+        ws = await websockets.connect(url, origin=cfg["http_url"], additional_headers=headers, max_queue=None,
+                                      open_timeout=30)
+        if kind == "ours":
+            await ws.send(json.dumps({"type": "subscribe", "project_id": cfg["project"]}))
+            while json.loads(await ws.recv())["type"] != "caught_up":
+                pass
+        conns.append(ws)
+        got.append({})
+    return conns, got
+
+
+async def _reader(ws: Any, got: dict[int, float], order: list[int]) -> None:
+    try:
+        async for raw in ws:
+            now = time.time()
+            frame = json.loads(raw)
+            if frame.get("type") == "event":
+                key = frame["event"]["id"]
+            elif "n" in frame:
+                key = frame["n"]
+            else:
+                continue
+            order.append(key)
+            got.setdefault(key, now)
+    except Exception:
+        return
+
+
+def _publish_ours(cfg: dict[str, Any], rate: float, seconds: float, sent: dict[int, float], stop: threading.Event) -> None:
+    from django.db import connection, transaction
+
+    from novelforge_sessions import events
+    from novelforge_sessions.event_types import TRANSCRIPT_APPENDED
+
+    period, t_next, deadline = 1.0 / rate, time.perf_counter(), time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < deadline and not stop.is_set():
+        stamp: list[float] = []
+        with transaction.atomic():
+            transaction.on_commit(lambda: stamp.append(time.time()))  # first hook: right after COMMIT
+            event_id = events.append(project_id=cfg["project"], session_id=cfg["session"], type=TRANSCRIPT_APPENDED,
+                                     payload={"seq": i, "role": "tool"})
+        sent[event_id] = stamp[0]
+        i += 1
+        t_next += period
+        time.sleep(max(0.0, t_next - time.perf_counter()))  # pacing the publisher, not a synchronisation
+    connection.close()
+
+
+def _publish_bare(cfg: dict[str, Any], rate: float, seconds: float, sent: dict[int, float], stop: threading.Event) -> None:
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    filler = "x" * 300  # about the size of one event frame of ours
+    period, t_next, deadline = 1.0 / rate, time.perf_counter(), time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < deadline and not stop.is_set():
+        t0 = time.time()
+        n = i * cfg["publishers"] + cfg["publisher"]
+        async_to_sync(layer.group_send)("bench.bare", {"type": "bench.event", "text": json.dumps({"n": n, "t": t0, "f": filler})})
+        sent[n] = t0
+        i += 1
+        t_next += period
+        time.sleep(max(0.0, t_next - time.perf_counter()))
+
+
+async def _scenario(cfg: dict[str, Any], kind: str, n: int, rate: float, seconds: float) -> dict[str, Any]:
+    conns, got = await _clients(cfg, kind, n)
+    orders: list[list[int]] = [[] for _ in conns]
+    readers = [asyncio.ensure_future(_reader(ws, g, o)) for ws, g, o in zip(conns, got, orders)]
+    await asyncio.sleep(0.5)  # let the sockets settle before the window (bench pacing)
+    cpu0 = _cpu_seconds(cfg["server_pid"])
+    # The publisher is its own process: in this one it would share the GIL with the clients.
+    # One publisher per 20 events/s (a commit here takes up to ~50 ms when the machine is busy).
+    count = max(1, -(-int(rate) // 20))
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--_publish", kind, json.dumps(cfg), str(rate / count), str(seconds), str(k), str(count),
+        stdout=asyncio.subprocess.PIPE, cwd=str(ROOT)) for k in range(count)]
+    sent: dict[int, float] = {}
+    for proc in procs:
+        stdout, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {kind} publisher failed")
+        line = [ln for ln in stdout.decode().splitlines() if ln.startswith("RESULT ")][-1]
+        sent.update({int(k): v for k, v in json.loads(line[len("RESULT "):]).items()})
+    # Give the last deliveries up to 3 s to arrive (bounded drain, then count what is missing).
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and any(len(set(g) & set(sent)) < len(sent) for g in got):
+        await asyncio.sleep(0.05)
+    cpu = _cpu_seconds(cfg["server_pid"]) - cpu0
+    for ws in conns:
+        await ws.close()
+    for r in readers:
+        r.cancel()
+    latencies = [g[k] - t for g in got for k, t in sent.items() if k in g]
+    gaps = sum(len(set(sent) - set(g)) for g in got)
+    disorder = sum(1 for o in orders if [k for k in o if k in sent] != sorted(k for k in o if k in sent))
+    duplicates = sum(len(o) - len(set(o)) for o in orders)
+    delivered = len(latencies)
+    return {
+        "kind": kind, "subscribers": n, "rate": rate, "events": len(sent), "delivered": delivered,
+        "p50_ms": (_pct(latencies, 0.5) or 0) * 1000, "p99_ms": (_pct(latencies, 0.99) or 0) * 1000,
+        "server_cpu_s": cpu, "cpu_ms_per_delivered": cpu * 1000 / delivered if delivered else None,
+        "gaps": gaps, "out_of_order_subscribers": disorder, "duplicates": duplicates,
+    }
+
+
+async def _measure(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    import django
+
+    django.setup()
+    out = []
+    for n, rate in SCENARIOS:
+        for kind in ("bare", "ours"):  # interleaved, the floor first
+            out.append(await _scenario(cfg, kind, n, rate, cfg["seconds"]))
+    return out
+
+
+# ---------------------------------------------------------------- parent
+def _child(env: dict[str, str], *args: str) -> Any:
+    out = subprocess.run([sys.executable, __file__, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench/stream.py {args[0]} failed:\n{out.stderr[-3000:]}")
+    return json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+
+
+def run(quick: bool, server_url: str | None = None) -> dict[str, Any]:
+    import psycopg
+
+    server = _server(server_url)
+    db_url = _db_url(server, DBNAME)
+    with psycopg.connect(server, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DBNAME} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {DBNAME}")
+    env = {**os.environ, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": "novelforge_sessions.settings",
+           "LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT), "REDIS_URL": redis_url(), "DB_POOL_MAX_SIZE": "8"}
+    world = _child(env, "--_setup")
+    results = BENCH / "results"
+    srv = _BenchDaphne(db_url, results / f"stream-daphne-{int(time.time())}.log")
+    try:
+        cfg = {**world, "ws_url": srv.url.replace("http", "ws", 1), "http_url": srv.url, "server_pid": srv.proc.pid,
+               "seconds": 3.0 if quick else 10.0}
+        rows = _child(env, "--_measure", json.dumps(cfg))
+    finally:
+        srv.stop()
+    return {"rows": rows, "quick": quick, "redis": redis_url(), "seconds": cfg["seconds"]}
+
+
+class _BenchDaphne(Daphne):
+    """``Daphne`` serving ``bench.stream_asgi:application`` (project + the bare route)."""
+
+    def __init__(self, db_url: str, log_path: Path) -> None:
+        import subprocess as sp
+
+        from daphne_server import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if k not in {"DB_CONN_MAX_AGE"}}
+        env.update(DATABASE_URL=db_url, DJANGO_SETTINGS_MODULE="novelforge_sessions.settings", ALLOWED_HOSTS="127.0.0.1,localhost",
+                   LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1", REDIS_URL=redis_url(), LIVE_SWEEP_SECONDS="3600",
+                   DB_POOL_MAX_SIZE="8", PYTHONPATH=f"{BENCH}{os.pathsep}{ROOT}")
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        self.proc = sp.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "stream_asgi:application"],
+            cwd=ROOT, env=env, stdout=self._log, stderr=sp.STDOUT,
+        )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+
+def goals_from(result: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = result["rows"]
+    by = {(r["kind"], r["subscribers"]): r for r in rows}
+    out = []
+    for n, rate in SCENARIOS:
+        ours, bare = by[("ours", n)], by[("bare", n)]
+        p99_ratio = ours["p99_ms"] / bare["p99_ms"] if bare["p99_ms"] else None
+        cpu_ratio = (ours["cpu_ms_per_delivered"] / bare["cpu_ms_per_delivered"]
+                     if ours["cpu_ms_per_delivered"] and bare["cpu_ms_per_delivered"] else None)
+        met = p99_ratio is not None and cpu_ratio is not None and p99_ratio <= GOAL and cpu_ratio <= GOAL
+        gaps_note = ""
+        if n == 200:
+            met = met and ours["gaps"] == 0 and ours["duplicates"] == 0 and ours["out_of_order_subscribers"] == 0
+            gaps_note = f"; ours gaps {ours['gaps']}, duplicates {ours['duplicates']}, out of order {ours['out_of_order_subscribers']} (bare lost {bare['gaps']})"
+        out.append({
+            "goal": f"websocket commit->client, {n} subscriber(s) at {rate} events/s vs bare group_send",
+            "measured": (f"p99 {ours['p99_ms']:.1f} vs {bare['p99_ms']:.1f} ms ({p99_ratio or 0:.2f}x); "
+                         f"server cpu/delivered {ours['cpu_ms_per_delivered'] or 0:.3f} vs {bare['cpu_ms_per_delivered'] or 0:.3f} ms "
+                         f"({cpu_ratio or 0:.2f}x){gaps_note}"),
+            "target": f"<= {GOAL}x p99, <= {GOAL}x cpu per delivered event" + (", 0 gaps" if n == 200 else ""),
+            "met": met,
+            "detail": (f"{ours['events']} events ({ours['events'] / result['seconds']:.0f}/s achieved; bare "
+                       f"{bare['events'] / result['seconds']:.0f}/s), {ours['delivered']} deliveries; Redis layer; "
+                       f"p50 {ours['p50_ms']:.1f} vs {bare['p50_ms']:.1f} ms" + (" (--quick: 3 s windows)" if result["quick"] else "")),
+        })
+    return out
+
+
+def goals(quick: bool, server_url: str) -> list[dict[str, Any]]:
+    try:
+        return goals_from(run(quick, server_url))
+    except Exception as exc:  # a missing Redis or a failed start: reported, not a crash of the whole bench
+        return [{"goal": "websocket fan-out vs bare group_send", "measured": None, "target": f"<= {GOAL}x", "met": None,
+                 "detail": f"error: {exc}"[:500]}]
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--_setup":
+        import django  # noqa: F401
+
+        print("RESULT " + json.dumps(_child_setup()))
+        return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--_publish":
+        import django
+
+        django.setup()
+        kind, cfg, rate, seconds = sys.argv[2], json.loads(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+        cfg["publisher"], cfg["publishers"] = int(sys.argv[6]), int(sys.argv[7])
+        sent: dict[int, float] = {}
+        (_publish_ours if kind == "ours" else _publish_bare)(cfg, rate, seconds, sent, threading.Event())
+        print("RESULT " + json.dumps(sent))
+        return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--_measure":
+        print("RESULT " + json.dumps(asyncio.run(_measure(json.loads(sys.argv[2])))))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 s per scenario instead of 10 s")
+    args = parser.parse_args()
+    result = run(args.quick)
+    print(f"{'kind':5} {'subs':>4} {'ev/s':>4} {'events':>6} {'deliv':>6} {'p50 ms':>7} {'p99 ms':>7} {'cpu s':>6} {'cpu ms/del':>10} gaps dup disorder")
+    for r in result["rows"]:
+        print(f"{r['kind']:5} {r['subscribers']:>4} {r['rate']:>4} {r['events']:>6} {r['delivered']:>6} {r['p50_ms']:>7.1f} "
+              f"{r['p99_ms']:>7.1f} {r['server_cpu_s']:>6.2f} {r['cpu_ms_per_delivered'] or 0:>10.3f} {r['gaps']:>4} "
+              f"{r['duplicates']:>3} {r['out_of_order_subscribers']:>3}")
+    for row in goals_from(result):
+        status = "met" if row["met"] else ("missed" if row["met"] is False else "n/a")
+        print(f"[{status:>6}] {row['goal']}: {row['measured']} (goal {row['target']}) {row['detail']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
