@@ -187,7 +187,7 @@ def _validate_anchors(value: Any, lo: int, hi: int, field: str) -> tuple[tuple[i
         raise InvalidPayload('anchors must be an object {"<score>": "<label>"}', field=field)
     out: dict[int, str] = {}
     for raw_key, label in value.items():
-        where = f"{field}.{raw_key}"
+        where = f"{field}.{str(raw_key)[:20]}"  # the key as given (cut short: it is echoed in the error)
         if not isinstance(raw_key, str) or not _SCORE_KEY_RE.match(raw_key):
             raise InvalidPayload("an anchor's key must be a score of the scale, written as an integer", field=where)
         score = int(raw_key)

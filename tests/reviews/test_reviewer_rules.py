@@ -154,6 +154,7 @@ def test_a_rubric_without_anchors_keeps_its_packet_bytes():
     ({"1": 5}, "rubric.criteria[0].anchors.1"),
     ({"1": "a", "01": "b"}, "rubric.criteria[0].anchors.01"),
     (["Confusing", "Clear"], "rubric.criteria[0].anchors"),
+    ({"9" * 300: "x"}, "rubric.criteria[0].anchors." + "9" * 20),  # an absurd key is echoed cut short
 ])
 def test_bad_anchors_are_refused_naming_the_anchor(anchors, field):
     rubric = {"criteria": [{"key": "clarity", "label": "Clarity", "scale": {"min": 1, "max": 5}, "anchors": anchors}]}
