@@ -125,8 +125,20 @@ def _extracted_note(request: HttpRequest) -> str:
     return f"Read one JSON object from {_EXTRACTED[source]}{where} of the pasted answer."
 
 
-def plain_message(field: str, message: str, rubric: Rubric) -> str:
-    """A refusal of one field, said for a person rather than an engineer."""
+_FINGERPRINT_FIELDS = ("packet_fingerprint", "artifact_fingerprint")
+_RELAY_FINGERPRINTS = ("The reply does not quote this packet's fingerprints exactly. Ask the other chat to copy "
+                       "packet_fingerprint and artifact_fingerprint from the prompt as written.")
+
+
+def plain_message(field: str, message: str, rubric: Rubric, *, relay: bool = False) -> str:
+    """A refusal of one field, said for a person rather than an engineer. For the relay (the
+    other chat's reply), a missing top-level field is named as the chat must write it."""
+    if relay and field in _FINGERPRINT_FIELDS:
+        return _RELAY_FINGERPRINTS
+    if relay and message == "is required" and "." not in field and "[" not in field:
+        return f"The reply has no {field}; ask the other chat to answer with every field the prompt lists."
+    if relay and message == "unknown field":
+        return f"The reply has a field the prompt does not ask for ({field}); ask the other chat to leave it out."
     if field == "decision":
         return "Please choose a decision: pass, revise or reject."
     if field == "confidence":
@@ -160,24 +172,26 @@ _PLAIN_CODES = {
     "stale_fingerprint": "This page is out of date: the text under review changed. Reload the page and review it again.",
     "verdict_conflict": "You have already submitted a different review of this packet; a review cannot be changed.",
     "gate_closed": "This review was withdrawn by its author; there is nothing to submit any more.",
-    "independence_violation": "You cannot review this text (you took part in writing it).",
+    "independence_violation": "You may not review this text: it is your own work, or you opened this review.",
 }
 
 
-def _refusal(exc: ServiceError, rubric: Rubric | None = None) -> dict[str, Any]:
+def _refusal(exc: ServiceError, rubric: Rubric | None = None, *, relay: bool = False) -> dict[str, Any]:
     """What a page may say about a refusal: plain sentences for people, plus its code, message
     and the fields it names (shown under "Technical details", and kept for the other chat)."""
     fields = [e for e in exc.details.get("errors", []) if isinstance(e, dict)]
     if not fields and exc.details.get("field"):
         fields = [{"field": exc.details["field"], "message": exc.message}]
-    if exc.code in _PLAIN_CODES:
+    if relay and exc.code == "stale_fingerprint" and exc.details.get("reason") != "candidate_changed":
+        plain = [_RELAY_FINGERPRINTS]
+    elif exc.code in _PLAIN_CODES:
         plain = [_PLAIN_CODES[exc.code]]
     elif rubric is not None and fields:
-        plain = list(dict.fromkeys(plain_message(f["field"], f["message"], rubric) for f in fields))
+        plain = list(dict.fromkeys(plain_message(f["field"], f["message"], rubric, relay=relay) for f in fields))
     else:
         plain = [exc.message]
     for f in fields:
-        f["plain"] = plain_message(f["field"], f["message"], rubric) if rubric is not None else f["message"]
+        f["plain"] = plain_message(f["field"], f["message"], rubric, relay=relay) if rubric is not None else f["message"]
     return {"code": exc.code, "message": exc.message, "fields": fields, "status": exc.http_status, "plain": plain}
 
 
@@ -229,7 +243,7 @@ def relay_paste(request: HttpRequest, packet_id: int) -> HttpResponse:
         payload = loads_json(found.text)  # the API's parser: NaN/Infinity/1e999 refused by name
         actions.bind_verdict(reviewer_for_user(request.user), packet_id, payload, channel=Verdict.Channel.RELAY)
     except ServiceError as exc:
-        return refuse(_refusal(exc, rubric), found)
+        return refuse(_refusal(exc, rubric, relay=True), found)
     lines = str(found.first_line) if found.first_line == found.last_line else f"{found.first_line}-{found.last_line}"
     return HttpResponseRedirect(
         reverse("reviews:packet", args=[packet_id]) + f"?bound=1&extracted={found.source}&lines={lines}#confirmation"

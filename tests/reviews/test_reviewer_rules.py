@@ -310,3 +310,20 @@ def test_after_a_review_the_way_back_to_the_queue_and_to_the_next_packet(world, 
     html = alice.get(resp["Location"]).content.decode()
     assert 'id="next-packet"' not in html and "No other packet is waiting for you." in html
     assert 'id="back-to-queue"' in html
+
+
+def test_relay_refusals_speak_of_the_reply(world, as_user):
+    """What the other chat got wrong is said so that the person can tell it: a missing field by
+    name, wrong fingerprints as 'copy them from the prompt' (not 'this page is out of date')."""
+    gate = world.gate(route="relay")
+    alice = as_user("alice")
+    url = f"/reviews/packets/{gate.packet.id}/relay/"
+    missing = {k: v for k, v in _answer(gate).items() if k != "decision"}
+    html = alice.post(url, {"answer": json.dumps(missing)}).content.decode()
+    assert "The reply has no decision; ask the other chat to answer with every field the prompt lists." in html
+    wrong_fp = _answer(gate, packet_fingerprint="sha256:" + "9" * 64)
+    resp = alice.post(url, {"answer": json.dumps(wrong_fp)})
+    html = resp.content.decode()
+    assert resp.status_code == 409 and "does not quote this packet&#x27;s fingerprints exactly" in html
+    assert "out of date" not in html.split('<ul class="plain">', 1)[1].split("</ul>", 1)[0]
+    nothing_bound(gate)
