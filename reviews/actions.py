@@ -492,7 +492,7 @@ def bind_verdict(
     assignment = _held_assignment(identity, packet_id, token) if token is not None else assignment_for(identity, packet_id)
     packet = assignment.packet
     rubric = packets.rubric_from_dict(packet.content["rubric"])
-    data = check(verdicts.validate_verdict, payload, rubric)
+    data = check(verdicts.validate_verdict, payload, rubric, candidate_lines=packet.content["candidate"]["lines"])
     created = True
     try:
         with transaction.atomic():

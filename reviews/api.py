@@ -47,6 +47,12 @@ class CriterionIn(Strict):
     label: str = Field(..., examples=["Clarity"])
     scale: ScaleIn
     description: str = ""
+    anchors: dict[str, str] = Field(
+        default_factory=dict, examples=[{"1": "Confusing", "5": "Crystal clear"}],
+        description="optional: what scores mean, for some or all scores of the scale (e.g. its ends). Keys are scores "
+        "written as integers (JSON keys are strings), within the scale; labels are 1–80 characters. Shown to reviewers "
+        "beside the score buttons and in the relay prompt; 422 names the anchor (`rubric.criteria[i].anchors.<score>`).",
+    )
 
 
 class RubricIn(Strict):
@@ -190,7 +196,9 @@ _VERDICT_BODY = {
                         "items": {
                             "type": "object",
                             "properties": {
-                                "location": {"type": "string"}, "severity": {"enum": list(SEVERITIES)},
+                                "location": {"type": "string", "description": "line(s) of the candidate: `L3`, `L3-5` "
+                                             "or `L3, L7`; 422 `findings[i].location` when a line is outside the candidate"},
+                                "severity": {"enum": list(SEVERITIES)},
                                 "note": {"type": "string"},
                             },
                         },
@@ -362,7 +370,7 @@ def get_packet(request: HttpRequest, packet_id: int):
     description="Cite your claim's `fencing_token` (422 `fencing_token` without it). 409 `stale_lease` when a later "
     "claim superseded it (nothing stored); 409 `stale_fingerprint` when the cited packet/artifact fingerprint is "
     "not this packet's or the candidate changed; 409 `verdict_conflict` for a different second verdict; 422 names "
-    "the offending field. Binding also records the handoff's delivery and consume-once receipt.",
+    "the offending field (a finding whose location names no line of the candidate: `findings[i].location`). Binding also records the handoff's delivery and consume-once receipt.",
     openapi_extra={"requestBody": _VERDICT_BODY},
 )
 def submit_verdict(request: HttpRequest, packet_id: int):

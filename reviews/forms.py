@@ -1,4 +1,4 @@
-"""The verdict form and the relay paste box.
+"""The verdict form and the relay paste box (its reply is searched by ``reviews.relay``).
 
 The form is generated from the rubric (templates/reviews/_verdict_form.html); here its POST is
 turned into the same JSON-shaped verdict an agent or another chat would send, and
@@ -76,5 +76,5 @@ class RelayAnswerForm(forms.Form):
     answer = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 10, "spellcheck": "false", "class": "mono"}),
         max_length=200_000, strip=True,
-        error_messages={"required": "Paste the other chat's JSON answer here."},
+        error_messages={"required": "Paste the other chat's reply here."},
     )

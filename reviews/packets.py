@@ -34,6 +34,16 @@ MAX_EVIDENCE_BYTES = 32 * 1024
 MAX_FINDINGS = 50
 MAX_LOCATION = 200
 MAX_NOTE = 4000
+MAX_ANCHOR = 80
+
+#: Named confidence levels offered to people (the form); a verdict carries the number, and the API
+#: takes any number from 0 to 1.
+CONFIDENCE_LEVELS: tuple[tuple[str, str, float], ...] = (
+    ("unsure", "Not sure", 0.25),
+    ("fairly", "Fairly sure", 0.5),
+    ("sure", "Sure", 0.75),
+    ("certain", "Certain", 1.0),
+)
 
 _KEY_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
@@ -43,7 +53,8 @@ INSTRUCTIONS = (
     "author's notes, drafts, conversation or anyone else's review. Score every criterion with an "
     "integer inside its scale, decide pass, revise or reject, list concrete findings (location = "
     "line number or range in the candidate, severity minor|major|critical, note), and state your "
-    "confidence between 0 and 1. Cite the packet fingerprint and the artifact fingerprint exactly: "
+    "confidence between 0 and 1. Where the rubric labels scores (anchors), use them as the meaning of those "
+    "scores. Cite the packet fingerprint and the artifact fingerprint exactly: "
     "a verdict that cites other fingerprints is refused as stale."
 )
 
@@ -70,9 +81,22 @@ class Criterion:
     min: int
     max: int
     description: str = ""
+    #: What a score means, for some or all scores of the scale (score -> short label), e.g. its ends.
+    anchors: tuple[tuple[int, str], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "label": self.label, "scale": {"min": self.min, "max": self.max}, "description": self.description}
+        out: dict[str, Any] = {"key": self.key, "label": self.label, "scale": {"min": self.min, "max": self.max},
+                               "description": self.description}
+        if self.anchors:  # absent when none: packets without anchors keep their bytes and fingerprints
+            out["anchors"] = {str(score): label for score, label in self.anchors}
+        return out
+
+    def anchor(self, score: int) -> str:
+        return dict(self.anchors).get(score, "")
+
+    def anchors_text(self) -> str:
+        """``1 = Confusing, 5 = Crystal clear`` (empty without anchors)."""
+        return ", ".join(f"{score} = {label}" for score, label in self.anchors)
 
 
 @dataclass(frozen=True)
@@ -118,7 +142,7 @@ def validate_rubric(value: Any, field: str = "rubric") -> Rubric:
         where = f"{field}.criteria[{i}]"
         if not isinstance(item, Mapping):
             raise InvalidPayload("each criterion must be an object", field=where)
-        extra = sorted(set(item) - {"key", "label", "scale", "description"})
+        extra = sorted(set(item) - {"key", "label", "scale", "description", "anchors"})
         if extra:
             raise InvalidPayload(f"unknown criterion field {extra[0]!r}", field=f"{where}.{extra[0]}")
         key = item.get("key")
@@ -141,13 +165,38 @@ def validate_rubric(value: Any, field: str = "rubric") -> Rubric:
             raise InvalidPayload(
                 f"scale must satisfy min < max and max - min <= {MAX_SCALE_SPAN}", field=f"{where}.scale.max"
             )
-        criteria.append(Criterion(key, label, lo, hi, description))
+        anchors = _validate_anchors(item.get("anchors"), lo, hi, f"{where}.anchors")
+        criteria.append(Criterion(key, label, lo, hi, description, anchors))
     allowed = value.get("evidence", [])
     if not isinstance(allowed, list) or not all(isinstance(k, str) and _KEY_RE.match(k) for k in allowed):
         raise InvalidPayload("rubric.evidence must be a list of evidence keys", field=f"{field}.evidence")
     if len(set(allowed)) != len(allowed) or len(allowed) > MAX_EVIDENCE_ITEMS:
         raise InvalidPayload("rubric.evidence keys must be unique (at most 10)", field=f"{field}.evidence")
     return Rubric(tuple(criteria), tuple(allowed))
+
+
+_SCORE_KEY_RE = re.compile(r"^-?\d{1,4}$")
+
+
+def _validate_anchors(value: Any, lo: int, hi: int, field: str) -> tuple[tuple[int, str], ...]:
+    """Anchors: an object mapping scores of the scale (written as JSON keys, e.g. ``"1"``) to short
+    labels (e.g. ``{"1": "Confusing", "5": "Crystal clear"}``); some scores or all. Sorted by score."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise InvalidPayload('anchors must be an object {"<score>": "<label>"}', field=field)
+    out: dict[int, str] = {}
+    for raw_key, label in value.items():
+        where = f"{field}.{str(raw_key)[:20]}"  # the key as given (cut short: it is echoed in the error)
+        if not isinstance(raw_key, str) or not _SCORE_KEY_RE.match(raw_key):
+            raise InvalidPayload("an anchor's key must be a score of the scale, written as an integer", field=where)
+        score = int(raw_key)
+        if not lo <= score <= hi:
+            raise InvalidPayload(f"score {score} is outside the scale {lo}..{hi}", field=where)
+        if score in out:
+            raise InvalidPayload(f"score {score} has two anchors", field=where)
+        out[score] = _text(label, where, max_len=MAX_ANCHOR)
+    return tuple(sorted(out.items()))
 
 
 def rubric_from_dict(value: Mapping[str, Any]) -> Rubric:
@@ -203,6 +252,13 @@ def validate_evidence(value: Any, rubric: Rubric, field: str = "evidence") -> tu
 # ------------------------------------------------------------------------------------------
 # Verdict schema (derived from the rubric) and the packet
 # ------------------------------------------------------------------------------------------
+def _score_schema(c: Criterion) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer", "minimum": c.min, "maximum": c.max, "title": c.label}
+    if c.anchors:
+        schema["description"] = c.anchors_text()
+    return schema
+
+
 def verdict_schema(rubric: Rubric, artifact_fingerprint: str) -> dict[str, Any]:
     """The JSON Schema a verdict on this packet must satisfy (``verdicts.validate_verdict``
     enforces exactly this, plus the packet fingerprint, which cannot be inside the packet it
@@ -221,8 +277,7 @@ def verdict_schema(rubric: Rubric, artifact_fingerprint: str) -> dict[str, Any]:
                 "additionalProperties": False,
                 "required": [c.key for c in rubric.criteria],
                 "properties": {
-                    c.key: {"type": "integer", "minimum": c.min, "maximum": c.max, "title": c.label}
-                    for c in rubric.criteria
+                    c.key: _score_schema(c) for c in rubric.criteria
                 },
             },
             "findings": {
@@ -233,7 +288,8 @@ def verdict_schema(rubric: Rubric, artifact_fingerprint: str) -> dict[str, Any]:
                     "additionalProperties": False,
                     "required": ["location", "severity", "note"],
                     "properties": {
-                        "location": {"type": "string", "minLength": 1, "maxLength": MAX_LOCATION},
+                        "location": {"type": "string", "minLength": 1, "maxLength": MAX_LOCATION,
+                                     "description": "line(s) of the candidate: L3, L3-5 or L3, L7"},
                         "severity": {"enum": list(SEVERITIES)},
                         "note": {"type": "string", "minLength": 1, "maxLength": MAX_NOTE},
                     },
@@ -295,7 +351,7 @@ def answer_skeleton(rubric: Rubric, *, packet_fp: str, artifact_fp: str) -> str:
         f'  "artifact_fingerprint": "{artifact_fp}",\n'
         '  "decision": "pass" | "revise" | "reject",\n'
         f"  \"scores\": {{{scores}}},\n"
-        '  "findings": [{"location": "line 3", "severity": "minor" | "major" | "critical", "note": "..."}],\n'
+        '  "findings": [{"location": "L3", "severity": "minor" | "major" | "critical", "note": "..."}],\n'
         '  "confidence": <number 0..1>\n'
         "}"
     )
@@ -313,7 +369,7 @@ def relay_prompt(content: Mapping[str, Any], fingerprint: str) -> str:
         "",
         content["instructions"],
         "",
-        "Answer with ONE JSON object and nothing else (no prose, no code fence), matching the JSON schema below.",
+        "Answer with ONE JSON object matching the JSON schema below (a ```json code block is fine; give only one object).",
         "Copy both fingerprints into your answer exactly as written here:",
         f"  packet_fingerprint:   {fingerprint}",
         f"  artifact_fingerprint: {candidate['fingerprint']}",
@@ -322,7 +378,8 @@ def relay_prompt(content: Mapping[str, Any], fingerprint: str) -> str:
     ]
     for c in rubric.criteria:
         desc = f" — {c.description}" if c.description else ""
-        lines.append(f"- {c.key} ({c.label}): integer from {c.min} to {c.max}{desc}")
+        anchors = f" [{c.anchors_text()}]" if c.anchors else ""
+        lines.append(f"- {c.key} ({c.label}): integer from {c.min} to {c.max}{anchors}{desc}")
     if content.get("evidence"):
         lines += ["", "== EVIDENCE (declared by the rubric; use nothing else) =="]
         for item in content["evidence"]:

@@ -9,6 +9,7 @@ error names the offending field (``decision``, ``scores.clarity``, ``findings[2]
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -83,8 +84,50 @@ def _is_number(value: Any) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
-def validate_verdict(payload: Any, rubric: Rubric) -> VerdictData:
-    """Check a verdict body against the rubric and return its normalised form."""
+#: One line or a range: ``L3``, ``3``, ``line 3``, ``lines 3-5``, ``L3–L5`` (hyphen, en or em dash, "to").
+_LINE_PART = re.compile(
+    r"^(?:l|line|lines)?\s*\.?\s*(\d{1,7})\s*(?:(?:-|–|—|to)\s*(?:l|line)?\s*\.?\s*(\d{1,7}))?$", re.IGNORECASE
+)
+LOCATION_HINT = "a line or range of the candidate, e.g. L3, L3-5 or L3, L7"
+
+
+def parse_location(text: str) -> list[tuple[int, int]] | None:
+    """The line ranges a finding's location names (``L3, L7-9`` → [(3, 3), (7, 9)]), or None
+    when it names no lines. Ranges are not checked against a candidate here."""
+    parts = [p.strip() for p in re.split(r"[,;]", text)]
+    if not parts or any(not p for p in parts):
+        return None
+    ranges = []
+    for part in parts:
+        m = _LINE_PART.match(part)
+        if not m:
+            return None
+        start = int(m.group(1))
+        end = int(m.group(2)) if m.group(2) else start
+        ranges.append((start, end))
+    return ranges
+
+
+def location_error(text: str, candidate_lines: int) -> str | None:
+    """Why a location does not point into a candidate of ``candidate_lines`` lines (None: it does)."""
+    ranges = parse_location(text)
+    if ranges is None:
+        return f"must name {LOCATION_HINT}"
+    for start, end in ranges:
+        if start > end:
+            return f"the range {start}-{end} runs backwards"
+        for n in (start, end):
+            if not 1 <= n <= candidate_lines:
+                return f"line {n} is not in the candidate (it has {candidate_lines} line{'s' if candidate_lines != 1 else ''})"
+    return None
+
+
+def validate_verdict(payload: Any, rubric: Rubric, *, candidate_lines: int | None = None) -> VerdictData:
+    """Check a verdict body against the rubric and return its normalised form.
+
+    ``candidate_lines``: the packet's candidate has this many lines, and every finding's
+    location must name lines among them (``findings[i].location`` otherwise). ``None`` skips
+    that check (no candidate at hand)."""
     errors = _Errors()
     if not isinstance(payload, Mapping):
         errors.add("body", "a verdict is a JSON object")
@@ -143,6 +186,9 @@ def validate_verdict(payload: Any, rubric: Rubric) -> VerdictData:
                 ok = True
                 if not isinstance(location, str) or not location.strip() or len(location) > MAX_LOCATION:
                     errors.add(f"{where}.location", f"must be a non-empty string of at most {MAX_LOCATION} characters")
+                    ok = False
+                elif candidate_lines is not None and (why := location_error(location.strip(), candidate_lines)):
+                    errors.add(f"{where}.location", why)
                     ok = False
                 if severity not in SEVERITIES:
                     errors.add(f"{where}.severity", f"must be one of {', '.join(SEVERITIES)}")

@@ -2,12 +2,14 @@
 managers' calibration view. Thin: parse, authorize, call an action, render.
 
 A reviewer sees only their own assignments (404 otherwise) and only what the stored packet
-holds plus their own verdict. Refusals re-render the page with the refusal's code and the
-field it names; the page never echoes anything the packet does not contain.
+holds plus their own verdict. Refusals re-render the page in plain words ("Please score
+Clarity"), keeping the refusal's code and field names under "Technical details"; the page never
+echoes anything the packet does not contain. A pasted relay answer may be a bare JSON object,
+a ```json block or an object in prose (``reviews.relay.extract_answer``).
 """
 from __future__ import annotations
 
-import json
+import re
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -18,13 +20,19 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from novelforge_sessions.api.schemas import loads_json
-from novelforge_sessions.errors import NotFound, ServiceError
+from novelforge_sessions.errors import MalformedBody, NotFound, ServiceError
 from novelforge_sessions.models import Project, Session
-from reviews import actions, calibration as scoring
+from reviews import actions, calibration as scoring, relay
 from reviews.access import assignment_for, assignments_for, managed_project_ids, reviewer_for_user
 from reviews.forms import FindingRow, RelayAnswerForm, finding_rows, verdict_payload_from_post
 from reviews.models import GateCalibration, ReviewAssignment, ReviewGate, Verdict
-from reviews.packets import DECISIONS, SEVERITIES, relay_prompt, rubric_from_dict
+from reviews.packets import CONFIDENCE_LEVELS, DECISIONS, SEVERITIES, Rubric, relay_prompt, rubric_from_dict
+from reviews.verdicts import LOCATION_HINT
+
+_FINDING_FIELD = re.compile(r"^findings\[(\d+)\](?:\.(\w+))?$")
+#: What the confirmation may say about where a relay answer was found (query parameters, allowlisted).
+_EXTRACTED = {"whole": "the whole answer", "fenced": "the ```json block", "prose": "the text around it"}
+_LINES_PARAM = re.compile(r"^\d{1,6}(-\d{1,6})?$")
 
 
 def _assignment_or_404(request: HttpRequest, packet_id: int) -> ReviewAssignment:
@@ -57,16 +65,17 @@ def _packet_context(request: HttpRequest, assignment: ReviewAssignment, **extra:
     verdict = Verdict.objects.filter(assignment=assignment).first()
     values: dict[str, str] = extra.pop("values", {})
     errors: dict[str, str] = extra.pop("errors", {})
-    # Small scales become a row of radio buttons; wide ones a number input.
+    # Small scales become a row of radio buttons (each with its anchor, if the rubric gives one);
+    # wide ones a number input with the anchors listed.
     criteria = [
-        {"c": c, "choices": [str(n) for n in range(c.min, c.max + 1)] if c.max - c.min <= 10 else None,
+        {"c": c, "choices": [(str(n), c.anchor(n)) for n in range(c.min, c.max + 1)] if c.max - c.min <= 10 else None,
+         "anchors_text": c.anchors_text(),
          "value": values.get(f"score-{c.key}", ""), "error": errors.get(f"scores.{c.key}", "")}
         for c in rubric.criteria
     ]
     rows: list[FindingRow] = extra.pop("rows", None) or []
     row_errors = [
-        [f"{name[len(f'findings[{i}]'):].lstrip('.') or 'finding'}: {msg}" for name, msg in errors.items()
-         if name.startswith(f"findings[{i}]")]
+        [msg for name, msg in errors.items() if name.startswith(f"findings[{i}]")]
         for i in range(len(rows))
     ]
     ctx = {
@@ -80,6 +89,11 @@ def _packet_context(request: HttpRequest, assignment: ReviewAssignment, **extra:
         "verdict": verdict,
         "decisions": DECISIONS,
         "severities": SEVERITIES,
+        "confidence_levels": [(str(v), label) for _, label, v in CONFIDENCE_LEVELS],
+        "location_hint": LOCATION_HINT,
+        "has_anchors": any(c.anchors for c in rubric.criteria),
+        "next_packet": _next_packet(request, assignment) if verdict else None,
+        "extracted": _extracted_note(request) if verdict else "",
         "relay_prompt": relay_prompt(content, packet.fingerprint),
         "relay_form": extra.pop("relay_form", None) or RelayAnswerForm(),
         "rows": list(zip(rows, row_errors)) + [(FindingRow(), [])],
@@ -94,12 +108,91 @@ def _packet_context(request: HttpRequest, assignment: ReviewAssignment, **extra:
     return ctx
 
 
-def _refusal(exc: ServiceError) -> dict[str, Any]:
-    """What a page may say about a refusal: its code, message and the fields it names."""
+def _next_packet(request: HttpRequest, current: ReviewAssignment) -> ReviewAssignment | None:
+    """The oldest other packet waiting for this reviewer (the queue's first row), if any."""
+    return (
+        assignments_for(reviewer_for_user(request.user))
+        .filter(state=ReviewAssignment.State.ASSIGNED, packet__gate__state=ReviewGate.State.PENDING)
+        .exclude(id=current.id).order_by("assigned_at", "id").first()
+    )
+
+
+def _extracted_note(request: HttpRequest) -> str:
+    source, lines = request.GET.get("extracted", ""), request.GET.get("lines", "")
+    if source not in _EXTRACTED:
+        return ""
+    where = f" ({'line' if '-' not in lines else 'lines'} {lines.replace('-', '–')})" if _LINES_PARAM.match(lines) else ""
+    return f"Read one JSON object from {_EXTRACTED[source]}{where} of the pasted answer."
+
+
+_FINGERPRINT_FIELDS = ("packet_fingerprint", "artifact_fingerprint")
+_RELAY_FINGERPRINTS = ("The reply does not quote this packet's fingerprints exactly. Ask the other chat to copy "
+                       "packet_fingerprint and artifact_fingerprint from the prompt as written.")
+
+
+def plain_message(field: str, message: str, rubric: Rubric, *, relay: bool = False) -> str:
+    """A refusal of one field, said for a person rather than an engineer. For the relay (the
+    other chat's reply), a missing top-level field is named as the chat must write it."""
+    if relay and field in _FINGERPRINT_FIELDS:
+        return _RELAY_FINGERPRINTS
+    if relay and message == "is required" and "." not in field and "[" not in field:
+        return f"The reply has no {field}; ask the other chat to answer with every field the prompt lists."
+    if relay and message == "unknown field":
+        return f"The reply has a field the prompt does not ask for ({field}); ask the other chat to leave it out."
+    if field == "decision":
+        return "Please choose a decision: pass, revise or reject."
+    if field == "confidence":
+        return "Please choose how sure you are."
+    if field.startswith("scores."):
+        c = rubric.criterion(field[len("scores."):])
+        if c is None:
+            return f"The answer scores something this rubric does not have ({field[len('scores.'):]})."
+        if "required" in message:
+            return f"Please score {c.label}."
+        return f"Please give {c.label} a whole-number score from {c.min} to {c.max}."
+    if m := _FINDING_FIELD.match(field):
+        n, part = int(m.group(1)) + 1, m.group(2)
+        if part == "location":
+            if message.startswith("line ") or "backwards" in message:
+                return f"Finding {n}: {message[0].upper()}{message[1:]}."
+            return f"Finding {n}: say which line it is about — {LOCATION_HINT}."
+        if part == "severity":
+            return f"Finding {n}: please choose how serious it is (minor, major or critical)."
+        if part == "note":
+            return f"Finding {n}: please describe the problem."
+        return f"Finding {n}: {message}."
+    if field in ("packet_fingerprint", "artifact_fingerprint"):
+        return "This page is out of date: the text under review changed. Reload the page and review it again."
+    if field == "body":
+        return message
+    return f"{field}: {message}"
+
+
+_PLAIN_CODES = {
+    "stale_fingerprint": "This page is out of date: the text under review changed. Reload the page and review it again.",
+    "verdict_conflict": "You have already submitted a different review of this packet; a review cannot be changed.",
+    "gate_closed": "This review was withdrawn by its author; there is nothing to submit any more.",
+    "independence_violation": "You may not review this text: it is your own work, or you opened this review.",
+}
+
+
+def _refusal(exc: ServiceError, rubric: Rubric | None = None, *, relay: bool = False) -> dict[str, Any]:
+    """What a page may say about a refusal: plain sentences for people, plus its code, message
+    and the fields it names (shown under "Technical details", and kept for the other chat)."""
     fields = [e for e in exc.details.get("errors", []) if isinstance(e, dict)]
     if not fields and exc.details.get("field"):
         fields = [{"field": exc.details["field"], "message": exc.message}]
-    return {"code": exc.code, "message": exc.message, "fields": fields, "status": exc.http_status}
+    if relay and exc.code == "stale_fingerprint" and exc.details.get("reason") != "candidate_changed":
+        plain = [_RELAY_FINGERPRINTS]
+    elif exc.code in _PLAIN_CODES:
+        plain = [_PLAIN_CODES[exc.code]]
+    elif rubric is not None and fields:
+        plain = list(dict.fromkeys(plain_message(f["field"], f["message"], rubric, relay=relay) for f in fields))
+    else:
+        plain = [exc.message]
+    for f in fields:
+        f["plain"] = plain_message(f["field"], f["message"], rubric, relay=relay) if rubric is not None else f["message"]
+    return {"code": exc.code, "message": exc.message, "fields": fields, "status": exc.http_status, "plain": plain}
 
 
 @login_required
@@ -113,13 +206,13 @@ def packet_page(request: HttpRequest, packet_id: int) -> HttpResponse:
     try:
         actions.bind_verdict(reviewer_for_user(request.user), packet_id, payload, channel=Verdict.Channel.PAGE)
     except ServiceError as exc:
-        refusal = _refusal(exc)
+        refusal = _refusal(exc, rubric)
         values = {
             "decision": request.POST.get("decision", ""),
             "confidence": request.POST.get("confidence", ""),
             **{f"score-{c.key}": request.POST.get(f"score-{c.key}", "") for c in rubric.criteria},
         }
-        errors = {f["field"]: f["message"] for f in refusal["fields"]}
+        errors = {f["field"]: f["plain"] for f in refusal["fields"]}
         ctx = _packet_context(request, assignment, refusal=refusal, values=values, errors=errors, rows=finding_rows(request.POST))
         return render(request, "reviews/packet.html", ctx, status=refusal["status"])
     return HttpResponseRedirect(reverse("reviews:packet", args=[packet_id]) + "?bound=1#confirmation")
@@ -128,32 +221,33 @@ def packet_page(request: HttpRequest, packet_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def relay_paste(request: HttpRequest, packet_id: int) -> HttpResponse:
-    """The other chat's answer, pasted back: parsed, then validated and bound like any verdict."""
+    """The other chat's answer, pasted back: its one JSON object found (bare, fenced or in prose),
+    then validated and bound like any verdict. Every refusal says why; nothing is bound."""
     assignment = _assignment_or_404(request, packet_id)
+    rubric = rubric_from_dict(assignment.packet.content["rubric"])
     form = RelayAnswerForm(request.POST)
+
+    def refuse(refusal: dict[str, Any], extracted: relay.Extracted | None = None) -> HttpResponse:
+        ctx = _packet_context(request, assignment, relay_form=form, relay_refusal=refusal, relay_extracted=extracted)
+        return render(request, "reviews/packet.html", ctx, status=refusal["status"])
+
     if not form.is_valid():
-        refusal = {"code": "validation_error", "message": form.errors["answer"][0], "fields": [{"field": "answer", "message": form.errors["answer"][0]}], "status": 422}
-        return render(request, "reviews/packet.html", _packet_context(request, assignment, relay_form=form, relay_refusal=refusal), status=422)
+        message = form.errors["answer"][0]
+        return refuse({"code": "validation_error", "message": message, "plain": [message],
+                       "fields": [{"field": "answer", "message": message, "plain": message}], "status": 422})
     try:
-        payload = loads_json(form.cleaned_data["answer"])  # the API's parser: NaN/Infinity/1e999 refused by name
-    except ServiceError as exc:
-        ctx = _packet_context(request, assignment, relay_form=form, relay_refusal=_refusal(exc))
-        return render(request, "reviews/packet.html", ctx, status=exc.http_status)
-    except json.JSONDecodeError as exc:
-        refusal = {
-            "code": "malformed_body", "status": 400,
-            "message": f"The answer is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}). "
-            "Paste only the JSON object, without prose or code fences.",
-            "fields": [{"field": "body", "message": "not valid JSON"}],
-        }
-        return render(request, "reviews/packet.html", _packet_context(request, assignment, relay_form=form, relay_refusal=refusal), status=400)
+        found = relay.extract_answer(form.cleaned_data["answer"])
+    except relay.ExtractionRefused as exc:
+        return refuse(_refusal(MalformedBody(exc.message, field="answer", reason=exc.reason, **exc.details)))
     try:
+        payload = loads_json(found.text)  # the API's parser: NaN/Infinity/1e999 refused by name
         actions.bind_verdict(reviewer_for_user(request.user), packet_id, payload, channel=Verdict.Channel.RELAY)
     except ServiceError as exc:
-        refusal = _refusal(exc)
-        ctx = _packet_context(request, assignment, relay_form=form, relay_refusal=refusal)
-        return render(request, "reviews/packet.html", ctx, status=refusal["status"])
-    return HttpResponseRedirect(reverse("reviews:packet", args=[packet_id]) + "?bound=1#confirmation")
+        return refuse(_refusal(exc, rubric, relay=True), found)
+    lines = str(found.first_line) if found.first_line == found.last_line else f"{found.first_line}-{found.last_line}"
+    return HttpResponseRedirect(
+        reverse("reviews:packet", args=[packet_id]) + f"?bound=1&extracted={found.source}&lines={lines}#confirmation"
+    )
 
 
 @login_required

@@ -1,5 +1,8 @@
-// Reviewer pages: copy to clipboard (fingerprints, relay prompt) and add/remove finding rows.
-// Everything works without JavaScript too: the prompt is selectable text, empty rows are ignored.
+// Reviewer pages: copy to clipboard (fingerprints, relay prompt), add/remove finding rows, and check
+// a finding before the round trip: a started row needs its other fields, and its location must name
+// lines of the candidate (the server checks the same: reviews/verdicts.py location_error).
+// Everything works without JavaScript too: the prompt is selectable text, empty rows are ignored,
+// required scores are caught by the browser's own form validation, and the server names the rest.
 (function () {
   "use strict";
   document.documentElement.classList.add("js");
@@ -51,7 +54,8 @@
   if (rows && template && add) {
     var next = rows.querySelectorAll(".finding-row").length;
     add.addEventListener("click", function () {
-      var html = template.innerHTML.replace(/__i__/g, String(next++));
+      var html = template.innerHTML.replace(/__i__/g, String(next)).replace(/__n__/g, String(next + 1));
+      next++;
       var holder = document.createElement("div");
       holder.innerHTML = html.trim();
       var row = holder.firstElementChild;
@@ -66,9 +70,54 @@
         row.remove();
       } else {
         row.querySelectorAll("input, select").forEach(function (el) { el.value = ""; });
+        checkRow(row);
       }
       add.focus();
     });
+  }
+
+  // ---- findings checked in the browser (same rules as the server)
+  var form = document.querySelector("form.verdict-form");
+  var LINE_PART = /^(?:l|line|lines)?\s*\.?\s*(\d{1,7})\s*(?:(?:-|\u2013|\u2014|to)\s*(?:l|line)?\s*\.?\s*(\d{1,7}))?$/i;
+  var HINT = "a line or range of the candidate, e.g. L3, L3-5 or L3, L7";
+
+  function locationError(text, lines) {
+    var parts = text.split(/[,;]/).map(function (p) { return p.trim(); });
+    for (var k = 0; k < parts.length; k++) {
+      var m = LINE_PART.exec(parts[k]);
+      if (!parts[k] || !m) return "Say which line it is about: " + HINT + ".";
+      var start = parseInt(m[1], 10), end = m[2] ? parseInt(m[2], 10) : start;
+      if (start > end) return "The range " + start + "-" + end + " runs backwards.";
+      var bad = [start, end].filter(function (n) { return n < 1 || n > lines; });
+      if (bad.length) return "Line " + bad[0] + " is not in the candidate (it has " + lines + " line" + (lines === 1 ? "" : "s") + ").";
+    }
+    return "";
+  }
+
+  function checkRow(row) {
+    var loc = row.querySelector("input[name$='-location']");
+    var sev = row.querySelector("select[name$='-severity']");
+    var note = row.querySelector("input[name$='-note']");
+    if (!loc || !sev || !note) return;
+    var started = loc.value.trim() !== "" || note.value.trim() !== "";
+    loc.required = sev.required = note.required = started;
+    var lines = parseInt(form.dataset.lines, 10);
+    loc.setCustomValidity(started && loc.value.trim() !== "" ? locationError(loc.value.trim(), lines) : "");
+  }
+
+  if (form && rows) {
+    rows.addEventListener("input", function (event) {
+      var row = event.target.closest(".finding-row");
+      if (row) checkRow(row);
+    });
+    form.addEventListener("submit", function (event) {
+      rows.querySelectorAll(".finding-row").forEach(checkRow);
+      if (!form.checkValidity()) {
+        event.preventDefault();
+        form.reportValidity();
+      }
+    });
+    rows.querySelectorAll(".finding-row").forEach(checkRow);
   }
 
   var confirmation = document.getElementById("confirmation");

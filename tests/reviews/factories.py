@@ -125,7 +125,8 @@ def verdict_for(gate: ReviewGate, **overrides: Any) -> dict[str, Any]:
         "artifact_fingerprint": gate.candidate_fingerprint,
         "decision": "revise",
         "scores": {"clarity": 4, "pacing": 6},
-        "findings": [{"location": "L2", "severity": "minor", "note": "'the seconds between' — between what?"}],
+        # L1: a line every candidate has (locations are checked against the candidate's lines).
+        "findings": [{"location": "L1", "severity": "minor", "note": "'not failed in forty years' — since when?"}],
         "confidence": 0.7,
     }
     body.update(overrides)

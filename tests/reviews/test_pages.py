@@ -188,14 +188,17 @@ def test_relay_round_trip(world, as_user):
     assert (v.channel, v.decision, v.scores) == ("relay", "pass", {"clarity": 5, "pacing": 10})
     assert v.packet_fingerprint == gate.packet.fingerprint
     confirmation = alice.get(resp["Location"]).content.decode()
-    assert "Verdict bound" in confirmation and "A strong closing image." in confirmation
+    assert "Review submitted" in confirmation and "A strong closing image." in confirmation
+    assert "Read one JSON object from the whole answer (lines 1–" in confirmation
     world.refresh()
     assert world.writer.status == "running"
 
 
 @pytest.mark.parametrize(
     ("answer", "status", "needle"),
-    [("Sure! Here is my verdict: {", 400, "not valid JSON"),
+    [("Sure! Here is my verdict: {", 400, "No JSON object was found"),
+     ('Here it is: {"decision": "pass",}', 400, "not valid JSON (line 1, column 33"),
+     ('[{"decision": "pass"}]', 400, "is a list, not a JSON object"),
      ('{"decision": "pass"}', 422, "packet_fingerprint"),
      ("", 422, "Paste the other chat"),
      ],
