@@ -85,8 +85,24 @@
       if (total) total.textContent = data.total;
     }
 
+    // The charts (dashboard/charts.py) are drawn by the server from the event log; every event
+    // re-fetches them (debounced), and once a minute the window moves on.
+    const chartsCard = document.getElementById("charts");
+    let chartsNo = 0;
+    async function refreshCharts() {
+      if (!chartsCard) return;
+      const n = ++chartsNo;
+      const resp = await fetch(withQuery(chartsCard.dataset.chartsUrl), { credentials: "same-origin", headers: { Accept: "text/html" } });
+      if (n !== chartsNo || !resp.ok) return;
+      chartsCard.innerHTML = await resp.text();
+      chartsCard.dataset.refreshed = String(n);
+      NF.tick();
+    }
+    setInterval(() => later("charts", refreshCharts), 60000);
+
     function onEvent(ev) {
       NF.prependToFeed(feed, ev, { showSession: true });
+      later("charts", refreshCharts);
       const id = ev.session_id;
       if (ev.type === "session.created" || ev.type === "session.transitioned" || ev.type === "session.forgotten") {
         later("counts", refreshCounts);
