@@ -158,14 +158,17 @@ def handoffs_waiting_over_time(scope: Scope, cutoff: int, start: datetime,
     Now: an aggregate over the waiting handoffs. Back in time: minus those created after the
     sample that still wait, plus those that stopped waiting after it (their creation times are
     read by id: only the window's)."""
-    waiting = scope.handoffs().filter(state__in=lc.HANDOFF_WAITING)
-    agg = waiting.aggregate(n=Count("id"), oldest=Min("created_at"))
-    recent = list(waiting.filter(created_at__gte=start).values_list("created_at", flat=True))
+    waiting_q = Q(state__in=lc.HANDOFF_WAITING)
+    agg = scope.handoffs().filter(waiting_q).aggregate(n=Count("id"), oldest=Min("created_at"))
     ended = list(
         scope.events(cutoff).filter(type__in=_HANDOFF_EVENTS[1:]).values_list("created_at", "payload__handoff_id")
     )
     ended_ids = [hid for _, hid in ended if isinstance(hid, int)]
-    created = dict(Handoff.objects.filter(id__in=ended_ids).values_list("id", "created_at")) if ended_ids else {}
+    # One query, whatever there is: the window's still-waiting handoffs and the ended ones' creation times.
+    rows = list(scope.handoffs().filter((waiting_q & Q(created_at__gte=start)) | Q(id__in=ended_ids))
+                .values_list("id", "state", "created_at"))
+    recent = [c for _, state, c in rows if lc.handoff_waiting(state) and c >= start]
+    created = {hid: c for hid, _, c in rows}
     out = []
     for t in samples:
         n = agg["n"] - sum(1 for c in recent if c > t)

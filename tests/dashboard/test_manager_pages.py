@@ -175,7 +175,7 @@ def test_checkpoint_labels_go_into_lanes_and_the_rest_are_thinned_never_overlapp
     session = Session(id=1, created_at=T0)
     run = Run(id=1, seq=1, generation=1, task_mode="drafting", state="open", started_at=T0)
     cps = [Checkpoint(id=n, run_id=1, seq=n, boundary="context_freeze", created_at=at(n)) for n in range(1, 9)]
-    cps.append(Checkpoint(id=99, run_id=1, seq=99, boundary="tool_call", created_at=at(99)))
+    cps.append(Checkpoint(id=99, run_id=1, seq=99, boundary="before_long_handoff", created_at=at(99)))
     ticks = presenters.build_timeline(session, [run], cps, [], 0, now=at(100)).runs[0].ticks
     shown = [t for t in ticks if not t.thinned]
     assert {t.lane for t in shown} == {0, 1} and len(shown) < len(ticks)
