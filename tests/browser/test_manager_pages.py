@@ -64,7 +64,9 @@ class Day:
 
         # A busy run: checkpoints close together, sub-second handoffs, two runs.
         self.busy = session()
+        # Run #1 is sub-second with a checkpoint: its tick used to cover the whole bar.
         first = runs.start_run(self.who, self.busy, cursor={"step": "one"})
+        checkpoints.record_checkpoint(self.who, first.id, {"boundary": "context_freeze", "cursor": {"step": "one"}})
         runs.end_run(self.who, first.id, outcome="completed")
         second = runs.start_run(self.who, self.busy, cursor={"step": "two"})
         for n, boundary in enumerate(["context_freeze", "before_consequential_write", "candidate_frozen",
@@ -182,6 +184,14 @@ def test_the_timeline_labels_never_overlap_and_every_span_is_visible(server, pag
             page.locator(".tl-track .tl-span").nth(i).bounding_box() for i in range(page.locator(".tl-track .tl-span").count())]:
         assert box and box["width"] >= 5 and box["height"] >= 8, box
     assert page.locator(".tl-track .tl-span").count() == 3
+    # Nothing covers a run's bar: the element at its middle is the bar itself.
+    covered = page.evaluate("""() => [...document.querySelectorAll('.tl-lane[data-run-label] .tl-track > .tl-bar')].map((b) => {
+      b.scrollIntoView({ block: "center" });
+      const r = b.getBoundingClientRect();
+      const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+      return hit === b || [hit && hit.className, r.left, r.top, r.width, window.scrollY];
+    })""")
+    assert covered == [True, True], covered
     # The legend is painted by the bars' own rules.
     legend = page.evaluate(SAME_COLOURS)
     assert {e["legend"] for e in legend} >= {"run completed", "open run", "checkpoint", "handoff bound"}
