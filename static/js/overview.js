@@ -85,8 +85,8 @@
       if (total) total.textContent = data.total;
     }
 
-    // The charts (dashboard/charts.py) are drawn by the server from the event log; every event
-    // re-fetches them (debounced), and once a minute the window moves on.
+    // The charts (dashboard/charts.py) are drawn by the server from the event log; events
+    // re-fetch them, and once a minute the window moves on.
     const chartsCard = document.getElementById("charts");
     let chartsNo = 0;
     async function refreshCharts() {
@@ -98,11 +98,17 @@
       chartsCard.dataset.refreshed = String(n);
       NF.tick();
     }
-    setInterval(() => later("charts", refreshCharts), 60000);
+    // Throttled, not debounced: a steady stream of events still redraws them once a second.
+    let chartsTimer = null;
+    function scheduleCharts() {
+      if (chartsTimer) return;
+      chartsTimer = setTimeout(() => { chartsTimer = null; refreshCharts(); }, 1000);
+    }
+    setInterval(scheduleCharts, 60000);
 
     function onEvent(ev) {
       NF.prependToFeed(feed, ev, { showSession: true });
-      later("charts", refreshCharts);
+      scheduleCharts();
       const id = ev.session_id;
       if (ev.type === "session.created" || ev.type === "session.transitioned" || ev.type === "session.forgotten") {
         later("counts", refreshCounts);

@@ -214,3 +214,9 @@ def test_every_run_of_a_session_is_drawn(mgr_client, make_session, project):
     assert [(label, cls) for label, cls, _, _ in lanes] == [("run #1", "run-completed"), ("run #2", "run-open")]
     assert all(float(w) >= presenters.MIN_BAR_PCT and float(left) + float(w) <= 100.01 for _, _, left, w in lanes)
     assert second.seq == 2
+
+
+def test_runtime_lost_names_its_generation():
+    """Issue 11: ``runtime.lost`` read "generation ?" (the browser test checks NF.describe live)."""
+    payload = {"runtime_id": 7, "generation": 2, "reason": "runtime_lost"}
+    assert presenters.describe("runtime.lost", payload) == "generation 2 · runtime_lost"
