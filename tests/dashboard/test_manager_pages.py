@@ -220,3 +220,16 @@ def test_runtime_lost_names_its_generation():
     """Issue 11: ``runtime.lost`` read "generation ?" (the browser test checks NF.describe live)."""
     payload = {"runtime_id": 7, "generation": 2, "reason": "runtime_lost"}
     assert presenters.describe("runtime.lost", payload) == "generation 2 · runtime_lost"
+
+
+def test_a_session_waiting_on_a_review_gate_says_so(mgr_client, project):
+    from tests.reviews.factories import make_world
+
+    world = make_world(project)
+    gate = world.gate(route="page", reviewers=["alice"])
+    world.writer.refresh_from_db()
+    assert world.writer.status in {"awaiting_user", "awaiting_external"}
+    cell = waiting_cell(mgr_client.get("/").content.decode(), world.writer.id)
+    assert f"review gate #{gate.id} (page route)" in cell and "wait-review_gate" in cell
+    assert "a question" not in cell, "a registered wait is named, not guessed"
+    assert re.search(r'since <time datetime="([^"]+)"', cell).group(1) == gate.created_at.isoformat()
