@@ -210,6 +210,10 @@ RUN_OUTCOMES: Mapping[RunState, tuple[SessionStatus, frozenset[SessionStatus]]] 
 #: Session statuses a manager should look at (the overview highlights them).
 ATTENTION_STATUSES: frozenset[SessionStatus] = frozenset({S.FAILED, S.STALE})
 
+#: Session statuses that wait on something outside the session (a person, a worker, a review):
+#: the overview says what (``control.waits.waiting_for_sessions``) and since when.
+AWAITING_STATUSES: frozenset[SessionStatus] = frozenset({S.AWAITING_USER, S.AWAITING_EXTERNAL})
+
 #: Handoffs still waiting for their result (a worker may still claim or answer them).
 HANDOFF_WAITING: tuple[HandoffState, ...] = (H.PENDING, H.CLAIMED)
 #: Handoffs whose result was consumed (a consume-once receipt exists).
@@ -241,6 +245,11 @@ def needs_attention(status: str | StrEnum, *, open_conflict: str | bool, runtime
     return SESSION.state(status) in ATTENTION_STATUSES or runtime_problem or bool(open_conflict)
 
 
+def awaiting(status: str | StrEnum) -> bool:
+    """The session waits on something outside itself (``AWAITING_STATUSES``)."""
+    return SESSION.state(status) in AWAITING_STATUSES
+
+
 def handoff_waiting(state: str | StrEnum) -> bool:
     return HANDOFF.state(state) in HANDOFF_WAITING
 
@@ -260,7 +269,7 @@ def intent_open(state: str | StrEnum) -> bool:
 
 
 __all__ = [
-    "ALL", "ATTENTION_STATUSES", "HANDOFF_CONSUMED", "HANDOFF_WAITING", "RUN_OUTCOMES", "conflict_open",
+    "ALL", "ATTENTION_STATUSES", "AWAITING_STATUSES", "awaiting", "HANDOFF_CONSUMED", "HANDOFF_WAITING", "RUN_OUTCOMES", "conflict_open",
     "handoff_consumed", "handoff_waiting", "holds_run", "intent_open", "needs_attention", "resumable",
     "status_after_runtime_loss", "AssignmentState", "GateState", "HANDOFF", "HandoffState", "IntentState", "Lifecycle",
     "LifecycleTableError", "REVIEW_ASSIGNMENT", "REVIEW_GATE", "RUN", "RUNTIME", "RunState", "RuntimeState",

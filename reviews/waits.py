@@ -16,7 +16,7 @@ gates to the new run — without the control plane importing anything from ``rev
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db.models import Q
@@ -67,6 +67,17 @@ def waiting(session: Session, run: Run) -> list[dict[str, Any]]:
     )
 
 
+def waiting_many(session_ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:
+    """Pending review gates of these sessions (the overview's "waiting for" column), one query."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    rows = (ReviewGate.objects.filter(session_id__in=list(session_ids), state=ReviewGate.State.PENDING)
+            .order_by("id").values("id", "session_id", "route", "created_at"))
+    for row in rows:
+        found.setdefault(row["session_id"], []).append(
+            {"id": row["id"], "label": f"review gate #{row['id']} ({row['route']} route)", "since": row["created_at"]})
+    return found
+
+
 def revalidate(scope: ResumeScope) -> WaitCheck:
     unreadable = [ref for ref in scope.refs if _gate_id(ref) is None]
     wanted = [gid for gid in (_gate_id(ref) for ref in scope.refs) if gid is not None]
@@ -115,5 +126,5 @@ def carry_over(session: Session, run: Run) -> list[int]:
 
 REVIEW_GATES = WaitKind(
     name="review_gate", pending_key="gates", resolve=resolve, waiting=waiting, revalidate=revalidate,
-    carry_over=carry_over, step="reviews",
+    carry_over=carry_over, step="reviews", waiting_many=waiting_many,
 )

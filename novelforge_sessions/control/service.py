@@ -45,6 +45,7 @@ the waits over to the resumed run::
 
     register_wait_kind(kind: WaitKind) -> None
     waiting_on(session, run) -> dict[str, list[dict]]
+    waiting_for_sessions(session_ids) -> dict[int, list[Waited]]   (read-outs: the overview)
 """
 from __future__ import annotations
 
@@ -59,7 +60,9 @@ from novelforge_sessions.control import handoffs as _handoffs
 from novelforge_sessions.control import results as _results
 from novelforge_sessions.actions.lifecycle import Outbox
 from novelforge_sessions.control.models import Handoff, HandoffPurpose
-from novelforge_sessions.control.waits import Repair, ResumeScope, WaitCheck, WaitKind, WriteScope, waiting_on
+from novelforge_sessions.control.waits import (
+    Repair, ResumeScope, WaitCheck, Waited, WaitKind, WriteScope, waiting_for_sessions, waiting_on,
+)
 from novelforge_sessions.control.waits import register as register_wait_kind
 from novelforge_sessions.errors import ServiceError, StaleLease
 from novelforge_sessions.models import Run, Session
@@ -67,7 +70,7 @@ from novelforge_sessions.models import Run, Session
 __all__ = [
     "RESULTS_BOUND_REASON", "Bound", "Cancelled", "Claimed", "HandoffPurpose", "Job", "Lease", "Settled",
     "bind", "cancel", "claim", "create_job", "lease_refusal", "renew", "settle", "stale_lease",
-    "Repair", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope", "register_wait_kind", "waiting_on",
+    "Repair", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope", "register_wait_kind", "waiting_on", "Waited", "waiting_for_sessions",
 ]
 
 #: The status reason :func:`settle` records when the last awaited result of a run was bound.

@@ -16,6 +16,9 @@ A :class:`WaitKind` has
 * ``revalidate(scope)`` — for resume: a :class:`WaitCheck` (ok / failed + detail + data +
   repair route), reported as the resume step ``step`` (placed after ``results``). Optional:
   the handoff kind's checks are resume's own ``capabilities``/``results``/``consumed`` steps;
+* ``waiting_many(session_ids)`` — optional, for read-outs (the overview's "waiting for"
+  column): what each of these sessions waits on now, ``{session_id: [{"id", "label",
+  "since"}]}``, in one query whatever the number of sessions;
 * ``carry_over(session, run)`` — on resume: hand what is still awaited to the new run, so
   that whatever settles it later settles the run that now continues the cursor.
 
@@ -24,7 +27,7 @@ Every function runs inside the caller's transaction: ``resolve`` with the writin
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +79,7 @@ class WaitCheck:
 
 Resolve = Callable[[WriteScope, list[Any], str], list[dict[str, Any]]]
 Waiting = Callable[[Session, Run], list[dict[str, Any]]]
+WaitingMany = Callable[[Sequence[int]], dict[int, list[dict[str, Any]]]]
 Revalidate = Callable[[ResumeScope], WaitCheck]
 CarryOver = Callable[[Session, Run], list[Any]]
 
@@ -90,6 +94,7 @@ class WaitKind:
     revalidate: Revalidate | None = None
     #: the resume report step of ``revalidate``
     step: str | None = None
+    waiting_many: WaitingMany | None = None
 
     def __post_init__(self) -> None:
         if (self.revalidate is None) != (self.step is None):
@@ -136,6 +141,32 @@ def waiting_on(session: Session, run: Run) -> dict[str, list[dict[str, Any]]]:
     """What ``run`` waits on, per pending key (kinds with nothing awaited are left out)."""
     found = {k.pending_key: k.waiting(session, run) for k in _KINDS.values()}
     return {key: items for key, items in found.items() if items}
+
+
+@dataclass(frozen=True)
+class Waited:
+    """One thing a session waits on, for read-outs: its kind, what it is, since when."""
+
+    kind: str
+    id: int
+    label: str
+    since: Any
+
+
+def waiting_for_sessions(session_ids: Sequence[int]) -> dict[int, list[Waited]]:
+    """What each of these sessions waits on now, by every kind that can say so in bulk
+    (``waiting_many``): one query per kind, oldest first. Sessions waiting on nothing are left out."""
+    found: dict[int, list[Waited]] = {}
+    if not session_ids:
+        return found
+    for kind in _KINDS.values():
+        if kind.waiting_many is None:
+            continue
+        for session_id, items in kind.waiting_many(session_ids).items():
+            found.setdefault(session_id, []).extend(Waited(kind.name, i["id"], i["label"], i["since"]) for i in items)
+    for items in found.values():
+        items.sort(key=lambda w: (w.since, w.kind, w.id))
+    return found
 
 
 def carry_over(session: Session, run: Run) -> dict[str, list[Any]]:
@@ -194,6 +225,16 @@ def _waiting_handoffs(session: Session, run: Run) -> list[dict[str, Any]]:
     )
 
 
+def _waiting_handoffs_many(session_ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:
+    found: dict[int, list[dict[str, Any]]] = {}
+    rows = (Handoff.objects.filter(session_id__in=list(session_ids), state__in=UNBOUND_STATES)
+            .order_by("id").values("id", "session_id", "logical_id", "state", "created_at"))
+    for row in rows:
+        found.setdefault(row["session_id"], []).append(
+            {"id": row["id"], "label": f"handoff {row['logical_id']} ({row['state']})", "since": row["created_at"]})
+    return found
+
+
 def _carry_handoffs(session: Session, run: Run) -> list[str]:
     """Unbound handoffs follow the new run; its ``pending_external`` lists them."""
     unbound = Handoff.objects.filter(session=session, state__in=UNBOUND_STATES)
@@ -207,10 +248,10 @@ def _carry_handoffs(session: Session, run: Run) -> list[str]:
 
 HANDOFFS = register(WaitKind(
     name="handoff", pending_key="handoffs", resolve=_resolve_handoffs, waiting=_waiting_handoffs,
-    carry_over=_carry_handoffs,
+    carry_over=_carry_handoffs, waiting_many=_waiting_handoffs_many,
 ))
 
 __all__ = [
     "HANDOFFS", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope", "carry_over", "kind_for", "kinds",
-    "pending_keys", "register", "resolve_pending", "waiting_on",
+    "pending_keys", "register", "resolve_pending", "waiting_on", "Waited", "waiting_for_sessions",
 ]

@@ -25,12 +25,16 @@ from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.control.intents import approval_problem, current_state
 from novelforge_sessions.control.fingerprints import fingerprint
+from novelforge_sessions.control.service import Waited, waiting_for_sessions
 from novelforge_sessions.control.models import (
     Approval,
+    ConsumeReceipt,
+    DeliveryOutcome,
     Handoff,
     HandoffState,
     IntentKind,
     IntentState,
+    ResultDelivery,
     WriteIntent,
 )
 from novelforge_sessions.models import (
@@ -198,12 +202,58 @@ SPAN_ROW_PX = 12
 TRACK_PX = 30
 
 
+#: Every bar and span is at least this wide (percent of the track; CSS adds a pixel floor), so a
+#: sub-second handoff or run is visible on a day-long timeline.
+MIN_SPAN_PCT = 1.0
+MIN_BAR_PCT = 0.8
+#: Checkpoint labels go into at most this many label lanes above the bar; a label that fits in
+#: none is thinned (the tick stays, its tooltip names it). The server's placement assumes this
+#: track width and character width; static/js/dashboard.js places them again from measured boxes.
+LABEL_LANES = 2
+_EST_TRACK_PX = 640.0
+_EST_CHAR_PX = 5.6
+
+
 @dataclass
 class Tick:
     left: float
     label: str
     title: str
     checkpoint_id: int
+    lane: int = 0
+    thinned: bool = False
+    #: the label would run past the track's end: it ends at its tick instead
+    flip: bool = False
+
+
+def _place_labels(ticks: list[Tick]) -> None:
+    """Greedy lanes for tick labels (the Temporal timeline's rule: never draw two labels over
+    each other): the first lane whose last label ends before this one starts, else thinned."""
+    ends: list[float] = []
+    for t in sorted(ticks, key=lambda x: (x.left, x.checkpoint_id)):
+        width = (len(t.label) * _EST_CHAR_PX + 12) / _EST_TRACK_PX * 100
+        start = t.left
+        if t.left + width > 100.0:
+            t.flip, start = True, t.left - width
+        lane = next((i for i, end in enumerate(ends) if end <= start), None)
+        if lane is None and len(ends) < LABEL_LANES:
+            ends.append(0.0)
+            lane = len(ends) - 1
+        if lane is None:
+            t.thinned = True
+            continue
+        t.lane = lane
+        ends[lane] = start + width
+
+
+@dataclass(frozen=True)
+class LegendItem:
+    """One legend entry: ``classes`` are exactly the classes of the element it explains, so its
+    swatch is painted by the same CSS rule as the bars (the colours cannot drift apart)."""
+
+    element: str
+    classes: str
+    label: str
 
 
 @dataclass
@@ -252,6 +302,10 @@ class Bar:
     def track_height(self) -> int:
         return TRACK_PX + self.span_rows * SPAN_ROW_PX + (4 if self.span_rows else 0)
 
+    @property
+    def label_lanes(self) -> int:
+        return max((t.lane + 1 for t in self.ticks if not t.thinned), default=0)
+
 
 @dataclass
 class Timeline:
@@ -260,6 +314,7 @@ class Timeline:
     runs: list[Bar]
     runtimes: list[Bar]
     hidden_runs: int
+    legend: list[LegendItem] = field(default_factory=list)
 
     @property
     def has_handoffs(self) -> bool:
@@ -289,6 +344,9 @@ def _pack_spans(bar: Bar, handoffs: list[Handoff], t0: datetime, span: float, no
     for h in sorted(handoffs, key=lambda x: (x.created_at, x.id)):
         left = _pct(h.created_at, t0, span)
         right = _pct(handoff_end(h) or now, t0, span)
+        right = max(right, left + MIN_SPAN_PCT)  # a sub-second handoff is still visible
+        if right > 100.0:
+            left, right = max(0.0, 100.0 - MIN_SPAN_PCT), 100.0
         row = next((i for i, end in enumerate(row_ends) if end + 0.5 <= left), None)
         if row is None:
             if len(row_ends) >= MAX_SPAN_ROWS:
@@ -306,7 +364,7 @@ def _pack_spans(bar: Bar, handoffs: list[Handoff], t0: datetime, span: float, no
         end = handoff_end(h)
         if end:
             title += f" · {h.state} {end:%Y-%m-%d %H:%M:%S} UTC"
-        bar.spans.append(Span(left, max(right - left, 0.8), row, f"hs-{h.state}", h.logical_id, title, h.id, lease))
+        bar.spans.append(Span(left, right - left, row, f"hs-{h.state}", h.logical_id, title, h.id, lease))
     bar.span_rows = len(row_ends)
 
 
@@ -336,14 +394,16 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
         left = _pct(run.started_at, t0, span)
         right = _pct(run.ended_at or now, t0, span)
         state = run.state + (" abort-requested" if run.abort_requested_at and run.state == rt.RunState.OPEN else "")
+        left, width = _min_width(left, right, MIN_BAR_PCT)
         bar = Bar(
-            label=f"run #{run.seq}", left=left, width=max(right - left, 0.6), classes=f"run-{state}",
+            label=f"run #{run.seq}", left=left, width=width, classes=f"run-{state}",
             title=f"run #{run.seq} · gen {run.generation} · {run.task_mode} · {run.state}"
             + (f" ({run.end_reason})" if run.end_reason else ""),
         )
         for cp in by_run.get(run.id, []):
             bar.ticks.append(Tick(_pct(cp.created_at, t0, span), cp.boundary.replace("_", " "),
                                   f"checkpoint #{cp.seq} · {cp.boundary} · {cp.created_at:%Y-%m-%d %H:%M:%S} UTC", cp.id))
+        _place_labels(bar.ticks)
         _pack_spans(bar, handoffs_by_run.get(run.id, []), t0, span, now)
         for g in sorted(gates_by_run.get(run.id, []), key=lambda x: x.id):
             outcome = f" · outcome {g.outcome}" if g.outcome else ""
@@ -360,13 +420,52 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
         left = _pct(att.attached_at, t0, span)
         # A lease that ran out ended the runtime then, whatever the record says yet.
         right = _pct(att.ended_at or (min(att.lease_expires_at, now) if expired else now), t0, span)
+        left, width = _min_width(left, right, MIN_BAR_PCT)
         runtime_bars.append(Bar(
-            label=f"gen {att.generation}", left=left, width=max(right - left, 0.6),
+            label=f"gen {att.generation}", left=left, width=width,
             classes="rt-lost lease-expired" if expired else f"rt-{att.state}",
             title=f"generation {att.generation} · {att.runtime_family} · {'lease expired' if expired else att.state}"
             + (f" ({att.end_reason})" if att.end_reason else ""),
         ))
-    return Timeline(t0, t1, run_bars, runtime_bars, hidden_runs)
+    return Timeline(t0, t1, run_bars, runtime_bars, hidden_runs, _legend(run_bars, runtime_bars))
+
+
+def _min_width(left: float, right: float, minimum: float) -> tuple[float, float]:
+    """(left, width) with at least ``minimum`` percent, kept inside the track."""
+    width = max(right - left, minimum)
+    if left + width > 100.0:
+        left = max(0.0, 100.0 - width)
+    return left, width
+
+
+_RUN_WORDS = {"open": "open run", "abort-requested": "abort requested"}
+
+
+def _legend(runs: list[Bar], runtimes: list[Bar]) -> list[LegendItem]:
+    """The legend of what is drawn: one entry per distinct class of bar, span, tick and flag,
+    carrying exactly that element's classes (see ``LegendItem``)."""
+    items: list[LegendItem] = []
+    seen: set[tuple[str, str]] = set()
+
+    def add(element: str, classes: str, label: str) -> None:
+        if (element, classes) not in seen:
+            seen.add((element, classes))
+            items.append(LegendItem(element, classes, label))
+
+    for b in runs:
+        state = b.classes.removeprefix("run-")
+        add("tl-bar", b.classes, _RUN_WORDS.get(state, f"run {state.replace(' abort-requested', ', abort requested')}"))
+    if any(b.ticks for b in runs):
+        add("tl-tick", "", "checkpoint")
+    for b in runs:
+        for sp in b.spans:
+            add("tl-span", sp.classes, f"handoff {sp.classes.removeprefix('hs-')}")
+        for f in b.flags:
+            add("tl-flag", f.classes, f"review gate {f.classes.removeprefix('gate-').replace(' dc-', ', ')}")
+    for b in runtimes:
+        label = "runtime lease expired" if "lease-expired" in b.classes else f"runtime {b.classes.removeprefix('rt-')}"
+        add("tl-bar", b.classes, label)
+    return items
 
 
 def compact_json(value: Any) -> str:
@@ -508,10 +607,27 @@ def event_views(rows: Iterable[Event]) -> list[EventView]:
 
 
 @dataclass
+class WaitingFor:
+    """What an ``awaiting_*`` session waits on (the control plane's wait registry) and since when.
+    ``question``: waiting on a person with nothing registered (its status reason says what)."""
+
+    items: list[Waited]
+    since: datetime | None
+    question: str = ""
+
+    @property
+    def first_since(self) -> datetime | None:
+        """Since when the longest wait has lasted (the oldest item, else entering the state)."""
+        times = [i.since for i in self.items]
+        return min(times) if times else self.since
+
+
+@dataclass
 class SessionRow:
     session: Session
     runtime: RuntimeAttachment | None
     last_event: Event | None
+    waiting: WaitingFor | None = None
 
     @property
     def runtime_problem(self) -> bool:
@@ -538,7 +654,30 @@ def session_rows(sessions: list[Session]) -> list[SessionRow]:
         for a in RuntimeAttachment.objects.filter(session_id__in=ids).order_by("session_id", "-generation").distinct("session_id")
     }
     last_events = {e.session_id: e for e in last_event_per_session(ids)}
-    return [SessionRow(s, latest.get(s.id), last_events.get(s.id)) for s in sessions]
+    waiting = waiting_for([s for s in sessions if lc.awaiting(s.status)])
+    return [SessionRow(s, latest.get(s.id), last_events.get(s.id), waiting.get(s.id)) for s in sessions]
+
+
+def waiting_for(sessions: list[Session]) -> dict[int, WaitingFor]:
+    """What each awaiting session waits on (``control.service.waiting_for_sessions``: one query
+    per wait kind) and since when it waits (its last ``session.transitioned`` event: one query)."""
+    ids = [s.id for s in sessions]
+    if not ids:
+        return {}
+    items = waiting_for_sessions(ids)
+    entered_ids = (
+        Event.objects.filter(session_id__in=ids, type=ev.SESSION_TRANSITIONED.name)
+        .values("session_id").annotate(last=Max("id")).values_list("last", flat=True)
+    )
+    entered = dict(Event.objects.filter(id__in=list(entered_ids)).values_list("session_id", "created_at"))
+    out = {}
+    for s in sessions:
+        found = items.get(s.id, [])
+        question = ""
+        if not found and s.status == S.AWAITING_USER:
+            question = s.status_reason or "a person's answer"
+        out[s.id] = WaitingFor(found, entered.get(s.id), question)
+    return out
 
 
 def last_event_per_session(session_ids: Sequence[int]) -> list[Event]:
@@ -645,6 +784,47 @@ def session_handoffs(session_id: int, now: datetime | None = None) -> SessionHan
     return SessionHandoffs(
         [HandoffRow(h, now) for h in open_rows], open_total, [HandoffRow(h, now) for h in finished], finished_total,
     )
+
+
+# ------------------------------------------------------------------------------------
+# Open conflicts of one session (the session page's "Conflicting result" panel)
+# ------------------------------------------------------------------------------------
+OPEN_CONFLICTS_SHOWN = 10
+
+
+@dataclass
+class ConflictView:
+    """A handoff whose result was consumed and then a *different* result arrived: the two side by side."""
+
+    handoff: Handoff
+    consumed: ConsumeReceipt | None
+    conflicting: ResultDelivery | None
+
+    @property
+    def consumed_json(self) -> str:
+        return pretty_json(self.consumed.result) if self.consumed else ""
+
+    @property
+    def conflicting_json(self) -> str:
+        return pretty_json(self.conflicting.payload) if self.conflicting and self.conflicting.payload is not None else ""
+
+
+def open_conflicts(session_id: int) -> list[ConflictView]:
+    """The session's conflicted handoffs (``lifecycles.conflict_open``), oldest first, each with
+    its consume receipt and the latest conflicting arrival. Three queries whatever the counts."""
+    rows = list(
+        Handoff.objects.filter(session_id=session_id, state=HandoffState.CONFLICTED)
+        .defer("inputs", "params", "result_schema").order_by("id")[:OPEN_CONFLICTS_SHOWN]
+    )
+    if not rows:
+        return []
+    ids = [h.id for h in rows]
+    receipts = {r.handoff_id: r for r in ConsumeReceipt.objects.filter(handoff_id__in=ids)}
+    latest: dict[int, ResultDelivery] = {}
+    for d in (ResultDelivery.objects.filter(handoff_id__in=ids, outcome=DeliveryOutcome.CONFLICTING_RESULT)
+              .order_by("handoff_id", "-id").distinct("handoff_id")):
+        latest[d.handoff_id] = d
+    return [ConflictView(h, receipts.get(h.id), latest.get(h.id)) for h in rows]
 
 
 # ------------------------------------------------------------------------------------

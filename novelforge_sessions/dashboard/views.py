@@ -35,10 +35,12 @@ from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.control import intents as intent_actions
+from novelforge_sessions.control import results as result_actions
 from novelforge_sessions.actions import sessions as session_actions
 from novelforge_sessions.control.resume import resume_session
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.control.models import Handoff, WriteIntent
+from novelforge_sessions.dashboard import charts as charts_mod
 from novelforge_sessions.dashboard import presenters
 from novelforge_sessions.errors import ResumeRefused, ServiceError, VersionConflict
 from novelforge_sessions.live.replay import latest_event_id
@@ -57,7 +59,7 @@ from reviews.models import ReviewGate
 PAGE_SIZE = 50
 FEED_SIZE = 25
 #: Session-page panels re-rendered by ``session_panels`` (keys match ``data-panel`` attributes).
-SESSION_PANELS = ("identity", "diagram", "timeline", "handoffs", "checkpoints", "runtimes", "actions", "reviews")
+SESSION_PANELS = ("identity", "conflicts", "charts", "diagram", "timeline", "handoffs", "checkpoints", "runtimes", "actions", "reviews")
 #: Handoffs drawn on the timeline (the newest of the shown runs); the panel lists the rest.
 TIMELINE_HANDOFFS = 200
 
@@ -187,6 +189,8 @@ def overview(request: HttpRequest) -> HttpResponse:
         "older_query": filters.query(before=page[-1].id) if older else None,
         "paged": before is not None,
         "projects": projects,
+        # One project: its name is in the heading, a column of it says nothing (issue 11).
+        "show_project": len(projects) > 1 and filters.project is None,
         "roles": [r.value for r in rt.SessionRole],
         "states": presenters.STATES,
         "attention_states": sorted(lc.ATTENTION_STATUSES),
@@ -194,12 +198,29 @@ def overview(request: HttpRequest) -> HttpResponse:
         "feed": presenters.event_views(
             presenters.newest_events([filters.project] if filters.project else who.project_ids, FEED_SIZE)
         ),
+        "charts": _overview_charts(who, filters),
         "cursor": cursor,
         "live_projects": [filters.project] if filters.project else sorted(who.project_ids),
         "filter_params": filters.params(),
         **nav,
     }
     return render(request, "dashboard/overview.html", context)
+
+
+def _overview_charts(who: Caller, filters: Filters) -> charts_mod.Charts:
+    """The overview's charts: the filtered project (or all the manager's), every session of it."""
+    scope_filters = Filters(project=filters.project)
+    project_ids = (filters.project,) if filters.project else tuple(sorted(who.project_ids))
+    return charts_mod.build(charts_mod.Scope(project_ids=project_ids), _counts(who, scope_filters)["counts"].items())
+
+
+@login_required
+@require_GET
+def overview_charts(request: HttpRequest) -> HttpResponse:
+    """The overview's charts (HTML), re-fetched by static/js/overview.js as events arrive."""
+    who = _caller(request)
+    filters = Filters.from_request(request, who)
+    return render(request, "dashboard/_charts.html", {"charts": _overview_charts(who, filters)})
 
 
 @login_required
@@ -223,7 +244,9 @@ def session_row(request: HttpRequest, session_id: int) -> HttpResponse:
     if session is None:
         _visible_session(who, session_id)  # 404 unless merely filtered out
         return HttpResponse(status=204)
-    return render(request, "dashboard/_session_row.html", {"row": presenters.session_rows([session])[0]})
+    show_project = len(who.project_ids) > 1 and filters.project is None
+    return render(request, "dashboard/_session_row.html",
+                  {"row": presenters.session_rows([session])[0], "show_project": show_project})
 
 
 # ------------------------------------------------------------------------------------
@@ -282,6 +305,8 @@ def _session_context(session: Session) -> dict[str, Any]:
         "timeline": presenters.build_timeline(session, runs, timeline_cps, list(reversed(runtimes)), hidden_runs,
                                               handoffs=timeline_handoffs, gates=timeline_gates),
         "handoffs": presenters.session_handoffs(session.id),
+        "conflicts": presenters.open_conflicts(session.id),
+        "charts": charts_mod.build(charts_mod.Scope(session_id=session.id), {session.status: 1}.items(), single_session=True),
         "can_close": live is not None,
         "can_abort": open_run is not None and open_run.abort_requested_at is None,
         "abort_pending": open_run is not None and open_run.abort_requested_at is not None,
@@ -386,6 +411,25 @@ def terminate_session(request: HttpRequest, session_id: int) -> HttpResponse:
         _report_error(request, exc)
     else:
         messages.success(request, "Session terminated.")
+    return _after_action(session_id)
+
+
+@login_required
+@require_POST
+def resolve_conflict(request: HttpRequest, session_id: int, handoff_id: int) -> HttpResponse:
+    """Resolve a conflicting result from the page: the same control-plane action as
+    ``POST /api/v1/handoffs/{id}/resolve-conflict`` (permission ``approve``; the consumed result stands)."""
+    who = _caller(request)
+    session = _visible_session(who, session_id)
+    if not Handoff.objects.filter(id=handoff_id, session=session).exists():
+        raise Http404("handoff not found")
+    resolution = (request.POST.get("resolution") or "").strip()
+    try:
+        handoff = result_actions.resolve_conflict(who, handoff_id, resolution=resolution)
+    except ServiceError as exc:
+        _report_error(request, exc)
+        return redirect(reverse("dashboard:session", args=[session_id]) + "#conflicts")
+    messages.success(request, f"Conflict on handoff {handoff.logical_id} resolved: the consumed result stands.")
     return _after_action(session_id)
 
 

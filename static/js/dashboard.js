@@ -271,7 +271,38 @@
       if (d.top != null) n.style.top = d.top + "px";
       if (d.height != null) n.style.height = d.height + "px";
     }
+    NF.placeLabels(root);
   };
+
+  /** Checkpoint labels, placed again from their measured boxes (the server placed them from an
+   * estimate): in order of position, each goes into the first of LANES lanes where it starts
+   * after the previous label of that lane ends (plus a gap); one that fits in none is thinned —
+   * hidden, its tick keeping the tooltip. So no two labels ever overlap. */
+  const LANES = 2, GAP = 4;
+  NF.placeLabels = function (root) {
+    for (const track of (root || document).querySelectorAll(".tl-track")) {
+      const labels = [...track.querySelectorAll(".tl-tick-label")];
+      if (!labels.length) continue;
+      for (const l of labels) { l.classList.remove("thinned", "lane-1", "flip"); l.classList.add("lane-0"); }
+      const edge = track.getBoundingClientRect().right;
+      for (const l of labels) if (l.getBoundingClientRect().right > edge) l.classList.add("flip"); // ends at its tick
+      const boxes = labels.map((l) => ({ l, r: l.getBoundingClientRect() })).sort((a, b) => a.r.left - b.r.left);
+      const ends = [];
+      let used = 0;
+      for (const { l, r } of boxes) {
+        let lane = ends.findIndex((end) => end + GAP <= r.left);
+        if (lane < 0 && ends.length < LANES) { ends.push(-Infinity); lane = ends.length - 1; }
+        if (lane < 0) { l.classList.add("thinned"); continue; }
+        ends[lane] = r.right;
+        used = Math.max(used, lane + 1);
+        l.classList.toggle("lane-0", lane === 0);
+        l.classList.toggle("lane-1", lane === 1);
+      }
+      track.classList.remove("lanes-0", "lanes-1", "lanes-2");
+      track.classList.add("lanes-" + used);
+    }
+  };
+  window.addEventListener("resize", () => NF.placeLabels(document));
 
   document.addEventListener("DOMContentLoaded", () => {
     NF.layout(document);

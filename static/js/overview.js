@@ -85,8 +85,30 @@
       if (total) total.textContent = data.total;
     }
 
+    // The charts (dashboard/charts.py) are drawn by the server from the event log; events
+    // re-fetch them, and once a minute the window moves on.
+    const chartsCard = document.getElementById("charts");
+    let chartsNo = 0;
+    async function refreshCharts() {
+      if (!chartsCard) return;
+      const n = ++chartsNo;
+      const resp = await fetch(withQuery(chartsCard.dataset.chartsUrl), { credentials: "same-origin", headers: { Accept: "text/html" } });
+      if (n !== chartsNo || !resp.ok) return;
+      chartsCard.innerHTML = await resp.text();
+      chartsCard.dataset.refreshed = String(n);
+      NF.tick();
+    }
+    // Throttled, not debounced: a steady stream of events still redraws them once a second.
+    let chartsTimer = null;
+    function scheduleCharts() {
+      if (chartsTimer) return;
+      chartsTimer = setTimeout(() => { chartsTimer = null; refreshCharts(); }, 1000);
+    }
+    setInterval(scheduleCharts, 60000);
+
     function onEvent(ev) {
       NF.prependToFeed(feed, ev, { showSession: true });
+      scheduleCharts();
       const id = ev.session_id;
       if (ev.type === "session.created" || ev.type === "session.transitioned" || ev.type === "session.forgotten") {
         later("counts", refreshCounts);

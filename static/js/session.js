@@ -88,7 +88,8 @@
         if (at.getTime() > Date.now()) continue;
         b.dataset.leaseFlipped = "1";
         b.textContent = "lease expired";
-        b.classList.add("problem");
+        b.classList.remove("rt-live");
+        b.classList.add("rt-expired", "problem");
         b.title = "the lease ran out at " + at.toISOString().replace("T", " ").slice(0, 19) + " UTC: the runtime is gone";
         const row = b.closest("tr.rt-row");
         if (row) row.classList.add("lease-expired");

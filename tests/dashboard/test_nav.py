@@ -46,9 +46,14 @@ def test_a_manager_who_also_reviews_keeps_the_dashboard_and_gets_a_reviews_link(
         assert nav_links(client.get(url).content.decode()) == ["Sessions", "Reviews", "Calibration"], url
 
 
-def test_a_manager_without_reviews_gets_no_reviews_link(mgr_client, project):
-    assert nav_links(mgr_client.get("/").content.decode()) == ["Sessions", "Calibration"]
-    assert nav_links(mgr_client.get(f"/projects/{project.id}/").content.decode()) == ["Sessions", "Calibration"]
+def test_a_managers_menu_is_the_same_on_dashboard_and_review_pages(mgr_client, project, make_session):
+    """Issue 11: the manager's menu lacked "Reviews" on dashboard pages but had it on review pages."""
+    session = make_session()
+    expected = ["Sessions", "Reviews", "Calibration"]
+    for url in ("/", f"/projects/{project.id}/", f"/sessions/{session.id}/", "/reviews/", "/reviews/calibration/"):
+        resp = mgr_client.get(url)
+        assert resp.status_code == 200, url
+        assert nav_links(resp.content.decode()) == expected, url
 
 
 def test_the_login_page_has_no_nav_links():

@@ -121,8 +121,8 @@ def test_session_panels_json_re_renders_the_live_parts(mgr_client, make_session)
     session = make_session(run=True)
     data = mgr_client.get(f"/sessions/{session.id}/panels/").json()
     assert data["status"] == "running"
-    assert set(data["panels"]) == {"identity", "diagram", "timeline", "handoffs", "checkpoints", "runtimes", "actions",
-                                   "reviews"}
+    assert set(data["panels"]) == {"identity", "conflicts", "charts", "diagram", "timeline", "handoffs", "checkpoints",
+                                   "runtimes", "actions", "reviews"}
     assert 'data-state="running" aria-current="true"' in data["panels"]["diagram"]
     assert "csrfmiddlewaretoken" in data["panels"]["actions"]
     assert 'id="review-gates"' in data["panels"]["reviews"]

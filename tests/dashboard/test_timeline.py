@@ -80,4 +80,6 @@ def test_the_session_page_draws_spans_and_flags(mgr_client, project):
     assert re.search(rf'class="tl-span hs-bound"[^>]*data-handoff-id="{h.id}"', tl)
     assert ">chapter-01/continuity<" in tl
     assert re.search(rf'class="tl-flag gate-pending"[^>]*data-gate-id="{gate.id}"', tl)
-    assert 'class="lg span-ho">handoff<' in tl and 'class="lg flag-gate">review gate<' in tl
+    # The legend is generated from what is drawn, with the drawn elements' own classes.
+    assert 'data-legend="tl-span hs-bound"><span class="swatch tl-span hs-bound" aria-hidden="true"></span>handoff bound<' in tl
+    assert 'data-legend="tl-flag gate-pending"><span class="swatch tl-flag gate-pending" aria-hidden="true"></span>review gate pending<' in tl
