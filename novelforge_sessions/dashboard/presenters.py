@@ -665,11 +665,7 @@ def waiting_for(sessions: list[Session]) -> dict[int, WaitingFor]:
     if not ids:
         return {}
     items = waiting_for_sessions(ids)
-    entered_ids = (
-        Event.objects.filter(session_id__in=ids, type=ev.SESSION_TRANSITIONED.name)
-        .values("session_id").annotate(last=Max("id")).values_list("last", flat=True)
-    )
-    entered = dict(Event.objects.filter(id__in=list(entered_ids)).values_list("session_id", "created_at"))
+    entered = {e.session_id: e.created_at for e in last_event_per_session(ids, of_type=ev.SESSION_TRANSITIONED.name)}
     out = {}
     for s in sessions:
         found = items.get(s.id, [])
@@ -680,15 +676,23 @@ def waiting_for(sessions: list[Session]) -> dict[int, WaitingFor]:
     return out
 
 
-def last_event_per_session(session_ids: Sequence[int]) -> list[Event]:
-    """Each session's newest event, as a lateral top-1: one backward probe of the
-    (session_id, id) index per session, so the cost does not grow with the sessions' events
-    (a ``GROUP BY … max(id)`` reads every event of every session on the page). ``= ANY(ARRAY[…])``
-    and the two-column order keep the planner off the primary key: ``models.AnyId``."""
+def last_event_per_session(session_ids: Sequence[int], *, of_type: str | None = None) -> list[Event]:
+    """Each session's newest event (of one type, when ``of_type`` is given), as a lateral top-1:
+    one backward probe of the (session_id, id) or (session_id, type, id) index per session, so the
+    cost does not grow with the sessions' events (a ``GROUP BY … max(id)`` reads every event of
+    every session on the page). ``= ANY(ARRAY[…])`` and the index's column order keep the planner
+    off the primary key: ``models.AnyId``."""
+    if of_type is None:
+        return list(Event.objects.raw(
+            f"SELECT e.* FROM unnest(%s::bigint[]) AS s(id) CROSS JOIN LATERAL "
+            f"(SELECT * FROM {_EVENTS} WHERE session_id = ANY(ARRAY[s.id]) ORDER BY session_id DESC, id DESC LIMIT 1) AS e",
+            [list(session_ids)],
+        ))
     return list(Event.objects.raw(
         f"SELECT e.* FROM unnest(%s::bigint[]) AS s(id) CROSS JOIN LATERAL "
-        f"(SELECT * FROM {_EVENTS} WHERE session_id = ANY(ARRAY[s.id]) ORDER BY session_id DESC, id DESC LIMIT 1) AS e",
-        [list(session_ids)],
+        f"(SELECT * FROM {_EVENTS} WHERE session_id = ANY(ARRAY[s.id]) AND type = %s "
+        f"ORDER BY session_id DESC, type DESC, id DESC LIMIT 1) AS e",
+        [list(session_ids), of_type],
     ))
 
 
