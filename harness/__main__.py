@@ -20,7 +20,7 @@ from harness.infra import ROOT, Infra
 
 PROFILES = {
     # rounds per fault, concurrent agents, load seconds, websockets, model-based examples
-    "full": {"rounds": 3, "agents": 6, "load_seconds": 30.0, "sockets": 6, "model_examples": 200},
+    "full": {"rounds": 3, "agents": 6, "load_seconds": 30.0, "sockets": 6, "model_examples": 40},
     "quick": {"rounds": 1, "agents": 2, "load_seconds": 3.0, "sockets": 2, "model_examples": 0},
 }
 ALL = ("kill", "postgres", "redis", "load", "model")
@@ -47,8 +47,10 @@ def _table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _model(examples: int) -> dict[str, Any]:
-    env = {**os.environ, "NF_MODEL_EXAMPLES": str(examples)}
+def _model(examples: int, database_url: str) -> dict[str, Any]:
+    """The model-based test (tests/harness/test_model.py) with more examples, its test database
+    on the throwaway cluster."""
+    env = {**os.environ, "NF_MODEL_EXAMPLES": str(examples), "DATABASE_URL": database_url}
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "tests/harness/test_model.py"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
@@ -95,10 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         if "load" in only:
             results.append(scenarios.load(infra, agents=cfg["agents"], seconds=cfg["load_seconds"]))
             print(json.dumps(results[-1]), flush=True)
+        if "model" in only and cfg["model_examples"]:
+            results.append(_model(cfg["model_examples"], infra.pg.url("nf_model")))
+            print(json.dumps(results[-1]), flush=True)
     finally:
         infra.close(keep=args.keep)
-    if "model" in only and cfg["model_examples"]:
-        results.append(_model(cfg["model_examples"]))
     print()
     print(_table(results))
     ok = all(r["ok"] for r in results)

@@ -25,7 +25,7 @@ class Op:
     started: float
     ended: float = 0.0
     outcome: str = ""  # ok | fail | unknown
-    status: int = 0
+    http: int = 0  # the HTTP status (0: no answer)
     code: str = ""
 
 
@@ -48,7 +48,7 @@ class History:
         return out
 
     def server_errors(self) -> list[Op]:
-        return [o for o in self.ops if o.status >= 500]
+        return [o for o in self.ops if o.http >= 500]
 
 
 class Stopped(Exception):
@@ -74,7 +74,7 @@ class Agent:
         rec = Op(self.name, op, key, time.monotonic())
         try:
             resp = self.http.request(method, path, json=body)
-            rec.status = resp.status_code
+            rec.http = resp.status_code
             data = resp.json() if resp.content else None
             if resp.is_success:
                 rec.outcome = "ok"
@@ -91,7 +91,7 @@ class Agent:
         if rec.outcome != "unknown" and rec.code != "connect":
             self.latencies.append(rec.ended - rec.started)
         self.history.add(rec)
-        return rec.outcome, rec.status, data
+        return rec.outcome, rec.http, data
 
     # Retried with the same logical id until ok (or a refusal the caller expects).
     def until_ok(self, method: str, path: str, body: Any = None, *, op: str, key: str,

@@ -173,14 +173,14 @@ def postgres_faults(infra: Infra, *, rounds: int, agents: int, gap: float = 1.0)
     result = dep.verdict(history)
     statuses: dict[str, int] = {}
     for o in history.ops:
-        if o.outcome == "fail" and o.status:
-            statuses[f"{o.status} {o.code}"] = statuses.get(f"{o.status} {o.code}", 0) + 1
+        if o.outcome == "fail" and o.http:
+            statuses[f"{o.http} {o.code}"] = statuses.get(f"{o.http} {o.code}", 0) + 1
     by_kind = {k: max((r for kk, _, r in faults if kk == k), default=0) for k in ("restart", "terminate")}
     result.update(
         fault="postgres restart + pg_terminate_backend", rounds=len(faults),
         recovery_max_s=round(max(by_kind.values()), 2),
         recovery_restart_max_s=round(by_kind["restart"], 2), recovery_terminate_max_s=round(by_kind["terminate"], 2),
-        server_restarted=not same_process, refusals=statuses, server_500=sum(1 for o in history.ops if o.status == 500),
+        server_restarted=not same_process, refusals=statuses, server_500=sum(1 for o in history.ops if o.http == 500),
         errors=[repr(e)[:300] for e in errors],
     )
     result["ok"] = (same_process and not errors and result["duplicates"] == 0 and result["lost"] == 0
@@ -351,7 +351,7 @@ def load(infra: Infra, *, agents: int, seconds: float) -> dict[str, Any]:
     lat = [x for c in clients for x in c.latencies]
     statuses: dict[str, int] = {}
     for o in history.ops:
-        statuses[str(o.status or o.outcome)] = statuses.get(str(o.status or o.outcome), 0) + 1
+        statuses[str(o.http or o.outcome)] = statuses.get(str(o.http or o.outcome), 0) + 1
     verdict = dep.verdict(history)
     result = {
         "fault": "load", "agents": agents, "seconds": round(elapsed, 1), "cycles": sum(cycles),
