@@ -9,7 +9,7 @@
 #   make reconcile  manage.py reconcile_runtimes --loop
 #   make bench      python bench/run.py $(BENCH_ARGS), when bench/run.py exists
 #   make harness    python -m harness $(HARNESS_ARGS): faults (kill points, PostgreSQL and Redis
-#                   restarts), load and the model-based test on throwaway loopback servers (~3 min)
+#                   restarts), load and the model-based test on throwaway loopback servers (minutes)
 #   make stop-local stop the project-local PostgreSQL/Redis the bootstrap may have started
 #
 # scripts/bootstrap.sh prints `export NAME=value` lines on stdout (logs go to stderr); every

@@ -19,9 +19,9 @@ from harness import scenarios
 from harness.infra import ROOT, Infra
 
 PROFILES = {
-    # rounds per fault, concurrent agents, load seconds, websockets, model-based examples
-    "full": {"rounds": 3, "agents": 6, "load_seconds": 30.0, "sockets": 6, "model_examples": 40},
-    "quick": {"rounds": 1, "agents": 2, "load_seconds": 3.0, "sockets": 2, "model_examples": 0},
+    # rounds per fault, concurrent agents, load seconds, websockets, model-based examples, seconds between faults
+    "full": {"rounds": 3, "agents": 6, "load_seconds": 30.0, "sockets": 6, "model_examples": 40, "gap": 1.0},
+    "quick": {"rounds": 1, "agents": 2, "load_seconds": 2.0, "sockets": 2, "model_examples": 0, "gap": 0.3},
 }
 ALL = ("kill", "postgres", "redis", "load", "model")
 
@@ -84,15 +84,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"harness: PostgreSQL on 127.0.0.1:{infra.pg.port}"
           + (f", Redis on 127.0.0.1:{infra.redis.port}" if infra.redis else "") + f" ({infra.base})", flush=True)
     try:
+        scenarios.prepare(infra, [name for part, names in (
+            ("kill", ["kill_before_commit", "kill_after_commit"]), ("postgres", ["postgres"]), ("redis", ["redis"]),
+            ("load", ["load"])) if part in only for name in names])
         if "kill" in only:
             for point in ("before_commit", "after_commit"):
                 results.append(scenarios.kill_point(infra, point, rounds=cfg["rounds"], agents=cfg["agents"]))
                 print(json.dumps(results[-1]), flush=True)
         if "postgres" in only:
-            results.append(scenarios.postgres_faults(infra, rounds=cfg["rounds"], agents=cfg["agents"]))
+            results.append(scenarios.postgres_faults(infra, rounds=cfg["rounds"], agents=cfg["agents"], gap=cfg["gap"]))
             print(json.dumps(results[-1]), flush=True)
         if "redis" in only:
-            results.append(scenarios.redis_restart(infra, rounds=cfg["rounds"], sockets=cfg["sockets"]))
+            results.append(scenarios.redis_restart(infra, rounds=cfg["rounds"], sockets=cfg["sockets"], gap=cfg["gap"]))
             print(json.dumps(results[-1]), flush=True)
         if "load" in only:
             results.append(scenarios.load(infra, agents=cfg["agents"], seconds=cfg["load_seconds"]))

@@ -25,28 +25,33 @@ class Deployment:
         self.infra = infra
         self.db = "nf_harness"
         self.url = infra.pg.url(self.db)
-        env = infra.server_env(self.url)
-        if not getattr(infra, "migrated", False):  # one database, migrated once; a project per fault
-            with psycopg.connect(infra.pg.url("postgres"), autocommit=True) as conn:
-                conn.execute(f'CREATE DATABASE "{self.db}"')
-            self._setup(env, "--migrate")
-            infra.migrated = True  # type: ignore[attr-defined]
-        info = json.loads(self._setup(env, name).strip().splitlines()[-1])
+        if name not in getattr(infra, "projects", {}):
+            prepare(infra, [name])
+        info = infra.projects[name]  # type: ignore[attr-defined]
         self.token, self.project_id, self.tables = info["token"], info["project_id"], info["tables"]
-
-    @staticmethod
-    def _setup(env: dict[str, str], arg: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "harness.setup_db", arg], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=180)
-        if out.returncode:
-            raise RuntimeError(f"harness setup ({arg}) failed: {out.stderr[-2000:]}")
-        return out.stdout
 
     def env(self, **extra: str) -> dict[str, str]:
         return self.infra.server_env(self.url, **extra)
 
     def verdict(self, history: History) -> dict[str, Any]:
         return checks.verdict(history, checks.effects(self.url, self.tables, self.project_id))
+
+
+def prepare(infra: Infra, names: list[str]) -> None:
+    """One database, migrated once, and one project (with a token) per fault, all in one
+    Django process (a start-up costs seconds on a loaded machine)."""
+    url = infra.pg.url("nf_harness")
+    args = [n for n in names if n not in getattr(infra, "projects", {})]
+    if not hasattr(infra, "projects"):
+        with psycopg.connect(infra.pg.url("postgres"), autocommit=True) as conn:
+            conn.execute('CREATE DATABASE "nf_harness"')
+        infra.projects = {}  # type: ignore[attr-defined]
+        args = ["--migrate", *args]
+    out = subprocess.run([sys.executable, "-m", "harness.setup_db", *args], cwd=ROOT, env=infra.server_env(url),
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode:
+        raise RuntimeError(f"harness setup failed: {out.stderr[-2000:]}")
+    infra.projects.update(json.loads(out.stdout.strip().splitlines()[-1]))  # type: ignore[attr-defined]
 
 
 def _run_agents(n: int, target: Any) -> tuple[list[threading.Thread], list[BaseException]]:
@@ -240,7 +245,7 @@ def redis_restart(infra: Infra, *, rounds: int, sockets: int, gap: float = 1.0) 
     readers = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(sockets)]
     for t in readers:
         t.start()
-    time.sleep(1.0)
+    time.sleep(gap)
     writing = threading.Event()
 
     def writer(k: int) -> None:

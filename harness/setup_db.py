@@ -1,7 +1,7 @@
-"""Run in a subprocess against the throwaway cluster: ``--migrate`` once, then ``NAME`` for one
-project (slug NAME) and one token per fault.
+"""Run in a subprocess against the throwaway cluster: ``[--migrate] NAME…`` migrates (once), then
+creates one project (slug NAME) and one token per name.
 
-Prints one JSON line: ``{"token", "project_id", "tables": {...}}`` (the table names the
+Prints one JSON line: ``{NAME: {"token", "project_id", "tables": {...}}}`` (the table names the
 checks read, from the models, so no name is guessed).
 """
 from __future__ import annotations
@@ -19,19 +19,23 @@ def main() -> None:
     django.setup()
     from django.core.management import call_command
 
-    if sys.argv[1:] == ["--migrate"]:
+    names = sys.argv[1:]
+    if names[:1] == ["--migrate"]:
         call_command("migrate", verbosity=0, interactive=False)
-        return
+        names = names[1:]
     from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
     from novelforge_sessions.control.models import ConsumeReceipt, Handoff, ResultDelivery
     from novelforge_sessions.models import Checkpoint, Event, Project, Session
 
-    slug = (sys.argv[1] if len(sys.argv) > 1 else "harness").replace("_", "-")
-    project = Project.objects.create(slug=slug, name=slug.title(), lock_fingerprint="sha256:" + "a" * 64,
-                                     framework_version="1")
-    _, token = create_token(project, name="harness", permissions=ALL_PERMISSIONS)
     tables = {m.__name__: m._meta.db_table for m in (ConsumeReceipt, Handoff, ResultDelivery, Checkpoint, Event, Session)}
-    print(json.dumps({"token": token, "project_id": project.id, "tables": tables}))
+    out = {}
+    for name in names:
+        slug = name.replace("_", "-")
+        project = Project.objects.create(slug=slug, name=slug.title(), lock_fingerprint="sha256:" + "a" * 64,
+                                         framework_version="1")
+        _, token = create_token(project, name="harness", permissions=ALL_PERMISSIONS)
+        out[name] = {"token": token, "project_id": project.id, "tables": tables}
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
