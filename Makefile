@@ -8,6 +8,8 @@
 #                   the reconciler as its own process; all stopped together (deploy/nginx.conf in front)
 #   make reconcile  manage.py reconcile_runtimes --loop
 #   make bench      python bench/run.py $(BENCH_ARGS), when bench/run.py exists
+#   make harness    python -m harness $(HARNESS_ARGS): faults (kill points, PostgreSQL and Redis
+#                   restarts), load and the model-based test on throwaway loopback servers (minutes)
 #   make stop-local stop the project-local PostgreSQL/Redis the bootstrap may have started
 #
 # scripts/bootstrap.sh prints `export NAME=value` lines on stdout (logs go to stderr); every
@@ -24,6 +26,7 @@ PY          := $(VENV)/bin/python
 MANAGE      := $(PY) manage.py
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
+HARNESS_ARGS ?=
 RUN_HOST    ?= 127.0.0.1
 RUN_PORT    ?= 8000
 RECONCILE_INTERVAL ?= 2
@@ -34,10 +37,10 @@ CLUSTER_REDIS_URL ?= redis://127.0.0.1:6379/0
 # $(call bootstrap,MODE): run the bootstrap, abort on failure, import its exports.
 bootstrap = bootstrap_env="$$(scripts/bootstrap.sh $(1))"; eval "$$bootstrap_env"
 
-.PHONY: help setup run serve-cluster test reconcile bench stop-local
+.PHONY: help setup run serve-cluster test reconcile bench harness stop-local
 
 help:
-	@sed -n '1,15p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,17p' Makefile | sed 's/^# \{0,1\}//'
 
 setup:
 	@$(call bootstrap,test)
@@ -116,6 +119,13 @@ bench:
 	# bench/run.py re-executes itself in bench/.venv (created on first use; the project's .venv
 	# only starts it). It uses DATABASE_URL's server and recreates the nfbench_* databases there.
 	$(PY) bench/run.py $(BENCH_ARGS)
+
+# The reliability harness (README, Guarantees): it starts its own PostgreSQL cluster, redis-server
+# and daphne processes on free loopback ports (never the machine's 5432/6379) and stops them all.
+# The bootstrap only makes sure the venv exists; its DATABASE_URL is used by the model-based test.
+harness:
+	@$(call bootstrap,test)
+	$(PY) -m harness $(HARNESS_ARGS)
 
 stop-local:
 	@scripts/bootstrap.sh stop

@@ -191,6 +191,14 @@ class InternalError(ServiceError):
     code, http_status = "internal_error", 500
 
 
+class DatabaseUnavailable(ServiceError):
+    """PostgreSQL went away under the request (a restart, a terminated backend, no connection
+    within the pool's timeout): nothing the request wrote survives unless it had committed, so
+    retry it with the same logical ids (idempotent routes answer the first outcome)."""
+
+    code, http_status = "database_unavailable", 503
+
+
 # --- the control plane: handoffs, results, write intents ------------------------------------
 
 class StaleLease(Conflict):
@@ -318,7 +326,7 @@ class GateClosed(Conflict):
 _CATALOGUED: tuple[type[ServiceError], ...] = (
     # generic refusals
     Unauthorized, Forbidden, NotFound, PayloadTooLarge, ValidationFailed, CheckpointNotBounded,
-    MalformedBody, MethodNotAllowed, OtherHttpError, InternalError,
+    MalformedBody, MethodNotAllowed, OtherHttpError, InternalError, DatabaseUnavailable,
     # sessions
     IllegalTransition, VersionConflict, LiveRuntimeExists, NoLiveRuntime, RuntimeNotLive, OpenRunExists,
     NoOpenRun, RunNotOpen, StaleAuthority, TranscriptFull, OpenConflict, SessionTerminated, StaleRuntime,

@@ -94,6 +94,24 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+# The harness's test-only fault hook (novelforge_sessions/faults.py): read from the environment
+# once, here, and never from a request. Refused outright with a deployment's own SECRET_KEY or
+# REQUIRE_SECRET_KEY=true, so it can only run with the public development key.
+FAULT_POINTS = []
+_FAULT_SPEC = env.str("NOVELFORGE_FAULT_POINTS", default="").strip()
+if _FAULT_SPEC:
+    from novelforge_sessions import faults as _faults
+
+    if not SECRET_KEY_IS_DEVELOPMENT_DEFAULT or _strict_bool("REQUIRE_SECRET_KEY", default=False):
+        raise ImproperlyConfigured(
+            "NOVELFORGE_FAULT_POINTS is a test-only hook: refused with a deployment's SECRET_KEY or REQUIRE_SECRET_KEY=true"
+        )
+    try:
+        FAULT_POINTS = _faults.parse(_FAULT_SPEC)
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+    MIDDLEWARE.insert(0, "novelforge_sessions.faults.FaultMiddleware")
+
 ROOT_URLCONF = "novelforge_sessions.urls"
 ASGI_APPLICATION = "novelforge_sessions.asgi.application"
 
@@ -135,6 +153,11 @@ DB_POOL_MAX_SIZE = _strict_int("DB_POOL_MAX_SIZE", default=0)
 if DB_POOL_MAX_SIZE:
     if _db["CONN_MAX_AGE"]:
         raise ImproperlyConfigured("DB_POOL_MAX_SIZE and DB_CONN_MAX_AGE cannot be combined")
+    # CONN_HEALTH_CHECKS: with the pool, Django passes psycopg's `check` — a connection is tested
+    # (one empty query) as it leaves the pool, so one that PostgreSQL dropped while it sat idle
+    # (a restart, pg_terminate_backend) is replaced rather than handed to a request that would
+    # fail on it (measured by the harness, harness/ and README "Guarantees").
+    _db["CONN_HEALTH_CHECKS"] = True
     _db["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DB_POOL_MAX_SIZE, "timeout": 10}
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -38,7 +38,7 @@ SUFFIXES = {".py", ".html", ".js", ".sql"}
 
 
 def _files():
-    for folder in ("novelforge_sessions", "reviews", "templates", "static", "bench", "scripts"):
+    for folder in ("novelforge_sessions", "reviews", "templates", "static", "bench", "scripts", "harness"):
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in SUFFIXES and "migrations" not in path.parts and path not in CORE and ".venv" not in path.parts:
                 yield path

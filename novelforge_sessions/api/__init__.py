@@ -13,6 +13,7 @@ from functools import wraps
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern, URLResolver, re_path
 from django.views.decorators.csrf import csrf_exempt
@@ -24,6 +25,7 @@ from ninja.parser import Parser
 from novelforge_sessions.api.auth import TokenAuth
 from novelforge_sessions.api.schemas import MAX_BODY_DEPTH, loads_json, nested_deeper_than, refuse_unstorable_text
 from novelforge_sessions.errors import (
+    DatabaseUnavailable,
     InternalError,
     MalformedBody,
     MethodNotAllowed,
@@ -170,6 +172,18 @@ def _not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
 @api.exception_handler(RequestDataTooBig)
 def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
     return _render(request, PayloadTooLarge("the request body is too large"))
+
+
+@api.exception_handler(OperationalError)
+@api.exception_handler(InterfaceError)
+def _database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
+    # The connection broke (PostgreSQL restarted, the backend was terminated, the pool timed
+    # out): the transaction is gone, the next request gets a fresh connection (the pool checks
+    # it). A typed 503 the client retries, not a 500.
+    log.warning("database unavailable on %s %s: %s", request.method, request.path, str(exc).strip()[:200])
+    response = _render(request, DatabaseUnavailable("the database is unavailable; retry with the same logical ids"))
+    response["Retry-After"] = "1"
+    return response
 
 
 @api.exception_handler(Exception)

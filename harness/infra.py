@@ -1,0 +1,225 @@
+"""Throwaway infrastructure on loopback: a PostgreSQL cluster, a redis-server and daphne
+processes, each on a free port in a temporary folder, all stopped by ``Infra.close()``.
+
+The machine's own PostgreSQL (5432) and Redis (6379) are never touched: the harness restarts
+and kills only what it started here.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pg_bin() -> Path:
+    for d in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (d / "initdb").exists():
+            return d
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).resolve().parent
+    raise RuntimeError("the harness needs PostgreSQL's server binaries (initdb, pg_ctl)")
+
+
+def _as_owner(cmd: list[str]) -> list[str]:
+    # PostgreSQL refuses to run as root (PITFALLS.md): run it as the postgres user then.
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+class Postgres:
+    """A throwaway cluster: initdb in a temporary folder, trust auth, loopback, a free port."""
+
+    def __init__(self, base: Path) -> None:
+        self.bin = _pg_bin()
+        self.dir = base / "pg"
+        self.dir.mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(base, "postgres")
+            shutil.chown(self.dir, "postgres")
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.log = self.dir / "postgres.log"
+        subprocess.run(_as_owner([str(self.bin / "initdb"), "-D", str(self.data), "--auth=trust", "-U", "postgres",
+                                  "--encoding=UTF8", "--no-sync"]),
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/")
+        self.start()
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(
+            _as_owner([str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", *args]),
+            check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/",
+        )
+
+    def start(self) -> None:
+        self._ctl("-o", f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c max_connections=60 "
+                        "-c fsync=on", "start")
+
+    def restart(self) -> None:
+        """``pg_ctl restart -m fast``: every connection is cut, the server is back ~1 s later."""
+        self._ctl("-m", "fast", "-o", f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} "
+                                      "-c max_connections=60", "restart")
+
+    def stop(self) -> None:
+        try:
+            self._ctl("-m", "immediate", "stop")
+        except subprocess.CalledProcessError:
+            pass
+
+    def url(self, db: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{db}"
+
+
+class Redis:
+    def __init__(self, base: Path) -> None:
+        self.port = free_port()
+        self.dir = base / "redis"
+        self.dir.mkdir()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if not exe:
+            raise RuntimeError("the harness needs redis-server")
+        self.proc = subprocess.Popen(
+            [exe, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
+             "--dir", str(self.dir)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+class Daphne:
+    """One daphne process on a fixed port; ``start()`` again after it died (same port)."""
+
+    def __init__(self, base: Path, env: dict[str, str], name: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}"
+        self.env = env
+        self.log_path = base / f"daphne-{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, extra_env: dict[str, str] | None = None, timeout: float = 60.0) -> float:
+        """Start and wait for /healthz; returns the seconds it took."""
+        t0 = time.monotonic()
+        env = {**self.env, **(extra_env or {})}
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+             "novelforge_sessions.asgi:application"],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.starts += 1
+        deadline = t0 + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daphne exited during start-up; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as resp:
+                    if resp.status == 200:
+                        return time.monotonic() - t0
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"daphne did not become ready; see {self.log_path}")
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def rss_kb(self) -> int:
+        try:
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        except OSError:
+            pass
+        return 0
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Infra:
+    def __init__(self, *, redis: bool = False) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="nf-harness-"))
+        self.pg = Postgres(self.base)
+        self.redis = Redis(self.base) if redis else None
+        self.servers: list[Daphne] = []
+
+    def server_env(self, database_url: str, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if k not in {"REDIS_URL", "NOVELFORGE_FAULT_POINTS", "DATABASE_URL", "SECRET_KEY", "REQUIRE_SECRET_KEY"}}
+        env.update(
+            DATABASE_URL=database_url, DJANGO_SETTINGS_MODULE="novelforge_sessions.settings",
+            ALLOWED_HOSTS="127.0.0.1,localhost", PYTHONUNBUFFERED="1", DB_POOL_MAX_SIZE="8",
+            PYTHONPATH=str(ROOT), LOG_LEVEL="WARNING", SHUTDOWN_GRACE_SECONDS="2",
+        )
+        env.update(extra)
+        return env
+
+    def daphne(self, env: dict[str, str], name: str) -> Daphne:
+        d = Daphne(self.base, env, name)
+        self.servers.append(d)
+        return d
+
+    def close(self, keep: bool = False) -> None:
+        for d in self.servers:
+            try:
+                d.stop()
+            except Exception:  # noqa: BLE001 — best effort: stop the rest
+                pass
+        if self.redis:
+            self.redis.stop()
+        self.pg.stop()
+        if not keep:
+            shutil.rmtree(self.base, ignore_errors=True)

@@ -1,0 +1,111 @@
+"""A test-only fault hook: the server SIGKILLs itself at a chosen commit (the harness, issue 9).
+
+Off unless the process starts with ``NOVELFORGE_FAULT_POINTS`` in its environment; it is read
+once, by the settings, and nothing a request sends can turn it on, move it or read it. The
+settings refuse it (``ImproperlyConfigured``) with a deployment's own ``SECRET_KEY`` or with
+``REQUIRE_SECRET_KEY=true``: it only ever runs with the public development key.
+
+Format: comma-separated ``POINT:N:PATH_REGEX`` — at the N-th database commit made while serving
+a request whose path matches ``PATH_REGEX`` (``re.search``), the process kills itself with
+SIGKILL, either just *before* the commit (``before_commit``: the transaction is lost with the
+connection) or just *after* it (``after_commit``: committed, but no response is ever sent).
+Example: ``NOVELFORGE_FAULT_POINTS='after_commit:3:/results$'``.
+
+Counted per process: a restarted server counts again from zero (``harness/`` restarts it).
+"""
+from __future__ import annotations
+
+import contextvars
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+POINTS = ("before_commit", "after_commit")
+ENV = "NOVELFORGE_FAULT_POINTS"
+
+
+@dataclass
+class FaultPoint:
+    point: str
+    nth: int
+    path: re.Pattern[str]
+    hits: int = field(default=0)
+
+
+def parse(spec: str) -> list[FaultPoint]:
+    """``POINT:N:PATH_REGEX[,…]`` → fault points; ``ValueError`` names what is wrong."""
+    out = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        point, sep1, rest = item.partition(":")
+        nth, sep2, path = rest.partition(":")
+        if not (sep1 and sep2) or point not in POINTS:
+            raise ValueError(f"{ENV}: {item!r} is not POINT:N:PATH_REGEX with POINT one of {', '.join(POINTS)}")
+        if not nth.isdigit() or int(nth) < 1:
+            raise ValueError(f"{ENV}: N must be a positive integer in {item!r}")
+        try:
+            pattern = re.compile(path or ".")
+        except re.error as exc:
+            raise ValueError(f"{ENV}: bad path regex in {item!r}: {exc}") from None
+        out.append(FaultPoint(point, int(nth), pattern))
+    if not out:
+        raise ValueError(f"{ENV} is set but names no fault point")
+    return out
+
+
+_current_path: contextvars.ContextVar[str | None] = contextvars.ContextVar("nf_fault_path", default=None)
+_points: list[FaultPoint] = []
+_lock = threading.Lock()
+
+
+def fire(point: str) -> None:
+    path = _current_path.get()
+    if path is None:
+        return
+    for fp in _points:
+        if fp.point != point or not fp.path.search(path):
+            continue
+        with _lock:
+            fp.hits += 1
+            due = fp.hits == fp.nth
+        if due:
+            sys.stderr.write(f"fault point {point} #{fp.nth} on {path}: SIGKILL\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install(points: list[FaultPoint]) -> None:
+    """Wrap the PostgreSQL backend's real commit (idempotent). Called by the app's ready()."""
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    _points[:] = points
+    if getattr(DatabaseWrapper._commit, "_nf_fault", False):
+        return
+    real: Callable[[Any], Any] = DatabaseWrapper._commit
+
+    def _commit(self: Any) -> Any:
+        fire("before_commit")
+        result = real(self)
+        fire("after_commit")
+        return result
+
+    _commit._nf_fault = True  # type: ignore[attr-defined]
+    DatabaseWrapper._commit = _commit  # type: ignore[method-assign]
+
+
+class FaultMiddleware:
+    """Marks the request being served (only in MIDDLEWARE when the hook is configured)."""
+
+    def __init__(self, get_response: Callable[[Any], Any]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: Any) -> Any:
+        token = _current_path.set(request.path)
+        try:
+            return self.get_response(request)
+        finally:
+            _current_path.reset(token)

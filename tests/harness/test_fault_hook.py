@@ -1,0 +1,79 @@
+"""The harness's test-only fault hook (novelforge_sessions/faults.py): off by default, refused
+with a deployment's key, strictly parsed, and it really kills the process at the commit."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings
+
+from novelforge_sessions import faults
+from tests.live import ROOT
+
+SPEC = "before_commit:1:/results$"
+
+
+def _django(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in {"NOVELFORGE_FAULT_POINTS", "SECRET_KEY", "REQUIRE_SECRET_KEY"}}
+    script = "import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'novelforge_sessions.settings'; django.setup()\n" + code
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**base, **env}, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_off_unless_the_environment_sets_it():
+    assert settings.FAULT_POINTS == []
+    assert "novelforge_sessions.faults.FaultMiddleware" not in settings.MIDDLEWARE
+    # Nothing wrapped the commit: the hook is not installed in this (test) process.
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    assert not getattr(DatabaseWrapper._commit, "_nf_fault", False)
+
+
+@pytest.mark.parametrize("env", [
+    {"SECRET_KEY": "a-deployment-key-" + "x" * 40},
+    {"REQUIRE_SECRET_KEY": "true", "SECRET_KEY": "a-deployment-key-" + "y" * 40},
+])
+def test_refused_with_a_deployment_key(env):
+    proc = _django("", NOVELFORGE_FAULT_POINTS=SPEC, **env)
+    assert proc.returncode != 0
+    assert "ImproperlyConfigured" in proc.stderr and "test-only hook" in proc.stderr, proc.stderr[-800:]
+
+
+@pytest.mark.parametrize("spec", ["explode:1:/x", "before_commit:0:/x", "before_commit:one:/x", "after_commit", ",",
+                                  "after_commit:1:("])
+def test_malformed_specs_are_refused(spec):
+    with pytest.raises(ValueError):
+        faults.parse(spec)
+
+
+def test_parse():
+    (a, b) = faults.parse("before_commit:2:/results$, after_commit:5:/handoffs$")
+    assert (a.point, a.nth, a.path.pattern) == ("before_commit", 2, "/results$")
+    assert (b.point, b.nth, b.path.pattern) == ("after_commit", 5, "/handoffs$")
+
+
+KILL_AT_SECOND_COMMIT = """
+from django.db import connection, transaction
+from novelforge_sessions import faults
+token = faults._current_path.set("/api/v1/handoffs/1/results")
+for n in range(3):
+    with transaction.atomic():
+        connection.cursor().execute("SELECT 1")
+    print("committed", n + 1, flush=True)
+"""
+
+
+def test_the_process_kills_itself_at_the_nth_matching_commit():
+    proc = _django(KILL_AT_SECOND_COMMIT, NOVELFORGE_FAULT_POINTS="before_commit:2:/results$")
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr[-800:])
+    assert proc.stdout.split() == ["committed", "1"]  # the second commit never happened
+    assert "fault point before_commit #2 on /api/v1/handoffs/1/results: SIGKILL" in proc.stderr
+
+
+def test_other_paths_and_work_outside_requests_are_untouched():
+    proc = _django(KILL_AT_SECOND_COMMIT, NOVELFORGE_FAULT_POINTS="before_commit:1:/handoffs$")
+    assert proc.returncode == 0, proc.stderr[-800:]
+    assert proc.stdout.split()[-2:] == ["committed", "3"]
