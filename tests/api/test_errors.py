@@ -26,11 +26,8 @@ def test_malformed_json_is_400(owner, raw):
     assert Session.objects.count() == 0
 
 
-def test_oversized_body_is_413_before_parsing(owner, settings):
-    big = json.dumps({**SESSION, "provider_metadata": {"blob": "x" * (settings.API_MAX_BODY_BYTES + 10)}})
-    err = assert_error(owner.post("/sessions", raw=big), 413, "payload_too_large")
-    assert err["details"]["limit"] == settings.API_MAX_BODY_BYTES
-    assert Session.objects.count() == 0
+# Oversized bodies (413 payload_too_large, refused while they stream in, before Django):
+# tests/api/test_body_limit.py (the ASGI layer) and tests/live/test_body_limits.py (real servers).
 
 
 @pytest.mark.parametrize(
