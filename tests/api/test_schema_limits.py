@@ -49,9 +49,11 @@ def test_cross_field_rules_are_declared(schema):
              for r in component(schema, "RunEndIn")["allOf"]}
     assert rules == {o.value: {default.value, *(s.value for s in allowed), None}
                      for o, (default, allowed) in lc.RUN_OUTCOMES.items()}
-    intent = component(schema, "WriteIntentIn")
-    assert intent["if"]["properties"]["kind"] == {"const": "artifact.make_current"}
-    assert intent["then"]["required"] == ["artifact_id"]
+    by_kind = {r["if"]["properties"]["kind"]["const"]: r["then"] for r in component(schema, "WriteIntentIn")["allOf"]}
+    assert set(by_kind) == {"artifact.make_current", "authority.settle", "framework.change"}
+    assert "artifact_id" in by_kind["artifact.make_current"]["required"]
+    framework = by_kind["framework.change"]["properties"]["params"]["properties"]["framework_version"]
+    assert framework["pattern"] == intents.FRAMEWORK_RE.pattern
 
 
 def test_free_json_is_storable_all_the_way_down(schema):
