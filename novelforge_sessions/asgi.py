@@ -1,5 +1,10 @@
 """ASGI entry point: HTTP through Django, websockets through Channels.
 
+HTTP is wrapped, outermost, in ``BodyLimitMiddleware``: a body over its route's limit gets a
+413 while it streams in, before Django (or anything) buffers it; under daphne, which reads
+whole bodies before it calls any application, ``bodylimit.install()`` applies the same limits
+inside daphne's request as the body arrives (``novelforge_sessions.bodylimit``).
+
 Websockets are wrapped, outermost first, in ``SameOriginValidator`` (a page from a foreign
 Origin — another host, scheme or port — cannot open a socket with the manager's cookie: the
 handshake is refused; ``novelforge_sessions.live.origins``) and
@@ -10,10 +15,11 @@ import os
 
 from django.core.asgi import get_asgi_application
 
-from novelforge_sessions import logredact
+from novelforge_sessions import bodylimit, logredact
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "novelforge_sessions.settings")
 logredact.install()  # daphne's access log: tokens in a query string are redacted
+bodylimit.install()  # daphne: oversized bodies refused while Twisted receives them
 # Build the Django app before importing anything that touches models (PITFALLS.md).
 django_asgi_app = get_asgi_application()
 
@@ -30,7 +36,7 @@ shutdown.install()
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": bodylimit.BodyLimitMiddleware(django_asgi_app),
         "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

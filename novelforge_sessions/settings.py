@@ -84,7 +84,6 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "novelforge_sessions.middleware.CSPMiddleware",  # django-csp's, plus the websocket origin
-    "novelforge_sessions.middleware.ApiBodyLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -198,9 +197,13 @@ STORAGES = {
 }
 WHITENOISE_USE_FINDERS = True  # serve from static/ without collectstatic in dev and tests
 
-# Bodies: the API refuses oversized bodies with a typed 413 before parsing them.
+# Bodies: refused with 413 while they stream in, before anything buffers them
+# (novelforge_sessions.bodylimit): the API's typed payload_too_large over API_MAX_BODY_BYTES,
+# a plain 413 on every other route over PAGE_MAX_BODY_BYTES (default: Django's form limit).
 API_MAX_BODY_BYTES = _strict_int("API_MAX_BODY_BYTES", default=256 * 1024, minimum=1024)
-DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES * 4, 2_621_440)
+PAGE_MAX_BODY_BYTES = _strict_int("PAGE_MAX_BODY_BYTES", default=2_621_440, minimum=1024)
+# Django's own limit stays above both, so the 413 above is what an oversized body gets.
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES * 4, PAGE_MAX_BODY_BYTES)
 
 # Runtime policy knobs (see README "Configuration").
 CHECKPOINT_MAX_BYTES = _strict_int("CHECKPOINT_MAX_BYTES", default=64 * 1024, minimum=1024)

@@ -86,9 +86,63 @@ def reviewer_for_caller(caller: Caller) -> ReviewerIdentity:
     )
 
 
+#: Admin permissions that show the writer's side of a review (its session, runs, checkpoints,
+#: transcript, events, other reviewers' slots and verdicts): a staff user holding any of them can
+#: read past a blind packet in the admin, as a superuser or a project manager can on its pages.
+SIGHTED_ADMIN_PERMISSIONS = tuple(
+    f"{app}.{action}_{model}"
+    for app, models in (
+        ("novelforge_sessions", ("session", "run", "checkpoint", "transcriptentry", "event", "runtimeattachment")),
+        ("reviews", ("reviewgate", "reviewpacket", "reviewassignment", "verdict", "gatecalibration")),
+    )
+    for model in models for action in ("view", "change")
+)
+
+
+def sighted_reason(user, project_id: int) -> str | None:
+    """Why this human can see past a blind packet of ``project_id`` — ``"superuser"``,
+    ``"manager"`` (opens the writer's session page) or ``"staff"`` (reads the writer's records
+    in the admin) — or None: they can review blind."""
+    if user.is_superuser:
+        return "superuser"
+    if Membership.objects.filter(user=user, project_id=project_id, role=Membership.Role.MANAGER).exists():
+        return "manager"
+    if user.is_staff and any(user.has_perm(perm) for perm in SIGHTED_ADMIN_PERMISSIONS):
+        return "staff"
+    return None
+
+
+SIGHTED_MESSAGES = {
+    "superuser": "is a superuser and sees every record in the admin",
+    "manager": "manages this project and can open the writer's session page",
+    "staff": "can read the writer's records in the admin",
+}
+
+
+def check_blind(user, project_id: int, *, field: str | None = None, **details) -> None:
+    """403 ``independence_violation`` when ``user`` cannot review this project's packets blind."""
+    reason = sighted_reason(user, project_id)
+    if reason is not None:
+        where = {"field": field} if field else {}
+        raise IndependenceViolation(
+            f"{user.get_username()} {SIGHTED_MESSAGES[reason]}, so they cannot review its candidate blind: "
+            "choose a reviewer who is not a manager", reason=reason, **where, **details,
+        )
+
+
 def check_independence(identity: ReviewerIdentity, gate: ReviewGate, candidate_created_by: str) -> None:
     """The reviewer is not the writer: not its session, not who opened the gate, not the
-    candidate's author (contract §13.8). Otherwise 403 ``independence_violation``."""
+    candidate's author (contract §13.8); a human reviewer still cannot see past the packet
+    (not a manager of the project, not a superuser, no admin view of the writer's records:
+    checked again here, at verdict time, since a role can be granted after the assignment).
+    Otherwise 403 ``independence_violation``."""
+    if identity.user_id is not None:
+        from django.contrib.auth import get_user_model
+
+        user = get_user_model().objects.filter(pk=identity.user_id).first()
+        if user is None:
+            raise NotFound("review packet not found", gate_id=gate.id)
+        check_blind(user, gate.project_id, gate_id=gate.id)
     if identity.session_id is not None and identity.session_id == gate.session_id:
         raise IndependenceViolation("a session cannot review its own candidate", gate_id=gate.id)
     if candidate_created_by in identity.labels:

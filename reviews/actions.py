@@ -47,6 +47,7 @@ from reviews.access import (
     ReviewerIdentity,
     assignment_for,
     check_agent_reviewer_session,
+    check_blind,
     check_independence,
     session_key,
     user_key,
@@ -280,13 +281,6 @@ def _check_human_reviewers(usernames: list[str], session: Session, candidate: Ar
             memberships__role=Membership.Role.REVIEWER,
         )
     }
-    # A manager of the project (or a superuser, who sees everything in the admin) can open the
-    # writer's session page — its cursor, pending items, other reviewers' notes — so a packet
-    # shown to them is not blind: they cannot be this gate's reviewer.
-    sighted = set(
-        Membership.objects.filter(project_id=session.project_id, role=Membership.Role.MANAGER,
-                                  user__in=list(found.values())).values_list("user_id", flat=True)
-    ) | {u.pk for u in found.values() if u.is_superuser}
     users = []
     for i, name in enumerate(usernames):
         user = found.get(name)
@@ -294,12 +288,9 @@ def _check_human_reviewers(usernames: list[str], session: Session, candidate: Ar
             raise ValidationFailed("not a reviewer in this project", field=f"reviewers[{i}]")
         if f"user:{name}" in {candidate.created_by, opener}:
             raise IndependenceViolation("a reviewer cannot review their own work", field=f"reviewers[{i}]")
-        if user.pk in sighted:
-            raise IndependenceViolation(
-                f"{name} manages this project and can open the writer's session page, so they cannot review its "
-                "candidate blind: choose a reviewer who is not a manager", field=f"reviewers[{i}]",
-                reason="superuser" if user.is_superuser else "manager",
-            )
+        # A manager of the project, a superuser or staff with an admin view of the writer's
+        # records can read past the packet: not blind, so not this gate's reviewer.
+        check_blind(user, session.project_id, field=f"reviewers[{i}]")
         users.append(user)
     return users
 

@@ -43,8 +43,8 @@ class ScaleIn(Strict):
 
 
 class CriterionIn(Strict):
-    key: str = Field(..., examples=["clarity"])
-    label: str = Field(..., examples=["Clarity"])
+    key: str = Field(..., examples=["clarity"], json_schema_extra={"pattern": r"^[a-z][a-z0-9_]{0,39}$"})
+    label: str = Field(..., examples=["Clarity"], json_schema_extra={"minLength": 1, "maxLength": 120})
     scale: ScaleIn
     description: str = ""
     anchors: dict[str, str] = Field(
@@ -56,8 +56,10 @@ class CriterionIn(Strict):
 
 
 class RubricIn(Strict):
-    criteria: list[CriterionIn]
-    evidence: list[str] = Field(default_factory=list, description="evidence keys the rubric allows")
+    criteria: list[CriterionIn] = Field(..., json_schema_extra={"minItems": 1, "maxItems": 20})
+    evidence: list[str] = Field(default_factory=list, description="evidence keys the rubric allows",
+                                json_schema_extra={"items": {"type": "string", "pattern": r"^[a-z][a-z0-9_]{0,39}$"},
+                                                   "uniqueItems": True, "maxItems": 10})
 
 
 class EvidenceIn(Strict):
@@ -171,7 +173,7 @@ class PacketClaimOut(Schema):
 
 
 class PacketHeartbeatIn(Strict):
-    fencing_token: int = Field(..., ge=1)
+    fencing_token: int = Field(..., ge=1, json_schema_extra={"maximum": 2**63 - 1})
 
 
 _VERDICT_BODY = {

@@ -91,6 +91,19 @@ class _Api(NinjaAPI):
         """Declare the one status ``errors(...)`` cannot know per route: any operation that reads a
         JSON body answers an unparseable one with ``400 malformed_body`` (see ``_http_error``)."""
         schema = super().get_openapi_schema(**kwargs)
+        from novelforge_sessions.api.schemas import STORABLE_JSON, STORABLE_JSON_MARK, STORABLE_JSON_REF
+
+        def refer(node: Any) -> Any:
+            if isinstance(node, dict):
+                if node.get(STORABLE_JSON_MARK) is True:
+                    return {"$ref": STORABLE_JSON_REF}
+                return {key: refer(value) for key, value in node.items()}
+            if isinstance(node, list):
+                return [refer(value) for value in node]
+            return node
+
+        schema = refer(schema)
+        schema.setdefault("components", {}).setdefault("schemas", {})["StorableJson"] = STORABLE_JSON
         for item in schema["paths"].values():
             for op in item.values():
                 if "requestBody" in op and 400 not in op["responses"]:  # ninja keys statuses by int

@@ -3,7 +3,7 @@ approvals, binding invalidation, runtime routing. Thin: parse, call an action, r
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from django.http import HttpRequest
 from django.utils import timezone
@@ -11,13 +11,15 @@ from ninja import Field, Query, Router, Schema, Status
 
 from novelforge_sessions import leases
 from novelforge_sessions import lifecycles as lc
+from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.control import bindings as binding_actions
 from novelforge_sessions.control import handoffs as handoff_actions
 from novelforge_sessions.control import intents as intent_actions
+from novelforge_sessions.control import result_schema as result_schemas
 from novelforge_sessions.control import results as result_actions
 from novelforge_sessions.control import routing as routing_actions
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
-from novelforge_sessions.api.schemas import Page, Strict
+from novelforge_sessions.api.schemas import SHORT_NAMES, Page, ShortNameDeclared, Strict
 from novelforge_sessions.control.models import (
     AuthorityChange,
     ConsumeReceipt,
@@ -38,18 +40,29 @@ routers = [handoffs_router, intents_router, bindings_router, routing_router]
 
 
 # ---- schemas: handoffs & results ------------------------------------------------------------
+#: Fencing tokens are PostgreSQL bigints.
+FENCING_TOKEN = {"maximum": 2**63 - 1}
+
+
 class InputRefIn(Strict):
     artifact_id: int
-    fingerprint: str = Field(..., description="sha256:<hex> of the artifact version the job is frozen against")
+    fingerprint: str = Field(..., description="sha256:<hex> of the artifact version the job is frozen against",
+                             json_schema_extra={"pattern": rt.FINGERPRINT_PATTERN})
 
 
 class HandoffIn(Strict):
     logical_id: str = Field(..., max_length=200, description="unique per project: names the logical result",
+                            json_schema_extra={"pattern": handoff_actions.LOGICAL_ID_RE.pattern},
                             examples=["chapter-3/continuity-check"])
     inputs: list[InputRefIn] = Field(default_factory=list, description="frozen input artifact versions")
     params: dict[str, Any] = Field(default_factory=dict, description="the job's instructions (bounded)")
     result_schema: dict[str, Any] = Field(
         default_factory=dict,
+        json_schema_extra={"anyOf": [
+            {"type": "object", "not": {"required": ["$schema"]},
+             "additionalProperties": {"enum": sorted(result_schemas.SHORT_TYPES)}},
+            {"type": "object", "required": ["$schema"], "properties": {"$schema": {"const": result_schemas.DIALECT}}},
+        ]},
         description=(
             "the result's shape, part of the frozen job: either the short form (required result keys → "
             "string|integer|number|boolean|object|array|any) or a full JSON Schema (Draft 2020-12, with "
@@ -60,7 +73,8 @@ class HandoffIn(Strict):
                   {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
                    "required": ["verdict"], "properties": {"verdict": {"enum": ["pass", "revise"]}}}],
     )
-    required_capabilities: list[str] = Field(default_factory=list, examples=[["continuity-check"]])
+    required_capabilities: list[str] = Field(default_factory=list, examples=[["continuity-check"]],
+                                             json_schema_extra=SHORT_NAMES)
     timeout_seconds: int | None = Field(None, ge=1, le=86400, description="lease length of one attempt (default 300)")
 
 
@@ -109,8 +123,9 @@ class HandoffOut(Schema):
 
 
 class ClaimIn(Strict):
-    worker: str = Field(..., max_length=200, description="the claiming worker's name (lease holder)")
-    capabilities: list[str] = Field(default_factory=list, description="what this worker can do")
+    worker: str = Field(..., max_length=200, json_schema_extra={"minLength": 1}, description="the claiming worker's name (lease holder)")
+    capabilities: list[str] = Field(default_factory=list, description="what this worker can do",
+                                    json_schema_extra=SHORT_NAMES)
     handoff_id: int | None = Field(None, description="claim this handoff only (409 if it cannot be claimed)")
 
 
@@ -119,7 +134,7 @@ class ClaimOut(Schema):
 
 
 class LeaseIn(Strict):
-    fencing_token: int = Field(..., ge=1)
+    fencing_token: int = Field(..., ge=1, json_schema_extra=FENCING_TOKEN)
 
 
 class LeaseOut(Schema):
@@ -130,10 +145,12 @@ class LeaseOut(Schema):
 
 
 class ResultIn(Strict):
-    fencing_token: int = Field(..., ge=1, description="the token of your claim")
-    job_fingerprint: str = Field(..., max_length=80, description="must cite the frozen job's fingerprint")
+    fencing_token: int = Field(..., ge=1, description="the token of your claim", json_schema_extra=FENCING_TOKEN)
+    job_fingerprint: str = Field(..., max_length=80, description="must cite the frozen job's fingerprint",
+                                 json_schema_extra={"pattern": rt.FINGERPRINT_PATTERN})
     result: dict[str, Any]
-    result_hash: str | None = Field(None, max_length=80, description="optional: sha256 of the canonical result, checked")
+    result_hash: str | None = Field(None, max_length=80, description="optional: sha256 of the canonical result, checked",
+                                    json_schema_extra={"pattern": rt.FINGERPRINT_PATTERN})
 
 
 class OriginalOut(Schema):
@@ -368,8 +385,10 @@ class BeforeStateOut(Schema):
 
 class WriteIntentIn(Strict):
     kind: KindName
-    idempotency_key: str = Field(..., max_length=200)
-    before_fingerprint: str = Field(..., max_length=80, description="from GET /write-intents/before-state")
+    idempotency_key: str = Field(..., max_length=200, json_schema_extra={"pattern": r"^[\x21-\x7e]{1,200}$"},
+                                 description="1–200 printable ASCII characters, no spaces")
+    before_fingerprint: str = Field(..., max_length=80, description="from GET /write-intents/before-state",
+                                    json_schema_extra={"pattern": rt.FINGERPRINT_PATTERN})
     artifact_id: int | None = Field(None, description="artifact.make_current: the artifact")
     params: dict[str, Any] = Field(
         default_factory=dict,
@@ -378,6 +397,33 @@ class WriteIntentIn(Strict):
     )
     session_id: int | None = Field(None, description="provenance only: grants nothing")
     run_id: int | None = None
+
+    # artifact.make_current names its artifact; each kind takes its own params.
+    json_schema_rules: ClassVar[dict[str, Any]] = {"allOf": [
+        {
+            "if": {"properties": {"kind": {"const": "artifact.make_current"}}, "required": ["kind"]},
+            "then": {"properties": {"artifact_id": {"type": "integer"}, "params": {
+                "type": "object", "required": ["version_id"], "additionalProperties": False,
+                "properties": {"version_id": {"type": "integer"}}}}, "required": ["artifact_id", "params"]},
+        },
+        {
+            "if": {"properties": {"kind": {"const": "authority.settle"}}, "required": ["kind"]},
+            "then": {"properties": {"params": {
+                "type": "object", "required": ["artifacts"], "additionalProperties": False, "properties": {
+                    "artifacts": {"type": "array", "minItems": 1, "maxItems": 200, "items": {
+                        "type": "object", "required": ["artifact_id", "fingerprint"], "additionalProperties": False,
+                        "properties": {"artifact_id": {"type": "integer"},
+                                       "fingerprint": {"type": "string", "pattern": rt.FINGERPRINT_PATTERN}}}},
+                    "note": {"type": "string", "maxLength": 500, "pattern": r"^[^\u0000]*$"}}}}, "required": ["params"]},
+        },
+        {
+            "if": {"properties": {"kind": {"const": "framework.change"}}, "required": ["kind"]},
+            "then": {"properties": {"params": {
+                "type": "object", "required": ["framework_version"], "additionalProperties": False,
+                "properties": {"framework_version": {"type": "string", "pattern": intent_actions.FRAMEWORK_RE.pattern}}}},
+                "required": ["params"]},
+        },
+    ]}
 
 
 class ApprovalOut(Schema):
@@ -596,7 +642,7 @@ class RoutedRuntimeOut(Schema):
     "/routing/runtimes", response={200: list[RoutedRuntimeOut], **errors(403)},
     summary="Live runtimes of your project that declare every given capability",
 )
-def route(request: HttpRequest, capability: list[str] = Query(..., description="repeat for several")) -> list[dict]:  # noqa: B008
+def route(request: HttpRequest, capability: list[ShortNameDeclared] = Query(..., description="repeat for several")) -> list[dict]:  # noqa: B008
     found = routing_actions.eligible_runtimes(caller(request), capability)
     return [
         {"runtime_id": r.id, "session_id": r.session_id, "session_role": r.session.role,

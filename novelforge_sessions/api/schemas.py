@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import math
+import types
+import typing
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from ninja import Field, Schema
-from pydantic import ConfigDict, ModelWrapValidatorHandler, model_validator
+from pydantic import ConfigDict, ModelWrapValidatorHandler, WithJsonSchema, model_validator
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
@@ -161,9 +163,107 @@ class Input(Schema):
 class Strict(Input):
     """Inputs refuse unknown fields: a typo is an error, not a silently ignored value. And they
     take JSON types as the schema states them: `true` or `"7"` is not an integer id, `"false"`
-    is not a boolean (pydantic's lax coercion would accept both behind the schema's back)."""
+    is not a boolean (pydantic's lax coercion would accept both behind the schema's back).
+    A JSON number with no fractional part (``7.0``) *is* an integer to JSON Schema, so an
+    integer field takes it as that integer; ``7.5`` is still refused."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=lambda schema, cls: _declare(schema, cls))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_numbers(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = _integer_fields(cls)
+        fixed = None
+        for name in fields.intersection(data):
+            value = data[name]
+            if type(value) is float and value.is_integer():
+                fixed = fixed or dict(data)
+                fixed[name] = int(value)
+            elif isinstance(value, list) and any(type(v) is float and v.is_integer() for v in value):
+                fixed = fixed or dict(data)
+                fixed[name] = [int(v) if type(v) is float and v.is_integer() else v for v in value]
+        return fixed if fixed is not None else data
+
+
+#: Text PostgreSQL can store: no U+0000 (``refuse_unstorable_text``), declared on every string field.
+STORABLE_TEXT = r"^[^\u0000]*$"
+#: Any JSON value whose strings and keys are storable text, at any depth: the schema of every
+#: free-form object or list of an input (cursor, params, metadata…). Added to the OpenAPI
+#: components by ``novelforge_sessions.api._Api``.
+STORABLE_JSON_REF = "#/components/schemas/StorableJson"
+#: Stands for that reference while pydantic builds a model's schema (pydantic resolves every
+#: ``$ref`` it sees against its own definitions); ``_Api`` swaps it for the ``$ref``.
+STORABLE_JSON_MARK = "x-storable-json"
+STORABLE_JSON: dict[str, Any] = {
+    "description": "any JSON value; no string or key contains U+0000 (PostgreSQL cannot store it)",
+    "anyOf": [
+        {"type": "string", "pattern": STORABLE_TEXT},
+        {"type": "number"}, {"type": "boolean"}, {"type": "null"},
+        {"type": "array", "items": {"$ref": STORABLE_JSON_REF}},
+        {"type": "object", "propertyNames": {"pattern": STORABLE_TEXT}, "additionalProperties": {"$ref": STORABLE_JSON_REF}},
+    ],
+}
+
+
+def _declare(schema: dict[str, Any], model: type) -> None:
+    """What the schema says beyond pydantic's own: storable text on every string property, and
+    the model's cross-field rules (``json_schema_rules``: if/then, required-with)."""
+    def storable(node: dict[str, Any]) -> None:
+        if node.get("type") == "string" and "pattern" not in node and "enum" not in node and "const" not in node:
+            node["pattern"] = STORABLE_TEXT
+        for key in ("anyOf", "oneOf"):
+            for option in node.get(key, []):
+                storable(option)
+        if node.get("type") == "array" and isinstance(node.get("items"), dict):
+            storable(node["items"])
+
+    def free_json(node: dict[str, Any]) -> None:
+        # dict[str, Any] / list[Any]: any JSON, but storable all the way down (StorableJson)
+        if node.get("type") == "object" and node.get("additionalProperties") is True and "properties" not in node:
+            node["propertyNames"] = {"pattern": STORABLE_TEXT}
+            node["additionalProperties"] = {STORABLE_JSON_MARK: True}
+        elif node.get("type") == "array" and node.get("items") in ({}, None):
+            node["items"] = {STORABLE_JSON_MARK: True}
+        for key in ("anyOf", "oneOf"):
+            for option in node.get(key, []):
+                free_json(option)
+
+    for prop in schema.get("properties", {}).values():
+        storable(prop)
+        free_json(prop)
+    schema.update(getattr(model, "json_schema_rules", {}))
+
+
+_INTEGER_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def _integer_fields(model: type) -> frozenset[str]:
+    """The model's fields typed int, int | None or list[int] (never bool: it is not an int here)."""
+    found = _INTEGER_FIELDS.get(model)
+    if found is None:
+        names = set()
+        for name, info in model.model_fields.items():
+            ann = info.annotation
+            options = typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else (ann,)
+            if any(a is int or (typing.get_origin(a) is list and typing.get_args(a) == (int,)) for a in options):
+                names.add(name)
+        found = _INTEGER_FIELDS[model] = frozenset(names)
+    return found
+
+
+#: The pure core's short names (``session_runtime._NAME_RE``): task modes, runtime families,
+#: capabilities, role extensions, resume policies.
+NAME_PATTERN = r"^[a-z][a-z0-9_.:-]{0,63}$"
+#: Declared in the schema only (``json_schema_extra``): the pure core enforces them, with its own
+#: messages and field names, so clients generated from the schema send what the core accepts.
+SHORT_NAME = {"pattern": NAME_PATTERN}
+SHORT_NAMES = {"items": {"type": "string", "pattern": NAME_PATTERN, "maxLength": 64}}
+#: A short name as a type (query parameters): validated as a plain string, declared with the pattern.
+ShortNameDeclared = Annotated[str, WithJsonSchema(SHORT_NAMES["items"])]
+#: A JSON object with at least one key (a cursor names the workflow step).
+NON_EMPTY_OBJECT = {"minProperties": 1}
 
 
 class ErrorBody(Schema):
@@ -193,7 +293,7 @@ class ProjectOut(Schema):
 
 
 class ArtifactIn(Strict):
-    name: str = Field(..., max_length=200)
+    name: str = Field(..., max_length=200, json_schema_extra={"minLength": 1})
     kind: str = Field("document", max_length=64)
     content: str
 
@@ -231,8 +331,8 @@ RUNTIME_ID_DOC = (
     "than one generation must name it (409 `runtime_required`)"
 )
 class RuntimeIn(Strict):
-    runtime_family: str = Field(..., max_length=64, examples=["claude-code"])
-    capabilities: list[str] = Field(default_factory=list, examples=[["draft", "review"]])
+    runtime_family: str = Field(..., max_length=64, json_schema_extra=SHORT_NAME, examples=["claude-code"])
+    capabilities: list[str] = Field(default_factory=list, json_schema_extra=SHORT_NAMES, examples=[["draft", "review"]])
     provider_metadata: dict[str, Any] | None = Field(None, description="metadata only; never a key, never authority")
     lease_seconds: int | None = Field(None, ge=1, le=3600)
 
@@ -241,10 +341,17 @@ class SessionIn(Strict):
     role: Role
     role_extension: str = Field("", max_length=64, description="required with role `other`, forbidden otherwise")
     memory_policy: Memory
-    task_mode: str = Field(..., max_length=64, examples=["drafting"])
-    runtime_family: str = Field(..., max_length=64, examples=["claude-code"])
+    task_mode: str = Field(..., max_length=64, json_schema_extra=SHORT_NAME, examples=["drafting"])
+    runtime_family: str = Field(..., max_length=64, json_schema_extra=SHORT_NAME, examples=["claude-code"])
     provider_metadata: dict[str, Any] | None = Field(None, description="provider thread ids etc.: metadata only")
     runtime: RuntimeIn | None = Field(None, description="attach runtime generation 1 in the same transaction")
+
+    # role `other` needs a role_extension (a short name); every other role takes none.
+    json_schema_rules: ClassVar[dict[str, Any]] = {
+        "if": {"properties": {"role": {"const": "other"}}, "required": ["role"]},
+        "then": {"properties": {"role_extension": {"pattern": NAME_PATTERN}}, "required": ["role_extension"]},
+        "else": {"properties": {"role_extension": {"const": ""}}},
+    }
 
 
 class SessionOut(Schema):
@@ -376,9 +483,9 @@ class HeartbeatOut(Schema):
 
 # ---- runs & checkpoints -------------------------------------------------------------------
 class RunIn(Strict):
-    task_mode: str | None = Field(None, max_length=64)
+    task_mode: str | None = Field(None, max_length=64, json_schema_extra=SHORT_NAME)
     target: str = Field("", max_length=200)
-    cursor: dict[str, Any] | None = None
+    cursor: dict[str, Any] | None = Field(None, json_schema_extra=NON_EMPTY_OBJECT)
     frozen_inputs: list[Any] | None = None
     runtime_id: int | None = Field(None, ge=1, description=RUNTIME_ID_DOC)
 
@@ -405,7 +512,7 @@ RUN_RUNTIME_ID_DOC = "optional: the runtime this write comes from; refused 409 `
 
 
 class CursorIn(Strict):
-    cursor: dict[str, Any]
+    cursor: dict[str, Any] = Field(..., json_schema_extra=NON_EMPTY_OBJECT)
     runtime_id: int | None = Field(None, ge=1, description=RUN_RUNTIME_ID_DOC)
 
 
@@ -414,6 +521,17 @@ class RunEndIn(Strict):
     session_status: RunEndStatus | None = None
     reason: str = Field("", max_length=200)
     runtime_id: int | None = Field(None, ge=1, description=RUN_RUNTIME_ID_DOC)
+
+    # Each outcome lets the session go only to some statuses (lifecycles.RUN_OUTCOMES).
+    json_schema_rules: ClassVar[dict[str, Any]] = {"allOf": [
+        {
+            "if": {"properties": {"outcome": {"const": outcome.value}}, "required": ["outcome"]},
+            "then": {"properties": {"session_status": {"enum": [
+                *[s.value for s in rt.SessionStatus if s == default or s in allowed], None,
+            ]}}},
+        }
+        for outcome, (default, allowed) in lc.RUN_OUTCOMES.items()
+    ]}
 
 
 class ArtifactRefIn(Strict):

@@ -52,7 +52,11 @@ def resolve_subscription(caller: Caller, *, project_id: int | None = None, sessi
         return None
     if not caller.projects().filter(id=project_id).exists():
         return None
-    return Subscription(key=f"project:{project_id}", project_id=project_id, session_id=caller.session_id)
+    # A session-bound token's project stream is what BOUND_TOKEN_MATRIX["event"] gives it: its
+    # own session's events (never widened by the ``project`` permission).
+    rule = caller.bound_for("event")
+    return Subscription(key=f"project:{project_id}", project_id=project_id,
+                        session_id=None if rule is None else caller.session_id)
 
 
 def events_after(sub: Subscription, after: int, limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
