@@ -26,7 +26,7 @@ import pytest
 from tests.live import ROOT, free_port
 
 SHIPPED = ("templates", "static")  # top-level folders of the checkout, shipped as package data
-CODE = ("novelforge_sessions", "reviews")
+CODE = ("novelforge_sessions", "reviews", "novelforge_client")
 SOURCES = ("pyproject.toml", "README.md", *CODE, *SHIPPED)  # what a clean clone gives setuptools
 SITE = Path("novelforge_sessions") / "_site"  # where the installed package carries SHIPPED
 

@@ -1,0 +1,4 @@
+"""``python -m novelforge_client`` is the ``novelforge`` command."""
+from novelforge_client.cli import main
+
+main()

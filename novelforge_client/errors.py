@@ -1,0 +1,318 @@
+"""Typed exceptions of the NovelForge client: one class per error code of the service.
+
+The service answers every refusal as ``{"error": {"code", "message", "details"}}`` with a code
+from its closed catalog; :func:`error_for` turns that into the class below registered for the
+code (``tests/client/test_errors.py`` checks every catalog code has one, with the same HTTP
+status). A code this client does not know (a newer server) becomes the class for its status, or
+:class:`NovelForgeError` itself. Transport failures that outlived the retries are
+:class:`TransportError` (``maybe_committed`` says whether the server may have acted).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class NovelForgeError(Exception):
+    """Base of everything this client raises for the service's answers."""
+
+    code: str = "error"
+    status: int = 0
+
+    def __init__(self, message: str = "", *, code: str | None = None, status: int | None = None,
+                 details: dict[str, Any] | None = None) -> None:
+        self.code = code or type(self).code
+        self.status = status if status is not None else type(self).status
+        self.message = message
+        self.details: dict[str, Any] = details or {}
+        super().__init__(f"{self.status} {self.code}: {message}" if self.status else f"{self.code}: {message}")
+
+
+class TransportError(NovelForgeError):
+    """The request failed on the network (after the retries that were safe).
+
+    ``maybe_committed`` is true when the request may have reached the server: a write without a
+    logical id or idempotency key is then not retried, because repeating it could act twice.
+    """
+
+    code = "transport_error"
+
+    def __init__(self, message: str, *, maybe_committed: bool) -> None:
+        super().__init__(message)
+        self.maybe_committed = maybe_committed
+
+
+class BadRequest(NovelForgeError):
+    code, status = "bad_request", 400
+
+
+class Conflict(NovelForgeError):
+    """Every 409: the request is valid but the current state refuses it (nothing was written)."""
+
+    code, status = "conflict", 409
+
+
+class IntentNotExecutable(Conflict):
+    code = "intent_not_executable"
+
+
+class Unauthorized(NovelForgeError):
+    code, status = "unauthorized", 401
+
+
+class Forbidden(NovelForgeError):
+    code, status = "forbidden", 403
+
+
+class NotFound(NovelForgeError):
+    code, status = "not_found", 404
+
+
+class PayloadTooLarge(NovelForgeError):
+    code, status = "payload_too_large", 413
+
+
+class ValidationFailed(NovelForgeError):
+    code, status = "validation_error", 422
+
+
+class CheckpointNotBounded(NovelForgeError):
+    code, status = "checkpoint_not_bounded", 422
+
+
+class MethodNotAllowed(NovelForgeError):
+    code, status = "method_not_allowed", 405
+
+
+class OtherHttpError(NovelForgeError):
+    """An HTTP-level refusal of the framework that no class above names."""
+
+    code, status = "http_error", 400
+
+
+class InternalError(NovelForgeError):
+    """An unexpected exception: logged, answered in the one shape, never an HTML page."""
+
+    code, status = "internal_error", 500
+
+
+class InvalidResult(NovelForgeError):
+    """The delivery was logged, but its result is not a valid result of the frozen job."""
+
+    code, status = "invalid_result", 422
+
+
+class PostconditionFailed(NovelForgeError):
+    code, status = "postcondition_failed", 500
+
+
+class MalformedBody(BadRequest):
+    """The request body is not JSON, or nests deeper than the API accepts."""
+
+    code = "malformed_body"
+
+
+class IllegalTransition(Conflict):
+    code = "illegal_transition"
+
+
+class VersionConflict(Conflict):
+    code = "version_conflict"
+
+
+class LiveRuntimeExists(Conflict):
+    code = "live_runtime_exists"
+
+
+class NoLiveRuntime(Conflict):
+    code = "no_live_runtime"
+
+
+class RuntimeNotLive(Conflict):
+    code = "runtime_not_live"
+
+
+class OpenRunExists(Conflict):
+    code = "open_run_exists"
+
+
+class NoOpenRun(Conflict):
+    code = "no_open_run"
+
+
+class RunNotOpen(Conflict):
+    code = "run_not_open"
+
+
+class StaleAuthority(Conflict):
+    code = "stale_authority"
+
+
+class TranscriptFull(Conflict):
+    code = "transcript_full"
+
+
+class OpenConflict(Conflict):
+    """The session carries an open conflict (a conflicting result): no new work until a manager resolves it."""
+
+    code = "open_conflict"
+
+
+class SessionTerminated(Conflict):
+    code = "session_terminated"
+
+
+class StaleRuntime(Conflict):
+    """The write names a runtime that is not the session's live one (superseded, closed or lost)."""
+
+    code = "stale_runtime"
+
+
+class RuntimeRequired(Conflict):
+    """An unnamed token write to a session that has had more than one runtime generation."""
+
+    code = "runtime_required"
+
+
+class SessionNotRunning(Conflict):
+    """The write needs a running session (a handoff, a review gate)."""
+
+    code = "session_not_running"
+
+
+class UnknownArtifactVersion(ValidationFailed):
+    """A reference names no version of this project's artifacts."""
+
+    code = "unknown_artifact_version"
+
+
+class ArtifactExists(Conflict):
+    code = "artifact_exists"
+
+
+class ResumeRefused(Conflict):
+    """A resume step failed; ``details.report`` is the step report. Nothing changed."""
+
+    code = "resume_refused"
+
+
+class StaleLease(Conflict):
+    """A write carried a fencing token that a later claim superseded."""
+
+    code = "stale_lease"
+
+
+class HandoffNotClaimable(Conflict):
+    code = "handoff_not_claimable"
+
+
+class HandoffClosed(Conflict):
+    """The handoff takes no more lease traffic (bound, conflicted or cancelled)."""
+
+    code = "handoff_closed"
+
+
+class LogicalIdTaken(Conflict):
+    code = "logical_id_taken"
+
+
+class AlreadyConsumed(Conflict):
+    """A *new* handoff for a logical id whose result was consumed before (deliveries of a consumed result are answered 200 ``already_consumed`` instead)."""
+
+    code = "already_consumed"
+
+
+class ConflictingResult(Conflict):
+    code = "conflicting_result"
+
+
+class NoOpenConflict(Conflict):
+    """Resolving a conflict on a handoff that has none."""
+
+    code = "no_open_conflict"
+
+
+class ResultHashMismatch(ValidationFailed):
+    """The stated ``result_hash`` is not the server's sha256 of the canonical result."""
+
+    code = "result_hash_mismatch"
+
+
+class StalePrecondition(Conflict):
+    code = "stale_precondition"
+
+
+class ApprovalRequired(Conflict):
+    code = "approval_required"
+
+
+class IntentClosed(IntentNotExecutable):
+    """The write intent is closed (rejected, refused or executed): it takes no more decisions."""
+
+    code = "intent_closed"
+
+
+class NotApproved(Conflict):
+    """Revoking the approval of an intent that is not approved (or already executed)."""
+
+    code = "not_approved"
+
+
+class IdempotencyKeyReused(Conflict):
+    code = "idempotency_key_reused"
+
+
+class ReviewRouteRequired(Conflict):
+    """409: the handoff is an agent-review slot (``purpose = review``). The plain handoff routes never claim, renew, answer or cancel it — only the review routes do (``/review-packets/claim``, ``…/heartbeat``, ``…/verdicts``; a gate is withdrawn with ``/review-gates/{id}/cancel``). Nothing is written."""
+
+    code = "review_route_required"
+
+
+class IndependenceViolation(Forbidden):
+    code = "independence_violation"
+
+
+class StaleFingerprint(Conflict):
+    code = "stale_fingerprint"
+
+
+class AlreadyClaimed(Conflict):
+    """This reviewer already holds a slot on that packet."""
+
+    code = "already_claimed"
+
+
+class VerdictConflict(Conflict):
+    """A different verdict is already bound to this packet by the same reviewer."""
+
+    code = "verdict_conflict"
+
+
+class GateClosed(Conflict):
+    """The review gate is cancelled or complete."""
+
+    code = "gate_closed"
+
+
+#: code → class, for every code of the service's catalog (and the two grouping classes).
+CODES: dict[str, type[NovelForgeError]] = {
+    cls.code: cls
+    for cls in list(globals().values())
+    if isinstance(cls, type) and issubclass(cls, NovelForgeError) and cls not in (NovelForgeError, TransportError)
+}
+
+_BY_STATUS: dict[int, type[NovelForgeError]] = {
+    400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 405: MethodNotAllowed,
+    409: Conflict, 413: PayloadTooLarge, 422: ValidationFailed, 500: InternalError,
+}
+
+
+def error_for(status: int, body: Any) -> NovelForgeError:
+    """The typed exception for an error response (``body`` is its parsed JSON, or anything)."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict) or not isinstance(err.get("code"), str):
+        cls = _BY_STATUS.get(status, InternalError if status >= 500 else OtherHttpError)
+        return cls(f"HTTP {status} without an error body", status=status)
+    code = err["code"]
+    cls = CODES.get(code) or _BY_STATUS.get(status) or NovelForgeError
+    details = err.get("details") if isinstance(err.get("details"), dict) else {}
+    return cls(str(err.get("message", "")), code=code, status=status, details=details)

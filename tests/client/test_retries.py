@@ -1,0 +1,138 @@
+"""Retries that cannot act twice, through a loopback proxy that loses the server's answer after
+the server committed (tests/client/proxy.py): a write carrying its logical id / idempotency key is
+retried and answers the original outcome with nothing duplicated; a write without one is not
+retried (``TransportError(maybe_committed=True)``) and was written exactly once."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from novelforge_client import AsyncClient, Client, RetryPolicy
+from novelforge_client import errors as E
+from novelforge_sessions.control.models import ConsumeReceipt, Handoff, ResultDelivery, WriteIntent
+from novelforge_sessions.models import Checkpoint, Event
+
+from tests.client.proxy import DroppingProxy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05)
+WRITER = dict(role="writer", memory_policy="bounded", task_mode="drafting", runtime_family="cli")
+
+
+@pytest.fixture
+def proxy(server):
+    p = DroppingProxy(server.port)
+    yield p
+    p.close()
+
+
+def _running(nf: Client):
+    s = nf.create_session(**WRITER, runtime={"runtime_family": "cli", "lease_seconds": 300})
+    return s, nf.start_run(s.id, cursor={"step": "outline"})
+
+
+def test_a_handoff_whose_answer_was_lost_is_retried_and_answers_the_same_handoff(proxy, token):
+    nf = Client(proxy.url, token, retry=FAST)
+    s, run = _running(nf)
+    proxy.drop_responses = 1
+    job = nf.hand_off(run.id, "check-1", required_capabilities=["lint"], params={"n": 1})
+    assert proxy.dropped == 1 and proxy.forwarded[("POST", f"/api/v1/runs/{run.id}/handoffs")] == 2
+    assert list(Handoff.objects.values_list("id", "logical_id")) == [(job.id, "check-1")]
+    assert Event.objects.filter(type="handoff.created").count() == 1
+
+
+def test_a_delivery_whose_answer_was_lost_is_retried_and_consumed_once(proxy, token, worker_token):
+    nf, worker = Client(proxy.url, token, retry=FAST), Client(proxy.url, worker_token, retry=FAST)
+    s, run = _running(nf)
+    job = nf.hand_off(run.id, "check-2", required_capabilities=["lint"])
+    lease = worker.claim("w", ["lint"])
+    proxy.drop_responses = 1
+    out = worker.deliver(job.id, fencing_token=lease.fencing_token, job_fingerprint=job.job_fingerprint, result={"ok": True})
+    assert proxy.dropped == 1 and proxy.forwarded[("POST", f"/api/v1/handoffs/{job.id}/results")] == 2
+    # the retry answers the first delivery's outcome: consumed once, one receipt
+    assert out.outcome == "already_consumed" and out.original.outcome == "consumed"
+    assert out.original.delivery_id == ResultDelivery.objects.order_by("id").first().id
+    receipt = ConsumeReceipt.objects.get()
+    assert out.receipt.id == receipt.id and receipt.logical_id == "check-2"
+    assert Event.objects.filter(type="handoff.consumed").count() <= 1 and nf.session(s.id).status == "running"
+
+
+def test_a_write_intent_whose_answer_was_lost_replays_its_idempotency_key(proxy, token):
+    nf = Client(proxy.url, token, retry=FAST)
+    art = nf.create_artifact("ch", "one\n")
+    v2 = nf.add_version(art.id, "two\n")
+    before = nf.before_state("artifact.make_current", artifact_id=art.id)
+    proxy.drop_responses = 1
+    intent = nf.propose_write("artifact.make_current", idempotency_key="k-1", before_fingerprint=before.before_fingerprint,
+                              params={"version_id": v2.id}, artifact_id=art.id)
+    assert proxy.dropped == 1 and intent.replayed is True
+    assert list(WriteIntent.objects.values_list("id", flat=True)) == [intent.id]
+
+
+def test_a_checkpoint_without_a_key_is_not_retried_once_it_may_have_committed(proxy, token):
+    nf = Client(proxy.url, token, retry=FAST)
+    s, run = _running(nf)
+    proxy.drop_responses = 1
+    with pytest.raises(E.TransportError) as info:
+        nf.checkpoint(run.id, boundary="context_freeze", cursor={"step": "outline"})
+    assert info.value.maybe_committed is True
+    assert proxy.forwarded[("POST", f"/api/v1/runs/{run.id}/checkpoints")] == 1  # not repeated
+    assert Checkpoint.objects.count() == 1  # the server did commit it: reading back is the caller's call
+    assert [c.seq for c in nf.checkpoints(run.id)] == [1]
+
+
+def test_503_is_retried_for_reads_and_not_for_unkeyed_writes(proxy, token):
+    nf = Client(proxy.url, token, retry=FAST)
+    s, run = _running(nf)
+    proxy.fail_with_503 = 1
+    assert nf.session(s.id).id == s.id  # a read: retried
+    proxy.fail_with_503 = 1  # (the proxy fails a connection's first request: a fresh client)
+    with pytest.raises(E.InternalError) as info:
+        Client(proxy.url, token, retry=FAST).append_transcript(s.id, "assistant", "hello", runtime_id=s.runtime_id)
+    assert info.value.status == 503 and nf.list_transcript(s.id).items == []
+
+
+def test_a_request_that_never_left_is_retried_whatever_it_is(server, token):
+    """A connection refused before sending is safe to repeat even for an unkeyed write."""
+    class RefuseFirst(httpx.HTTPTransport):
+        refused = 0
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            if request.method == "POST" and RefuseFirst.refused == 0:
+                RefuseFirst.refused += 1
+                # a real refused connection: nothing listens on this port
+                return httpx.HTTPTransport().handle_request(httpx.Request("POST", f"http://127.0.0.1:{_closed_port()}/"))
+            return super().handle_request(request)
+
+    nf = Client(server.url, token, retry=FAST, transport=RefuseFirst())
+    s = nf.create_session(**WRITER)
+    assert RefuseFirst.refused == 1 and [x.id for x in nf.sessions()] == [s.id]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_async_client_retries_the_same_way(proxy, token):
+    async def scenario() -> tuple[int, int]:
+        async with AsyncClient(proxy.url, token, retry=FAST) as nf:
+            s = await nf.create_session(**WRITER, runtime={"runtime_family": "cli"})
+            run = await nf.start_run(s.id, cursor={"step": "a"})
+            proxy.drop_responses = 1
+            job = await nf.hand_off(run.id, "async-check", required_capabilities=["lint"])
+            proxy.drop_responses = 1
+            with pytest.raises(E.TransportError):
+                await nf.checkpoint(run.id, boundary="context_freeze", cursor={"step": "a"})
+            return job.id, run.id
+
+    job_id, run_id = asyncio.run(scenario())
+    assert list(Handoff.objects.values_list("id", flat=True)) == [job_id]
+    assert proxy.forwarded[("POST", f"/api/v1/runs/{run_id}/handoffs")] == 2
+    assert proxy.forwarded[("POST", f"/api/v1/runs/{run_id}/checkpoints")] == 1
