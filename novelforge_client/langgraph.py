@@ -62,9 +62,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "novelforge_client.langgraph needs LangGraph: pip install 'novelforge-sessions[langgraph]'"
     ) from exc
 
-from novelforge_client._graph_http import ApiError, raise_for_response
+from novelforge_client.errors import error_for
 
-__all__ = ["ApiError", "NovelForgeSaver", "ThreadSpec", "review_gate", "REVIEW_GATE_KEY"]
+__all__ = ["NovelForgeSaver", "ThreadSpec", "review_gate", "REVIEW_GATE_KEY"]
 
 #: The key of an interrupt value that asks for a review gate (see :func:`review_gate`).
 REVIEW_GATE_KEY = "novelforge_review_gate"
@@ -111,6 +111,17 @@ def _configurable(config: RunnableConfig) -> dict[str, Any]:
     return dict(config.get("configurable") or {})
 
 
+def raise_for_response(response: httpx.Response) -> Any:
+    """The JSON body, or the client's typed exception for the error (``novelforge_client.errors``)."""
+    if response.status_code < 400:
+        return response.json()
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    raise error_for(response.status_code, body)
+
+
 def _jsonable(value: Any, what: str) -> Any:
     try:
         return json.loads(json.dumps(value, allow_nan=False))
@@ -133,7 +144,10 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             raise ValueError("a NovelForge API token is needed (token=… or NOVELFORGE_TOKEN)")
         self.thread_spec = thread_spec or ThreadSpec()
         headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-        self._http = httpx.Client(base_url=self.url + _API, headers=headers, timeout=timeout, transport=transport)
+        # Every graph request is safe to repeat (a put or write retried is stored once), so
+        # connection failures are retried by the transport.
+        self._http = httpx.Client(base_url=self.url + _API, headers=headers, timeout=timeout,
+                                  transport=transport or httpx.HTTPTransport(retries=2))
         self._headers, self._timeout, self._async_transport = headers, timeout, async_transport
         self._ahttp: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
         #: thread id → the runtime id this saver opened it with (for gates, heartbeats, close).
@@ -146,7 +160,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         client = self._ahttp.get(loop)
         if client is None:
             client = httpx.AsyncClient(base_url=self.url + _API, headers=self._headers, timeout=self._timeout,
-                                       transport=self._async_transport)
+                                       transport=self._async_transport or httpx.AsyncHTTPTransport(retries=2))
             self._ahttp[loop] = client
         return client
 
@@ -420,7 +434,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                checkpoint_id: int | None = None) -> dict[str, Any]:
         """Resume the thread's session: the revalidation report, then (unless ``dry_run``) runtime
         generation N+1 and a new run for the graph's next checkpoints. A refused resume raises
-        :class:`ApiError` (``resume_refused``) whose ``details["report"]`` names the failed steps."""
+        :class:`novelforge_client.errors.ResumeRefused` whose ``details["report"]`` names the failed steps."""
         session = self.session_of(thread_id)
         body: dict[str, Any] = {"runtime": {"runtime_family": self.thread_spec.runtime_family,
                                             "capabilities": list(capabilities or self.thread_spec.capabilities)},
