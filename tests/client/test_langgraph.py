@@ -22,6 +22,7 @@ from langgraph.checkpoint.conformance.report import ProgressCallbacks
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
 
+from novelforge_client.errors import GraphCheckpointConflict
 from novelforge_client.langgraph import NovelForgeSaver, ThreadSpec, review_gate
 from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.control.models import GraphCheckpoint, GraphThread
@@ -162,3 +163,34 @@ def test_an_interrupt_pauses_as_a_review_gate_and_the_graph_resumes_through_reva
     assert saver2.get_tuple(config).checkpoint["channel_values"]["final"].endswith("[pass]")
     saver2.close()
     api.close()
+
+
+def test_the_sync_api_lists_filters_deletes_and_raises_typed_errors(graph_server, graph_token):
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token)
+    config = {"configurable": {"thread_id": "sync-thread", "checkpoint_ns": ""}}
+    first = empty_checkpoint()
+    first["channel_values"], first["channel_versions"] = {"notes": ["a", "b"]}, {"notes": 1}
+    stored = saver.put(config, first, {"source": "input", "step": -1}, {"notes": 1})
+    second = empty_checkpoint()
+    second["channel_values"], second["channel_versions"] = {"notes": ["a", "b"]}, {"notes": 1}
+    saver.put(stored, second, {"source": "loop", "step": 0}, {})
+    saver.put_writes(stored, [("notes", ["c"])], "task-1")
+    assert [t.metadata["step"] for t in saver.list(config)] == [0, -1]
+    [looped] = saver.list(config, filter={"source": "loop"})
+    assert looped.checkpoint["channel_values"] == {"notes": ["a", "b"]}  # found at its unchanged version
+    assert looped.parent_config["configurable"]["checkpoint_id"] == first["id"]
+    assert saver.get_tuple(stored).pending_writes == [("task-1", "notes", ["c"])]
+
+    changed = dict(first, channel_values={"notes": ["z"]})
+    with pytest.raises(GraphCheckpointConflict) as refused:
+        saver.put(config, changed, {"source": "input", "step": -1}, {"notes": 1})
+    assert refused.value.status == 409 and refused.value.details["checkpoint_id"] == first["id"]
+    assert saver.get_tuple(stored).checkpoint["channel_values"] == {"notes": ["a", "b"]}  # nothing changed
+
+    session_id = GraphThread.objects.get(thread_id="sync-thread").session_id
+    saver.delete_thread("sync-thread")
+    assert saver.get_tuple(config) is None and list(saver.list(config)) == []
+    assert not Session.objects.filter(id=session_id).exists()
+    saver.close()

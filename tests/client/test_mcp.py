@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.control.models import ConsumeReceipt
 from novelforge_sessions.models import Checkpoint, Run, RuntimeAttachment, Session
 from reviews.models import ReviewGate
-from tests.live import DaphneServer
+from tests.live import DaphneServer, free_port
 from tests.reviews.factories import CHAPTER, RUBRIC, agent_reviewer, agent_verdict
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -154,3 +157,32 @@ def test_refusals_are_tool_errors_with_the_code_and_the_tokens_scope_holds(mcp_b
     asyncio.run(scenario())
     assert Session.objects.count() == before + 1  # the reader's refused open wrote nothing
     assert Checkpoint.objects.count() == 0
+
+
+def test_the_streamable_http_transport_serves_the_same_tools(mcp_backend, project):
+    _, token = create_token(project, name="mcp-http", permissions=["read"])
+    port = free_port()
+    env = {**stdio(mcp_backend, token).env}
+    proc = subprocess.Popen([sys.executable, "-m", "novelforge_client.mcp_server", "--transport", "streamable-http",
+                             "--port", str(port)], cwd="/", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # wait until it accepts connections (or exited)
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the MCP server did not listen"
+                time.sleep(0.1)
+
+        async def scenario() -> None:
+            async with Client(f"http://127.0.0.1:{port}/mcp") as c:
+                assert {t.name for t in (await c.list_tools()).tools} == TOOLS
+                assert (await ok(c, "whoami"))["slug"] == project.slug
+                await refused(c, "start_run", "forbidden", session_id=1)  # a read-only token
+
+        asyncio.run(scenario())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
