@@ -152,6 +152,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self._ahttp: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
         #: thread id → the runtime id this saver opened it with (for gates, heartbeats, close).
         self.runtimes: dict[str, int] = {}
+        #: threads this saver moved to ``awaiting_user`` (a plain interrupt): the next put continues them.
+        self._waiting_on_user: set[str] = set()
 
     # ---- plumbing ---------------------------------------------------------------------------------
     def _async_client(self) -> httpx.AsyncClient:
@@ -290,6 +292,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
+        self._continue_if_waiting(config)
         return self._stored(self._call("POST", "/graph-threads/checkpoints",
                                        json=self._put_body(config, checkpoint, metadata, new_versions)))
 
@@ -328,6 +331,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:
+        if str(_configurable(config).get("thread_id")) in self._waiting_on_user:
+            await asyncio.to_thread(self._continue_if_waiting, config)
         return self._stored(await self._acall("POST", "/graph-threads/checkpoints",
                                               json=self._put_body(config, checkpoint, metadata, new_versions)))
 
@@ -370,6 +375,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             self._call("POST", f"/sessions/{session['id']}/transition",
                        json={"to": "awaiting_user", "reason": "graph interrupted: waiting for input",
                              **self._runtime_param(thread_id)})
+            self._waiting_on_user.add(thread_id)
         if run_id is not None:
             waits_on_user = not gates or any(g["route"] != "agent" for g in gates)
             cursor = {"graph": {"checkpoint_ns": conf.get("checkpoint_ns", ""), "checkpoint_id": conf["checkpoint_id"],
@@ -388,6 +394,19 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             if gates:
                 body["pending"] = {"gates": [{"gate_id": g["id"]} for g in gates]}
             self._call("POST", f"/runs/{run_id}/checkpoints", json=body)
+
+    def _continue_if_waiting(self, config: RunnableConfig) -> None:
+        """The graph was resumed in this process after a plain interrupt: the waiting run continues
+        (``awaiting_user → running``). A resume from another process goes through :meth:`resume`."""
+        thread_id = str(_configurable(config).get("thread_id"))
+        if thread_id not in self._waiting_on_user:
+            return
+        self._waiting_on_user.discard(thread_id)
+        session = self.session_of(thread_id)
+        if session["status"] == "awaiting_user":
+            self._call("POST", f"/sessions/{session['id']}/transition",
+                       json={"to": "running", "reason": "graph resumed with the user's input",
+                             **self._runtime_param(thread_id)})
 
     def _await_landed(self, config: RunnableConfig, timeout: float = 15.0) -> dict[str, Any]:
         """LangGraph stores checkpoints in the background: the interrupt's write can overtake the

@@ -20,7 +20,7 @@ from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
 
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command
+from langgraph.types import Command, interrupt
 
 from novelforge_client.errors import GraphCheckpointConflict
 from novelforge_client.langgraph import NovelForgeSaver, ThreadSpec, review_gate
@@ -193,4 +193,32 @@ def test_the_sync_api_lists_filters_deletes_and_raises_typed_errors(graph_server
     saver.delete_thread("sync-thread")
     assert saver.get_tuple(config) is None and list(saver.list(config)) == []
     assert not Session.objects.filter(id=session_id).exists()
+    saver.close()
+
+
+def test_a_plain_interrupt_waits_on_the_user_and_the_same_process_continues(graph_server, graph_token):
+    def ask(state: Draft) -> Draft:
+        return {"draft": interrupt("Which ending?")}
+
+    def finish(state: Draft) -> Draft:
+        return {"final": state["draft"].upper()}
+
+    builder = StateGraph(Draft)
+    builder.add_node("ask", ask)
+    builder.add_node("finish", finish)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", "finish")
+    builder.add_edge("finish", END)
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token)
+    graph = builder.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "ask-thread"}}
+    paused = graph.invoke({}, config)
+    assert paused["__interrupt__"][0].value == "Which ending?"
+    session = Session.objects.get(graph_thread__thread_id="ask-thread")
+    assert session.status == "awaiting_user"
+    wait = Checkpoint.objects.filter(session=session).order_by("id").last()
+    assert wait.boundary == "user_wait" and wait.cursor["graph"]["interrupted"] is True
+    assert graph.invoke(Command(resume="the lamp stays lit"), config)["final"] == "THE LAMP STAYS LIT"
+    session.refresh_from_db()
+    assert session.status == "running" and session.generation == 1
     saver.close()
