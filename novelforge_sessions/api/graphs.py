@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 
 from novelforge_sessions.api.common import MAX_PAGE, caller, errors
-from novelforge_sessions.api.schemas import Strict, loads_json
+from novelforge_sessions.api.schemas import Strict, loads_json, refuse_unstorable_text
 from novelforge_sessions.control import graphs as actions
 from novelforge_sessions.control.models import GraphCheckpoint
 from novelforge_sessions.errors import NotFound, ValidationFailed
@@ -199,6 +199,8 @@ def list_checkpoints(
     request: HttpRequest, thread_id: str | None = None, checkpoint_ns: str | None = None,
     checkpoint_id: str | None = None, before: str | None = None, metadata: str | None = None, limit: int = 50,
 ):
+    refuse_unstorable_text({"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id,
+                            "before": before}, where="query")
     filter_: Any = None
     if metadata is not None:
         try:
@@ -219,6 +221,7 @@ def list_checkpoints(
 def get_thread(request: HttpRequest, thread_id: str):
     who = caller(request)
     who.require("read")
+    refuse_unstorable_text({"thread_id": thread_id}, where="query")
     thread = actions.find_thread(who, thread_id)
     if thread is None:
         raise NotFound("graph thread not found", thread_id=thread_id)
@@ -230,5 +233,6 @@ def get_thread(request: HttpRequest, thread_id: str):
     summary="Delete a graph thread: close its session's runtime and forget the session (no thread: deleted=false)",
 )
 def delete_thread(request: HttpRequest, thread_id: str):
+    refuse_unstorable_text({"thread_id": thread_id}, where="query")
     session_id = actions.delete_thread(caller(request), thread_id)
     return {"deleted": session_id is not None, "session_id": session_id}

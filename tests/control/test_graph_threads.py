@@ -212,3 +212,10 @@ def test_eight_threads_racing_to_open_one_graph_thread_make_one_session(project)
     assert len(results) == 8 and len(set(results)) == 1
     assert Session.objects.count() == 1 and GraphThread.objects.count() == 1
     assert GraphCheckpoint.objects.count() == 8 and Run.objects.count() == 1
+
+
+def test_query_strings_postgresql_cannot_hold_are_422_not_500(writer):
+    for params in ({"thread_id": "a\x00b"}, {"checkpoint_id": "x\x00"}, {"before": "\x00"}):
+        refused(writer.get("/graph-threads/checkpoints", **params), 422, "validation_error")
+    refused(writer.get("/graph-threads", thread_id="a\x00"), 422, "validation_error")
+    refused(writer.delete("/graph-threads?thread_id=a%00"), 422, "validation_error")
