@@ -139,6 +139,14 @@ class RuntimeLease:
                 self.client.detach(self.id)
             self._state.detach_on_exit = False
 
+    def abandon(self) -> None:
+        """Stop beating *without* detaching, as a crashed process would: the lease runs out and
+        the reconciler marks the runtime lost (the session ``failed / runtime_lost``, resumable)."""
+        self._state.detach_on_exit = False
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
     def _beat(self) -> None:
         try:
             beat = self.client.heartbeat(self.id, lease_seconds=self._state.lease_seconds)
@@ -215,6 +223,11 @@ class AsyncRuntimeLease:
             with contextlib.suppress(*LOST):
                 await self.client.detach(self.id)
             self._state.detach_on_exit = False
+
+    async def abandon(self) -> None:
+        """Stop beating without detaching (see :meth:`RuntimeLease.abandon`)."""
+        self._state.detach_on_exit = False
+        await self.stop()
 
     async def _beat(self) -> None:
         try:

@@ -35,8 +35,9 @@ def database_url() -> str:
 
 
 class DaphneServer:
-    def __init__(self, *, redis_url: str | None = None, extra_env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(self, *, redis_url: str | None = None, extra_env: dict[str, str] | None = None,
+                 port: int | None = None) -> None:
+        self.port = port or free_port()  # a given port: a restart on the same address
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL"}}
