@@ -66,7 +66,8 @@ class GraphPutOut(Schema):
 
 
 class WriteIn(Strict):
-    idx: int
+    idx: int = Field(..., ge=-(2**31), le=2**31 - 1, description="the write's index in the task (LangGraph's special "
+                     "channels use negative ones)")
     channel: str = Field(..., min_length=1, max_length=200)
     value: BlobIn
 

@@ -219,3 +219,13 @@ def test_query_strings_postgresql_cannot_hold_are_422_not_500(writer):
         refused(writer.get("/graph-threads/checkpoints", **params), 422, "validation_error")
     refused(writer.get("/graph-threads", thread_id="a\x00"), 422, "validation_error")
     refused(writer.delete("/graph-threads?thread_id=a%00"), 422, "validation_error")
+
+
+def test_a_write_index_beyond_a_database_integer_is_422(writer):
+    ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
+    before = counts()
+    err = refused(writer.post("/graph-threads/writes", {
+        "thread_id": "t-1", "checkpoint_id": "0001", "task_id": "t",
+        "writes": [{"idx": 2**40, "channel": "c", "value": blob("w")}]}), 422, "validation_error")
+    assert "idx" in str(err)
+    assert counts() == before
