@@ -17,18 +17,18 @@ from novelforge_sessions.errors import NotFound, ValidationFailed
 router = Router(tags=["graph threads"])
 
 
-class BlobIn(Strict):
+class GraphBlobIn(Strict):
     serde: str = Field(..., max_length=64, description="the graph serializer's type tag (LangGraph `dumps_typed`)")
     data: str = Field(..., description="the serialized bytes, base64")
 
 
-class ChannelBlobIn(Strict):
+class GraphChannelBlobIn(Strict):
     channel: str = Field(..., min_length=1, max_length=200)
     version: int | float | str = Field(..., description="the channel's new version (LangGraph `new_versions`)")
-    value: BlobIn
+    value: GraphBlobIn
 
 
-class ThreadSpecIn(Strict):
+class GraphThreadSpecIn(Strict):
     role: str = Field("specialist", max_length=32)
     memory_policy: str = Field("checkpoint_only", max_length=32)
     task_mode: str = Field("langgraph", max_length=64)
@@ -45,11 +45,11 @@ class GraphPutIn(Strict):
     checkpoint: dict[str, Any] = Field(
         ..., description="the graph checkpoint without `channel_values` (versions, versions seen, ts, …)")
     metadata: dict[str, Any] = Field(default_factory=dict, description="the graph's checkpoint metadata (filterable)")
-    blobs: list[ChannelBlobIn] = Field(
+    blobs: list[GraphChannelBlobIn] = Field(
         default_factory=list, max_length=500,
         description="the channels that changed: their values at their new versions, stored as content-addressed "
         "artifacts; unchanged channels are found at the versions `checkpoint.channel_versions` names")
-    open: ThreadSpecIn | None = Field(
+    open: GraphThreadSpecIn | None = Field(
         None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; "
         "without it an unknown thread is 404")
 
@@ -65,11 +65,11 @@ class GraphPutOut(Schema):
     runtime_id: int | None = Field(None, description="runtime generation 1's id when this put opened the thread")
 
 
-class WriteIn(Strict):
+class GraphWriteIn(Strict):
     idx: int = Field(..., ge=-(2**31), le=2**31 - 1, description="the write's index in the task (LangGraph's special "
                      "channels use negative ones)")
     channel: str = Field(..., min_length=1, max_length=200)
-    value: BlobIn
+    value: GraphBlobIn
 
 
 class GraphWritesIn(Strict):
@@ -78,21 +78,21 @@ class GraphWritesIn(Strict):
     checkpoint_id: str = Field(..., min_length=1, max_length=64)
     task_id: str = Field(..., min_length=1, max_length=64)
     task_path: str = Field("", max_length=200)
-    writes: list[WriteIn] = Field(..., max_length=200)
-    open: ThreadSpecIn | None = Field(None, description="open the thread's session if the thread is new (as for a put)")
+    writes: list[GraphWriteIn] = Field(..., max_length=200)
+    open: GraphThreadSpecIn | None = Field(None, description="open the thread's session if the thread is new (as for a put)")
 
 
 class GraphWritesOut(Schema):
     stored: int
 
 
-class BlobOut(Schema):
+class GraphBlobOut(Schema):
     fingerprint: str
     serde: str
     data: str
 
 
-class PendingWriteOut(Schema):
+class GraphPendingWriteOut(Schema):
     task_id: str
     task_path: str
     idx: int
@@ -112,8 +112,8 @@ class GraphCheckpointOut(Schema):
     record_id: int
     metadata: dict[str, Any]
     checkpoint: dict[str, Any] = Field(..., description="as put (without values); `blobs` maps channel → fingerprint")
-    blobs: dict[str, BlobOut]
-    pending_writes: list[PendingWriteOut]
+    blobs: dict[str, GraphBlobOut]
+    pending_writes: list[GraphPendingWriteOut]
     created_at: datetime
 
 
@@ -121,18 +121,18 @@ class GraphListOut(Schema):
     items: list[GraphCheckpointOut]
 
 
-class ThreadOut(Schema):
+class GraphThreadOut(Schema):
     thread_id: str
     session_id: int
     created_at: datetime
 
 
-class DeleteOut(Schema):
+class GraphDeleteOut(Schema):
     deleted: bool
     session_id: int | None
 
 
-def _blob(b: BlobIn) -> actions.Blob:
+def _blob(b: GraphBlobIn) -> actions.Blob:
     return actions.Blob(serde=b.serde, data=b.data)
 
 
@@ -218,7 +218,7 @@ def list_checkpoints(
     return {"items": _out(items, who.project_ids)}
 
 
-@router.get("/graph-threads", response={200: ThreadOut, **errors(403, 404)}, summary="The session of a graph thread")
+@router.get("/graph-threads", response={200: GraphThreadOut, **errors(403, 404)}, summary="The session of a graph thread")
 def get_thread(request: HttpRequest, thread_id: str):
     who = caller(request)
     who.require("read")
@@ -230,7 +230,7 @@ def get_thread(request: HttpRequest, thread_id: str):
 
 
 @router.delete(
-    "/graph-threads", response={200: DeleteOut, **errors(403, 409)},
+    "/graph-threads", response={200: GraphDeleteOut, **errors(403, 409)},
     summary="Delete a graph thread: close its session's runtime and forget the session (no thread: deleted=false)",
 )
 def delete_thread(request: HttpRequest, thread_id: str):
