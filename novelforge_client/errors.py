@@ -293,6 +293,12 @@ class GateClosed(Conflict):
     code = "gate_closed"
 
 
+class GraphCheckpointConflict(Conflict):
+    """A graph checkpoint id of this thread and namespace already names a different checkpoint."""
+
+    code = "graph_checkpoint_conflict"
+
+
 #: code → class, for every code of the service's catalog (and the two grouping classes).
 CODES: dict[str, type[NovelForgeError]] = {
     cls.code: cls

@@ -337,6 +337,142 @@ class GateOut(ResponseModel):
     completed_at: datetime | None
 
 
+class GraphBlobIn(RequestModel):
+    """GraphBlobIn"""
+
+    serde: str = Field(description="the graph serializer's type tag (LangGraph `dumps_typed`)")
+    data: str = Field(description='the serialized bytes, base64')
+
+
+class GraphBlobOut(ResponseModel):
+    """GraphBlobOut"""
+
+    fingerprint: str
+    serde: str
+    data: str
+
+
+class GraphChannelBlobIn(RequestModel):
+    """GraphChannelBlobIn"""
+
+    channel: str
+    version: int | float | str = Field(description="the channel's new version (LangGraph `new_versions`)")
+    value: GraphBlobIn
+
+
+class GraphCheckpointOut(ResponseModel):
+    """GraphCheckpointOut"""
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    session_id: int
+    run_id: int
+    record_id: int
+    metadata: dict[str, Any]
+    checkpoint: dict[str, Any] = Field(description='as put (without values); `blobs` maps channel → fingerprint')
+    blobs: dict[str, GraphBlobOut]
+    pending_writes: list[GraphPendingWriteOut]
+    created_at: datetime
+
+
+class GraphDeleteOut(ResponseModel):
+    """GraphDeleteOut"""
+
+    deleted: bool
+    session_id: int | None
+
+
+class GraphListOut(ResponseModel):
+    """GraphListOut"""
+
+    items: list[GraphCheckpointOut]
+
+
+class GraphPendingWriteOut(ResponseModel):
+    """GraphPendingWriteOut"""
+
+    task_id: str
+    task_path: str
+    idx: int
+    channel: str
+    fingerprint: str
+    serde: str
+    data: str
+
+
+class GraphPutIn(RequestModel):
+    """GraphPutIn"""
+
+    thread_id: str
+    checkpoint_ns: str = Field(default='')
+    checkpoint_id: str
+    parent_checkpoint_id: str | None = Field(default=None)
+    checkpoint: dict[str, Any] = Field(description='the graph checkpoint without `channel_values` (versions, versions seen, ts, …)')
+    metadata: dict[str, Any] | None = Field(default=None, description="the graph's checkpoint metadata (filterable)")
+    blobs: list[GraphChannelBlobIn] | None = Field(default=None, description='the channels that changed: their values at their new versions, stored as content-addressed artifacts; unchanged channels are found at the versions `checkpoint.channel_versions` names')
+    open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; without it an unknown thread is 404")
+
+
+class GraphPutOut(ResponseModel):
+    """GraphPutOut"""
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    session_id: int
+    run_id: int
+    record_id: int = Field(description='the bounded checkpoint (`GET /checkpoints/{id}`)')
+    created: bool = Field(description='false: an identical put was already stored')
+    runtime_id: int | None = Field(default=None, description="runtime generation 1's id when this put opened the thread")
+
+
+class GraphThreadOut(ResponseModel):
+    """GraphThreadOut"""
+
+    thread_id: str
+    session_id: int
+    created_at: datetime
+
+
+class GraphThreadSpecIn(RequestModel):
+    """GraphThreadSpecIn"""
+
+    role: str = Field(default='specialist')
+    memory_policy: str = Field(default='checkpoint_only')
+    task_mode: str = Field(default='langgraph')
+    runtime_family: str = Field(default='langgraph')
+    capabilities: list[str] | None = Field(default=None)
+    lease_seconds: int | None = Field(default=None)
+
+
+class GraphWriteIn(RequestModel):
+    """GraphWriteIn"""
+
+    idx: int = Field(description="the write's index in the task (LangGraph's special channels use negative ones)")
+    channel: str
+    value: GraphBlobIn
+
+
+class GraphWritesIn(RequestModel):
+    """GraphWritesIn"""
+
+    thread_id: str
+    checkpoint_ns: str = Field(default='')
+    checkpoint_id: str
+    task_id: str
+    task_path: str = Field(default='')
+    writes: list[GraphWriteIn]
+    open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session if the thread is new (as for a put)")
+
+
+class GraphWritesOut(ResponseModel):
+    """GraphWritesOut"""
+
+    stored: int
+
+
 class HandoffIn(RequestModel):
     """HandoffIn"""
 

@@ -60,6 +60,7 @@ BOUND_TOKEN_MATRIX: dict[str, Rule] = {
     "receipt": Rule(Reach.OWN_SESSION, "session_id", note="receipts of its session's handoffs"),
     "event": Rule(Reach.OWN_SESSION, "session_id", note="events of its session"),
     "review_gate": Rule(Reach.OWN_SESSION, "session_id", note="gates its session opened"),
+    "graph_thread": Rule(Reach.OWN_SESSION, "session_id", note="its session's graph thread, with its checkpoints and writes"),
     "binding": Rule(Reach.OWN_SESSION, "id", note="its own session's binding"),
     "routing": Rule(Reach.OWN_SESSION, "session_id", note="its own session's live runtimes"),
     "review_packet": Rule(Reach.ASSIGNED_PACKETS, note="packets assigned to its session or claimable by it"),

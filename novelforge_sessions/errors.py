@@ -322,6 +322,12 @@ class GateClosed(Conflict):
     code = "gate_closed"
 
 
+class GraphCheckpointConflict(Conflict):
+    """A graph checkpoint id of this thread and namespace already names a different checkpoint."""
+
+    code = "graph_checkpoint_conflict"
+
+
 #: The closed catalog, in one explicit list: every code the service answers with.
 _CATALOGUED: tuple[type[ServiceError], ...] = (
     # generic refusals
@@ -338,6 +344,8 @@ _CATALOGUED: tuple[type[ServiceError], ...] = (
     ReviewRouteRequired,
     # reviews
     IndependenceViolation, StaleFingerprint, AlreadyClaimed, VerdictConflict, GateClosed,
+    # graph threads
+    GraphCheckpointConflict,
 )
 
 #: code → class. Codes are unique (checked here at import, and by the tests).

@@ -220,6 +220,10 @@ def _register_routers() -> None:
     for control_router in control.routers:
         api.add_router("/v1/", control_router)
 
+    from novelforge_sessions.api import graphs
+
+    api.add_router("/v1/", graphs.router)
+
     from reviews.api import router as reviews_router
 
     api.add_router("/v1/", reviews_router)

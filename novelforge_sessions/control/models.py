@@ -17,7 +17,7 @@ from django.db.models import Q
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
-from novelforge_sessions.models import Artifact, Project, Run, Session, text_choices
+from novelforge_sessions.models import Artifact, ArtifactVersion, Checkpoint, Project, Run, Session, text_choices
 from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN
 
 
@@ -325,9 +325,103 @@ class AuthorityChange(models.Model):
         ]
 
 
+# ---- graph threads (LangGraph checkpointer, issue 12) ----------------------------------------
+class GraphThread(models.Model):
+    """A graph runtime's thread (LangGraph ``thread_id``) and the session that is its durable identity.
+
+    The thread id is provider-native metadata (contract §01): it names the session, never grants
+    anything. Forgetting the session (``delete_thread``) deletes this row with it.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="graph_threads")
+    session = models.OneToOneField(Session, on_delete=models.CASCADE, related_name="graph_thread")
+    thread_id = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        # One session per thread id in a project: two writers opening the same new thread race on
+        # this constraint, and the loser reads the winner's session.
+        constraints = [models.UniqueConstraint(fields=["project", "thread_id"], name="graph_thread_unique_per_project")]
+
+
+class GraphCheckpoint(models.Model):
+    """The graph's index of one bounded :class:`Checkpoint`: its graph ids, namespace and metadata.
+
+    The checkpoint itself holds only a cursor and the fingerprints of the state blobs (artifacts
+    named by their content fingerprint); ``document`` is the graph's own bookkeeping (channel
+    versions, versions seen, the channel → blob fingerprint map), without any channel value.
+    """
+
+    thread = models.ForeignKey(GraphThread, on_delete=models.CASCADE, related_name="checkpoints")
+    record = models.OneToOneField(Checkpoint, on_delete=models.CASCADE, related_name="graph")
+    checkpoint_ns = models.CharField(max_length=200, blank=True, default="")
+    checkpoint_id = models.CharField(max_length=64)
+    parent_checkpoint_id = models.CharField(max_length=64, blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    document = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        # A graph checkpoint id names one checkpoint of its thread and namespace: a retried put
+        # finds the first one (idempotent), a different body under the same id is a conflict.
+        constraints = [
+            models.UniqueConstraint(fields=["thread", "checkpoint_ns", "checkpoint_id"], name="graph_cp_unique_id"),
+        ]
+
+
+class GraphBlob(models.Model):
+    """Which content a channel had at a version of a thread's namespace (a blob fingerprint).
+
+    A checkpoint names every channel's version; only channels that changed bring a new blob,
+    the others are found here (LangGraph's incremental channel updates).
+    """
+
+    thread = models.ForeignKey(GraphThread, on_delete=models.CASCADE, related_name="blobs")
+    checkpoint_ns = models.CharField(max_length=200, blank=True, default="")
+    channel = models.CharField(max_length=200)
+    version = models.CharField(max_length=100, help_text="the channel version, as JSON")
+    fingerprint = models.CharField(max_length=71)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["thread", "checkpoint_ns", "channel", "version"], name="graph_blob_unique_version"),
+            models.CheckConstraint(condition=Q(fingerprint__regex=FINGERPRINT_PATTERN), name="graph_blob_fp_format"),
+        ]
+
+
+class GraphWrite(models.Model):
+    """A pending write of a graph task against one checkpoint (LangGraph ``put_writes``).
+
+    Checkpoints are immutable, so pending writes live beside them, keyed by the graph checkpoint
+    id (a graph may store a task's writes before the checkpoint they follow has landed); the value
+    is a content-addressed blob artifact like the state. ``(checkpoint, task_id, idx)`` is unique:
+    a repeated write is stored once.
+    """
+
+    thread = models.ForeignKey(GraphThread, on_delete=models.CASCADE, related_name="writes")
+    checkpoint_ns = models.CharField(max_length=200, blank=True, default="")
+    checkpoint_id = models.CharField(max_length=64)
+    task_id = models.CharField(max_length=64)
+    task_path = models.CharField(max_length=200, blank=True, default="")
+    idx = models.IntegerField()
+    channel = models.CharField(max_length=200)
+    value = models.ForeignKey(ArtifactVersion, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["task_id", "idx"]
+        constraints = [
+            models.UniqueConstraint(fields=["thread", "checkpoint_ns", "checkpoint_id", "task_id", "idx"],
+                                    name="graph_write_unique_idx"),
+        ]
+
+
 __all__ = [
     "INTENT_EXECUTED_EVENTS",
     "Approval", "ApprovalDecision", "AuthorityChange", "ConsumeReceipt", "DeliveryOutcome",
+    "GraphBlob", "GraphCheckpoint", "GraphThread", "GraphWrite",
     "Handoff", "HandoffPurpose", "HandoffState", "IntentKind", "IntentState", "ResultDelivery", "ResultValidation", "WriteIntent",
     "UNBOUND_STATES",
 ]

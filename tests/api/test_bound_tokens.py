@@ -14,6 +14,7 @@ carries W's markers), and a refusal writes nothing. The unbound token reaches W'
 from __future__ import annotations
 
 import re
+from urllib.parse import urlencode
 from dataclasses import dataclass
 from io import StringIO
 from typing import Any
@@ -29,7 +30,8 @@ from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.api import api
 from novelforge_sessions.lifecycles import IntentState
 from novelforge_sessions.api.auth import caller_for_token
-from novelforge_sessions.control.models import AuthorityChange, WriteIntent
+from novelforge_sessions.control import graphs
+from novelforge_sessions.control.models import AuthorityChange, GraphThread, WriteIntent
 from novelforge_sessions.models import ApiToken, Artifact, Event, RuntimeAttachment, Session
 from reviews import actions as review_actions
 from tests.conftest import Api
@@ -39,6 +41,7 @@ pytestmark = pytest.mark.django_db
 
 MARK = "victim"  # in every string W's objects carry; never in what a bound token of R or O gets
 MISSING = 9_000_000_001  # an id no row has
+THREAD = "w-thread"  # W's graph thread
 WRITER_PERMS = ["read", "write", "work", "approve", "review"]  # everything but `project`
 
 
@@ -79,6 +82,10 @@ def build(project) -> World:
     art = artifacts.create_artifact(wc, name="victim-chapter", kind="chapter", content="victim text, first draft")
     v2 = ok(writer.post(f"/artifacts/{art.id}/versions", {"content": "victim text, second draft"}), 201)
     run = runs.start_run(wc, w.id, cursor={"victim": "draft"})
+    # W is a graph thread too (its id is no marker: refusals may echo the id they were given).
+    GraphThread.objects.create(project=project, session=w, thread_id=THREAD)
+    graphs.put_checkpoint(wc, thread_id=THREAD, checkpoint_ns="", checkpoint_id="cp-1", parent_checkpoint_id=None,
+                          checkpoint={"v": 1, "channel_versions": {}}, metadata={"victim": True}, blobs=[], open_spec=None)
     cp = ok(writer.post(f"/runs/{run.id}/checkpoints", {"boundary": "user_wait", "cursor": {"victim": 1}}), 201)
     make_user(project, "alice", "reviewer")
     gate = review_actions.open_gate(wc, w.id, review_actions.GateSpec(
@@ -146,6 +153,9 @@ def _body(method: str, path: str, ids: dict[str, int], world: World) -> Any:
         "POST /bindings/mark-stale": {"session_ids": [ids["session_id"]]},
         "POST /sessions/{session_id}/review-gates": {"candidate_version_id": ids["version_id"], "rubric": RUBRIC, "route": "agent"},
         "POST /review-packets/{packet_id}/heartbeat": {"fencing_token": 1},
+        "POST /graph-threads/checkpoints": {"thread_id": THREAD, "checkpoint_id": "cp-2", "checkpoint": {"v": 1}},
+        "POST /graph-threads/writes": {"thread_id": THREAD, "checkpoint_id": "cp-1", "task_id": "t",
+                                       "writes": [{"idx": 0, "channel": "c", "value": {"serde": "json", "data": ""}}]},
         "POST /review-packets/{packet_id}/verdicts": {"packet_fingerprint": fp, "artifact_fingerprint": fp, "decision": "pass",
                                                       "scores": {"clarity": 4, "pacing": 6}, "confidence": 0.5},
     }
@@ -159,6 +169,8 @@ def _query(path: str, ids: dict[str, int]) -> dict[str, Any]:
         "/write-intents": {"session_id": ids["session_id"]},
         "/write-intents/before-state": {"kind": "artifact.make_current", "artifact_id": ids["artifact_id"]},
         "/routing/runtimes": {"capability": "victim-cap"},
+        "/graph-threads": {"thread_id": THREAD},
+        "/graph-threads/checkpoints": {"thread_id": THREAD},
     }.get(path, {})
 
 
@@ -179,7 +191,8 @@ def _call(api_client: Api, method: str, template: str, ids: dict[str, int], worl
     if method == "GET":
         return api_client.get(path, **_query(template, ids))
     if method == "DELETE":
-        return api_client.delete(path)
+        query = _query(template, ids)
+        return api_client.delete(path + ("?" + urlencode(query) if query else ""))
     return api_client.post(path, body)
 
 

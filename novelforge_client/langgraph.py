@@ -1,0 +1,482 @@
+"""A LangGraph checkpointer backed by the NovelForge Session Runtime (``pip install novelforge-sessions[langgraph]``).
+
+In LangGraph's terms, and ours:
+
+* a LangGraph **thread** is a **session**: the thread's first checkpoint opens one (runtime
+  generation 1, run 1; ``thread_spec`` says with which role, memory policy, task mode);
+* a LangGraph **checkpoint** is a **bounded checkpoint** of the session's open run: a cursor
+  naming the graph checkpoint and the fingerprints of the state; every channel value is a
+  **content-addressed artifact** (``blob:sha256:…``), so the checkpoint stays bounded whatever the
+  state holds (the server refuses transcripts in checkpoints; a ``messages`` channel is a blob);
+* ``interrupt()`` is a **wait**: a plain interrupt moves the session to ``awaiting_user``; an
+  interrupt raised by :func:`review_gate` opens a **review gate** (the page and relay routes wait
+  on a person, ``awaiting_user``; the agent route on an agent reviewer, ``awaiting_external``), and
+  either way a ``user_wait``/``external_wait`` checkpoint records what the run waits on;
+* **resuming** the graph after its process went away is :meth:`NovelForgeSaver.resume`: the
+  session's resume revalidation (framework, authority, artifact fingerprints, approvals, the gate's
+  verdict, …), then runtime generation N+1 and a new run that takes the graph's next checkpoints;
+  a refused resume raises with the report;
+* ``delete_thread`` closes the session's runtime and forgets the session.
+
+Usage::
+
+    from novelforge_client.langgraph import NovelForgeSaver
+    saver = NovelForgeSaver(url="http://127.0.0.1:8000", token=os.environ["NOVELFORGE_TOKEN"])
+    graph = builder.compile(checkpointer=saver)
+    graph.invoke(inputs, {"configurable": {"thread_id": "chapter-3"}})
+
+Sync and async (``aget_tuple``, ``alist``, ``aput``, ``aput_writes``, ``adelete_thread``) share one
+request builder; requests go through httpx.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+try:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        get_checkpoint_id,
+        get_serializable_checkpoint_metadata,
+        writes_sort_key,
+    )
+    from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.checkpoint.serde.types import INTERRUPT
+    from langgraph.types import interrupt
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "novelforge_client.langgraph needs LangGraph: pip install 'novelforge-sessions[langgraph]'"
+    ) from exc
+
+from novelforge_client.errors import error_for
+
+__all__ = ["NovelForgeSaver", "ThreadSpec", "review_gate", "REVIEW_GATE_KEY"]
+
+#: The key of an interrupt value that asks for a review gate (see :func:`review_gate`).
+REVIEW_GATE_KEY = "novelforge_review_gate"
+_API = "/api/v1"
+
+
+@dataclass(frozen=True)
+class ThreadSpec:
+    """How a new thread's session is opened (its first checkpoint opens it)."""
+
+    role: str = "specialist"
+    memory_policy: str = "checkpoint_only"
+    task_mode: str = "langgraph"
+    runtime_family: str = "langgraph"
+    capabilities: list[str] = field(default_factory=list)
+    lease_seconds: int | None = None
+
+
+def review_gate(
+    *, candidate_version_id: int, rubric: Mapping[str, Any], route: str = "agent", reviewers: Sequence[str] = (),
+    reviewer_session_ids: Sequence[int] = (), evidence: Sequence[Mapping[str, Any]] = (),
+    required_verdicts: int | None = None, **extra: Any,
+) -> Any:
+    """Inside a graph node: pause the graph on a review gate; returns what the graph is resumed with.
+
+    The checkpointer opens the gate (``POST /sessions/{id}/review-gates``, blind packet, routing)
+    when LangGraph stores the interrupt; resume the graph with ``Command(resume=verdict)`` once
+    the verdict is bound (:meth:`NovelForgeSaver.wait_for_gate` returns the gate with it).
+    """
+    spec: dict[str, Any] = {"candidate_version_id": candidate_version_id, "rubric": dict(rubric), "route": route,
+                            **extra}
+    if reviewers:
+        spec["reviewers"] = list(reviewers)
+    if reviewer_session_ids:
+        spec["reviewer_session_ids"] = list(reviewer_session_ids)
+    if evidence:
+        spec["evidence"] = [dict(e) for e in evidence]
+    if required_verdicts is not None:
+        spec["required_verdicts"] = required_verdicts
+    return interrupt({REVIEW_GATE_KEY: spec})
+
+
+def _configurable(config: RunnableConfig) -> dict[str, Any]:
+    return dict(config.get("configurable") or {})
+
+
+def raise_for_response(response: httpx.Response) -> Any:
+    """The JSON body, or the client's typed exception for the error (``novelforge_client.errors``)."""
+    if response.status_code < 400:
+        return response.json()
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    raise error_for(response.status_code, body)
+
+
+def _jsonable(value: Any, what: str) -> Any:
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} must be JSON-serialisable for the NovelForge checkpointer: {exc}") from exc
+
+
+class NovelForgeSaver(BaseCheckpointSaver[int]):
+    """LangGraph's ``BaseCheckpointSaver`` on the NovelForge Session Runtime's ``/graph-threads`` API."""
+
+    def __init__(
+        self, *, url: str | None = None, token: str | None = None, thread_spec: ThreadSpec | None = None,
+        serde: SerializerProtocol | None = None, timeout: float = 30.0, transport: httpx.BaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(serde=serde)
+        self.url = (url or os.environ.get("NOVELFORGE_URL") or "http://127.0.0.1:8000").rstrip("/")
+        token = token or os.environ.get("NOVELFORGE_TOKEN")
+        if not token:
+            raise ValueError("a NovelForge API token is needed (token=… or NOVELFORGE_TOKEN)")
+        self.thread_spec = thread_spec or ThreadSpec()
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        # Every graph request is safe to repeat (a put or write retried is stored once), so
+        # connection failures are retried by the transport.
+        self._http = httpx.Client(base_url=self.url + _API, headers=headers, timeout=timeout,
+                                  transport=transport or httpx.HTTPTransport(retries=2))
+        self._headers, self._timeout, self._async_transport = headers, timeout, async_transport
+        self._ahttp: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        #: thread id → the runtime id this saver opened it with (for gates, heartbeats, close).
+        self.runtimes: dict[str, int] = {}
+        #: threads this saver moved to ``awaiting_user`` (a plain interrupt): the next put continues them.
+        self._waiting_on_user: set[str] = set()
+
+    # ---- plumbing ---------------------------------------------------------------------------------
+    def _async_client(self) -> httpx.AsyncClient:
+        # One AsyncClient per event loop: LangGraph may call from several loops over a saver's life.
+        loop = asyncio.get_running_loop()
+        client = self._ahttp.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(base_url=self.url + _API, headers=self._headers, timeout=self._timeout,
+                                       transport=self._async_transport or httpx.AsyncHTTPTransport(retries=2))
+            self._ahttp[loop] = client
+        return client
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        return raise_for_response(self._http.request(method, path, **kw))
+
+    async def _acall(self, method: str, path: str, **kw: Any) -> Any:
+        return raise_for_response(await self._async_client().request(method, path, **kw))
+
+    def close(self) -> None:
+        self._http.close()
+
+    async def aclose(self) -> None:
+        self._http.close()
+        clients, self._ahttp = list(self._ahttp.values()), {}
+        for client in clients:
+            await client.aclose()
+
+    def _blob(self, value: Any) -> dict[str, str]:
+        serde, data = self.serde.dumps_typed(value)
+        return {"serde": serde, "data": base64.b64encode(data).decode()}
+
+    def _load(self, blob: Mapping[str, str]) -> Any:
+        return self.serde.loads_typed((blob["serde"], base64.b64decode(blob["data"])))
+
+    # ---- request builders and response readers (shared by sync and async) --------------------------
+    def _put_body(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                  new_versions: ChannelVersions) -> dict[str, Any]:
+        conf = _configurable(config)
+        document = dict(checkpoint)
+        values: dict[str, Any] = document.pop("channel_values", {}) or {}
+        blobs = [
+            {"channel": channel, "version": version,
+             "value": self._blob(values[channel]) if channel in values else {"serde": "empty", "data": ""}}
+            for channel, version in new_versions.items()
+        ]
+        return {
+            "thread_id": str(conf["thread_id"]), "checkpoint_ns": conf.get("checkpoint_ns", ""),
+            "checkpoint_id": checkpoint["id"], "parent_checkpoint_id": conf.get("checkpoint_id"),
+            "checkpoint": _jsonable(document, "the checkpoint"),
+            "metadata": _jsonable(get_serializable_checkpoint_metadata(config, metadata), "checkpoint metadata"),
+            "blobs": blobs, "open": asdict(self.thread_spec),
+        }
+
+    def _stored(self, out: Mapping[str, Any]) -> RunnableConfig:
+        if out.get("runtime_id"):
+            self.runtimes[out["thread_id"]] = out["runtime_id"]
+        return {"configurable": {"thread_id": out["thread_id"], "checkpoint_ns": out["checkpoint_ns"],
+                                 "checkpoint_id": out["checkpoint_id"]}}
+
+    def _writes_body(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                     task_path: str) -> dict[str, Any]:
+        conf = _configurable(config)
+        return {
+            "thread_id": str(conf["thread_id"]), "checkpoint_ns": conf.get("checkpoint_ns", ""),
+            "checkpoint_id": conf["checkpoint_id"], "task_id": task_id, "task_path": task_path,
+            "writes": [{"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel, "value": self._blob(value)}
+                       for i, (channel, value) in enumerate(writes)],
+            "open": asdict(self.thread_spec),
+        }
+
+    def _tuple(self, item: Mapping[str, Any]) -> CheckpointTuple:
+        document = {k: v for k, v in item["checkpoint"].items() if k != "blobs"}
+        document["channel_values"] = {
+            channel: self._load(blob) for channel, blob in item["blobs"].items() if blob["serde"] != "empty"
+        }
+        writes = sorted(item["pending_writes"], key=lambda w: writes_sort_key(w["task_path"], w["task_id"], w["idx"]))
+        config = {"configurable": {"thread_id": item["thread_id"], "checkpoint_ns": item["checkpoint_ns"],
+                                   "checkpoint_id": item["checkpoint_id"]}}
+        parent = None
+        if item.get("parent_checkpoint_id"):
+            parent = {"configurable": {"thread_id": item["thread_id"], "checkpoint_ns": item["checkpoint_ns"],
+                                       "checkpoint_id": item["parent_checkpoint_id"]}}
+        return CheckpointTuple(
+            config=config, checkpoint=document, metadata=item["metadata"], parent_config=parent,
+            pending_writes=[(w["task_id"], w["channel"], self._load(w)) for w in writes],
+        )
+
+    @staticmethod
+    def _list_params(config: RunnableConfig | None, *, filter: dict[str, Any] | None, before: RunnableConfig | None,
+                     limit: int | None) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        if config is not None:
+            conf = _configurable(config)
+            if conf.get("thread_id") is not None:
+                params["thread_id"] = str(conf["thread_id"])
+            if conf.get("checkpoint_ns") is not None:
+                params["checkpoint_ns"] = conf["checkpoint_ns"]
+            if conf.get("checkpoint_id"):
+                params["checkpoint_id"] = conf["checkpoint_id"]
+        if filter:
+            params["metadata"] = json.dumps(_jsonable(filter, "the metadata filter"))
+        if before is not None and get_checkpoint_id(before):
+            params["before"] = get_checkpoint_id(before)
+        params["limit"] = min(limit, 200) if limit is not None else 200
+        return params
+
+    @staticmethod
+    def _get_params(config: RunnableConfig) -> dict[str, Any]:
+        conf = _configurable(config)
+        params = {"thread_id": str(conf["thread_id"]), "checkpoint_ns": conf.get("checkpoint_ns", ""), "limit": 1}
+        if get_checkpoint_id(config):
+            params["checkpoint_id"] = get_checkpoint_id(config)
+        return params
+
+    # ---- BaseCheckpointSaver: sync -------------------------------------------------------------------
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        items = self._call("GET", "/graph-threads/checkpoints", params=self._get_params(config))["items"]
+        return self._tuple(items[0]) if items else None
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
+        params = self._list_params(config, filter=filter, before=before, limit=limit)
+        remaining = limit
+        while True:
+            items = self._call("GET", "/graph-threads/checkpoints", params=params)["items"]
+            for item in items:
+                yield self._tuple(item)
+            if remaining is not None:
+                remaining -= len(items)
+                if remaining <= 0:
+                    return
+            if len(items) < params["limit"]:
+                return
+            params = {**params, "before": items[-1]["checkpoint_id"],
+                      "limit": min(remaining, 200) if remaining is not None else 200}
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        self._continue_if_waiting(config)
+        return self._stored(self._call("POST", "/graph-threads/checkpoints",
+                                       json=self._put_body(config, checkpoint, metadata, new_versions)))
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                   task_path: str = "") -> None:
+        self._call("POST", "/graph-threads/writes", json=self._writes_body(config, writes, task_id, task_path))
+        for channel, value in writes:
+            if channel == INTERRUPT:
+                self._on_interrupt(config, value)
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._call("DELETE", "/graph-threads", params={"thread_id": str(thread_id)})
+        self.runtimes.pop(str(thread_id), None)
+
+    # ---- BaseCheckpointSaver: async ------------------------------------------------------------------
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        items = (await self._acall("GET", "/graph-threads/checkpoints", params=self._get_params(config)))["items"]
+        return self._tuple(items[0]) if items else None
+
+    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+                    before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
+        params = self._list_params(config, filter=filter, before=before, limit=limit)
+        remaining = limit
+        while True:
+            items = (await self._acall("GET", "/graph-threads/checkpoints", params=params))["items"]
+            for item in items:
+                yield self._tuple(item)
+            if remaining is not None:
+                remaining -= len(items)
+                if remaining <= 0:
+                    return
+            if len(items) < params["limit"]:
+                return
+            params = {**params, "before": items[-1]["checkpoint_id"],
+                      "limit": min(remaining, 200) if remaining is not None else 200}
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                   new_versions: ChannelVersions) -> RunnableConfig:
+        if str(_configurable(config).get("thread_id")) in self._waiting_on_user:
+            await asyncio.to_thread(self._continue_if_waiting, config)
+        return self._stored(await self._acall("POST", "/graph-threads/checkpoints",
+                                              json=self._put_body(config, checkpoint, metadata, new_versions)))
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                          task_path: str = "") -> None:
+        await self._acall("POST", "/graph-threads/writes", json=self._writes_body(config, writes, task_id, task_path))
+        for channel, value in writes:
+            if channel == INTERRUPT:
+                # The wait's requests are few and rare: run them off the loop with the sync client.
+                await asyncio.to_thread(self._on_interrupt, config, value)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._acall("DELETE", "/graph-threads", params={"thread_id": str(thread_id)})
+        self.runtimes.pop(str(thread_id), None)
+
+    # ---- the thread's session: interrupts, gates, resume -------------------------------------------------
+    def session_of(self, thread_id: str) -> dict[str, Any]:
+        """The thread's session (``GET /sessions/{id}``)."""
+        thread = self._call("GET", "/graph-threads", params={"thread_id": str(thread_id)})
+        return self._call("GET", f"/sessions/{thread['session_id']}")
+
+    def _runtime_param(self, thread_id: str) -> dict[str, Any]:
+        runtime_id = self.runtimes.get(thread_id)
+        return {"runtime_id": runtime_id} if runtime_id else {}
+
+    def _on_interrupt(self, config: RunnableConfig, value: Any) -> None:
+        """The graph paused: record the wait on the session (a gate, or ``awaiting_user``)."""
+        conf = _configurable(config)
+        thread_id = str(conf["thread_id"])
+        interrupts = value if isinstance(value, (list, tuple)) else [value]
+        landed = self._await_landed(config)
+        session = self.session_of(thread_id)
+        run_id = self._open_run_id(session["id"])
+        gates: list[dict[str, Any]] = []
+        for item in interrupts:
+            payload = getattr(item, "value", item)
+            if isinstance(payload, Mapping) and REVIEW_GATE_KEY in payload:
+                gates.append(self._gate_for(session, dict(payload[REVIEW_GATE_KEY]), thread_id))
+        if not gates and session["status"] == "running":
+            self._call("POST", f"/sessions/{session['id']}/transition",
+                       json={"to": "awaiting_user", "reason": "graph interrupted: waiting for input",
+                             **self._runtime_param(thread_id)})
+            self._waiting_on_user.add(thread_id)
+        if run_id is not None:
+            waits_on_user = not gates or any(g["route"] != "agent" for g in gates)
+            cursor = {"graph": {"checkpoint_ns": conf.get("checkpoint_ns", ""), "checkpoint_id": conf["checkpoint_id"],
+                                "interrupted": True}}
+            # The wait binds what the graph had (its state blobs) and what the gates review (their
+            # candidates): resume verifies every fingerprint before the graph continues.
+            refs = {(r["artifact_id"], r["fingerprint"])
+                    for r in self._call("GET", f"/checkpoints/{landed['record_id']}")["artifacts"]}
+            for gate in gates:
+                version = self._call("GET", f"/artifact-versions/{gate['candidate_version_id']}")
+                refs.add((version["artifact_id"], version["fingerprint"]))
+            body: dict[str, Any] = {
+                "boundary": "user_wait" if waits_on_user else "external_wait", "cursor": cursor,
+                "artifacts": [{"artifact_id": a, "fingerprint": fp} for a, fp in sorted(refs)],
+            }
+            if gates:
+                body["pending"] = {"gates": [{"gate_id": g["id"]} for g in gates]}
+            self._call("POST", f"/runs/{run_id}/checkpoints", json=body)
+
+    def _continue_if_waiting(self, config: RunnableConfig) -> None:
+        """The graph was resumed in this process after a plain interrupt: the waiting run continues
+        (``awaiting_user → running``). A resume from another process goes through :meth:`resume`."""
+        thread_id = str(_configurable(config).get("thread_id"))
+        if thread_id not in self._waiting_on_user:
+            return
+        self._waiting_on_user.discard(thread_id)
+        session = self.session_of(thread_id)
+        if session["status"] == "awaiting_user":
+            self._call("POST", f"/sessions/{session['id']}/transition",
+                       json={"to": "running", "reason": "graph resumed with the user's input",
+                             **self._runtime_param(thread_id)})
+
+    def _await_landed(self, config: RunnableConfig, timeout: float = 15.0) -> dict[str, Any]:
+        """LangGraph stores checkpoints in the background: the interrupt's write can overtake the
+        put of the checkpoint it follows. The wait is recorded after that checkpoint, so that
+        resuming starts from the wait (and revalidates what it waits on)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            items = self._call("GET", "/graph-threads/checkpoints", params=self._get_params(config))["items"]
+            if items:
+                return items[0]
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"checkpoint {get_checkpoint_id(config)} was not stored within {timeout} s")
+            time.sleep(0.05)
+
+    def _open_run_id(self, session_id: int) -> int | None:
+        runs = self._call("GET", f"/sessions/{session_id}/runs", params={"state": "open"})["items"]
+        return runs[-1]["id"] if runs else None
+
+    def _gate_for(self, session: Mapping[str, Any], spec: dict[str, Any], thread_id: str) -> dict[str, Any]:
+        """Open the gate, unless this session already has a pending gate on that candidate (a retried write)."""
+        gates = self._call("GET", f"/sessions/{session['id']}/review-gates", params={"limit": 200})["items"]
+        for gate in gates:
+            if gate["state"] == "pending" and gate["candidate_version_id"] == spec.get("candidate_version_id"):
+                return gate
+        return self._call("POST", f"/sessions/{session['id']}/review-gates", json={**spec, **self._runtime_param(thread_id)})
+
+    def pending_gates(self, thread_id: str) -> list[dict[str, Any]]:
+        session = self.session_of(thread_id)
+        gates = self._call("GET", f"/sessions/{session['id']}/review-gates", params={"limit": 200})["items"]
+        return [g for g in gates if g["state"] == "pending"]
+
+    def wait_for_gate(self, gate_id: int, *, timeout: float = 60.0, interval: float = 0.2) -> dict[str, Any]:
+        """Poll the gate until it is no longer pending; returns it with its verdicts."""
+        deadline = time.monotonic() + timeout
+        while True:
+            gate = self._call("GET", f"/review-gates/{gate_id}")
+            if gate["state"] != "pending":
+                return gate
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"review gate {gate_id} is still pending after {timeout} s")
+            time.sleep(interval)
+
+    def resume(self, thread_id: str, *, capabilities: Sequence[str] = (), dry_run: bool = False,
+               checkpoint_id: int | None = None) -> dict[str, Any]:
+        """Resume the thread's session: the revalidation report, then (unless ``dry_run``) runtime
+        generation N+1 and a new run for the graph's next checkpoints. A refused resume raises
+        :class:`novelforge_client.errors.ResumeRefused` whose ``details["report"]`` names the failed steps."""
+        session = self.session_of(thread_id)
+        body: dict[str, Any] = {"runtime": {"runtime_family": self.thread_spec.runtime_family,
+                                            "capabilities": list(capabilities or self.thread_spec.capabilities)},
+                                "dry_run": dry_run}
+        if self.thread_spec.lease_seconds:
+            body["runtime"]["lease_seconds"] = self.thread_spec.lease_seconds
+        if checkpoint_id is not None:
+            body["checkpoint_id"] = checkpoint_id
+        report = self._call("POST", f"/sessions/{session['id']}/resume", json=body)
+        if not dry_run and report.get("runtime_id"):
+            self.runtimes[str(thread_id)] = report["runtime_id"]
+        return report
+
+    def heartbeat(self, thread_id: str) -> dict[str, Any]:
+        """Renew the lease of the runtime this saver holds for the thread."""
+        runtime_id = self.runtimes[str(thread_id)]
+        return self._call("POST", f"/runtimes/{runtime_id}/heartbeat", json={})
+
+    def release(self, thread_id: str) -> dict[str, Any]:
+        """Close the thread session's live runtime (the graph process is going away; a waiting
+        session keeps waiting)."""
+        session = self.session_of(thread_id)
+        out = self._call("POST", f"/sessions/{session['id']}/close",
+                         json={"reason": "graph released", **self._runtime_param(str(thread_id))})
+        self.runtimes.pop(str(thread_id), None)
+        return out

@@ -1,0 +1,239 @@
+"""Graph threads over HTTP (the LangGraph checkpointer's server side, ``control/graphs.py``). Thin."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Field, Router, Schema, Status
+
+from novelforge_sessions.api.common import MAX_PAGE, caller, errors
+from novelforge_sessions.api.schemas import Strict, loads_json, refuse_unstorable_text
+from novelforge_sessions.control import graphs as actions
+from novelforge_sessions.control.models import GraphCheckpoint
+from novelforge_sessions.errors import NotFound, ValidationFailed
+
+router = Router(tags=["graph threads"])
+
+
+class GraphBlobIn(Strict):
+    serde: str = Field(..., max_length=64, description="the graph serializer's type tag (LangGraph `dumps_typed`)")
+    data: str = Field(..., description="the serialized bytes, base64")
+
+
+class GraphChannelBlobIn(Strict):
+    channel: str = Field(..., min_length=1, max_length=200)
+    version: int | float | str = Field(..., description="the channel's new version (LangGraph `new_versions`)")
+    value: GraphBlobIn
+
+
+class GraphThreadSpecIn(Strict):
+    role: str = Field("specialist", max_length=32)
+    memory_policy: str = Field("checkpoint_only", max_length=32)
+    task_mode: str = Field("langgraph", max_length=64)
+    runtime_family: str = Field("langgraph", max_length=64)
+    capabilities: list[str] = Field(default_factory=list)
+    lease_seconds: int | None = Field(None, ge=1, le=3600)
+
+
+class GraphPutIn(Strict):
+    thread_id: str = Field(..., min_length=1, max_length=200)
+    checkpoint_ns: str = Field("", max_length=200)
+    checkpoint_id: str = Field(..., min_length=1, max_length=64)
+    parent_checkpoint_id: str | None = Field(None, max_length=64)
+    checkpoint: dict[str, Any] = Field(
+        ..., description="the graph checkpoint without `channel_values` (versions, versions seen, ts, …)")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="the graph's checkpoint metadata (filterable)")
+    blobs: list[GraphChannelBlobIn] = Field(
+        default_factory=list, max_length=500,
+        description="the channels that changed: their values at their new versions, stored as content-addressed "
+        "artifacts; unchanged channels are found at the versions `checkpoint.channel_versions` names")
+    open: GraphThreadSpecIn | None = Field(
+        None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; "
+        "without it an unknown thread is 404")
+
+
+class GraphPutOut(Schema):
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    session_id: int
+    run_id: int
+    record_id: int = Field(..., description="the bounded checkpoint (`GET /checkpoints/{id}`)")
+    created: bool = Field(..., description="false: an identical put was already stored")
+    runtime_id: int | None = Field(None, description="runtime generation 1's id when this put opened the thread")
+
+
+class GraphWriteIn(Strict):
+    idx: int = Field(..., ge=-(2**31), le=2**31 - 1, description="the write's index in the task (LangGraph's special "
+                     "channels use negative ones)")
+    channel: str = Field(..., min_length=1, max_length=200)
+    value: GraphBlobIn
+
+
+class GraphWritesIn(Strict):
+    thread_id: str = Field(..., min_length=1, max_length=200)
+    checkpoint_ns: str = Field("", max_length=200)
+    checkpoint_id: str = Field(..., min_length=1, max_length=64)
+    task_id: str = Field(..., min_length=1, max_length=64)
+    task_path: str = Field("", max_length=200)
+    writes: list[GraphWriteIn] = Field(..., max_length=200)
+    open: GraphThreadSpecIn | None = Field(None, description="open the thread's session if the thread is new (as for a put)")
+
+
+class GraphWritesOut(Schema):
+    stored: int
+
+
+class GraphBlobOut(Schema):
+    fingerprint: str
+    serde: str
+    data: str
+
+
+class GraphPendingWriteOut(Schema):
+    task_id: str
+    task_path: str
+    idx: int
+    channel: str
+    fingerprint: str
+    serde: str
+    data: str
+
+
+class GraphCheckpointOut(Schema):
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    session_id: int
+    run_id: int
+    record_id: int
+    metadata: dict[str, Any]
+    checkpoint: dict[str, Any] = Field(..., description="as put (without values); `blobs` maps channel → fingerprint")
+    blobs: dict[str, GraphBlobOut]
+    pending_writes: list[GraphPendingWriteOut]
+    created_at: datetime
+
+
+class GraphListOut(Schema):
+    items: list[GraphCheckpointOut]
+
+
+class GraphThreadOut(Schema):
+    thread_id: str
+    session_id: int
+    created_at: datetime
+
+
+class GraphDeleteOut(Schema):
+    deleted: bool
+    session_id: int | None
+
+
+def _blob(b: GraphBlobIn) -> actions.Blob:
+    return actions.Blob(serde=b.serde, data=b.data)
+
+
+def _out(items: list[GraphCheckpoint], project_ids) -> list[dict[str, Any]]:
+    contents = actions.blob_contents(project_ids, {fp for g in items for fp in g.document.get("blobs", {}).values()})
+    pending = actions.writes_of(items)
+    out = []
+    for g in items:
+        blobs = {}
+        for channel, fp in g.document.get("blobs", {}).items():
+            blobs[channel] = {"fingerprint": fp, **contents[fp]}
+        writes = []
+        for w in pending.get((g.thread_id, g.checkpoint_ns, g.checkpoint_id), []):
+            stored = json.loads(w.value.content)
+            writes.append({"task_id": w.task_id, "task_path": w.task_path, "idx": w.idx, "channel": w.channel,
+                           "fingerprint": w.value.fingerprint, **stored})
+        out.append({
+            "thread_id": g.thread.thread_id, "checkpoint_ns": g.checkpoint_ns, "checkpoint_id": g.checkpoint_id,
+            "parent_checkpoint_id": g.parent_checkpoint_id or None, "session_id": g.thread.session_id,
+            "run_id": g.record.run_id, "record_id": g.record_id, "metadata": g.metadata, "checkpoint": g.document,
+            "blobs": blobs, "pending_writes": writes, "created_at": g.created_at,
+        })
+    return out
+
+
+@router.post(
+    "/graph-threads/checkpoints", response={200: GraphPutOut, 201: GraphPutOut, **errors(403, 404, 409, 413)},
+    summary="Put a graph checkpoint (a LangGraph thread is a session; 201 new, 200 an identical retry)",
+)
+def put_checkpoint(request: HttpRequest, body: GraphPutIn):
+    open_spec = actions.ThreadSpec(**body.open.model_dump()) if body.open is not None else None
+    stored = actions.put_checkpoint(
+        caller(request), thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns, checkpoint_id=body.checkpoint_id,
+        parent_checkpoint_id=body.parent_checkpoint_id, checkpoint=body.checkpoint, metadata=body.metadata,
+        blobs=[actions.ChannelBlob(channel=b.channel, version=b.version, value=_blob(b.value)) for b in body.blobs],
+        open_spec=open_spec,
+    )
+    g = stored.graph
+    return Status(201 if stored.created else 200, {
+        "thread_id": stored.thread.thread_id, "checkpoint_ns": g.checkpoint_ns, "checkpoint_id": g.checkpoint_id,
+        "session_id": stored.thread.session_id, "run_id": g.record.run_id, "record_id": g.record_id,
+        "created": stored.created, "runtime_id": stored.runtime_id,
+    })
+
+
+@router.post(
+    "/graph-threads/writes", response={200: GraphWritesOut, **errors(403, 404, 413)},
+    summary="Store a task's pending writes against a graph checkpoint id (a repeated (task, idx) is stored once)",
+)
+def put_writes(request: HttpRequest, body: GraphWritesIn):
+    stored = actions.put_writes(
+        caller(request), thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns, checkpoint_id=body.checkpoint_id,
+        task_id=body.task_id, task_path=body.task_path,
+        writes=[actions.WriteSpec(idx=w.idx, channel=w.channel, value=_blob(w.value)) for w in body.writes],
+        open_spec=actions.ThreadSpec(**body.open.model_dump()) if body.open is not None else None,
+    )
+    return {"stored": stored}
+
+
+@router.get(
+    "/graph-threads/checkpoints", response={200: GraphListOut, **errors(403)},
+    summary="List graph checkpoints, newest first (filters: thread, namespace, id, before, metadata)",
+)
+def list_checkpoints(
+    request: HttpRequest, thread_id: str | None = None, checkpoint_ns: str | None = None,
+    checkpoint_id: str | None = None, before: str | None = None, metadata: str | None = None, limit: int = 50,
+):
+    refuse_unstorable_text({"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id,
+                            "before": before}, where="query")
+    filter_: Any = None
+    if metadata is not None:
+        try:
+            filter_ = loads_json(metadata)
+        except (ValueError, RecursionError):
+            raise ValidationFailed("metadata must be a JSON object", field="metadata") from None
+        if not isinstance(filter_, dict):
+            raise ValidationFailed("metadata must be a JSON object", field="metadata")
+    who = caller(request)
+    items = actions.list_checkpoints(
+        who, thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id, before=before,
+        metadata=filter_, limit=max(1, min(limit, MAX_PAGE)),
+    )
+    return {"items": _out(items, who.project_ids)}
+
+
+@router.get("/graph-threads", response={200: GraphThreadOut, **errors(403, 404)}, summary="The session of a graph thread")
+def get_thread(request: HttpRequest, thread_id: str):
+    who = caller(request)
+    who.require("read")
+    refuse_unstorable_text({"thread_id": thread_id}, where="query")
+    thread = actions.find_thread(who, thread_id)
+    if thread is None:
+        raise NotFound("graph thread not found", thread_id=thread_id)
+    return {"thread_id": thread.thread_id, "session_id": thread.session_id, "created_at": thread.created_at}
+
+
+@router.delete(
+    "/graph-threads", response={200: GraphDeleteOut, **errors(403, 409)},
+    summary="Delete a graph thread: close its session's runtime and forget the session (no thread: deleted=false)",
+)
+def delete_thread(request: HttpRequest, thread_id: str):
+    refuse_unstorable_text({"thread_id": thread_id}, where="query")
+    session_id = actions.delete_thread(caller(request), thread_id)
+    return {"deleted": session_id is not None, "session_id": session_id}

@@ -1,0 +1,224 @@
+"""The LangGraph checkpointer against a live server (real daphne + PostgreSQL).
+
+LangGraph's own conformance suite (``langgraph-checkpoint-conformance``) must report every
+base capability passed; a graph with ``interrupt()`` pauses as a review gate, a reviewer binds
+a verdict through the API, and the graph resumes through the session's resume revalidation.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+from datetime import timedelta
+from typing import TypedDict
+
+import httpx
+import pytest
+from django.utils import timezone
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES
+from langgraph.checkpoint.conformance.report import ProgressCallbacks
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from novelforge_client.errors import GraphCheckpointConflict
+from novelforge_client.langgraph import NovelForgeSaver, ThreadSpec, review_gate
+from novelforge_sessions.actions.tokens import create_token
+from novelforge_sessions.control.models import GraphCheckpoint, GraphThread
+from novelforge_sessions.models import Artifact, Checkpoint, Run, RuntimeAttachment, Session
+from reviews.models import ReviewGate
+from tests.live import DaphneServer
+from tests.reviews.factories import CHAPTER, RUBRIC, agent_reviewer, agent_verdict
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="module")
+def graph_server(django_db_setup, django_db_blocker) -> Iterator[DaphneServer]:
+    srv = DaphneServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def graph_token(project) -> str:
+    return create_token(project, name="graph", permissions=["read", "write"])[1]
+
+
+def test_langgraph_conformance_reports_every_base_capability_passed(graph_server, graph_token):
+    @checkpointer_test(name="NovelForgeSaver")
+    async def novelforge_saver():
+        saver = NovelForgeSaver(url=graph_server.url, token=graph_token)
+        yield saver
+        await saver.aclose()
+
+    failures: list[str] = []
+
+    def on_result(capability: str, test: str, passed: bool, error: str | None) -> None:
+        if not passed:
+            failures.append(f"{capability}/{test}:\n{error}")
+
+    report = asyncio.run(validate(novelforge_saver, progress=ProgressCallbacks(on_test_result=on_result)))
+    assert failures == []
+    for capability in BASE_CAPABILITIES:
+        result = report.results[capability.value]
+        assert result.detected and result.passed, (capability, result)
+        assert result.tests_passed > 0 and result.tests_failed == 0
+    assert report.passed_all_base()
+    # Every thread the suite opened is a session; its checkpoints are bounded ones citing blobs.
+    graphs = GraphCheckpoint.objects.select_related("record", "thread__session")
+    assert graphs.exists()
+    for g in graphs:
+        assert g.record.session_id == g.thread.session_id
+        assert g.record.cursor["graph"]["checkpoint_id"] == g.checkpoint_id
+        assert sorted(r["fingerprint"] for r in g.record.artifacts) == sorted(set(g.document["blobs"].values()))
+        assert "channel_values" not in g.document
+    assert Artifact.objects.filter(kind="graph-blob").exists()
+
+
+# ---- interrupt() as a review gate, resumed through the resume revalidation ---------------------------------
+class Draft(TypedDict, total=False):
+    draft: str
+    verdict: dict
+    final: str
+
+
+def build_graph(saver: NovelForgeSaver, candidate_version_id: int, reviewer_session_id: int):
+    def write(state: Draft) -> Draft:
+        return {"draft": "The lamp had not failed in forty years."}
+
+    def review(state: Draft) -> Draft:
+        verdict = review_gate(candidate_version_id=candidate_version_id, rubric=RUBRIC, route="agent",
+                              reviewer_session_ids=[reviewer_session_id])
+        return {"verdict": verdict}
+
+    def finish(state: Draft) -> Draft:
+        return {"final": f"{state['draft']} [{state['verdict']['decision']}]"}
+
+    builder = StateGraph(Draft)
+    builder.add_node("write", write)
+    builder.add_node("review", review)
+    builder.add_node("finish", finish)
+    builder.add_edge(START, "write")
+    builder.add_edge("write", "review")
+    builder.add_edge("review", "finish")
+    builder.add_edge("finish", END)
+    return builder.compile(checkpointer=saver)
+
+
+def test_an_interrupt_pauses_as_a_review_gate_and_the_graph_resumes_through_revalidation(graph_server, graph_token, project):
+    api = httpx.Client(base_url=graph_server.url + "/api/v1", headers={"Authorization": f"Bearer {graph_token}"})
+    candidate = api.post("/artifacts", json={"name": "chapter-3", "content": CHAPTER}).json()
+    reviewer_session, reviewer = agent_reviewer(project)
+    config = {"configurable": {"thread_id": "chapter-3"}}
+
+    # First process: the graph writes, then pauses on the review gate.
+    spec = ThreadSpec(role="writer", memory_policy="bounded", task_mode="drafting")
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, thread_spec=spec)
+    graph = build_graph(saver, candidate["current_version_id"], reviewer_session.id)
+    paused = graph.invoke({}, config)
+    assert "__interrupt__" in paused and "final" not in paused
+    session = Session.objects.get(graph_thread__thread_id="chapter-3")
+    assert session.status == "awaiting_external"  # the agent route waits on an agent reviewer
+    [gate] = ReviewGate.objects.filter(session=session)
+    assert gate.state == "pending" and gate.candidate_id == candidate["current_version_id"]
+    wait = Checkpoint.objects.filter(session=session).order_by("id").last()
+    assert wait.boundary == "external_wait" and wait.pending["gates"][0]["gate_id"] == gate.id
+    assert wait.cursor["graph"]["interrupted"] is True
+    assert {"artifact_id": candidate["id"], "fingerprint": candidate["current_fingerprint"]} in wait.artifacts
+    # The first process goes away: its lease runs out (in the database).
+    RuntimeAttachment.objects.filter(session=session).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    saver.close()
+
+    # The reviewer binds a verdict through the API, as its own session.
+    claim = reviewer.post("/review-packets/claim").json()
+    assert claim["packet"]["id"] == gate.packet.id
+    bound = reviewer.post(f"/review-packets/{gate.packet.id}/verdicts",
+                          agent_verdict(gate, claim["lease"]["fencing_token"], decision="pass"))
+    assert bound.status_code == 201, bound.content
+
+    # A second process resumes the thread: the session's resume revalidation, then generation 2.
+    saver2 = NovelForgeSaver(url=graph_server.url, token=graph_token, thread_spec=spec)
+    done_gate = saver2.wait_for_gate(gate.id)
+    assert done_gate["state"] == "complete" and done_gate["verdicts"][0]["decision"] == "pass"
+    report = saver2.resume("chapter-3")
+    assert report["ok"] and report["checkpoint_id"] == wait.id and report["generation"] == 2
+    steps = {s["step"]: s for s in report["steps"]}
+    assert all(s["ok"] for s in steps.values()) and {"reviews", "artifacts", "authority"} <= set(steps)
+    # the state blobs of the interrupted checkpoint and the gate's candidate, all still current
+    assert len(wait.artifacts) >= 2 and steps["artifacts"]["detail"].startswith(f"{len(wait.artifacts)} artifact fingerprint")
+    graph2 = build_graph(saver2, candidate["current_version_id"], reviewer_session.id)
+    finished = graph2.invoke(Command(resume=done_gate["verdicts"][0]), config)
+    assert finished["final"] == "The lamp had not failed in forty years. [pass]"
+    assert finished["verdict"]["decision"] == "pass"
+
+    session.refresh_from_db()
+    assert session.status == "running" and session.generation == 2
+    first_run, second_run = Run.objects.filter(session=session).order_by("seq")
+    assert first_run.state != "open" and second_run.state == "open" and second_run.resumed_from_id == wait.id
+    later = GraphCheckpoint.objects.filter(thread__session=session, record__run=second_run)
+    assert later.exists()  # the graph's next checkpoints landed in the resumed run
+    assert ReviewGate.objects.filter(session=session).count() == 1  # the re-executed node opened no second gate
+    assert saver2.get_tuple(config).checkpoint["channel_values"]["final"].endswith("[pass]")
+    saver2.close()
+    api.close()
+
+
+def test_the_sync_api_lists_filters_deletes_and_raises_typed_errors(graph_server, graph_token):
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token)
+    config = {"configurable": {"thread_id": "sync-thread", "checkpoint_ns": ""}}
+    first = empty_checkpoint()
+    first["channel_values"], first["channel_versions"] = {"notes": ["a", "b"]}, {"notes": 1}
+    stored = saver.put(config, first, {"source": "input", "step": -1}, {"notes": 1})
+    second = empty_checkpoint()
+    second["channel_values"], second["channel_versions"] = {"notes": ["a", "b"]}, {"notes": 1}
+    saver.put(stored, second, {"source": "loop", "step": 0}, {})
+    saver.put_writes(stored, [("notes", ["c"])], "task-1")
+    assert [t.metadata["step"] for t in saver.list(config)] == [0, -1]
+    [looped] = saver.list(config, filter={"source": "loop"})
+    assert looped.checkpoint["channel_values"] == {"notes": ["a", "b"]}  # found at its unchanged version
+    assert looped.parent_config["configurable"]["checkpoint_id"] == first["id"]
+    assert saver.get_tuple(stored).pending_writes == [("task-1", "notes", ["c"])]
+
+    changed = dict(first, channel_values={"notes": ["z"]})
+    with pytest.raises(GraphCheckpointConflict) as refused:
+        saver.put(config, changed, {"source": "input", "step": -1}, {"notes": 1})
+    assert refused.value.status == 409 and refused.value.details["checkpoint_id"] == first["id"]
+    assert saver.get_tuple(stored).checkpoint["channel_values"] == {"notes": ["a", "b"]}  # nothing changed
+
+    session_id = GraphThread.objects.get(thread_id="sync-thread").session_id
+    saver.delete_thread("sync-thread")
+    assert saver.get_tuple(config) is None and list(saver.list(config)) == []
+    assert not Session.objects.filter(id=session_id).exists()
+    saver.close()
+
+
+def test_a_plain_interrupt_waits_on_the_user_and_the_same_process_continues(graph_server, graph_token):
+    def ask(state: Draft) -> Draft:
+        return {"draft": interrupt("Which ending?")}
+
+    def finish(state: Draft) -> Draft:
+        return {"final": state["draft"].upper()}
+
+    builder = StateGraph(Draft)
+    builder.add_node("ask", ask)
+    builder.add_node("finish", finish)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", "finish")
+    builder.add_edge("finish", END)
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token)
+    graph = builder.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "ask-thread"}}
+    paused = graph.invoke({}, config)
+    assert paused["__interrupt__"][0].value == "Which ending?"
+    session = Session.objects.get(graph_thread__thread_id="ask-thread")
+    assert session.status == "awaiting_user"
+    wait = Checkpoint.objects.filter(session=session).order_by("id").last()
+    assert wait.boundary == "user_wait" and wait.cursor["graph"]["interrupted"] is True
+    assert graph.invoke(Command(resume="the lamp stays lit"), config)["final"] == "THE LAMP STAYS LIT"
+    session.refresh_from_db()
+    assert session.status == "running" and session.generation == 1
+    saver.close()

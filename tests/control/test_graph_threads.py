@@ -1,0 +1,231 @@
+"""Graph threads (``/graph-threads…``): the LangGraph checkpointer's server side.
+
+A thread is a session, a graph checkpoint a bounded checkpoint citing content-addressed blob
+artifacts; refusals are typed and write nothing; the first puts of one thread race to one session.
+"""
+from __future__ import annotations
+
+import base64
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from novelforge_sessions.control.models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
+from novelforge_sessions.models import Artifact, Checkpoint, Event, Run, Session
+from tests.conftest import Api
+from tests.control.conftest import ok, refused, token_api
+
+pytestmark = pytest.mark.django_db
+
+
+def blob(text: str) -> dict[str, str]:
+    return {"serde": "json", "data": base64.b64encode(text.encode()).decode()}
+
+
+def put_body(thread: str = "t-1", cp: str = "0001", parent: str | None = None, *, versions: dict[str, int] | None = None,
+             blobs: dict[str, str] | None = None, open_: bool = True, **extra: Any) -> dict[str, Any]:
+    versions = versions if versions is not None else {k: 1 for k in (blobs or {})}
+    body: dict[str, Any] = {
+        "thread_id": thread, "checkpoint_id": cp, "parent_checkpoint_id": parent,
+        "checkpoint": {"v": 1, "id": cp, "ts": "2026-12-01T00:00:00+00:00", "channel_versions": versions,
+                       "versions_seen": {}},
+        "metadata": {"source": "loop", "step": 0},
+        "blobs": [{"channel": ch, "version": versions[ch], "value": blob(v)} for ch, v in (blobs or {}).items()],
+        **extra,
+    }
+    if open_:
+        body["open"] = {"task_mode": "drafting"}
+    return body
+
+
+def counts() -> tuple[int, ...]:
+    return (Session.objects.count(), Run.objects.count(), Checkpoint.objects.count(), GraphThread.objects.count(),
+            GraphCheckpoint.objects.count(), GraphWrite.objects.count(), GraphBlob.objects.count(),
+            Artifact.objects.count(), Event.objects.count())
+
+
+def get(api: Api, **params: Any) -> list[dict[str, Any]]:
+    return ok(api.get("/graph-threads/checkpoints", **params))["items"]
+
+
+def test_the_first_put_opens_a_session_and_records_a_bounded_checkpoint_citing_blob_artifacts(writer):
+    out = ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"messages": "a long chat", "draft": "text"})), 201)
+    session = Session.objects.get(id=out["session_id"])
+    assert session.status == "running" and session.task_mode == "drafting"
+    assert session.provider_metadata == {"graph_thread_id": "t-1"}
+    assert out["runtime_id"] == session.runtimes.get().id
+    record = Checkpoint.objects.get(id=out["record_id"])
+    assert record.run_id == out["run_id"] and record.boundary == "context_freeze"
+    assert record.cursor == {"graph": {"checkpoint_ns": "", "checkpoint_id": "0001", "step": 0}}
+    blobs = Artifact.objects.filter(kind="graph-blob")
+    assert blobs.count() == 2 and all(a.name == "blob:" + a.current_version.fingerprint for a in blobs)
+    assert sorted(r["fingerprint"] for r in record.artifacts) == sorted(a.current_version.fingerprint for a in blobs)
+    assert "a long chat" not in str(record.cursor) + str(GraphCheckpoint.objects.get().document)
+    [item] = get(writer, thread_id="t-1")
+    assert base64.b64decode(item["blobs"]["messages"]["data"]).decode() == "a long chat"
+    assert item["session_id"] == session.id and item["parent_checkpoint_id"] is None
+
+
+def test_unchanged_channels_are_found_at_their_versions_and_equal_content_is_stored_once(writer):
+    ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"a": "v1", "b": "same"})), 201)
+    ok(writer.post("/graph-threads/checkpoints", put_body("t-1", "0002", "0001", versions={"a": 2, "b": 1},
+                                                          blobs={"a": "v2"})), 201)
+    ok(writer.post("/graph-threads/checkpoints", put_body("t-2", "0001", blobs={"b": "same"})), 201)
+    newest, oldest = get(writer, thread_id="t-1")
+    assert {k: base64.b64decode(v["data"]).decode() for k, v in newest["blobs"].items()} == {"a": "v2", "b": "same"}
+    assert {k: base64.b64decode(v["data"]).decode() for k, v in oldest["blobs"].items()} == {"a": "v1", "b": "same"}
+    assert newest["parent_checkpoint_id"] == "0001"
+    assert Artifact.objects.filter(kind="graph-blob").count() == 3  # v1, v2, same: once for both threads
+
+
+def test_a_retried_put_returns_the_first_and_a_different_one_under_the_same_id_is_a_conflict(writer):
+    first = ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"a": "x"})), 201)
+    again = ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"a": "x"})), 200)
+    assert again["record_id"] == first["record_id"] and again["created"] is False
+    before = counts()
+    err = refused(writer.post("/graph-threads/checkpoints", put_body(blobs={"a": "y"})), 409, "graph_checkpoint_conflict")
+    assert err["details"]["checkpoint_id"] == "0001"
+    assert counts() == before
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"checkpoint": {"channel_values": {"a": 1}}}, "checkpoint.channel_values"),
+    ({"blobs": [{"channel": "a", "version": 1, "value": {"serde": "json", "data": "not base64!"}}]}, "blobs[0].data"),
+    ({"blobs": [{"channel": "a", "version": True, "value": blob("x")}]}, "blobs.0.version"),
+    ({"metadata": {"big": "x" * 20_000}}, "metadata"),
+    ({"checkpoint_id": ""}, "checkpoint_id"),
+])
+def test_invalid_puts_are_422_naming_the_field_and_write_nothing(writer, change, field):
+    before = counts()
+    err = refused(writer.post("/graph-threads/checkpoints", {**put_body(), **change}), 422, "validation_error")
+    assert field in str(err["details"]) or field in err["message"], err
+    assert counts() == before
+
+
+def test_an_unknown_thread_without_open_is_404_and_a_reader_is_403(writer, reader):
+    before = counts()
+    refused(writer.post("/graph-threads/checkpoints", put_body(open_=False)), 404, "not_found")
+    refused(reader.post("/graph-threads/checkpoints", put_body()), 403, "forbidden")
+    assert counts() == before
+
+
+def test_a_session_without_an_open_run_refuses_the_put_until_resumed(writer):
+    out = ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
+    ok(writer.post(f"/sessions/{out['session_id']}/close", {}))
+    before = counts()
+    refused(writer.post("/graph-threads/checkpoints", put_body(cp="0002", parent="0001")), 409, "no_open_run")
+    assert counts() == before
+    report = ok(writer.post(f"/sessions/{out['session_id']}/resume", {"runtime": {"runtime_family": "langgraph"}}))
+    assert report["ok"] and report["checkpoint_id"] == out["record_id"]
+    second = ok(writer.post("/graph-threads/checkpoints", put_body(cp="0002", parent="0001")), 201)
+    assert second["run_id"] == report["run_id"] != out["run_id"]
+
+
+def test_writes_are_stored_once_per_task_and_index_and_special_channels_keep_the_latest(writer):
+    ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
+    body = {"thread_id": "t-1", "checkpoint_id": "0001", "task_id": "task-a",
+            "writes": [{"idx": 0, "channel": "ch", "value": blob("one")}, {"idx": -3, "channel": "__interrupt__",
+                                                                          "value": blob("first")}]}
+    assert ok(writer.post("/graph-threads/writes", body))["stored"] == 2
+    body["writes"][1]["value"] = blob("second")
+    assert ok(writer.post("/graph-threads/writes", body))["stored"] == 1  # the special one, updated
+    [item] = get(writer, thread_id="t-1")
+    assert [(w["channel"], base64.b64decode(w["data"]).decode()) for w in item["pending_writes"]] == [
+        ("__interrupt__", "second"), ("ch", "one")]
+    refused(writer.post("/graph-threads/writes", {**body, "thread_id": "nope"}), 404, "not_found")
+
+
+def test_writes_may_arrive_before_their_checkpoint_lands(writer):
+    ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
+    early = {"thread_id": "t-1", "checkpoint_id": "0002", "task_id": "task-b",
+             "writes": [{"idx": 0, "channel": "ch", "value": blob("early")}]}
+    assert ok(writer.post("/graph-threads/writes", early))["stored"] == 1
+    assert get(writer, thread_id="t-1", checkpoint_id="0002") == []
+    ok(writer.post("/graph-threads/checkpoints", put_body(cp="0002", parent="0001")), 201)
+    [item] = get(writer, thread_id="t-1", checkpoint_id="0002")
+    assert [base64.b64decode(w["data"]).decode() for w in item["pending_writes"]] == ["early"]
+    [first] = get(writer, thread_id="t-1", checkpoint_id="0001")
+    assert first["pending_writes"] == []
+
+
+def test_list_filters_by_namespace_metadata_before_and_limit(writer):
+    for i, (ns, source) in enumerate([("", "input"), ("", "loop"), ("child:1", "loop"), ("", "loop")]):
+        body = put_body(cp=f"000{i}")
+        body["checkpoint_ns"], body["metadata"] = ns, {"source": source, "step": i}
+        ok(writer.post("/graph-threads/checkpoints", body), 201)
+    assert [i["checkpoint_id"] for i in get(writer, thread_id="t-1", checkpoint_ns="")] == ["0003", "0001", "0000"]
+    assert [i["checkpoint_id"] for i in get(writer, thread_id="t-1")] == ["0003", "0002", "0001", "0000"]
+    loop = get(writer, thread_id="t-1", checkpoint_ns="", metadata='{"source": "loop"}')
+    assert [i["checkpoint_id"] for i in loop] == ["0003", "0001"]
+    assert [i["checkpoint_id"] for i in get(writer, thread_id="t-1", before="0003", limit=1)] == ["0002"]
+    refused(writer.get("/graph-threads/checkpoints", thread_id="t-1", metadata="[1]"), 422, "validation_error")
+
+
+def test_another_projects_token_sees_nothing_of_the_thread(writer, outsider):
+    ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
+    assert get(outsider, thread_id="t-1") == []
+    refused(outsider.get("/graph-threads", thread_id="t-1"), 404, "not_found")
+    assert ok(outsider.delete("/graph-threads?thread_id=t-1")) == {"deleted": False, "session_id": None}
+    assert GraphThread.objects.count() == 1
+
+
+def test_delete_closes_the_runtime_and_forgets_the_session(writer):
+    out = ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"a": "x"})), 201)
+    ok(writer.post("/graph-threads/writes", {"thread_id": "t-1", "checkpoint_id": "0001", "task_id": "t",
+                                             "writes": [{"idx": 0, "channel": "c", "value": blob("w")}]}))
+    assert ok(writer.delete("/graph-threads?thread_id=t-1")) == {"deleted": True, "session_id": out["session_id"]}
+    assert not Session.objects.filter(id=out["session_id"]).exists()
+    assert (GraphThread.objects.count(), GraphCheckpoint.objects.count(), GraphWrite.objects.count(),
+            Checkpoint.objects.count()) == (0, 0, 0, 0)
+    assert Artifact.objects.filter(kind="graph-blob").count() == 2  # blobs are project artifacts and stay
+    assert get(writer, thread_id="t-1") == []
+    assert ok(writer.delete("/graph-threads?thread_id=t-1"))["deleted"] is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eight_threads_racing_to_open_one_graph_thread_make_one_session(project):
+    api_token = token_api(project, "writer", ["read", "write"]).token
+    start = threading.Barrier(8, timeout=30)
+    results: list[int] = []
+    errors: list[BaseException] = []
+
+    def first_put(i: int) -> None:
+        try:
+            api = Api(api_token)
+            start.wait()
+            resp = api.post("/graph-threads/checkpoints", put_body("shared", f"000{i}"))
+            assert resp.status_code == 201, resp.content
+            results.append(resp.json()["session_id"])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    workers = [threading.Thread(target=first_put, args=(i,)) for i in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert errors == []
+    assert len(results) == 8 and len(set(results)) == 1
+    assert Session.objects.count() == 1 and GraphThread.objects.count() == 1
+    assert GraphCheckpoint.objects.count() == 8 and Run.objects.count() == 1
+
+
+def test_query_strings_postgresql_cannot_hold_are_422_not_500(writer):
+    for params in ({"thread_id": "a\x00b"}, {"checkpoint_id": "x\x00"}, {"before": "\x00"}):
+        refused(writer.get("/graph-threads/checkpoints", **params), 422, "validation_error")
+    refused(writer.get("/graph-threads", thread_id="a\x00"), 422, "validation_error")
+    refused(writer.delete("/graph-threads?thread_id=a%00"), 422, "validation_error")
+
+
+def test_a_write_index_beyond_a_database_integer_is_422(writer):
+    ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
+    before = counts()
+    err = refused(writer.post("/graph-threads/writes", {
+        "thread_id": "t-1", "checkpoint_id": "0001", "task_id": "t",
+        "writes": [{"idx": 2**40, "channel": "c", "value": blob("w")}]}), 422, "validation_error")
+    assert "idx" in str(err)
+    assert counts() == before
