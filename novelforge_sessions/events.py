@@ -1,17 +1,27 @@
 """The event log: appended inside the writing transaction, broadcast after commit.
 
-Ordering guarantee. A plain ``bigserial`` hands out ids at insert time, so a transaction
-that got id 7 may commit after one that got id 8; a reader who saw 8 and remembers "after
-8" would never see 7. To make ids visible in commit order, every insert here first takes
-one transaction-scoped advisory lock (``pg_advisory_xact_lock``), held until commit. So a
-writer can only draw ids once every earlier id-holder has committed or rolled back, and
-``after=<id>`` replay has no gaps. The price is that writers serialise from their first
-event insert to their commit: actions therefore append their events *last*, right before
-the transaction commits (the lock is held for one insert and the commit).
+Ordering guarantee, without a global lock. A plain ``bigserial`` hands out ids at insert time,
+so a transaction that got id 7 may commit after one that got id 8; a reader who saw 8 and
+remembers "after 8" would never see 7. Until issue 13 every insert took one global advisory
+lock held to commit, serialising all writers. Now an event's id is the writing transaction's
+top-level ``xid8`` shifted left by 16 bits plus its n-th event in that transaction
+(``nf_event_ids``, migration 0002): ids of a later transaction are larger, ids of one
+transaction consecutive. Readers see only ids below the *watermark* (``watermark()``, the
+SQL function ``nf_event_watermark``): the lowest xid still running in this database (other than
+the reader's own backend), shifted the same way, else the next xid to be assigned. Every
+transaction below the watermark has finished, so what a reader sees is a prefix of the log
+that never later gains a committed id below its top: ``after=<id>`` replay has no gaps. Every
+reader of the stream goes through ``visible()`` / ``events_after()`` here.
+
+The price moves from writers to readers: a transaction that is slow to finish (any writer in
+this database, with or without events) holds back the visibility of events committed after it
+began, until it ends. Writers no longer wait for each other. A reader that was woken for an id
+it cannot see yet re-reads shortly (``pending()``; the websocket consumer does).
 
 Broadcast. After commit, one wake-up per transaction and project goes to the channel layer
 group ``events.project.<id>``; subscribers then read the table. The channel layer is
-at-most-once and only a wake-up; the table is the truth (PITFALLS.md).
+at-most-once and only a wake-up; the table is the truth (PITFALLS.md). The INFO log line of
+each event is written after the commit too (never inside the transaction).
 
 Other processes. The in-memory layer (no ``REDIS_URL``) only reaches this process's sockets,
 so with ``LIVE_PG_NOTIFY`` on the same after-commit wake-up also publishes ONE
@@ -33,14 +43,15 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
+from django.db.models import Q, QuerySet
 
 from novelforge_sessions.event_types import EventType, family_of
 from novelforge_sessions.models import Event
 
 log = logging.getLogger("novelforge.events")
 
-#: Arbitrary constant: "NFSE". One lock for the whole log (ids are global).
-EVENT_LOG_LOCK = 0x4E465345
+#: Low bits of an event id: its position inside the writing transaction (migration 0002).
+EVENT_ID_BITS = 16
 
 
 #: The one PostgreSQL channel the wake-ups of every process go through (``live/pgnotify.py``).
@@ -100,12 +111,18 @@ class _Wakeup:
 
     def __init__(self) -> None:
         self.max_ids: dict[int, int] = {}
+        self.logged: list[tuple[Any, ...]] = []
 
-    def add(self, project_id: int, event_id: int) -> None:
+    def add(self, project_id: int, event_id: int, line: tuple[Any, ...] | None = None) -> None:
         self.max_ids[project_id] = max(event_id, self.max_ids.get(project_id, 0))
+        if line is not None:
+            self.logged.append(line)
 
     def __call__(self) -> None:
         from channels.layers import InMemoryChannelLayer, get_channel_layer
+
+        for line in self.logged:  # after the commit: never under a lock or inside the transaction
+            log.info("event %s %s project=%s session=%s run=%s actor=%s", *line)
 
         layer = get_channel_layer()
         if layer is None:
@@ -142,10 +159,19 @@ def _current_wakeup() -> _Wakeup:
     return wakeup
 
 
+# The id comes from the column's default, nf_event_ids(1) (migration 0002).
 _INSERT = (
-    f"WITH l AS (SELECT pg_advisory_xact_lock({EVENT_LOG_LOCK})) "
     f"INSERT INTO {Event._meta.db_table} (project_id, session_id, run_id, type, payload, actor, created_at) "
-    "SELECT %s, %s, %s, %s, %s::jsonb, %s, now() FROM l RETURNING id"
+    "VALUES (%s, %s, %s, %s, %s::jsonb, %s, now()) RETURNING id"
+)
+# Set-based: n events in one statement, ids reserved as one consecutive range, in list order.
+_INSERT_MANY = (
+    f"INSERT INTO {Event._meta.db_table} (id, project_id, session_id, run_id, type, payload, actor, created_at) "
+    "SELECT b.first + t.ord - 1, t.project_id, t.session_id, t.run_id, t.type, t.payload, t.actor, now() "
+    "FROM (SELECT nf_event_ids(%(n)s) AS first) AS b, "
+    "unnest(%(project)s::bigint[], %(session)s::bigint[], %(run)s::bigint[], %(type)s::text[], %(payload)s::jsonb[], "
+    "%(actor)s::text[]) WITH ORDINALITY AS t(project_id, session_id, run_id, type, payload, actor, ord) "
+    "ORDER BY t.ord RETURNING id"
 )
 
 
@@ -173,9 +199,88 @@ def append(
     with connection.cursor() as cur:
         cur.execute(_INSERT, [project_id, session_id, run_id, type.name, body, actor])
         event_id = cur.fetchone()[0]
-    _current_wakeup().add(project_id, event_id)
-    log.info("event %s %s project=%s session=%s run=%s actor=%s", event_id, type.name, project_id, session_id, run_id, actor)
+    line = (event_id, type.name, project_id, session_id, run_id, actor) if log.isEnabledFor(logging.INFO) else None
+    _current_wakeup().add(project_id, event_id, line)
     return event_id
+
+
+def append_many(items: list[dict[str, Any]]) -> list[int]:
+    """Append several events in ONE statement (the batch write path); ids in list order.
+
+    Each item has the keyword arguments of ``append``. Same checks as ``append`` (catalog
+    constant, declared payload fields, inside the writing transaction), all before the insert.
+    """
+    if not items:
+        return []
+    if not connection.in_atomic_block:
+        raise RuntimeError("events.append_many must run inside the writing transaction")
+    cols: dict[str, list[Any]] = {k: [] for k in ("project", "session", "run", "type", "payload", "actor")}
+    for item in items:
+        kind = item["type"]
+        if not isinstance(kind, EventType):
+            raise TypeError(f"events.append_many takes event_types constants, not {kind!r}")
+        cols["project"].append(item["project_id"])
+        cols["session"].append(item.get("session_id"))
+        cols["run"].append(item.get("run_id"))
+        cols["type"].append(kind.name)
+        cols["payload"].append(json.dumps(kind(**(item.get("payload") or {})), cls=DjangoJSONEncoder))
+        cols["actor"].append(item.get("actor", ""))
+    with connection.cursor() as cur:
+        cur.execute(_INSERT_MANY, {"n": len(items), **cols})
+        ids = [row[0] for row in cur.fetchall()]
+    wakeup = _current_wakeup()
+    info = log.isEnabledFor(logging.INFO)
+    for event_id, item, name in zip(ids, items, cols["type"]):
+        line = (event_id, name, item["project_id"], item.get("session_id"), item.get("run_id"), item.get("actor", ""))
+        wakeup.add(item["project_id"], event_id, line if info else None)
+    return ids
+
+
+# ---------------------------------------------------------------- readers
+def _marks() -> tuple[int, int | None]:
+    """(watermark, this transaction's xid or None), in one statement."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT nf_event_watermark(), pg_current_xact_id_if_assigned()::text::bigint")
+        return cur.fetchone()
+
+
+def watermark() -> int:
+    """The smallest event id not yet safe to show: every visible id is below it.
+
+    One statement (``nf_event_watermark()``, migration 0002). It must run BEFORE the read it
+    guards (a later statement, so a later snapshot): whatever finished before the watermark
+    was taken is in that read.
+    """
+    return _marks()[0]
+
+
+def visible(qs: QuerySet) -> QuerySet:
+    """``qs`` (of ``Event``) restricted to the commit-ordered prefix: ids below the watermark,
+    plus the reader's own transaction's events when it has written some (as before: a
+    transaction sees its own writes).
+
+    Every reader that hands out a cursor (the websocket stream, ``GET /events``, "latest id")
+    filters through here, so none can see id N and later find a committed id below N.
+    """
+    mark, own = _marks()
+    if own is None:
+        return qs.filter(id__lt=mark)
+    return qs.filter(Q(id__lt=mark) | Q(id__gte=own << EVENT_ID_BITS, id__lt=(own + 1) << EVENT_ID_BITS))
+
+
+def events_after(qs: QuerySet, after: int, limit: int) -> list[Event]:
+    """Up to ``limit`` visible events of ``qs`` with ``id > after``, oldest first (keyset)."""
+    return list(visible(qs.filter(id__gt=after)).order_by("id")[:limit])
+
+
+def latest_visible_id() -> int:
+    """The highest visible event id (0 for an empty log): "from now on" for a new subscriber."""
+    return visible(Event.objects.all()).order_by("-id").values_list("id", flat=True).first() or 0
+
+
+def pending(seen_up_to: int) -> bool:
+    """Whether an announced id ``seen_up_to`` is still above the watermark (not yet readable)."""
+    return seen_up_to >= watermark()
 
 
 def serialize(event: Event) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja import Router
 
+from novelforge_sessions import events
 from novelforge_sessions.api.common import caller, errors, keyset
 from novelforge_sessions.api.schemas import EventOut, EventTypeName, Page
 from novelforge_sessions.models import Event
@@ -26,4 +27,4 @@ def list_events(
         qs = qs.filter(session_id=session_id)
     if type:
         qs = qs.filter(type=type)
-    return keyset(qs, after=after, limit=limit)
+    return keyset(events.visible(qs), after=after, limit=limit)  # the commit-ordered prefix only

@@ -50,3 +50,15 @@ def test_duplicate_close_is_read_only(owner, new_session, django_assert_max_num_
     owner.post(f"/sessions/{s['id']}/close")
     with django_assert_max_num_queries(5):  # token, BEGIN, session lock, live-runtime lookup, COMMIT
         assert owner.post(f"/sessions/{s['id']}/close").json()["already_closed"] is True
+
+
+def test_batch_write_queries(owner, new_session, django_assert_max_num_queries):
+    """Ten steps, one write transaction, set-based: the count does not grow with the items."""
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    items = [{"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"i": i}}} for i in range(9)]
+    items.append({"kind": "cursor", "cursor": {"i": 9}})
+    owner.post(f"/runs/{run_id}/batch", {"items": items[:1]})  # warm: token last_used_at write
+    # token, BEGIN, run lock (+project join), insert checkpoints, update run, insert events, COMMIT
+    with django_assert_max_num_queries(7):
+        assert owner.post(f"/runs/{run_id}/batch", {"items": items}).status_code == 201
