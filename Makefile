@@ -7,7 +7,8 @@
 #   make serve-cluster  N daphne processes (N=2) on ports $(CLUSTER_BASE_PORT).. sharing Redis, and
 #                   the reconciler as its own process; all stopped together (deploy/nginx.conf in front)
 #   make reconcile  manage.py reconcile_runtimes --loop
-#   make bench      python bench/run.py $(BENCH_ARGS), when bench/run.py exists
+#   make bench      python bench/run.py $(BENCH_ARGS): every goal of issue 13 in one table (3 rounds)
+#   make bench-quick  the same table, small and one round (< ~3 min; make bench BENCH_ARGS=--quick)
 #   make stop-local stop the project-local PostgreSQL/Redis the bootstrap may have started
 #
 # scripts/bootstrap.sh prints `export NAME=value` lines on stdout (logs go to stderr); every
@@ -34,10 +35,10 @@ CLUSTER_REDIS_URL ?= redis://127.0.0.1:6379/0
 # $(call bootstrap,MODE): run the bootstrap, abort on failure, import its exports.
 bootstrap = bootstrap_env="$$(scripts/bootstrap.sh $(1))"; eval "$$bootstrap_env"
 
-.PHONY: help setup run serve-cluster test reconcile bench stop-local
+.PHONY: help setup run serve-cluster test reconcile bench bench-quick stop-local
 
 help:
-	@sed -n '1,15p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,16p' Makefile | sed 's/^# \{0,1\}//'
 
 setup:
 	@$(call bootstrap,test)
@@ -116,6 +117,9 @@ bench:
 	# bench/run.py re-executes itself in bench/.venv (created on first use; the project's .venv
 	# only starts it). It uses DATABASE_URL's server and recreates the nfbench_* databases there.
 	$(PY) bench/run.py $(BENCH_ARGS)
+
+bench-quick:
+	@$(MAKE) --no-print-directory bench BENCH_ARGS="--quick $(BENCH_ARGS)"
 
 stop-local:
 	@scripts/bootstrap.sh stop

@@ -23,6 +23,8 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from novelforge_sessions.live.origins import SameOriginValidator  # noqa: E402
 from novelforge_sessions.live.routing import websocket_urlpatterns  # noqa: E402
 from novelforge_sessions.live import shutdown  # noqa: E402
+from novelforge_sessions.api.asgi import LeanApiApplication  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 # Under daphne, SIGTERM drains (stop listening, websockets closed with 1012, requests in flight
 # finish) before daphne cancels what is left: novelforge_sessions.live.shutdown.
@@ -30,7 +32,9 @@ shutdown.install()
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # /api/v1/ through the lean path (one hop into a fixed pool, persistent connections,
+        # API_MIDDLEWARE only); everything else through Django's handler (settings.API_LEAN).
+        "http": LeanApiApplication(django_asgi_app) if settings.API_LEAN else django_asgi_app,
         "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

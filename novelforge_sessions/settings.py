@@ -94,6 +94,19 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+# The agent API (/api/v1/) is served by its own lean ASGI path (novelforge_sessions/api/asgi.py):
+# one hop into a fixed pool of API_THREADS threads with persistent connections, and only the
+# middleware an API response needs (no sessions, CSRF, auth, messages or WhiteNoise: the API is
+# token-authenticated and csrf-exempt). API_LEAN=false serves it through MIDDLEWARE instead.
+API_MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "novelforge_sessions.middleware.CSPMiddleware",
+    "novelforge_sessions.middleware.ApiBodyLimitMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+API_LEAN = _strict_bool("API_LEAN", default=True)
+API_THREADS = _strict_int("API_THREADS", default=4, minimum=1)
+
 ROOT_URLCONF = "novelforge_sessions.urls"
 ASGI_APPLICATION = "novelforge_sessions.asgi.application"
 
