@@ -397,6 +397,7 @@ def goals_main(args: argparse.Namespace) -> int:
                 errors.append(f"{name}: {result.get('error') or result.get('skipped')}")
                 log(f"  {errors[-1]}")
             else:
+                result.pop("latencies_ms", None)  # per-step arrays: the classic mode's JSON keeps them
                 results[name] = result
                 log(f"  {result.get('steps')} steps, {result.get('steps_per_s')}/s, "
                     f"cpu {result.get('cpu_ms_per_request', result.get('cpu_ms_per_step'))} ms")
