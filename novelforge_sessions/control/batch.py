@@ -21,6 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
+from django.utils import timezone
 
 from novelforge_sessions import events
 from novelforge_sessions import event_types as ev
@@ -40,10 +41,10 @@ INSERT INTO {Checkpoint._meta.db_table}
   (session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
    schema_version, size_bytes, created_at)
 SELECT %(session)s, %(run)s, t.seq, t.boundary, t.cursor, t.artifacts, %(authority)s::jsonb, t.pending, t.approvals,
-       t.resume_policy, %(schema_version)s, t.size_bytes, now()
+       t.resume_policy, %(schema_version)s, t.size_bytes, t.created_at
   FROM unnest(%(seq)s::int[], %(boundary)s::text[], %(cursor)s::jsonb[], %(artifacts)s::jsonb[], %(pending)s::jsonb[],
-              %(approvals)s::jsonb[], %(resume_policy)s::text[], %(size_bytes)s::int[])
-       AS t(seq, boundary, cursor, artifacts, pending, approvals, resume_policy, size_bytes)
+              %(approvals)s::jsonb[], %(resume_policy)s::text[], %(size_bytes)s::int[], %(created_at)s::timestamptz[])
+       AS t(seq, boundary, cursor, artifacts, pending, approvals, resume_policy, size_bytes, created_at)
  ORDER BY t.seq
 RETURNING id, seq, created_at
 """
@@ -119,7 +120,7 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
         current = dict(zip(_AUTHORITY_FIELDS, authority))
         run_cursor = None
         cols: dict[str, list[Any]] = {k: [] for k in ("seq", "boundary", "cursor", "artifacts", "pending", "approvals",
-                                                      "resume_policy", "size_bytes")}
+                                                      "resume_policy", "size_bytes", "created_at")}
         plan: list[tuple[str, int | dict[str, Any]]] = []  # (kind, index into cols | cursor)
         for index, (kind, spec, body) in enumerate(specs):
             try:
@@ -154,6 +155,7 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
             cols["approvals"].append(_dumps(approvals))
             cols["resume_policy"].append(spec.resume_policy)
             cols["size_bytes"].append(spec.size_bytes)
+            cols["created_at"].append(timezone.now())  # the application's clock, as auto_now_add
         written: list[tuple[int, int, Any]] = []
         with connection.cursor() as cur:
             if cols["seq"]:

@@ -7,6 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
+from django.utils import timezone
 
 from novelforge_sessions import events
 from novelforge_sessions import event_types as ev
@@ -43,7 +44,7 @@ WITH c AS (
     (session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
      schema_version, size_bytes, created_at)
   VALUES (%(session)s, %(run)s, %(seq)s, %(boundary)s, %(cursor)s::jsonb, %(artifacts)s::jsonb, %(authority)s::jsonb,
-          %(pending)s::jsonb, %(approvals)s::jsonb, %(resume_policy)s, %(schema_version)s, %(size_bytes)s, now())
+          %(pending)s::jsonb, %(approvals)s::jsonb, %(resume_policy)s, %(schema_version)s, %(size_bytes)s, %(created_at)s)
   RETURNING id, created_at
 ), u AS (
   UPDATE {Run._meta.db_table} SET checkpoint_count = %(seq)s, cursor = %(cursor)s::jsonb WHERE id = %(run)s
@@ -117,6 +118,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
                 "authority": _dumps(current), "pending": _dumps(pending), "approvals": _dumps(approvals),
                 "resume_policy": checkpoint.resume_policy, "schema_version": checkpoint.schema_version,
                 "size_bytes": checkpoint.size_bytes,
+                "created_at": timezone.now(),  # the application's clock, as auto_now_add (resume compares it)
             })
             checkpoint.id, checkpoint.created_at = cur.fetchone()
         checkpoint._state.adding = False
