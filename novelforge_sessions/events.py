@@ -1,27 +1,25 @@
 """The event log: appended inside the writing transaction, broadcast after commit.
 
-Ordering guarantee, without a global lock. A plain ``bigserial`` hands out ids at insert time,
-so a transaction that got id 7 may commit after one that got id 8; a reader who saw 8 and
-remembers "after 8" would never see 7. Until issue 13 every insert took one global advisory
-lock held to commit, serialising all writers. Now an event's id is the writing transaction's
-top-level ``xid8`` shifted left by 16 bits plus its n-th event in that transaction
-(``nf_event_ids``, migration 0002): ids of a later transaction are larger, ids of one
-transaction consecutive. Readers see only ids below the *watermark* (``watermark()``, the
-SQL function ``nf_event_watermark``): the lowest xid still running in this database (other than
-the reader's own backend), shifted the same way, else the next xid to be assigned. Every
-transaction below the watermark has finished, so what a reader sees is a prefix of the log
-that never later gains a committed id below its top: ``after=<id>`` replay has no gaps. Every
-reader of the stream goes through ``visible()`` / ``events_after()`` here.
+Ordering guarantee. A plain ``bigserial`` hands out ids at insert time, so a transaction
+that got id 7 may commit after one that got id 8; a reader who saw 8 and remembers "after
+8" would never see 7. To make ids visible in commit order, every insert here first takes
+one transaction-scoped advisory lock (``pg_advisory_xact_lock``), held until commit. So a
+writer can only draw ids once every earlier id-holder has committed or rolled back, and
+``after=<id>`` replay has no gaps. The price is that writers serialise from their first
+event insert to their commit: actions therefore append their events *last*, right before
+the transaction commits (the lock is held for one insert and the commit). The INFO log line
+of each event is written after the commit (never under the lock).
 
-The price moves from writers to readers: a transaction that is slow to finish (any writer in
-this database, with or without events) holds back the visibility of events committed after it
-began, until it ends. Writers no longer wait for each other. A reader that was woken for an id
-it cannot see yet re-reads shortly (``pending()``; the websocket consumer does).
+Every reader that hands out a cursor goes through ``visible()`` / ``events_after()`` here, so
+a reader-side visibility rule has one place to live. (Issue 13 tried ids of the form
+``xid8 << 16`` with a watermark of finished transactions instead of the lock: no gaps, but id
+order became the order in which transactions took their first write, not commit order, and
+``tests/sessions/test_fencing_race.py`` caught a late append ordered after the resume that
+superseded it. Reverted; see the README's Performance section.)
 
 Broadcast. After commit, one wake-up per transaction and project goes to the channel layer
 group ``events.project.<id>``; subscribers then read the table. The channel layer is
-at-most-once and only a wake-up; the table is the truth (PITFALLS.md). The INFO log line of
-each event is written after the commit too (never inside the transaction).
+at-most-once and only a wake-up; the table is the truth (PITFALLS.md).
 
 Other processes. The in-memory layer (no ``REDIS_URL``) only reaches this process's sockets,
 so with ``LIVE_PG_NOTIFY`` on the same after-commit wake-up also publishes ONE
@@ -43,15 +41,15 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from novelforge_sessions.event_types import EventType, family_of
 from novelforge_sessions.models import Event
 
 log = logging.getLogger("novelforge.events")
 
-#: Low bits of an event id: its position inside the writing transaction (migration 0002).
-EVENT_ID_BITS = 16
+#: Arbitrary constant: "NFSE". One lock for the whole log (ids are global).
+EVENT_LOG_LOCK = 0x4E465345
 
 
 #: The one PostgreSQL channel the wake-ups of every process go through (``live/pgnotify.py``).
@@ -159,16 +157,17 @@ def _current_wakeup() -> _Wakeup:
     return wakeup
 
 
-# The id comes from the column's default, nf_event_ids(1) (migration 0002).
 _INSERT = (
+    f"WITH l AS (SELECT pg_advisory_xact_lock({EVENT_LOG_LOCK})) "
     f"INSERT INTO {Event._meta.db_table} (project_id, session_id, run_id, type, payload, actor, created_at) "
-    "VALUES (%s, %s, %s, %s, %s::jsonb, %s, now()) RETURNING id"
+    "SELECT %s, %s, %s, %s, %s::jsonb, %s, now() FROM l RETURNING id"
 )
-# Set-based: n events in one statement, ids reserved as one consecutive range, in list order.
+# Set-based: n events in one statement under the same lock, ids drawn in list order.
 _INSERT_MANY = (
-    f"INSERT INTO {Event._meta.db_table} (id, project_id, session_id, run_id, type, payload, actor, created_at) "
-    "SELECT b.first + t.ord - 1, t.project_id, t.session_id, t.run_id, t.type, t.payload, t.actor, now() "
-    "FROM (SELECT nf_event_ids(%(n)s) AS first) AS b, "
+    f"WITH l AS (SELECT pg_advisory_xact_lock({EVENT_LOG_LOCK})) "
+    f"INSERT INTO {Event._meta.db_table} (project_id, session_id, run_id, type, payload, actor, created_at) "
+    "SELECT t.project_id, t.session_id, t.run_id, t.type, t.payload, t.actor, now() "
+    "FROM l, "
     "unnest(%(project)s::bigint[], %(session)s::bigint[], %(run)s::bigint[], %(type)s::text[], %(payload)s::jsonb[], "
     "%(actor)s::text[]) WITH ORDINALITY AS t(project_id, session_id, run_id, type, payload, actor, ord) "
     "ORDER BY t.ord RETURNING id"
@@ -226,7 +225,7 @@ def append_many(items: list[dict[str, Any]]) -> list[int]:
         cols["payload"].append(json.dumps(kind(**(item.get("payload") or {})), cls=DjangoJSONEncoder))
         cols["actor"].append(item.get("actor", ""))
     with connection.cursor() as cur:
-        cur.execute(_INSERT_MANY, {"n": len(items), **cols})
+        cur.execute(_INSERT_MANY, cols)
         ids = [row[0] for row in cur.fetchall()]
     wakeup = _current_wakeup()
     info = log.isEnabledFor(logging.INFO)
@@ -237,35 +236,11 @@ def append_many(items: list[dict[str, Any]]) -> list[int]:
 
 
 # ---------------------------------------------------------------- readers
-def _marks() -> tuple[int, int | None]:
-    """(watermark, this transaction's xid or None), in one statement."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT nf_event_watermark(), pg_current_xact_id_if_assigned()::text::bigint")
-        return cur.fetchone()
-
-
-def watermark() -> int:
-    """The smallest event id not yet safe to show: every visible id is below it.
-
-    One statement (``nf_event_watermark()``, migration 0002). It must run BEFORE the read it
-    guards (a later statement, so a later snapshot): whatever finished before the watermark
-    was taken is in that read.
-    """
-    return _marks()[0]
-
-
 def visible(qs: QuerySet) -> QuerySet:
-    """``qs`` (of ``Event``) restricted to the commit-ordered prefix: ids below the watermark,
-    plus the reader's own transaction's events when it has written some (as before: a
-    transaction sees its own writes).
-
-    Every reader that hands out a cursor (the websocket stream, ``GET /events``, "latest id")
-    filters through here, so none can see id N and later find a committed id below N.
-    """
-    mark, own = _marks()
-    if own is None:
-        return qs.filter(id__lt=mark)
-    return qs.filter(Q(id__lt=mark) | Q(id__gte=own << EVENT_ID_BITS, id__lt=(own + 1) << EVENT_ID_BITS))
+    """``qs`` (of ``Event``) as a cursor-handing reader may see it. With the advisory lock every
+    committed id is already in commit order, so nothing is filtered; the one place a
+    reader-side visibility rule would go."""
+    return qs
 
 
 def events_after(qs: QuerySet, after: int, limit: int) -> list[Event]:
@@ -279,8 +254,8 @@ def latest_visible_id() -> int:
 
 
 def pending(seen_up_to: int) -> bool:
-    """Whether an announced id ``seen_up_to`` is still above the watermark (not yet readable)."""
-    return seen_up_to >= watermark()
+    """Whether an announced id is not readable yet: never, under the lock (kept for readers)."""
+    return False
 
 
 def serialize(event: Event) -> dict[str, Any]:

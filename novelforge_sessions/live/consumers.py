@@ -91,8 +91,6 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
         # One lock per socket: backlog pages, wake-ups and sweeps never interleave their sends.
         self.send_lock = asyncio.Lock()
         self.tasks: list[asyncio.Task] = []
-        # project id -> the highest announced id a re-read is waiting for (events.pending).
-        self.rechecks: dict[int, int] = {}
         # Kept in memory only, to re-check revocation in the sweep; never logged.
         self.token: str | None = None
         await self.accept()
@@ -233,34 +231,6 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
                 # Skip the read when this subscription has already sent past the announced id.
                 if sub.project_id == project_id and self.cursors.get(key, 0) < max_id:
                     await self._drain(sub)
-            behind = any(s.project_id == project_id and self.cursors.get(k, 0) < max_id for k, s in self.subs.items())
-        if behind and self.rechecks.get(project_id, 0) < max_id:
-            # The announced event may sit above the watermark (an older transaction of this
-            # database was still running: novelforge_sessions.events). Nothing announces that
-            # transaction's end, so re-read once the watermark has passed the announced id.
-            first = project_id not in self.rechecks
-            self.rechecks[project_id] = max_id
-            if first:
-                self.tasks.append(asyncio.ensure_future(self._recheck(project_id)))
-
-    async def _recheck(self, project_id: int) -> None:
-        delay, waited = 0.01, 0.0
-        try:
-            while not self.closed and waited < _setting("LIVE_SWEEP_SECONDS"):
-                max_id = self.rechecks[project_id]
-                if not await database_sync_to_async(replay.announced_pending)(max_id):
-                    async with self.send_lock:
-                        for sub in list(self.subs.values()):
-                            if sub.project_id == project_id:
-                                await self._drain(sub)
-                    if self.rechecks[project_id] == max_id:
-                        return
-                    continue
-                await asyncio.sleep(delay)  # backoff: the database is the only place that knows
-                waited += delay
-                delay = min(delay * 2, 0.5)
-        finally:
-            self.rechecks.pop(project_id, None)
 
     # ---------------------------------------------------------------- internals
     async def _drain(self, sub: Subscription) -> None:
