@@ -7,7 +7,8 @@
 #   make serve-cluster  N daphne processes (N=2) on ports $(CLUSTER_BASE_PORT).. sharing Redis, and
 #                   the reconciler as its own process; all stopped together (deploy/nginx.conf in front)
 #   make reconcile  manage.py reconcile_runtimes --loop
-#   make bench      python bench/run.py $(BENCH_ARGS), when bench/run.py exists
+#   make bench      python bench/run.py $(BENCH_ARGS): every goal of issue 13 in one table (3 rounds)
+#   make bench-quick  the same table, small and one round (< ~3 min; make bench BENCH_ARGS=--quick)
 #   make harness    python -m harness $(HARNESS_ARGS): faults (kill points, PostgreSQL and Redis
 #                   restarts), load and the model-based test on throwaway loopback servers (minutes)
 #   make stop-local stop the project-local PostgreSQL/Redis the bootstrap may have started
@@ -37,10 +38,10 @@ CLUSTER_REDIS_URL ?= redis://127.0.0.1:6379/0
 # $(call bootstrap,MODE): run the bootstrap, abort on failure, import its exports.
 bootstrap = bootstrap_env="$$(scripts/bootstrap.sh $(1))"; eval "$$bootstrap_env"
 
-.PHONY: help setup run serve-cluster test reconcile bench harness stop-local
+.PHONY: help setup run serve-cluster test reconcile bench bench-quick harness stop-local
 
 help:
-	@sed -n '1,17p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,18p' Makefile | sed 's/^# \{0,1\}//'
 
 setup:
 	@$(call bootstrap,test)
@@ -126,6 +127,9 @@ bench:
 harness:
 	@$(call bootstrap,test)
 	$(PY) -m harness $(HARNESS_ARGS)
+
+bench-quick:
+	@$(MAKE) --no-print-directory bench BENCH_ARGS="--quick $(BENCH_ARGS)"
 
 stop-local:
 	@scripts/bootstrap.sh stop

@@ -276,8 +276,13 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=4, help="concurrent workers for the concurrent scenarios")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="time bound on each scenario's measured steps")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the whole plan; the table shows medians")
-    parser.add_argument("--only", default="floor,ours,dbos,langgraph", help="comma-separated systems to run")
+    parser.add_argument("--only", default="floor,ours,dbos,langgraph", help="comma-separated systems to run (--classic)")
+    parser.add_argument("--quick", action="store_true", help="the goals table, small and one round (< ~3 min)")
+    parser.add_argument("--classic", action="store_true", help="the per-step comparison table (transactions per step)")
     args = parser.parse_args()
+    if not args.classic:
+        ensure_venv()
+        return goals_main(args)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     unknown = only - set(DATABASES)
     if unknown:
@@ -341,6 +346,85 @@ def main() -> int:
     print(f"\nraw numbers: {out.relative_to(ROOT)}   (child logs: {log_file.relative_to(ROOT)})")
     print(f"total {(finished - started).total_seconds():.0f} s")
     return 0 if all("error" not in r for r in runs) else 1
+
+
+def run_goal_scenario(name: str, argv: list[str], *, db_url: str, log_file: Path, timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, str(BENCH_DIR / "workloads.py"), *argv, "--db-url", db_url, "--log-file", str(log_file)]
+    env = {**os.environ, "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+    env.pop("REDIS_URL", None)
+    with open(log_file, "ab") as err:
+        err.write(f"\n===== {name}: {' '.join(argv)}\n".encode())
+        err.flush()
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": "scenario process timed out and was killed"}
+    for line in reversed(proc.stdout.decode(errors="replace").splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"error": f"no result (exit {proc.returncode}); see {log_file}"}
+
+
+def goals_main(args: argparse.Namespace) -> int:
+    """The issue-13 goals table (bench/goals.py): every goal, measured, target, met/missed."""
+    sys.path.insert(0, str(BENCH_DIR))
+    import goals
+
+    rounds_n = 1 if args.quick and args.rounds == 1 else max(args.rounds, 1 if args.quick else 3)
+    started = datetime.now(timezone.utc)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    log_file = RESULTS / f"{stamp}.log"
+    server = server_url()
+    pg_settings = recreate_databases(server, sorted(set(DATABASES.values())))
+    urls = {s: database_url(server, DATABASES[s]) for s in DATABASES}
+    log("migrating nfbench_ours")
+    env = {**os.environ, "DATABASE_URL": urls["ours"], "LOG_LEVEL": "WARNING"}
+    with open(log_file, "ab") as err:
+        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, stdout=err, stderr=err, check=True)
+    plan = goals.scenarios(args.quick)
+    system_of = {"dbos": "dbos", "langgraph": "langgraph"}
+    rounds: list[dict[str, dict[str, Any]]] = []
+    errors: list[str] = []
+    for round_no in range(1, rounds_n + 1):
+        names = list(plan) if round_no % 2 else list(plan)[::-1]  # interleaved: the order alternates
+        results: dict[str, dict[str, Any]] = {}
+        for name in names:
+            log(f"round {round_no}/{rounds_n}: {name} ...")
+            result = run_goal_scenario(name, plan[name], db_url=urls[system_of.get(name, "ours")], log_file=log_file,
+                                       timeout=args.max_seconds + SCENARIO_OVERHEAD_S)
+            if "error" in result or "skipped" in result:
+                errors.append(f"{name}: {result.get('error') or result.get('skipped')}")
+                log(f"  {errors[-1]}")
+            else:
+                result.pop("latencies_ms", None)  # per-step arrays: the classic mode's JSON keeps them
+                results[name] = result
+                log(f"  {result.get('steps')} steps, {result.get('steps_per_s')}/s, "
+                    f"cpu {result.get('cpu_ms_per_request', result.get('cpu_ms_per_step'))} ms")
+        rounds.append(results)
+    log("sustained load (RSS drift) ...")
+    drift = [run_goal_scenario("sustained", goals.sustained(args.quick), db_url=urls["ours"], log_file=log_file,
+                               timeout=400)]
+    if "error" in drift[0]:
+        errors.append(f"sustained: {drift[0]['error']}")
+    log("plug-in modules ...")
+    plugins = goals.plugin_rows(args.quick, server)
+    rows = goals.summarise(rounds, [d for d in drift if "error" not in d], plugins)
+    finished = datetime.now(timezone.utc)
+    out = RESULTS / f"{stamp}.json"
+    goals.dump(out, {
+        "started_at": started.isoformat(timespec="seconds"), "finished_at": finished.isoformat(timespec="seconds"),
+        "mode": "quick" if args.quick else "full", "rounds": rounds_n, "goals": rows, "errors": errors,
+        "environment": {"cpus": os.cpu_count(), "platform": platform.platform(), "postgres": pg_settings,
+                        "versions": versions(), "loadavg": os.getloadavg()},
+        "scenarios": {name: argv for name, argv in plan.items()}, "per_round": rounds, "sustained": drift,
+    })
+    goals.print_table(rows)
+    for e in errors:
+        print(f"ERROR {e}")
+    print(f"\nraw numbers: {out.relative_to(ROOT)}   (logs: {log_file.relative_to(ROOT)})")
+    print(f"total {(finished - started).total_seconds():.0f} s")
+    return 0 if not errors else 1
 
 
 if __name__ == "__main__":

@@ -382,6 +382,183 @@ def run_ours_api(args: argparse.Namespace, counters: Counters) -> dict[str, Any]
     )
 
 
+# ---------------------------------------------------------------- the goals (issue 13): HTTP
+BATCH_SIZE = 10
+
+
+def _subscribers(url: str, token: str, project_id: int, count: int) -> tuple[list[threading.Thread], dict[str, Any]]:
+    """``count`` websocket subscribers on the project, each counting the events it receives."""
+    from websockets.sync.client import connect
+
+    state: dict[str, Any] = {"events": 0, "stop": threading.Event(), "ready": threading.Barrier(count + 1), "errors": []}
+    lock = threading.Lock()
+    ws_url = url.replace("http://", "ws://") + "/ws/events/"
+
+    def sub() -> None:
+        try:
+            ws = connect(ws_url, origin=url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=30)
+        except Exception as exc:
+            state["errors"].append(repr(exc))
+            state["ready"].abort()
+            return
+        try:
+            ws.send(json.dumps({"type": "subscribe", "project_id": project_id}))
+            while json.loads(ws.recv(timeout=30))["type"] != "caught_up":
+                pass
+            state["ready"].wait()
+            while not state["stop"].is_set():
+                try:
+                    frame = json.loads(ws.recv(timeout=0.5))
+                except TimeoutError:
+                    continue
+                if frame.get("type") == "event":
+                    with lock:
+                        state["events"] += 1
+        except threading.BrokenBarrierError:
+            pass
+        except Exception as exc:
+            state["errors"].append(repr(exc))
+        finally:
+            ws.close()
+
+    threads = [threading.Thread(target=sub, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    return threads, state
+
+
+def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
+    """One HTTP goal row: ``--kind`` floor | single | batch against a real server process.
+
+    Keep-alive loopback clients (``--workers`` threads, one connection each); the measured
+    window is ``--steps`` requests (split across the clients) or ``--max-seconds``, whichever
+    ends first. CPU is the server's (every process of it), read from /proc around the window;
+    RSS is sampled after the warm-up and at the end (``rss_drift``).
+    """
+    import http.client
+    from urllib.parse import urlsplit
+
+    from daphne_server import Daphne
+
+    setup_django(args.db_url)
+    from django.db import connection
+
+    kind, subscribers = args.kind, args.subscribers
+    env = {"DB_POOL_MAX_SIZE": "10", "API_LEAN": "true" if args.lean else "false",
+           "LIVE_SWEEP_SECONDS": "60"}
+    if args.redis_url:
+        env["REDIS_URL"] = args.redis_url
+    if kind == "floor":
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS bench_floor_api")
+            cur.execute("CREATE TABLE bench_floor_api (id bigserial PRIMARY KEY, cursor jsonb NOT NULL)")
+        raw, run_ids, project_id = "", [0] * (args.workers + 1), None
+        server_kw = {"app": "floorapp.asgi:application", "settings": "floorapp.settings"}
+    else:
+        caller, raw, run_ids = ours_fixture(kind, args.workers + 1)
+        project_id = next(iter(caller.project_ids))
+        server_kw = {}
+    connection.close()
+    headers = {"Content-Type": "application/json"}
+    if raw:
+        headers["Authorization"] = f"Bearer {raw}"
+
+    def request_for(worker: int, step: int) -> tuple[str, str, int]:
+        if kind == "floor":
+            return "/floor", json.dumps({"cursor": {"step": step, "worker": worker}}), 1
+        if kind == "single":
+            return f"/api/v1/runs/{run_ids[worker]}/checkpoints", json.dumps(checkpoint_body(worker, step)), 1
+        items = [{"kind": "checkpoint", "checkpoint": checkpoint_body(worker, step * BATCH_SIZE + i)} for i in range(BATCH_SIZE)]
+        return f"/api/v1/runs/{run_ids[worker]}/batch", json.dumps({"items": items}), BATCH_SIZE
+
+    def post(conn: http.client.HTTPConnection, worker: int, step: int) -> int:
+        path, body, n = request_for(worker, step)
+        conn.request("POST", path, body=body, headers=headers)
+        resp = conn.getresponse()
+        payload = resp.read()
+        if resp.status != 201:
+            raise RuntimeError(f"{path} answered {resp.status}: {payload[:300]!r}")
+        return n
+
+    server = Daphne(args.db_url, Path(args.log_file), extra_env=env, server=args.server, workers=args.server_workers,
+                    **server_kw)
+    subs: list[threading.Thread] = []
+    sub_state: dict[str, Any] = {}
+    try:
+        api = urlsplit(server.url)
+        warm = http.client.HTTPConnection(api.hostname, api.port, timeout=30)
+        for i in range(WARMUP_STEPS * 3):
+            post(warm, args.workers, i)
+        warm.close()
+        if subscribers:
+            subs, sub_state = _subscribers(server.url, raw, project_id, subscribers)
+            try:
+                sub_state["ready"].wait(timeout=60)
+            except threading.BrokenBarrierError:
+                raise RuntimeError(f"subscribers failed: {sub_state['errors'][:3]}") from None
+        deadline = time.perf_counter() + args.max_seconds
+        hit = threading.Event()
+        steps_done = [0] * args.workers
+
+        def prepare(index: int) -> Body:
+            conn = http.client.HTTPConnection(api.hostname, api.port, timeout=30)
+            conn.connect()
+            count = split(args.steps, args.workers)[index]
+
+            def body() -> list[float]:
+                latencies = []
+                try:
+                    for i in range(count):
+                        if time.perf_counter() > deadline:
+                            hit.set()
+                            break
+                        t0 = time.perf_counter()
+                        steps_done[index] += post(conn, index, i)
+                        latencies.append(time.perf_counter() - t0)
+                finally:
+                    conn.close()
+                return latencies
+
+            return body
+
+        rss_start = server.rss_bytes()
+        rss_marks: dict[str, int] = {}
+        if args.rss_after:  # sustained runs: the start sample after the caches have filled
+            timer = threading.Timer(args.max_seconds * args.rss_after, lambda: rss_marks.setdefault("start", server.rss_bytes()))
+            timer.daemon = True
+            timer.start()
+        cpu_started = server.cpu_seconds()
+        latencies, elapsed, client_cpu_s = run_workers(args.workers, prepare)
+        cpu_s = server.cpu_seconds() - cpu_started
+        rss_end = server.rss_bytes()
+        rss_start = rss_marks.get("start", rss_start)
+        events_received = sub_state.get("events", 0)
+    finally:
+        if sub_state:
+            sub_state["stop"].set()
+            for t in subs:
+                t.join(timeout=5)
+        server.stop()
+    flat = [x for w in latencies for x in w]
+    requests = len(flat)
+    if not requests:
+        raise RuntimeError("no request completed inside the time bound")
+    steps = sum(steps_done)
+    return {
+        "system": "ours" if kind != "floor" else "floor", "scenario": f"http_{kind}", "kind": kind,
+        "server": args.server, "server_workers": args.server_workers, "lean": bool(args.lean),
+        "subscribers": subscribers, "workers": args.workers, "requests": requests, "steps": steps,
+        "elapsed_s": round(elapsed, 3), "requests_per_s": round(requests / elapsed, 1),
+        "steps_per_s": round(steps / elapsed, 1),
+        "cpu_ms_per_request": round(cpu_s / requests * 1000, 3), "cpu_ms_per_step": round(cpu_s / steps * 1000, 3),
+        "client_cpu_ms_per_request": round(client_cpu_s / requests * 1000, 3),
+        "latency_ms": {"p50": round(percentile(flat, 50) * 1000, 3), "p99": round(percentile(flat, 99) * 1000, 3)},
+        "rss_start_bytes": rss_start, "rss_end_bytes": rss_end,
+        "rss_drift": round((rss_end - rss_start) / rss_start, 4) if rss_start else None,
+        "events_received": events_received, "deadline_hit": hit.is_set(),
+    }
+
+
 # ---------------------------------------------------------------- DBOS
 def run_dbos(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
     from dbos import DBOS, DBOSConfig
@@ -420,9 +597,10 @@ def run_dbos(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
         for i in range(5):
             one_step(-1, i)
         step_latencies.clear()
-        time.sleep(PG_IDLE_STATS_FLUSH_S)
+        if not args.fast:  # the goals table needs no transaction counts: skip the idle windows
+            time.sleep(PG_IDLE_STATS_FLUSH_S)
         idle_start = counters.snapshot()
-        time.sleep(DBOS_IDLE_PROBE_S)
+        time.sleep(DBOS_IDLE_PROBE_S if not args.fast else 0.2)
         before = counters.snapshot()
         deadline = time.perf_counter() + args.max_seconds
         hit = threading.Event()
@@ -569,6 +747,7 @@ SCENARIOS: dict[str, Callable[[argparse.Namespace, Counters], dict[str, Any]]] =
     "dbos_workflow_per_step": run_dbos,
     "langgraph_sync": run_langgraph,
     "langgraph_async": run_langgraph,
+    "http": run_http,
 }
 
 
@@ -579,6 +758,14 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--max-seconds", type=float, default=60.0, help="stop the measured steps after this long")
+    parser.add_argument("--kind", choices=["floor", "single", "batch"], default="single", help="http: what one request is")
+    parser.add_argument("--server", choices=["daphne", "uvicorn"], default="daphne", help="http: the server")
+    parser.add_argument("--server-workers", type=int, default=1, help="http, uvicorn: processes behind the port")
+    parser.add_argument("--lean", type=int, default=1, help="http: API_LEAN (1: the lean /api/v1/ path)")
+    parser.add_argument("--subscribers", type=int, default=0, help="http: websocket subscribers on the project")
+    parser.add_argument("--redis-url", default="", help="http: REDIS_URL for the server (channel layer)")
+    parser.add_argument("--rss-after", type=float, default=0.0, help="http: take the RSS start sample this far into the window")
+    parser.add_argument("--fast", action="store_true", help="dbos: skip the idle waits that only the counters need")
     parser.add_argument("--log-file", default=str(BENCH_DIR / "results" / "daphne.log"), help="where daphne writes (API scenarios)")
     args = parser.parse_args()
     dbname = args.db_url.rsplit("/", 1)[-1].split("?", 1)[0]

@@ -29,14 +29,20 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from novelforge_sessions.live.origins import SameOriginValidator  # noqa: E402
 from novelforge_sessions.live.routing import websocket_urlpatterns  # noqa: E402
 from novelforge_sessions.live import shutdown  # noqa: E402
+from novelforge_sessions.api.asgi import LeanApiApplication, cache_twisted_content_type  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 # Under daphne, SIGTERM drains (stop listening, websockets closed with 1012, requests in flight
 # finish) before daphne cancels what is left: novelforge_sessions.live.shutdown.
 shutdown.install()
+cache_twisted_content_type()  # daphne only: Twisted's Content-Type parse, memoised (api/asgi.py)
 
 application = ProtocolTypeRouter(
     {
-        "http": bodylimit.BodyLimitMiddleware(django_asgi_app),
+        # Bodies bounded while they stream (outermost); then /api/v1/ through the lean path (one
+        # hop into a fixed pool, persistent connections, API_MIDDLEWARE only) and everything else
+        # through Django's handler (settings.API_LEAN).
+        "http": bodylimit.BodyLimitMiddleware(LeanApiApplication(django_asgi_app) if settings.API_LEAN else django_asgi_app),
         "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -7,7 +7,15 @@ one transaction-scoped advisory lock (``pg_advisory_xact_lock``), held until com
 writer can only draw ids once every earlier id-holder has committed or rolled back, and
 ``after=<id>`` replay has no gaps. The price is that writers serialise from their first
 event insert to their commit: actions therefore append their events *last*, right before
-the transaction commits (the lock is held for one insert and the commit).
+the transaction commits (the lock is held for one insert and the commit). The INFO log line
+of each event is written after the commit (never under the lock).
+
+Every reader that hands out a cursor goes through ``visible()`` / ``events_after()`` here, so
+a reader-side visibility rule has one place to live. (Issue 13 tried ids of the form
+``xid8 << 16`` with a watermark of finished transactions instead of the lock: no gaps, but id
+order became the order in which transactions took their first write, not commit order, and
+``tests/sessions/test_fencing_race.py`` caught a late append ordered after the resume that
+superseded it. Reverted; see the README's Performance section.)
 
 Broadcast. After commit, one wake-up per transaction and project goes to the channel layer
 group ``events.project.<id>``; subscribers then read the table. The channel layer is
@@ -33,6 +41,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
+from django.db.models import QuerySet
 
 from novelforge_sessions.event_types import EventType, family_of
 from novelforge_sessions.models import Event
@@ -100,12 +109,18 @@ class _Wakeup:
 
     def __init__(self) -> None:
         self.max_ids: dict[int, int] = {}
+        self.logged: list[tuple[Any, ...]] = []
 
-    def add(self, project_id: int, event_id: int) -> None:
+    def add(self, project_id: int, event_id: int, line: tuple[Any, ...] | None = None) -> None:
         self.max_ids[project_id] = max(event_id, self.max_ids.get(project_id, 0))
+        if line is not None:
+            self.logged.append(line)
 
     def __call__(self) -> None:
         from channels.layers import InMemoryChannelLayer, get_channel_layer
+
+        for line in self.logged:  # after the commit: never under a lock or inside the transaction
+            log.info("event %s %s project=%s session=%s run=%s actor=%s", *line)
 
         layer = get_channel_layer()
         if layer is None:
@@ -147,6 +162,16 @@ _INSERT = (
     f"INSERT INTO {Event._meta.db_table} (project_id, session_id, run_id, type, payload, actor, created_at) "
     "SELECT %s, %s, %s, %s, %s::jsonb, %s, now() FROM l RETURNING id"
 )
+# Set-based: n events in one statement under the same lock, ids drawn in list order.
+_INSERT_MANY = (
+    f"WITH l AS (SELECT pg_advisory_xact_lock({EVENT_LOG_LOCK})) "
+    f"INSERT INTO {Event._meta.db_table} (project_id, session_id, run_id, type, payload, actor, created_at) "
+    "SELECT t.project_id, t.session_id, t.run_id, t.type, t.payload, t.actor, now() "
+    "FROM l, "
+    "unnest(%(project)s::bigint[], %(session)s::bigint[], %(run)s::bigint[], %(type)s::text[], %(payload)s::jsonb[], "
+    "%(actor)s::text[]) WITH ORDINALITY AS t(project_id, session_id, run_id, type, payload, actor, ord) "
+    "ORDER BY t.ord RETURNING id"
+)
 
 
 def append(
@@ -173,9 +198,64 @@ def append(
     with connection.cursor() as cur:
         cur.execute(_INSERT, [project_id, session_id, run_id, type.name, body, actor])
         event_id = cur.fetchone()[0]
-    _current_wakeup().add(project_id, event_id)
-    log.info("event %s %s project=%s session=%s run=%s actor=%s", event_id, type.name, project_id, session_id, run_id, actor)
+    line = (event_id, type.name, project_id, session_id, run_id, actor) if log.isEnabledFor(logging.INFO) else None
+    _current_wakeup().add(project_id, event_id, line)
     return event_id
+
+
+def append_many(items: list[dict[str, Any]]) -> list[int]:
+    """Append several events in ONE statement (the batch write path); ids in list order.
+
+    Each item has the keyword arguments of ``append``. Same checks as ``append`` (catalog
+    constant, declared payload fields, inside the writing transaction), all before the insert.
+    """
+    if not items:
+        return []
+    if not connection.in_atomic_block:
+        raise RuntimeError("events.append_many must run inside the writing transaction")
+    cols: dict[str, list[Any]] = {k: [] for k in ("project", "session", "run", "type", "payload", "actor")}
+    for item in items:
+        kind = item["type"]
+        if not isinstance(kind, EventType):
+            raise TypeError(f"events.append_many takes event_types constants, not {kind!r}")
+        cols["project"].append(item["project_id"])
+        cols["session"].append(item.get("session_id"))
+        cols["run"].append(item.get("run_id"))
+        cols["type"].append(kind.name)
+        cols["payload"].append(json.dumps(kind(**(item.get("payload") or {})), cls=DjangoJSONEncoder))
+        cols["actor"].append(item.get("actor", ""))
+    with connection.cursor() as cur:
+        cur.execute(_INSERT_MANY, cols)
+        ids = [row[0] for row in cur.fetchall()]
+    wakeup = _current_wakeup()
+    info = log.isEnabledFor(logging.INFO)
+    for event_id, item, name in zip(ids, items, cols["type"]):
+        line = (event_id, name, item["project_id"], item.get("session_id"), item.get("run_id"), item.get("actor", ""))
+        wakeup.add(item["project_id"], event_id, line if info else None)
+    return ids
+
+
+# ---------------------------------------------------------------- readers
+def visible(qs: QuerySet) -> QuerySet:
+    """``qs`` (of ``Event``) as a cursor-handing reader may see it. With the advisory lock every
+    committed id is already in commit order, so nothing is filtered; the one place a
+    reader-side visibility rule would go."""
+    return qs
+
+
+def events_after(qs: QuerySet, after: int, limit: int) -> list[Event]:
+    """Up to ``limit`` visible events of ``qs`` with ``id > after``, oldest first (keyset)."""
+    return list(visible(qs.filter(id__gt=after)).order_by("id")[:limit])
+
+
+def latest_visible_id() -> int:
+    """The highest visible event id (0 for an empty log): "from now on" for a new subscriber."""
+    return visible(Event.objects.all()).order_by("-id").values_list("id", flat=True).first() or 0
+
+
+def pending(seen_up_to: int) -> bool:
+    """Whether an announced id is not readable yet: never, under the lock (kept for readers)."""
+    return False
 
 
 def serialize(event: Event) -> dict[str, Any]:

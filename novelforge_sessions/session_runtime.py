@@ -106,6 +106,8 @@ RUN_END_ON_STATUS: Mapping[SessionStatus, RunState] = {
 }
 
 CHECKPOINT_SCHEMA_VERSION = 1
+#: The most steps one batch write may carry (POST /runs/{id}/batch; OpenAPI maxItems).
+MAX_BATCH_ITEMS = 100
 
 
 # --------------------------------------------------------------------------------------

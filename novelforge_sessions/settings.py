@@ -93,6 +93,19 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+# The agent API (/api/v1/) is served by its own lean ASGI path (novelforge_sessions/api/asgi.py):
+# one hop into a fixed pool of API_THREADS threads with persistent connections, and only the
+# middleware an API response needs (no sessions, CSRF, auth, messages or WhiteNoise: the API is
+# token-authenticated and csrf-exempt; request bodies are bounded before either path, by
+# bodylimit.BodyLimitMiddleware in asgi.py). API_LEAN=false serves it through MIDDLEWARE instead.
+API_MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "novelforge_sessions.middleware.CSPMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+API_LEAN = _strict_bool("API_LEAN", default=True)
+API_THREADS = _strict_int("API_THREADS", default=4, minimum=1)
+
 # The harness's test-only fault hook (novelforge_sessions/faults.py): read from the environment
 # once, here, and never from a request. Refused outright with a deployment's own SECRET_KEY or
 # REQUIRE_SECRET_KEY=true, so it can only run with the public development key.
@@ -110,6 +123,7 @@ if _FAULT_SPEC:
     except ValueError as exc:
         raise ImproperlyConfigured(str(exc)) from None
     MIDDLEWARE.insert(0, "novelforge_sessions.faults.FaultMiddleware")
+    API_MIDDLEWARE.insert(0, "novelforge_sessions.faults.FaultMiddleware")
 
 ROOT_URLCONF = "novelforge_sessions.urls"
 ASGI_APPLICATION = "novelforge_sessions.asgi.application"

@@ -51,7 +51,9 @@ class Outbox:
         )
 
     def flush(self) -> list[int]:
-        return [events.append(actor=self.actor, **item) for item in self.items]
+        if len(self.items) == 1:
+            return [events.append(actor=self.actor, **self.items[0])]
+        return events.append_many([{**item, "actor": self.actor} for item in self.items])  # one statement
 
 
 # ``lock_session(..., project=False)`` and ``open_run`` in SQL: these are the hot paths' reads

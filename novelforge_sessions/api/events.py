@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja import Router
 
+from novelforge_sessions import events
 from novelforge_sessions.api.common import caller, errors, keyset
 from novelforge_sessions.api.schemas import EventOut, EventTypeName, Page
 from novelforge_sessions.models import Event
@@ -34,4 +35,4 @@ def list_events(
         within = "project_id"
     else:
         within = None
-    return keyset(qs, after=after, limit=limit, within=within)
+    return keyset(events.visible(qs), after=after, limit=limit, within=within)  # the commit-ordered prefix only

@@ -7,9 +7,10 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from novelforge_sessions.actions import runs as actions
+from novelforge_sessions.control.batch import record_batch
 from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
-from novelforge_sessions.api.schemas import CheckpointIn, CheckpointOut, CursorIn, Page, RunEndIn, RunIn, RunOut
+from novelforge_sessions.api.schemas import BatchIn, BatchOut, CheckpointIn, CheckpointOut, CursorIn, Page, RunEndIn, RunIn, RunOut
 from novelforge_sessions.models import Checkpoint, Run
 
 router = Router(tags=["runs"])
@@ -68,6 +69,25 @@ def end_run(request: HttpRequest, run_id: int, body: RunEndIn):
 def create_checkpoint(request: HttpRequest, run_id: int, body: CheckpointIn):
     payload: dict[str, Any] = body.model_dump(exclude_unset=True)
     return Status(201, record_checkpoint(caller(request), run_id, payload))
+
+
+@router.post(
+    "/runs/{run_id}/batch", response={201: BatchOut, **errors(403, 404, 409, 413)},
+    summary="Several checkpoints and cursor advances of one run in one transaction (all or nothing)",
+    description=(
+        "Use it when an agent makes several durable steps together (it froze several boundaries, or it "
+        "checkpoints and then moves its cursor): one request, one transaction, one acknowledgement after the "
+        "commit, instead of one round trip and one commit per step. Items are applied in order; each gets its "
+        "own typed result. The first refusal (any item) is the answer, naming `details.item` and a field "
+        "prefixed `items[i].`, and nothing of the batch is written. Same rules as the single writes; no "
+        "`runtime_id` fencing (use the single cursor write for a fenced advance)."
+    ),
+)
+def create_batch(request: HttpRequest, run_id: int, body: BatchIn):
+    items = [item.model_dump(exclude_unset=True) for item in body.items]
+    count, results = record_batch(caller(request), run_id, items)
+    return Status(201, {"run_id": run_id, "checkpoint_count": count,
+                        "items": [{"kind": r.kind, "checkpoint": r.checkpoint, "cursor": r.cursor} for r in results]})
 
 
 @router.get("/runs/{run_id}/checkpoints", response={200: Page[CheckpointOut], **errors(403, 404)}, summary="List a run's checkpoints")

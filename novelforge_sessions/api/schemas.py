@@ -570,6 +570,25 @@ class CheckpointIn(Input):
     model_config = ConfigDict(extra="allow")
 
 
+class BatchCheckpointItem(Strict):
+    kind: Literal["checkpoint"]
+    checkpoint: CheckpointIn
+
+
+class BatchCursorItem(Strict):
+    kind: Literal["cursor"]
+    cursor: dict[str, Any]
+
+
+class BatchIn(Strict):
+    """Several durable steps of one run, written in one transaction, all or nothing."""
+
+    items: list[Annotated[BatchCheckpointItem | BatchCursorItem, Field(discriminator="kind")]] = Field(
+        min_length=1, max_length=rt.MAX_BATCH_ITEMS,
+        description=f"1..{rt.MAX_BATCH_ITEMS} steps, applied in order: checkpoints (numbered consecutively) and cursor advances",
+    )
+
+
 class CheckpointOut(Schema):
     id: int
     session_id: int
@@ -585,6 +604,18 @@ class CheckpointOut(Schema):
     schema_version: int
     size_bytes: int
     created_at: datetime
+
+
+class BatchItemOut(Schema):
+    kind: Literal["checkpoint", "cursor"]
+    checkpoint: CheckpointOut | None = Field(None, description="the checkpoint written (kind checkpoint)")
+    cursor: dict[str, Any] | None = Field(None, description="the cursor set (kind cursor)")
+
+
+class BatchOut(Schema):
+    run_id: int
+    checkpoint_count: int = Field(description="the run's checkpoint count after the batch")
+    items: list[BatchItemOut] = Field(description="one typed result per item, in item order")
 
 
 class TranscriptIn(Strict):

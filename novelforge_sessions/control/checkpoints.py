@@ -1,10 +1,13 @@
 """Checkpoints: bounded resume state at the contract's §06 boundaries. Immutable once written."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
+from django.utils import timezone
 
 from novelforge_sessions import events
 from novelforge_sessions import event_types as ev
@@ -33,6 +36,25 @@ SELECT r.state, r.checkpoint_count, r.session_id, s.project_id, {", ".join(f"p.{
    AND (%(bound)s::bigint IS NULL OR s.id = %(bound)s::bigint)
    FOR UPDATE OF r
 """
+
+
+_INSERT_AND_COUNT_SQL = f"""
+WITH c AS (
+  INSERT INTO {Checkpoint._meta.db_table}
+    (session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
+     schema_version, size_bytes, created_at)
+  VALUES (%(session)s, %(run)s, %(seq)s, %(boundary)s, %(cursor)s::jsonb, %(artifacts)s::jsonb, %(authority)s::jsonb,
+          %(pending)s::jsonb, %(approvals)s::jsonb, %(resume_policy)s, %(schema_version)s, %(size_bytes)s, %(created_at)s)
+  RETURNING id, created_at
+), u AS (
+  UPDATE {Run._meta.db_table} SET checkpoint_count = %(seq)s, cursor = %(cursor)s::jsonb WHERE id = %(run)s
+)
+SELECT id, created_at FROM c
+"""
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, cls=DjangoJSONEncoder)
 
 
 def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> Checkpoint:
@@ -74,7 +96,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
         require_versions(project_id, ((r.artifact_id, r.fingerprint) for r in spec.artifacts), what="artifact refs")
         approvals = _resolve_approvals(project_id, spec.approvals) if spec.approvals else []
         pending = waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending) if spec.pending else {}
-        checkpoint = Checkpoint.objects.create(
+        checkpoint = Checkpoint(
             session_id=session_id,
             run_id=run_id,
             seq=count + 1,
@@ -87,7 +109,19 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
             resume_policy=spec.resume_policy,
             size_bytes=spec.size_bytes,
         )
-        Run.objects.filter(id=run_id).update(checkpoint_count=count + 1, cursor=spec.cursor)
+        # The row and the run's counter in ONE statement (the ORM's insert plus update cost two
+        # round trips and ~0.4 ms of query building on the hottest path).
+        with connection.cursor() as cur:
+            cur.execute(_INSERT_AND_COUNT_SQL, {
+                "session": session_id, "run": run_id, "seq": checkpoint.seq, "boundary": checkpoint.boundary,
+                "cursor": _dumps(checkpoint.cursor), "artifacts": _dumps(checkpoint.artifacts),
+                "authority": _dumps(current), "pending": _dumps(pending), "approvals": _dumps(approvals),
+                "resume_policy": checkpoint.resume_policy, "schema_version": checkpoint.schema_version,
+                "size_bytes": checkpoint.size_bytes,
+                "created_at": timezone.now(),  # the application's clock, as auto_now_add (resume compares it)
+            })
+            checkpoint.id, checkpoint.created_at = cur.fetchone()
+        checkpoint._state.adding = False
         events.append(
             project_id=project_id, session_id=session_id, run_id=run_id, type=ev.CHECKPOINT_RECORDED, actor=caller.label,
             payload={"checkpoint_id": checkpoint.id, "seq": checkpoint.seq, "boundary": checkpoint.boundary,

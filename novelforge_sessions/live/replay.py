@@ -1,8 +1,8 @@
 """Synchronous reads behind the event stream: who may subscribe to what, and the log after an id.
 
 The websocket consumer calls these through ``database_sync_to_async``. Replay is simply
-"events with id > cursor, ordered by id": ids become visible in commit order (see
-``novelforge_sessions.events``), so a reader that has seen id N never later discovers a
+"events with id > cursor, ordered by id" (``events.events_after``): ids become visible in
+commit order (see ``novelforge_sessions.events``), so a reader that has seen id N never later discovers a
 committed id below N, and a cursor is all a subscription needs to be gap-free.
 """
 from __future__ import annotations
@@ -61,12 +61,13 @@ def resolve_subscription(caller: Caller, *, project_id: int | None = None, sessi
 
 def events_after(sub: Subscription, after: int, limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
     """Up to ``limit`` events of the subscription with ``id > after``, oldest first."""
-    qs = Event.objects.filter(project_id=sub.project_id, id__gt=after)
+    qs = Event.objects.filter(project_id=sub.project_id)
     if sub.session_id is not None:
         qs = qs.filter(session_id=sub.session_id)
-    return [events.serialize(e) for e in qs.order_by("id")[:limit]]
+    return [events.serialize(e) for e in events.events_after(qs, after, limit)]
 
 
 def latest_event_id() -> int:
     """The highest committed event id (0 for an empty log): "from now on" for a new subscriber."""
-    return Event.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    return events.latest_visible_id()
+

@@ -139,6 +139,8 @@ def _body(method: str, path: str, ids: dict[str, int], world: World) -> Any:
         "POST /runs/{run_id}/cursor": {"cursor": {"step": "next"}},
         "POST /runs/{run_id}/end": {"outcome": "completed"},
         "POST /runs/{run_id}/checkpoints": {"boundary": "user_wait", "cursor": {"a": 1}},
+        "POST /runs/{run_id}/batch": {"items": [{"kind": "checkpoint", "checkpoint": {"boundary": "user_wait", "cursor": {"a": 1}}},
+                                                {"kind": "cursor", "cursor": {"a": 2}}]},
         "POST /runs/{run_id}/handoffs": {"logical_id": "another-job"},
         "POST /handoffs/claim": {"worker": "w", "handoff_id": ids["handoff_id"]},
         "POST /handoffs/{handoff_id}/heartbeat": {"fencing_token": 1},

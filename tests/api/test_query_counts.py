@@ -20,8 +20,8 @@ def test_checkpoint_write_queries(owner, new_session, django_assert_max_num_quer
     body = {"boundary": "context_freeze", "cursor": {"step": 1},
             "artifacts": [{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}]}
     owner.post(f"/runs/{s['run']['id']}/checkpoints", body)  # warm: token last_used_at write
-    # token, BEGIN, run lock (+project join), artifact check, insert, update run, event, COMMIT
-    with django_assert_max_num_queries(8):
+    # token, BEGIN, run lock (+project join), artifact check, insert + update run (one statement), event, COMMIT
+    with django_assert_max_num_queries(7):
         assert owner.post(f"/runs/{s['run']['id']}/checkpoints", body).status_code == 201
 
 
@@ -50,3 +50,15 @@ def test_duplicate_close_is_read_only(owner, new_session, django_assert_max_num_
     owner.post(f"/sessions/{s['id']}/close")
     with django_assert_max_num_queries(5):  # token, BEGIN, session lock, live-runtime lookup, COMMIT
         assert owner.post(f"/sessions/{s['id']}/close").json()["already_closed"] is True
+
+
+def test_batch_write_queries(owner, new_session, django_assert_max_num_queries):
+    """Ten steps, one write transaction, set-based: the count does not grow with the items."""
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    items = [{"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"i": i}}} for i in range(9)]
+    items.append({"kind": "cursor", "cursor": {"i": 9}})
+    owner.post(f"/runs/{run_id}/batch", {"items": items[:1]})  # warm: token last_used_at write
+    # token, BEGIN, run lock (+project join), insert checkpoints, update run, insert events, COMMIT
+    with django_assert_max_num_queries(7):
+        assert owner.post(f"/runs/{run_id}/batch", {"items": items}).status_code == 201

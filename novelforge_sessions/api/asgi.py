@@ -1,0 +1,137 @@
+"""The lean ASGI path for ``/api/v1/``: one hop into a fixed thread pool, persistent connections.
+
+Django's ASGI handler pays, per request: two tasks (the request and a disconnect listener),
+async request signals, and, because the project's middleware chain mixes sync and async
+(WhiteNoise, the body limit), a ``sync_to_async`` hop at every boundary, each of which starts
+or borrows a thread; connections are closed (or returned to the pool) on every request. The
+agent API needs none of the page middleware (sessions, CSRF: the API is token-authenticated
+and csrf-exempt; auth, messages, WhiteNoise: no static files below /api/v1/). So this handler:
+
+- reads the body on the event loop, then makes ONE hop into a fixed pool of
+  ``API_THREADS`` threads that runs Django's sync handler with ``API_MIDDLEWARE`` only
+  (security headers and HTTPS redirect, the Content-Security-Policy header, the body limit,
+  X-Frame-Options: what API responses carried before);
+- keeps each pool thread's database connection open across requests (with psycopg's pool,
+  each thread holds one pooled connection instead of checking one out per request), closing
+  it only when it failed, is unusable, or was left inside a transaction;
+- answers exactly as the full handler would (same views, same error shapes).
+
+Everything else (pages, /api/docs, /api/openapi.json, static files) goes through Django's
+handler with the full ``MIDDLEWARE``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from io import BytesIO
+from typing import Any
+
+from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
+from django.core.handlers.base import BaseHandler
+from django.core.handlers.exception import convert_exception_to_response
+from django.db import connections
+from django.urls import set_script_prefix
+from django.utils.module_loading import import_string
+
+log = logging.getLogger("novelforge.api")
+
+#: The path prefix this handler serves; everything else goes to Django's own handler.
+PREFIX = "/api/v1/"
+
+
+class _SyncApiHandler(BaseHandler):
+    """Django's sync request path with ``settings.API_MIDDLEWARE`` instead of ``MIDDLEWARE``."""
+
+    def load_middleware(self, is_async: bool = False) -> None:  # mirrors BaseHandler's, sync only
+        self._view_middleware = []
+        self._template_response_middleware = []
+        self._exception_middleware = []
+        handler = convert_exception_to_response(self._get_response)
+        for path in reversed(settings.API_MIDDLEWARE):
+            instance = import_string(path)(handler)
+            if hasattr(instance, "process_view"):
+                self._view_middleware.insert(0, instance.process_view)
+            if hasattr(instance, "process_template_response"):
+                self._template_response_middleware.append(instance.process_template_response)
+            if hasattr(instance, "process_exception"):
+                self._exception_middleware.append(instance.process_exception)
+            handler = convert_exception_to_response(instance)
+        self._middleware_chain = handler
+
+
+def _keep_or_close_connections() -> None:
+    """After a request: keep healthy connections open; close broken or mid-transaction ones."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        if conn.in_atomic_block or conn.needs_rollback:
+            conn.close()
+        elif conn.errors_occurred:
+            if conn.is_usable():
+                conn.errors_occurred = False
+            else:
+                conn.close()
+
+
+class LeanApiApplication:
+    """ASGI app: ``/api/v1/`` through the lean path, the rest to ``fallback``."""
+
+    def __init__(self, fallback: Any) -> None:
+        self.fallback = fallback
+        self.handler = _SyncApiHandler()
+        self.handler.load_middleware()
+        self.pool = ThreadPoolExecutor(max_workers=settings.API_THREADS, thread_name_prefix="nf-api")
+
+    def _run(self, scope: dict[str, Any], body: bytes) -> Any:
+        set_script_prefix(scope.get("root_path", "") or "/")
+        request = ASGIRequest(scope, BytesIO(body))
+        try:
+            response = self.handler.get_response(request)
+            content = b"".join(response) if response.streaming else response.content
+            response.close()
+            return response, content
+        finally:
+            _keep_or_close_connections()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
+            await self.fallback(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before sending its body: nothing to answer
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        loop = asyncio.get_running_loop()
+        response, content = await loop.run_in_executor(self.pool, self._run, scope, b"".join(chunks))
+        headers = [(k.encode("ascii"), v.encode("latin1")) for k, v in response.items()]
+        for cookie in response.cookies.values():
+            headers.append((b"Set-Cookie", cookie.output(header="").encode("ascii").strip()))
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
+
+
+def cache_twisted_content_type() -> bool:
+    """Under daphne: memoise Twisted's Content-Type parsing (a pure ``bytes -> bytes`` function).
+
+    ``twisted.web.http._parseContentType`` builds an ``email.message.EmailMessage`` for every
+    request with a body, to read the media type: under py-spy that was ~18 % of the server's
+    GIL time per checkpoint POST (the issue's "4 % parsing Content-Type with the email
+    package", before the rest shrank). Clients send a handful of distinct values, so a small
+    LRU cache returns the same answer without the parse. Only when Twisted is already loaded
+    (daphne); under uvicorn nothing is imported or changed.
+    """
+    import functools
+    import sys
+
+    http = sys.modules.get("twisted.web.http")
+    if http is None or not hasattr(http, "_parseContentType"):
+        return False
+    if not hasattr(http._parseContentType, "cache_info"):
+        http._parseContentType = functools.lru_cache(maxsize=64)(http._parseContentType)
+    return True

@@ -1,0 +1,187 @@
+"""A batch of a run's durable steps in ONE transaction: checkpoints and cursor advances.
+
+When an agent makes several steps together (it froze three boundaries while drafting, or it
+checkpoints and then advances its cursor), one request carries them all: every item is
+validated first (pure, nothing written), then the run is locked once, every checkpoint row is
+inserted by one statement, the run is updated once and every event is appended by one
+statement, then the transaction commits. All or nothing: the first refusal names its item
+(``details.item``, and ``field`` prefixed ``items[i].``) and nothing is written. Each item's
+result is its own typed object (the checkpoint written, or the cursor it set), in item order.
+
+Same rules as the single writes (``control.checkpoints.record_checkpoint``,
+``actions.runs.advance_cursor`` without ``runtime_id`` fencing): an open run, current
+authority, resolvable refs; checkpoints are numbered consecutively in item order.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection, transaction
+from django.utils import timezone
+
+from novelforge_sessions import events
+from novelforge_sessions import event_types as ev
+from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.access import Caller
+from novelforge_sessions.actions.artifacts import require_versions
+from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
+from novelforge_sessions.control import waits
+from novelforge_sessions.control.checkpoints import _AUTHORITY_FIELDS, _LOCK_RUN_SQL, _resolve_approvals
+from novelforge_sessions.errors import NotFound, RunNotOpen, ServiceError, StaleAuthority, ValidationFailed
+from novelforge_sessions.models import Checkpoint, Run
+
+MAX_BATCH_ITEMS = rt.MAX_BATCH_ITEMS  # declared in the OpenAPI schema as maxItems
+
+_INSERT_CHECKPOINTS = f"""
+INSERT INTO {Checkpoint._meta.db_table}
+  (session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
+   schema_version, size_bytes, created_at)
+SELECT %(session)s, %(run)s, t.seq, t.boundary, t.cursor, t.artifacts, %(authority)s::jsonb, t.pending, t.approvals,
+       t.resume_policy, %(schema_version)s, t.size_bytes, t.created_at
+  FROM unnest(%(seq)s::int[], %(boundary)s::text[], %(cursor)s::jsonb[], %(artifacts)s::jsonb[], %(pending)s::jsonb[],
+              %(approvals)s::jsonb[], %(resume_policy)s::text[], %(size_bytes)s::int[], %(created_at)s::timestamptz[])
+       AS t(seq, boundary, cursor, artifacts, pending, approvals, resume_policy, size_bytes, created_at)
+ ORDER BY t.seq
+RETURNING id, seq, created_at
+"""
+# The single checkpoint's lock, also reading the run's seq (for cursor events).
+_LOCK_SQL = _LOCK_RUN_SQL.replace("r.checkpoint_count,", "r.checkpoint_count, r.seq,", 1)
+_UPDATE_RUN = f"UPDATE {Run._meta.db_table} SET checkpoint_count = %s, cursor = %s::jsonb WHERE id = %s"
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    kind: str
+    checkpoint: Checkpoint | None = None
+    cursor: dict[str, Any] | None = None
+
+
+def _at(index: int, exc: ServiceError) -> ServiceError:
+    """The same refusal, naming the item it came from."""
+    details = dict(exc.details)
+    if isinstance(details.get("field"), str):
+        details["field"] = f"items[{index}].{details['field']}"
+    details["item"] = index
+    return type(exc)(f"items[{index}]: {exc.message}", **details)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, cls=DjangoJSONEncoder)
+
+
+def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tuple[int, list[ItemResult]]:
+    """Validate every item, then write them all in one transaction (see the module doc).
+
+    ``items``: ``{"kind": "checkpoint", "checkpoint": {...the single write's body...}}`` or
+    ``{"kind": "cursor", "cursor": {...}}``. Returns the run's checkpoint count after the
+    batch and one result per item.
+    """
+    caller.require("write")
+    if not items:
+        raise ValidationFailed("a batch needs at least one item", field="items")
+    if len(items) > MAX_BATCH_ITEMS:
+        raise ValidationFailed(f"at most {MAX_BATCH_ITEMS} items per batch", field="items", limit=MAX_BATCH_ITEMS)
+    specs: list[tuple[str, Any, dict[str, Any]]] = []
+    for index, item in enumerate(items):
+        kind = item.get("kind")
+        body = item.get("checkpoint") if kind == "checkpoint" else {"cursor": item.get("cursor")}
+        body = body if isinstance(body, dict) else {}
+        try:
+            if kind == "checkpoint":
+                spec = check(rt.validate_checkpoint, body, max_bytes=settings.CHECKPOINT_MAX_BYTES,
+                             pending_keys=waits.pending_keys())
+            elif kind == "cursor":
+                cursor = body.get("cursor")
+                if not isinstance(cursor, dict) or not cursor:
+                    raise ValidationFailed("cursor must be a non-empty JSON object", field="cursor")
+                check(rt.validate_metadata, cursor, "cursor", 8 * 1024)
+                spec = cursor
+            else:  # the schema allows only these two; a direct caller gets the same refusal
+                raise ValidationFailed("kind must be checkpoint or cursor", field="kind")
+        except ServiceError as exc:
+            raise _at(index, exc) from None
+        specs.append((kind, spec, body))
+
+    with transaction.atomic():
+        row = None
+        if 0 < run_id <= BIGINT_MAX:
+            with connection.cursor() as cur:
+                cur.execute(_LOCK_SQL, {"id": run_id, "projects": list(caller.project_ids), "bound": caller.session_id})
+                row = cur.fetchone()
+        if row is None:
+            raise NotFound("run not found", run_id=run_id)
+        state, count, run_seq, session_id, project_id, *authority = row
+        if state != rt.RunState.OPEN:
+            raise RunNotOpen("steps are written by an open run", state=state)
+        current = dict(zip(_AUTHORITY_FIELDS, authority))
+        run_cursor = None
+        cols: dict[str, list[Any]] = {k: [] for k in ("seq", "boundary", "cursor", "artifacts", "pending", "approvals",
+                                                      "resume_policy", "size_bytes", "created_at")}
+        plan: list[tuple[str, int | dict[str, Any]]] = []  # (kind, index into cols | cursor)
+        for index, (kind, spec, body) in enumerate(specs):
+            try:
+                if kind == "cursor":
+                    run_cursor = spec
+                    plan.append((kind, spec))
+                    continue
+                stated = body.get("authority")
+                if stated is not None:
+                    if not isinstance(stated, dict):
+                        raise ValidationFailed("authority must be an object", field="authority")
+                    differing = {k: {"stated": stated[k], "current": v} for k, v in current.items()
+                                 if k in stated and stated[k] != v}
+                    if differing:
+                        raise StaleAuthority("the checkpoint was frozen against outdated authority", differences=differing)
+                if spec.artifacts:
+                    require_versions(project_id, ((r.artifact_id, r.fingerprint) for r in spec.artifacts), what="artifact refs")
+                approvals = _resolve_approvals(project_id, spec.approvals) if spec.approvals else []
+                pending = (waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending)
+                           if spec.pending else {})
+            except ServiceError as exc:
+                raise _at(index, exc) from None
+            count += 1
+            run_cursor = spec.cursor
+            plan.append((kind, len(cols["seq"])))
+            cols["seq"].append(count)
+            cols["boundary"].append(spec.boundary.value)
+            cols["cursor"].append(_dumps(spec.cursor))
+            cols["artifacts"].append(_dumps([{"artifact_id": r.artifact_id, "fingerprint": r.fingerprint}
+                                             for r in spec.artifacts]))
+            cols["pending"].append(_dumps(pending))
+            cols["approvals"].append(_dumps(approvals))
+            cols["resume_policy"].append(spec.resume_policy)
+            cols["size_bytes"].append(spec.size_bytes)
+            cols["created_at"].append(timezone.now())  # the application's clock, as auto_now_add
+        written: list[tuple[int, int, Any]] = []
+        with connection.cursor() as cur:
+            if cols["seq"]:
+                cur.execute(_INSERT_CHECKPOINTS, {
+                    **cols, "session": session_id, "run": run_id, "authority": _dumps(current),
+                    "schema_version": Checkpoint._meta.get_field("schema_version").default,
+                })
+                written = cur.fetchall()
+            cur.execute(_UPDATE_RUN, [count, _dumps(run_cursor), run_id])
+        results: list[ItemResult] = []
+        outbox: list[dict[str, Any]] = []
+        base = {"project_id": project_id, "session_id": session_id, "run_id": run_id, "actor": caller.label}
+        for kind, ref in plan:
+            if kind == "cursor":
+                results.append(ItemResult(kind="cursor", cursor=ref))
+                outbox.append({**base, "type": ev.RUN_CURSOR_ADVANCED, "payload": {"seq": run_seq, "cursor": ref}})
+                continue
+            checkpoint_id, seq, created_at = written[ref]
+            checkpoint = Checkpoint(
+                id=checkpoint_id, session_id=session_id, run_id=run_id, seq=seq, boundary=cols["boundary"][ref],
+                cursor=json.loads(cols["cursor"][ref]), artifacts=json.loads(cols["artifacts"][ref]), authority=current,
+                pending=json.loads(cols["pending"][ref]), approvals=json.loads(cols["approvals"][ref]),
+                resume_policy=cols["resume_policy"][ref], size_bytes=cols["size_bytes"][ref], created_at=created_at,
+            )
+            results.append(ItemResult(kind="checkpoint", checkpoint=checkpoint))
+            outbox.append({**base, "type": ev.CHECKPOINT_RECORDED, "payload": {
+                "checkpoint_id": checkpoint.id, "seq": seq, "boundary": checkpoint.boundary, "cursor": checkpoint.cursor}})
+        events.append_many(outbox)  # last: one statement for every event of the batch
+    return count, results

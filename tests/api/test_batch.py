@@ -1,0 +1,104 @@
+"""POST /runs/{id}/batch: several durable steps in one transaction, all or nothing (issue 13)."""
+from __future__ import annotations
+
+import pytest
+
+from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.models import Checkpoint, Event, Run
+
+CP = {"boundary": "context_freeze", "cursor": {"step": 1}}
+
+
+def _counts(run_id: int) -> tuple:
+    run = Run.objects.get(id=run_id)
+    return (Checkpoint.objects.count(), Event.objects.count(), run.checkpoint_count, run.cursor)
+
+
+def test_a_batch_writes_every_item_in_order_with_its_own_result(owner, new_session):
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    assert owner.post(f"/runs/{run_id}/checkpoints", CP).status_code == 201  # seq 1 before the batch
+    items = [
+        {"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"step": 2}}},
+        {"kind": "checkpoint", "checkpoint": {"boundary": "before_long_handoff", "cursor": {"step": 3}}},
+        {"kind": "cursor", "cursor": {"step": 4}},
+        {"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"step": 5}}},
+    ]
+    resp = owner.post(f"/runs/{run_id}/batch", {"items": items})
+    assert resp.status_code == 201, resp.content
+    body = resp.json()
+    assert body["run_id"] == run_id and body["checkpoint_count"] == 4
+    assert [i["kind"] for i in body["items"]] == ["checkpoint", "checkpoint", "cursor", "checkpoint"]
+    assert [i["checkpoint"]["seq"] for i in body["items"] if i["checkpoint"]] == [2, 3, 4]
+    assert body["items"][2] == {"kind": "cursor", "checkpoint": None, "cursor": {"step": 4}}
+    stored = list(Checkpoint.objects.filter(run_id=run_id).order_by("seq").values_list("seq", "boundary", "cursor"))
+    assert stored == [(1, "context_freeze", {"step": 1}), (2, "context_freeze", {"step": 2}),
+                      (3, "before_long_handoff", {"step": 3}), (4, "context_freeze", {"step": 5})]
+    first = body["items"][0]["checkpoint"]
+    assert owner.get(f"/checkpoints/{first['id']}").json() == first  # the result is what was stored
+    run = Run.objects.get(id=run_id)
+    assert (run.checkpoint_count, run.cursor) == (4, {"step": 5})
+    evs = list(Event.objects.filter(run_id=run_id).order_by("id").values_list("type", "payload"))[-4:]
+    assert [t for t, _ in evs] == ["checkpoint.recorded", "checkpoint.recorded", "run.cursor_advanced",
+                                   "checkpoint.recorded"]
+    assert [p.get("seq") for t, p in evs if t == "checkpoint.recorded"] == [2, 3, 4]
+    assert evs[2][1] == {"seq": s["run"]["seq"], "cursor": {"step": 4}}
+    ids = list(Event.objects.filter(run_id=run_id).order_by("id").values_list("id", flat=True))[-4:]
+    assert ids == list(range(ids[0], ids[0] + 4))  # one transaction: consecutive ids
+
+
+@pytest.mark.parametrize("bad, code, field", [
+    ({"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"step": 9, "messages": []}}},
+     "checkpoint_not_bounded", None),
+    ({"kind": "cursor", "cursor": {}}, "validation_error", "items[1].cursor"),
+    ({"kind": "checkpoint", "checkpoint": {**CP, "authority": {"lock_fingerprint": "sha256:" + "b" * 64}}},
+     "stale_authority", None),
+    ({"kind": "checkpoint", "checkpoint": {**CP, "artifacts": [{"artifact_id": 999999, "fingerprint": "sha256:x"}]}},
+     "validation_error", None),
+])
+def test_one_bad_item_refuses_the_whole_batch_and_writes_nothing(owner, new_session, bad, code, field):
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    before = _counts(run_id)
+    resp = owner.post(f"/runs/{run_id}/batch", {"items": [{"kind": "checkpoint", "checkpoint": CP}, bad,
+                                                          {"kind": "cursor", "cursor": {"step": 2}}]})
+    assert resp.status_code in (409, 422), resp.content
+    error = resp.json()["error"]
+    assert error["code"] == code
+    assert error["details"]["item"] == 1
+    if field:
+        assert error["details"]["field"] == field
+    assert _counts(run_id) == before
+
+
+def test_schema_refusals_write_nothing(owner, new_session):
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    before = _counts(run_id)
+    too_many = {"items": [{"kind": "cursor", "cursor": {"i": i}} for i in range(rt.MAX_BATCH_ITEMS + 1)]}
+    for body in (too_many, {"items": []}, {"items": [{"kind": "heartbeat"}]}, {"items": [{"kind": "cursor"}]}):
+        resp = owner.post(f"/runs/{run_id}/batch", body)
+        assert resp.status_code == 422, resp.content
+        assert resp.json()["error"]["code"] == "validation_error"
+    assert _counts(run_id) == before
+
+
+def test_closed_foreign_and_unreadable_runs(owner, outsider, reader, new_session):
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    ok = {"items": [{"kind": "checkpoint", "checkpoint": CP}]}
+    assert outsider.post(f"/runs/{run_id}/batch", ok).status_code == 404
+    assert reader.post(f"/runs/{run_id}/batch", ok).status_code == 403
+    assert owner.post(f"/runs/{run_id}/end", {"outcome": "completed"}).status_code == 200
+    before = _counts(run_id)
+    resp = owner.post(f"/runs/{run_id}/batch", ok)
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "run_not_open"
+    assert owner.post("/runs/999999999/batch", ok).status_code == 404
+    assert _counts(run_id) == before
+
+
+def test_openapi_declares_the_bound(owner):
+    spec = owner.client.get("/api/openapi.json").json()
+    items = spec["components"]["schemas"]["BatchIn"]["properties"]["items"]
+    assert (items["minItems"], items["maxItems"]) == (1, rt.MAX_BATCH_ITEMS)
+    assert "201" in spec["paths"]["/api/v1/runs/{run_id}/batch"]["post"]["responses"]

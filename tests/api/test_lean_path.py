@@ -1,0 +1,72 @@
+"""The lean /api/v1/ ASGI path (issue 13): same answers and headers as the full stack, through a real
+server; and the memoised Content-Type parse under daphne gives Twisted's own answers."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from novelforge_sessions.api.asgi import cache_twisted_content_type
+from novelforge_sessions.api.auth import caller_for_token  # noqa: F401 (the app is configured)
+
+from tests.live import DaphneServer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_twisted_content_type_cache_answers_as_twisted_does():
+    import twisted.web.http as http
+
+    raw = getattr(http._parseContentType, "__wrapped__", http._parseContentType)
+    assert cache_twisted_content_type()
+    assert hasattr(http._parseContentType, "cache_info")
+    for value in (b"application/json", b"application/json; charset=utf-8", b"Application/JSON",
+                  b"multipart/form-data; boundary=xyz", b"application/x-www-form-urlencoded", b"", b"garbage"):
+        assert http._parseContentType(value) == raw(value)
+        assert http._parseContentType(value) == raw(value)  # and again, from the cache
+
+
+@pytest.fixture
+def servers(project):
+    from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
+
+    _, raw = create_token(project, name="lean", permissions=ALL_PERMISSIONS)
+    lean, full = DaphneServer(), DaphneServer(extra_env={"API_LEAN": "false"})
+    try:
+        yield raw, lean, full
+    finally:
+        lean.stop()
+        full.stop()
+
+
+def test_the_lean_path_answers_like_the_full_stack(servers):
+    raw, lean, full = servers
+    auth = {"Authorization": f"Bearer {raw}"}
+    seen = {}
+    for name, server in (("lean", lean), ("full", full)):
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            created = client.post("/api/v1/sessions", headers=auth, json={
+                "role": "writer", "memory_policy": "bounded", "task_mode": "drafting", "runtime_family": "cli"})
+            assert created.status_code == 201, created.text
+            answers = {
+                "get": client.get(f"/api/v1/sessions/{created.json()['id']}", headers=auth),
+                "no_token": client.get("/api/v1/sessions"),
+                "bad_json": client.post("/api/v1/sessions", headers={**auth, "Content-Type": "application/json"},
+                                        content=b"{not json"),
+                "too_big": client.post("/api/v1/sessions", headers={**auth, "Content-Type": "application/json"},
+                                       content=json.dumps({"x": "a" * 300_000}).encode()),
+                "no_route": client.get("/api/v1/nowhere", headers=auth),
+                "docs": client.get("/api/docs"),
+            }
+        seen[name] = answers
+    for key in seen["lean"]:
+        lean_r, full_r = seen["lean"][key], seen["full"][key]
+        assert lean_r.status_code == full_r.status_code, key
+        if key != "docs" and lean_r.status_code >= 400:
+            assert lean_r.json()["error"]["code"] == full_r.json()["error"]["code"], key
+        for header in ("Content-Security-Policy", "X-Frame-Options", "X-Content-Type-Options", "Referrer-Policy"):
+            assert (header in lean_r.headers) == (header in full_r.headers), (key, header)
+    assert seen["lean"]["get"].json()["role"] == "writer"
+    assert [seen["lean"][k].status_code for k in ("no_token", "bad_json", "too_big", "no_route")] == [401, 400, 413, 404]
+    assert "Set-Cookie" not in seen["lean"]["get"].headers  # no session or CSRF machinery on the API
