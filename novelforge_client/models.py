@@ -124,6 +124,42 @@ class AuthorityChangeOut(ResponseModel):
     created_at: datetime
 
 
+class BatchCheckpointItem(ResponseModel):
+    """BatchCheckpointItem"""
+
+    kind: str
+    checkpoint: CheckpointIn
+
+
+class BatchCursorItem(ResponseModel):
+    """BatchCursorItem"""
+
+    kind: str
+    cursor: dict[str, StorableJson]
+
+
+class BatchIn(RequestModel):
+    """Several durable steps of one run, written in one transaction, all or nothing."""
+
+    items: list[Any] = Field(description='1..100 steps, applied in order: checkpoints (numbered consecutively) and cursor advances')
+
+
+class BatchItemOut(ResponseModel):
+    """BatchItemOut"""
+
+    kind: Literal["checkpoint", "cursor"]
+    checkpoint: CheckpointOut | None = Field(default=None, description='the checkpoint written (kind checkpoint)')
+    cursor: dict[str, Any] | None = Field(default=None, description='the cursor set (kind cursor)')
+
+
+class BatchOut(ResponseModel):
+    """BatchOut"""
+
+    run_id: int
+    checkpoint_count: int = Field(description="the run's checkpoint count after the batch")
+    items: list[BatchItemOut] = Field(description='one typed result per item, in item order')
+
+
 class BeforeStateOut(ResponseModel):
     """BeforeStateOut"""
 
@@ -219,12 +255,13 @@ class CriterionIn(RequestModel):
     label: str
     scale: ScaleIn
     description: str = Field(default='')
+    anchors: dict[str, str] | None = Field(default=None, description='optional: what scores mean, for some or all scores of the scale (e.g. its ends). Keys are scores written as integers (JSON keys are strings), within the scale; labels are 1–80 characters. Shown to reviewers beside the score buttons and in the relay prompt; 422 names the anchor (`rubric.criteria[i].anchors.<score>`).')
 
 
 class CursorIn(RequestModel):
     """CursorIn"""
 
-    cursor: dict[str, Any]
+    cursor: dict[str, StorableJson]
     runtime_id: int | None = Field(default=None, description="optional: the runtime this write comes from; refused 409 `stale_runtime` unless it is the session's live runtime")
 
 
@@ -409,8 +446,8 @@ class GraphPutIn(RequestModel):
     checkpoint_ns: str = Field(default='')
     checkpoint_id: str
     parent_checkpoint_id: str | None = Field(default=None)
-    checkpoint: dict[str, Any] = Field(description='the graph checkpoint without `channel_values` (versions, versions seen, ts, …)')
-    metadata: dict[str, Any] | None = Field(default=None, description="the graph's checkpoint metadata (filterable)")
+    checkpoint: dict[str, StorableJson] = Field(description='the graph checkpoint without `channel_values` (versions, versions seen, ts, …)')
+    metadata: dict[str, StorableJson] | None = Field(default=None, description="the graph's checkpoint metadata (filterable)")
     blobs: list[GraphChannelBlobIn] | None = Field(default=None, description='the channels that changed: their values at their new versions, stored as content-addressed artifacts; unchanged channels are found at the versions `checkpoint.channel_versions` names')
     open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; without it an unknown thread is 404")
 
@@ -478,8 +515,8 @@ class HandoffIn(RequestModel):
 
     logical_id: str = Field(description='unique per project: names the logical result')
     inputs: list[InputRefIn] | None = Field(default=None, description='frozen input artifact versions')
-    params: dict[str, Any] | None = Field(default=None, description="the job's instructions (bounded)")
-    result_schema: dict[str, Any] | None = Field(default=None, description='the result\'s shape, part of the frozen job: either the short form (required result keys → string|integer|number|boolean|object|array|any) or a full JSON Schema (Draft 2020-12, with "$schema": "https://json-schema.org/draft/2020-12/schema"). Results are validated with jsonschema; each problem is reported with its path (422 invalid_result). At most 4096 bytes.')
+    params: dict[str, StorableJson] | None = Field(default=None, description="the job's instructions (bounded)")
+    result_schema: dict[str, Literal["any", "array", "boolean", "integer", "number", "object", "string"]] | dict[str, Any] | None = Field(default=None, description='the result\'s shape, part of the frozen job: either the short form (required result keys → string|integer|number|boolean|object|array|any) or a full JSON Schema (Draft 2020-12, with "$schema": "https://json-schema.org/draft/2020-12/schema"). Results are validated with jsonschema; each problem is reported with its path (422 invalid_result). At most 4096 bytes.')
     required_capabilities: list[str] | None = Field(default=None)
     timeout_seconds: int | None = Field(default=None, description='lease length of one attempt (default 300)')
 
@@ -768,7 +805,7 @@ class ResultIn(RequestModel):
 
     fencing_token: int = Field(description='the token of your claim')
     job_fingerprint: str = Field(description="must cite the frozen job's fingerprint")
-    result: dict[str, Any]
+    result: dict[str, StorableJson]
     result_hash: str | None = Field(default=None, description='optional: sha256 of the canonical result, checked')
 
 
@@ -838,8 +875,8 @@ class RunIn(RequestModel):
 
     task_mode: str | None = Field(default=None)
     target: str = Field(default='')
-    cursor: dict[str, Any] | None = Field(default=None)
-    frozen_inputs: list[Any] | None = Field(default=None)
+    cursor: dict[str, StorableJson] | None = Field(default=None)
+    frozen_inputs: list[StorableJson] | None = Field(default=None)
     runtime_id: int | None = Field(default=None, description="the runtime this write comes from (the id create-with-runtime, attach and resume return): refused 409 `stale_runtime` unless it is the session's live runtime. Token writes to a session that has had more than one generation must name it (409 `runtime_required`)")
 
 
@@ -868,7 +905,7 @@ class RuntimeIn(RequestModel):
 
     runtime_family: str
     capabilities: list[str] | None = Field(default=None)
-    provider_metadata: dict[str, Any] | None = Field(default=None, description='metadata only; never a key, never authority')
+    provider_metadata: dict[str, StorableJson] | None = Field(default=None, description='metadata only; never a key, never authority')
     lease_seconds: int | None = Field(default=None)
 
 
@@ -942,7 +979,7 @@ class SessionIn(RequestModel):
     memory_policy: Literal["none", "bounded", "session", "external", "checkpoint_only"]
     task_mode: str
     runtime_family: str
-    provider_metadata: dict[str, Any] | None = Field(default=None, description='provider thread ids etc.: metadata only')
+    provider_metadata: dict[str, StorableJson] | None = Field(default=None, description='provider thread ids etc.: metadata only')
     runtime: RuntimeIn | None = Field(default=None, description='attach runtime generation 1 in the same transaction')
 
 
@@ -967,6 +1004,10 @@ class SessionOut(ResponseModel):
     created_at: datetime
     updated_at: datetime
     allowed_transitions: list[str]
+
+
+class StorableJson(ResponseModel):
+    """any JSON value; no string or key contains U+0000 (PostgreSQL cannot store it)"""
 
 
 class TranscriptIn(RequestModel):
@@ -1025,10 +1066,10 @@ class WriteIntentIn(RequestModel):
     """WriteIntentIn"""
 
     kind: Literal["artifact.make_current", "authority.settle", "framework.change"]
-    idempotency_key: str
+    idempotency_key: str = Field(description='1–200 printable ASCII characters, no spaces')
     before_fingerprint: str = Field(description='from GET /write-intents/before-state')
     artifact_id: int | None = Field(default=None, description='artifact.make_current: the artifact')
-    params: dict[str, Any] | None = Field(default=None, description='artifact.make_current: {"version_id"}; authority.settle: {"artifacts": [{"artifact_id", "fingerprint"}], "note"}; framework.change: {"framework_version"}')
+    params: dict[str, StorableJson] | None = Field(default=None, description='artifact.make_current: {"version_id"}; authority.settle: {"artifacts": [{"artifact_id", "fingerprint"}], "note"}; framework.change: {"framework_version"}')
     session_id: int | None = Field(default=None, description='provenance only: grants nothing')
     run_id: int | None = Field(default=None)
 
