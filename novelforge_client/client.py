@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -229,11 +230,15 @@ class _Operations:
     def checkpoint(self, run_id: int, *, boundary: str, cursor: dict[str, Any],
                    artifacts: list[m.ArtifactRefIn | dict[str, Any]] | None = None,
                    authority: dict[str, Any] | None = None, pending: dict[str, Any] | None = None,
-                   approvals: list[Any] | None = None, resume_policy: str | None = None) -> m.CheckpointOut:
+                   approvals: list[Any] | None = None, resume_policy: str | None = None,
+                   idempotency_key: str | None = None) -> m.CheckpointOut:
+        """Write a checkpoint. It carries an idempotency key (a fresh one unless you pass yours), so
+        a retry after a dropped answer replays the checkpoint the server wrote instead of a second one."""
         body = body_of(m.CheckpointIn, boundary=boundary, cursor=cursor,
                        artifacts=[_dump(a) for a in artifacts] if artifacts is not None else None,
-                       authority=authority, pending=pending, approvals=approvals, resume_policy=resume_policy)
-        return self._call(Call("POST", f"/runs/{run_id}/checkpoints", m.CheckpointOut, body))
+                       authority=authority, pending=pending, approvals=approvals, resume_policy=resume_policy,
+                       idempotency_key=idempotency_key or uuid.uuid4().hex)
+        return self._call(Call("POST", f"/runs/{run_id}/checkpoints", m.CheckpointOut, body, idempotent=True))
 
     def list_checkpoints(self, run_id: int, *, after: int | None = None,
                          limit: int | None = None) -> m.Page_CheckpointOut_:

@@ -198,6 +198,7 @@ class CheckpointIn(RequestModel):
     pending: dict[str, Any] | None = Field(default=None, description='typed references to what the run waits on, resolved when written (422 naming the field when unknown or unresolvable): "handoffs": [logical id | {"logical_id"} | {"handoff_id"}] of this session, "gates": [{"gate_id"}] review gates of this session. Stored normalised; resume revalidates each.')
     approvals: list[Any] | None = Field(default=None, description='write intents the cursor is about to execute: [{"write_intent_id", "approval_id"?}] of this project, resolved when written (the standing approval and before-state are recorded); resume fails the approvals step when an approval was revoked or went stale, or the before-state moved.')
     resume_policy: str = Field(default='revalidate')
+    idempotency_key: str | None = Field(default=None, description='makes the write safe to retry (single writes only; refused inside a batch): the same key and body replay the first checkpoint (200), the same key with another body is 409 idempotency_key_reused')
 
 
 class CheckpointOut(ResponseModel):
@@ -1006,9 +1007,8 @@ class SessionOut(ResponseModel):
     allowed_transitions: list[str]
 
 
-class StorableJson(ResponseModel):
-    """any JSON value; no string or key contains U+0000 (PostgreSQL cannot store it)"""
-
+#: any JSON value; no string or key contains U+0000 (PostgreSQL cannot store it)
+StorableJson = Any
 
 class TranscriptIn(RequestModel):
     """TranscriptIn"""

@@ -272,6 +272,10 @@ class Checkpoint(models.Model):
     schema_version = models.PositiveSmallIntegerField(default=rt.CHECKPOINT_SCHEMA_VERSION)
     size_bytes = models.PositiveIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
+    #: The client's idempotency key (optional) and the digest of the body it came with: a retry
+    #: with the same key and body replays this checkpoint (control/checkpoints.py).
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_digest = models.CharField(max_length=64, null=True, blank=True)
 
     class Meta:
         ordering = ["id"]
@@ -279,6 +283,10 @@ class Checkpoint(models.Model):
         constraints = [
             models.CheckConstraint(condition=_in_enum("boundary", rt.CheckpointBoundary), name="checkpoint_boundary_enum"),
             models.UniqueConstraint(fields=["run", "seq"], name="checkpoint_seq_unique_per_run"),
+            models.UniqueConstraint(
+                fields=["run", "idempotency_key"], condition=Q(idempotency_key__isnull=False),
+                name="checkpoint_idempotency_key_unique_per_run",
+            ),
         ]
 
 

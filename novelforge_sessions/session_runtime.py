@@ -324,11 +324,19 @@ class CheckpointSpec:
     resume_policy: str
     size_bytes: int
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The client's key for this write (a retry with the same key and body replays the first
+    #: checkpoint; the same key with another body is ``idempotency_key_reused``).
+    idempotency_key: str | None = None
 
 
 CHECKPOINT_FIELDS = frozenset(
-    {"boundary", "cursor", "artifacts", "authority", "pending", "approvals", "resume_policy", "schema_version"}
+    {"boundary", "cursor", "artifacts", "authority", "pending", "approvals", "resume_policy", "schema_version",
+     "idempotency_key"}
 )
+#: A client-chosen idempotency key: 1–200 printable ASCII characters, no spaces (write intents and
+#: checkpoints share it).
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,200}$"
+IDEMPOTENCY_KEY_RE = re.compile(IDEMPOTENCY_KEY_PATTERN)
 APPROVAL_REF_FIELDS = frozenset({"write_intent_id", "approval_id"})
 #: The one content-fingerprint pattern, ``sha256:<64 lowercase hex digits>``. Validators, JSON
 #: Schemas and the database's check constraints all use this string (never a copy of it).
@@ -533,6 +541,9 @@ def validate_checkpoint(
     resume_policy = payload.get("resume_policy") or "revalidate"
     if not isinstance(resume_policy, str) or not _NAME_RE.match(resume_policy):
         raise InvalidPayload("resume_policy must be a short lowercase name", field="resume_policy")
+    key = payload.get("idempotency_key")
+    if key is not None and (not isinstance(key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(key)):
+        raise InvalidPayload("idempotency_key must be 1–200 printable ASCII characters, no spaces", field="idempotency_key")
     return CheckpointSpec(
         boundary=boundary,
         cursor=dict(cursor),
@@ -541,6 +552,7 @@ def validate_checkpoint(
         approvals=approvals,
         resume_policy=resume_policy,
         size_bytes=size,
+        idempotency_key=key,
     )
 
 

@@ -105,11 +105,22 @@ def _field(name: str, schema: dict[str, Any], required: bool) -> str:
     return f"    {attr}: {annotation}{value}"
 
 
+def is_value_alias(comp: dict[str, Any]) -> bool:
+    """A component that names a JSON value rather than an object with properties."""
+    return "properties" not in comp and comp.get("type") != "object"
+
+
 def render(schema: dict[str, Any]) -> str:
     components = schema["components"]["schemas"]
     out = [HEADER]
     for name in sorted(components):
         comp = components[name]
+        if is_value_alias(comp):
+            # A named JSON value, not an object (StorableJson: any JSON, storable all the way
+            # down): an alias, so a dict or list field of it takes any JSON.
+            doc = " ".join(str(comp.get("description") or name).split())
+            out.append(f"\n#: {doc}\n{name} = Any")
+            continue
         base = "RequestModel" if name.endswith("In") else "ResponseModel"
         out.append(f"\nclass {name}({base}):")
         title = comp.get("description") or comp.get("title") or name

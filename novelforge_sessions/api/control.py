@@ -385,7 +385,7 @@ class BeforeStateOut(Schema):
 
 class WriteIntentIn(Strict):
     kind: KindName
-    idempotency_key: str = Field(..., max_length=200, json_schema_extra={"pattern": r"^[\x21-\x7e]{1,200}$"},
+    idempotency_key: str = Field(..., max_length=200, json_schema_extra={"pattern": rt.IDEMPOTENCY_KEY_PATTERN},
                                  description="1–200 printable ASCII characters, no spaces")
     before_fingerprint: str = Field(..., max_length=80, description="from GET /write-intents/before-state",
                                     json_schema_extra={"pattern": rt.FINGERPRINT_PATTERN})

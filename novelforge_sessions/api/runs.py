@@ -63,12 +63,19 @@ def end_run(request: HttpRequest, run_id: int, body: RunEndIn):
 
 
 @router.post(
-    "/runs/{run_id}/checkpoints", response={201: CheckpointOut, **errors(403, 404, 409, 413)},
-    summary="Record a bounded checkpoint (422 checkpoint_not_bounded for transcript-like or oversized bodies)",
+    "/runs/{run_id}/checkpoints", response={200: CheckpointOut, 201: CheckpointOut, **errors(403, 404, 409, 413)},
+    summary="Record a bounded checkpoint (201; 200 replays the same idempotency key)",
+    description=(
+        "422 `checkpoint_not_bounded` for transcript-like or oversized bodies. Send an `idempotency_key` to make "
+        "the write safe to retry: the same key with the same body answers 200 with the checkpoint the first "
+        "request wrote (nothing is written again, even after the run ended); the same key with another body is "
+        "409 `idempotency_key_reused`."
+    ),
 )
 def create_checkpoint(request: HttpRequest, run_id: int, body: CheckpointIn):
     payload: dict[str, Any] = body.model_dump(exclude_unset=True)
-    return Status(201, record_checkpoint(caller(request), run_id, payload))
+    checkpoint = record_checkpoint(caller(request), run_id, payload)
+    return Status(200 if checkpoint.replayed else 201, checkpoint)
 
 
 @router.post(

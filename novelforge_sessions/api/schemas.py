@@ -566,6 +566,13 @@ class CheckpointIn(Input):
         examples=[[{"write_intent_id": 7}]],
     )
     resume_policy: str = "revalidate"
+    idempotency_key: str | None = Field(
+        None, max_length=200, json_schema_extra={"pattern": rt.IDEMPOTENCY_KEY_PATTERN},
+        description=(
+            "makes the write safe to retry (single writes only; refused inside a batch): the same key and body "
+            "replay the first checkpoint (200), the same key with another body is 409 idempotency_key_reused"
+        ),
+    )
 
     model_config = ConfigDict(extra="allow")
 

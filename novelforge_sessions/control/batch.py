@@ -94,6 +94,11 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
             if kind == "checkpoint":
                 spec = check(rt.validate_checkpoint, body, max_bytes=settings.CHECKPOINT_MAX_BYTES,
                              pending_keys=waits.pending_keys())
+                if spec.idempotency_key is not None:  # never silently dropped: the single write has them
+                    raise ValidationFailed(
+                        "idempotency keys are for the single checkpoint write (POST /runs/{id}/checkpoints)",
+                        field="checkpoint.idempotency_key",
+                    )
             elif kind == "cursor":
                 cursor = body.get("cursor")
                 if not isinstance(cursor, dict) or not cursor:

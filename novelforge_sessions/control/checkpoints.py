@@ -1,6 +1,7 @@
 """Checkpoints: bounded resume state at the contract's §06 boundaries. Immutable once written."""
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -17,7 +18,7 @@ from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.models import ApprovalDecision, WriteIntent
-from novelforge_sessions.errors import NotFound, RunNotOpen, StaleAuthority, ValidationFailed
+from novelforge_sessions.errors import IdempotencyKeyReused, NotFound, RunNotOpen, StaleAuthority, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Project, Run, Session
 
 #: The columns ``Project.authority_ref()`` reads, so the lock below selects exactly those.
@@ -42,9 +43,10 @@ _INSERT_AND_COUNT_SQL = f"""
 WITH c AS (
   INSERT INTO {Checkpoint._meta.db_table}
     (session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
-     schema_version, size_bytes, created_at)
+     schema_version, size_bytes, created_at, idempotency_key, request_digest)
   VALUES (%(session)s, %(run)s, %(seq)s, %(boundary)s, %(cursor)s::jsonb, %(artifacts)s::jsonb, %(authority)s::jsonb,
-          %(pending)s::jsonb, %(approvals)s::jsonb, %(resume_policy)s, %(schema_version)s, %(size_bytes)s, %(created_at)s)
+          %(pending)s::jsonb, %(approvals)s::jsonb, %(resume_policy)s, %(schema_version)s, %(size_bytes)s, %(created_at)s,
+          %(idempotency_key)s, %(request_digest)s)
   RETURNING id, created_at
 ), u AS (
   UPDATE {Run._meta.db_table} SET checkpoint_count = %(seq)s, cursor = %(cursor)s::jsonb WHERE id = %(run)s
@@ -57,8 +59,18 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder)
 
 
+def request_digest(payload: dict[str, Any]) -> str:
+    """sha256 of the body's canonical JSON: what an idempotency key is bound to."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":"), cls=DjangoJSONEncoder).encode()).hexdigest()
+
+
 def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> Checkpoint:
     """Validate (pure) then write checkpoint N+1 of an open run, in one transaction.
+
+    With an ``idempotency_key``, a retry (same key, same body) returns the checkpoint the first
+    request wrote, with ``replayed = True`` and nothing written, even if the run has ended since
+    (the first outcome stands); the same key with another body is ``idempotency_key_reused``.
+    The run's row lock orders two racing requests with one key: the second finds the first.
 
     The authority refs are the project's *current* ones, read by the server; a client that
     states other refs is refused with ``stale_authority`` (it froze against an old Canon).
@@ -83,6 +95,17 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
         if row is None:
             raise NotFound("run not found", run_id=run_id)
         state, count, session_id, project_id, *authority = row
+        digest = None
+        if spec.idempotency_key is not None:
+            digest = request_digest(payload)
+            first = Checkpoint.objects.filter(run_id=run_id, idempotency_key=spec.idempotency_key).first()
+            if first is not None:
+                if first.request_digest != digest:
+                    raise IdempotencyKeyReused(
+                        "this idempotency key already names another checkpoint of this run", checkpoint_id=first.id,
+                    )
+                first.replayed = True
+                return first
         if state != rt.RunState.OPEN:
             raise RunNotOpen("checkpoints are written by an open run", state=state)
         current = dict(zip(_AUTHORITY_FIELDS, authority))
@@ -119,9 +142,12 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
                 "resume_policy": checkpoint.resume_policy, "schema_version": checkpoint.schema_version,
                 "size_bytes": checkpoint.size_bytes,
                 "created_at": timezone.now(),  # the application's clock, as auto_now_add (resume compares it)
+                "idempotency_key": spec.idempotency_key, "request_digest": digest,
             })
             checkpoint.id, checkpoint.created_at = cur.fetchone()
         checkpoint._state.adding = False
+        checkpoint.idempotency_key, checkpoint.request_digest = spec.idempotency_key, digest
+        checkpoint.replayed = False
         events.append(
             project_id=project_id, session_id=session_id, run_id=run_id, type=ev.CHECKPOINT_RECORDED, actor=caller.label,
             payload={"checkpoint_id": checkpoint.id, "seq": checkpoint.seq, "boundary": checkpoint.boundary,

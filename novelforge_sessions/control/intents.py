@@ -61,7 +61,7 @@ from novelforge_sessions.errors import (
 )
 from novelforge_sessions.models import Artifact, ArtifactVersion, Project, Run
 
-KEY_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
+KEY_RE = rt.IDEMPOTENCY_KEY_RE
 FRAMEWORK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 
 
