@@ -95,6 +95,13 @@ class InternalError(NovelForgeError):
     code, status = "internal_error", 500
 
 
+class DatabaseUnavailable(NovelForgeError):
+    """PostgreSQL went away under the request; nothing it wrote survives unless it had committed.
+    Keyed and idempotent calls are retried by the client (a 503); others are yours to read back."""
+
+    code, status = "database_unavailable", 503
+
+
 class InvalidResult(NovelForgeError):
     """The delivery was logged, but its result is not a valid result of the frozen job."""
 

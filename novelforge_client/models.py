@@ -477,8 +477,8 @@ class GraphThreadOut(ResponseModel):
 class GraphThreadSpecIn(RequestModel):
     """GraphThreadSpecIn"""
 
-    role: str = Field(default='specialist')
-    memory_policy: str = Field(default='checkpoint_only')
+    role: Literal["manager", "writer", "specialist", "semantic_reviewer", "human_reviewer"] = Field(default='specialist', description="the session's role (`other` needs an extension: not offered here)")
+    memory_policy: Literal["none", "bounded", "session", "external", "checkpoint_only"] = Field(default='checkpoint_only')
     task_mode: str = Field(default='langgraph')
     runtime_family: str = Field(default='langgraph')
     capabilities: list[str] | None = Field(default=None)

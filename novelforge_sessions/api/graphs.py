@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from django.http import HttpRequest
-from ninja import Field, Router, Schema, Status
+from ninja import Field, Query, Router, Schema, Status
 
 from novelforge_sessions.api.common import MAX_PAGE, caller, errors
-from novelforge_sessions.api.schemas import Strict, loads_json, refuse_unstorable_text
+from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.api.schemas import SHORT_NAME, SHORT_NAMES, Memory, Strict, loads_json, refuse_unstorable_text
 from novelforge_sessions.control import graphs as actions
 from novelforge_sessions.control.models import GraphCheckpoint
 from novelforge_sessions.errors import NotFound, ValidationFailed
@@ -17,9 +18,16 @@ from novelforge_sessions.errors import NotFound, ValidationFailed
 router = Router(tags=["graph threads"])
 
 
+#: A graph thread's session role: any session role but ``other`` (which needs a role extension).
+GraphRole = Literal[tuple(r.value for r in rt.SessionRole if r is not rt.SessionRole.OTHER)]  # type: ignore[valid-type]
+
+
 class GraphBlobIn(Strict):
-    serde: str = Field(..., max_length=64, description="the graph serializer's type tag (LangGraph `dumps_typed`)")
-    data: str = Field(..., description="the serialized bytes, base64")
+    serde: str = Field(..., min_length=1, max_length=64, description="the graph serializer's type tag (LangGraph `dumps_typed`)")
+    data: str = Field(..., description="the serialized bytes, base64", json_schema_extra={
+        "contentEncoding": "base64",
+        "pattern": r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
+    })
 
 
 class GraphChannelBlobIn(Strict):
@@ -29,11 +37,11 @@ class GraphChannelBlobIn(Strict):
 
 
 class GraphThreadSpecIn(Strict):
-    role: str = Field("specialist", max_length=32)
-    memory_policy: str = Field("checkpoint_only", max_length=32)
-    task_mode: str = Field("langgraph", max_length=64)
-    runtime_family: str = Field("langgraph", max_length=64)
-    capabilities: list[str] = Field(default_factory=list)
+    role: GraphRole = Field("specialist", description="the session's role (`other` needs an extension: not offered here)")
+    memory_policy: Memory = "checkpoint_only"
+    task_mode: str = Field("langgraph", max_length=64, json_schema_extra=SHORT_NAME)
+    runtime_family: str = Field("langgraph", max_length=64, json_schema_extra=SHORT_NAME)
+    capabilities: list[str] = Field(default_factory=list, json_schema_extra=SHORT_NAMES)
     lease_seconds: int | None = Field(None, ge=1, le=3600)
 
 
@@ -219,7 +227,7 @@ def list_checkpoints(
 
 
 @router.get("/graph-threads", response={200: GraphThreadOut, **errors(403, 404)}, summary="The session of a graph thread")
-def get_thread(request: HttpRequest, thread_id: str):
+def get_thread(request: HttpRequest, thread_id: str = Query(..., min_length=1, max_length=200)):
     who = caller(request)
     who.require("read")
     refuse_unstorable_text({"thread_id": thread_id}, where="query")
@@ -233,7 +241,7 @@ def get_thread(request: HttpRequest, thread_id: str):
     "/graph-threads", response={200: GraphDeleteOut, **errors(403, 409)},
     summary="Delete a graph thread: close its session's runtime and forget the session (no thread: deleted=false)",
 )
-def delete_thread(request: HttpRequest, thread_id: str):
+def delete_thread(request: HttpRequest, thread_id: str = Query(..., min_length=1, max_length=200)):
     refuse_unstorable_text({"thread_id": thread_id}, where="query")
     session_id = actions.delete_thread(caller(request), thread_id)
     return {"deleted": session_id is not None, "session_id": session_id}

@@ -543,7 +543,7 @@ class CheckpointIn(Input):
     """Validated by the pure core; unknown keys are checked for transcript content, then refused."""
 
     boundary: Boundary
-    cursor: dict[str, Any]
+    cursor: dict[str, Any] = Field(..., json_schema_extra=NON_EMPTY_OBJECT)
     artifacts: list[ArtifactRefIn] = Field(default_factory=list)
     authority: dict[str, Any] | None = Field(None, description="the refs you froze against; must equal current")
     pending: dict[str, Any] = Field(
@@ -584,7 +584,7 @@ class BatchCheckpointItem(Strict):
 
 class BatchCursorItem(Strict):
     kind: Literal["cursor"]
-    cursor: dict[str, Any]
+    cursor: dict[str, Any] = Field(..., json_schema_extra=NON_EMPTY_OBJECT)
 
 
 class BatchIn(Strict):

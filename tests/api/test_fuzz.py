@@ -77,6 +77,14 @@ CONFIG = schemathesis.Config.from_dict({
             # pending handoffs/gates and approvals are resolved against this session's rows; the
             # whole checkpoint is bounded in bytes and refused when it carries a transcript's shape
             "POST /api/v1/runs/{run_id}/checkpoints",
+            # a graph checkpoint is one bounded checkpoint of the thread's run (the same byte and
+            # transcript-shape bounds), its blobs' versions must match the channel versions it names
+            "POST /api/v1/graph-threads/checkpoints",
+            # a batch's checkpoints carry the same stored-row refs and bounds as single checkpoints
+            "POST /api/v1/runs/{run_id}/batch",
+            # the metadata filter is a JSON object carried in a query string: OpenAPI parameters
+            # declare its type as a string, not the JSON inside it
+            "GET /api/v1/graph-threads/checkpoints",
             # a rubric scale needs min < max (a comparison of two fields), criterion keys are unique
             # by key, reviewers must hold the reviewer role in this project
             "POST /api/v1/sessions/{session_id}/review-gates",
