@@ -114,8 +114,11 @@ def _grow(db_url: str, world: dict[str, Any], target: int) -> float:
     with psycopg.connect(db_url, autocommit=True) as conn:
         have = conn.execute("SELECT count(*) FROM novelforge_sessions_event").fetchone()[0]
         n = target - have
-        if n > 0:
-            big, others = world["sessions"][0], world["sessions"][1:]
+        big, others = world["sessions"][0], world["sessions"][1:]
+        # One transaction draws at most 65 536 event ids (an id is its xid << 16 plus its
+        # position): the log grows in autocommit statements of 60 000 rows.
+        for start in range(have + 1, have + max(n, 0) + 1, 60_000):
+            stop = min(start + 60_000 - 1, have + n)
             conn.execute(
                 """
                 INSERT INTO novelforge_sessions_event (project_id, session_id, run_id, type, payload, actor, created_at)
@@ -137,7 +140,7 @@ def _grow(db_url: str, world: dict[str, Any], target: int) -> float:
                 FROM generate_series(%(start)s::bigint, %(stop)s::bigint) AS g(i)
                 """,
                 {"project": world["project"], "other": world["other"], "other_session": world["other_session"],
-                 "big": big, "others": others, "n_others": len(others), "start": have + 1, "stop": have + n},
+                 "big": big, "others": others, "n_others": len(others), "start": start, "stop": stop},
             )
         conn.execute("VACUUM ANALYZE novelforge_sessions_event")
     return time.perf_counter() - t0

@@ -1,25 +1,35 @@
 """The event log: appended inside the writing transaction, broadcast after commit.
 
-Ordering guarantee. A plain ``bigserial`` hands out ids at insert time, so a transaction
-that got id 7 may commit after one that got id 8; a reader who saw 8 and remembers "after
-8" would never see 7. To make ids visible in commit order, every insert here first takes
-one transaction-scoped advisory lock (``pg_advisory_xact_lock``), held until commit. So a
-writer can only draw ids once every earlier id-holder has committed or rolled back, and
-``after=<id>`` replay has no gaps. The price is that writers serialise from their first
-event insert to their commit: actions therefore append their events *last*, right before
-the transaction commits (the lock is held for one insert and the commit). The INFO log line
-of each event is written after the commit (never under the lock).
+Ordering guarantee, without a global lock. A plain ``bigserial`` hands out ids at insert time,
+so a transaction that got id 7 may commit after one that got id 8; a reader who saw 8 and
+remembers "after 8" would never see 7. Until issue 13 every insert took one global advisory
+lock held to commit, serialising all writers. Now an event's id is the writing transaction's
+top-level ``xid8`` shifted left by 16 bits plus its n-th event in that transaction
+(``nf_event_ids``, migration 0004): ids of a later transaction are larger, ids of one
+transaction consecutive. Readers see only ids below the *watermark* (``watermark()``, the
+SQL function ``nf_event_watermark``): the lowest xid still running in this database (other than
+the reader's own backend), shifted the same way, else the next xid to be assigned. Every
+transaction below the watermark has finished, so what a reader sees is a prefix of the log
+that never later gains a committed id below its top: ``after=<id>`` replay has no gaps. Every
+reader of the stream goes through ``visible()`` / ``events_after()`` here.
 
-Every reader that hands out a cursor goes through ``visible()`` / ``events_after()`` here, so
-a reader-side visibility rule has one place to live. (Issue 13 tried ids of the form
-``xid8 << 16`` with a watermark of finished transactions instead of the lock: no gaps, but id
-order became the order in which transactions took their first write, not commit order, and
-``tests/sessions/test_fencing_race.py`` caught a late append ordered after the resume that
-superseded it. Reverted; see the README's Performance section.)
+Order within a session. An xid is handed out at a transaction's first write or row lock, and a
+transaction queueing for a contended row lock may already have one (several waiters on a row the
+holder updated: one wins the lock with a later xid than a waiter behind it). So every
+transaction that writes a session's events first takes that session's *ordering lock*
+(``order_lock``: an advisory lock, which queues without an xid) before its first write or row
+lock; a session's events are then in the order their transactions held the session.
+``NOVELFORGE_EVENT_ORDER_CHECKS=1`` (the test suite) verifies the rule on every write.
+
+The price moves from writers to readers: a transaction that is slow to finish (any writer in
+this database, with or without events) holds back the visibility of events committed after it
+began, until it ends. Writers no longer wait for each other. A reader that was woken for an id
+it cannot see yet re-reads shortly (``pending()``; the websocket consumer does).
 
 Broadcast. After commit, one wake-up per transaction and project goes to the channel layer
 group ``events.project.<id>``; subscribers then read the table. The channel layer is
-at-most-once and only a wake-up; the table is the truth (PITFALLS.md).
+at-most-once and only a wake-up; the table is the truth (PITFALLS.md). The INFO log line of
+each event is written after the commit too (never inside the transaction).
 
 Other processes. The in-memory layer (no ``REDIS_URL``) only reaches this process's sockets,
 so with ``LIVE_PG_NOTIFY`` on the same after-commit wake-up also publishes ONE
@@ -41,15 +51,15 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from novelforge_sessions.event_types import EventType, family_of
 from novelforge_sessions.models import Event
 
 log = logging.getLogger("novelforge.events")
 
-#: Arbitrary constant: "NFSE". One lock for the whole log (ids are global).
-EVENT_LOG_LOCK = 0x4E465345
+#: Low bits of an event id: its position inside the writing transaction (migration 0004).
+EVENT_ID_BITS = 16
 
 
 #: The one PostgreSQL channel the wake-ups of every process go through (``live/pgnotify.py``).
@@ -157,17 +167,144 @@ def _current_wakeup() -> _Wakeup:
     return wakeup
 
 
+# The id comes from the column's default, nf_event_ids(1) (migration 0004).
+# ---------------------------------------------------------------- ordering locks
+#: Namespace of the per-session ordering locks: ``pg_advisory_xact_lock(ORDER_LOCK_NS, key)``, "NFOL".
+ORDER_LOCK_NS = 0x4E464F4C
+_KEY_MASK = 0x7FFFFFFF  # a session id folded into int4 (two sessions sharing a key only wait for each other)
+
+
+def order_lock_sql(session_id_sql: str) -> str:
+    """An SQL boolean that takes the ordering lock of the session ``session_id_sql`` names.
+
+    Written into a locking statement's ``WHERE``: it depends on parameters only, so PostgreSQL
+    plans it as a one-time filter (an InitPlan) evaluated before the statement's scan, hence
+    before its row locks. A NULL session id (no such row) takes no lock and matches nothing.
+    """
+    return (
+        f"(SELECT true FROM (SELECT pg_advisory_xact_lock({ORDER_LOCK_NS}, "
+        f"(({session_id_sql}) & {_KEY_MASK})::int4)) AS nf_order_lock)"
+    )
+
+
+def order_lock(*session_ids: int, created: bool = False) -> None:
+    """Take the ordering locks of these sessions (ascending, so two callers never deadlock).
+
+    ``created=True``: sessions this transaction just inserted. Nobody else can write them
+    before it commits, so the lock may come after the insert (it is taken so that the events
+    check below holds; it never waits).
+
+    Why. An event id is its transaction's xid in the high bits, so two transactions that touch
+    the same session must get their xids in the order they really happened. PostgreSQL gives a
+    transaction its xid at its first write or row lock, and a transaction that queues for a
+    contended row lock may already get one while it waits (several waiters on an updated row:
+    one of them wins the lock with a later xid). An advisory lock queues without an xid. So
+    every transaction that writes a session's events takes that session's ordering lock
+    first, before its first write or row lock (``lifecycle.lock_session`` and the run and
+    handoff locks do); once it holds it, the rows it then locks are free of that session's other
+    writers, and its xid is drawn after the previous holder committed.
+    """
+    keys = sorted({int(i) & _KEY_MASK for i in session_ids})
+    if not keys:
+        return
+    if not created:
+        before_order_lock(*keys)
+    with connection.cursor() as cur:
+        if len(keys) == 1:
+            cur.execute(f"SELECT pg_advisory_xact_lock({ORDER_LOCK_NS}, %s)", keys)
+        else:
+            cur.execute(
+                f"SELECT pg_advisory_xact_lock({ORDER_LOCK_NS}, k) FROM (SELECT k FROM unnest(%s::int4[]) AS k ORDER BY k) AS o",
+                [keys],
+            )
+
+
+def order_lock_candidate(sql: str, params: dict[str, Any] | list[Any]) -> int | None:
+    """A claim's first step: ``sql`` (no row locks) selects the ``session_id`` of the oldest
+    candidate row; take that session's ordering lock and return it (``None``: no candidate).
+
+    A claim does not know its session before it picks a row, and SKIP LOCKED would lock the
+    row (so draw an xid) first. This way it queues on the session's ordering lock with no xid,
+    then claims within that session only. One blocking ordering lock per claim, taken first:
+    claims cannot deadlock on them.
+    """
+    checks = _checks_on() and len(connection.atomic_blocks) == 1 and connection.connection is not None
+    if checks:  # the rule, as before_order_lock states it, once the session is known
+        xid_before = connection.connection.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()[0]
+        held_before = _held_order_locks()
+    with connection.cursor() as cur:
+        # One statement: the lock is in the outer select list, so only the chosen row's session is locked.
+        cur.execute(
+            f"SELECT c.session_id, pg_advisory_xact_lock({ORDER_LOCK_NS}, (c.session_id & {_KEY_MASK})::int4)::text "
+            f"FROM ({sql}) AS c", params,
+        )
+        row = cur.fetchone()
+    if row is None:
+        return None
+    if checks and xid_before is not None and (row[0] & _KEY_MASK) not in held_before:
+        raise AssertionError(
+            f"ordering lock of session {row[0]} taken after this transaction's first write or row lock (xid {xid_before})"
+        )
+    return row[0]
+
+
+def _checks_on() -> bool:
+    """``NOVELFORGE_EVENT_ORDER_CHECKS`` (the test suite turns it on): verify the ordering rule."""
+    return os.environ.get("NOVELFORGE_EVENT_ORDER_CHECKS", "") == "1"
+
+
+def order_lock_key(session_id: int) -> int:
+    return int(session_id) & _KEY_MASK
+
+
+def before_order_lock(*keys: int) -> None:
+    """With the checks on: refuse an ordering lock taken after the transaction's first write
+    (unless this transaction already holds every one of ``keys``: a re-entry).
+
+    Only for the outermost transaction (a test's enclosing transaction, or an action nested in
+    another, took its locks earlier). Runs on the raw connection: outside the query counts.
+    """
+    if not _checks_on() or len(connection.atomic_blocks) != 1 or connection.connection is None:
+        return
+    xid = connection.connection.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()[0]
+    if xid is not None:
+        held = _held_order_locks()
+        if keys and {k & _KEY_MASK for k in keys} <= held:
+            return
+        raise AssertionError(
+            f"ordering lock taken after this transaction's first write or row lock (xid {xid}, holding {sorted(held)}): "
+            "take it first (events.order_lock)"
+        )
+
+
+def _held_order_locks() -> set[int]:
+    rows = connection.connection.execute(
+        "SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objsubid = 2 "
+        "AND pid = pg_backend_pid() AND granted",
+        [ORDER_LOCK_NS],
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def _check_ordered(session_ids: list[int | None]) -> None:
+    """With the checks on: every event of a session is written under that session's ordering lock."""
+    if not _checks_on():
+        return
+    held = _held_order_locks()
+    missing = sorted({sid for sid in session_ids if sid is not None and (sid & _KEY_MASK) not in held})
+    if missing:
+        raise AssertionError(f"events of sessions {missing} written without their ordering lock (events.order_lock)")
+
+
 _INSERT = (
-    f"WITH l AS (SELECT pg_advisory_xact_lock({EVENT_LOG_LOCK})) "
     f"INSERT INTO {Event._meta.db_table} (project_id, session_id, run_id, type, payload, actor, created_at) "
-    "SELECT %s, %s, %s, %s, %s::jsonb, %s, now() FROM l RETURNING id"
+    "VALUES (%s, %s, %s, %s, %s::jsonb, %s, now()) RETURNING id"
 )
-# Set-based: n events in one statement under the same lock, ids drawn in list order.
+# Set-based: n events in one statement, ids reserved as one consecutive range, in list order.
 _INSERT_MANY = (
-    f"WITH l AS (SELECT pg_advisory_xact_lock({EVENT_LOG_LOCK})) "
-    f"INSERT INTO {Event._meta.db_table} (project_id, session_id, run_id, type, payload, actor, created_at) "
-    "SELECT t.project_id, t.session_id, t.run_id, t.type, t.payload, t.actor, now() "
-    "FROM l, "
+    f"INSERT INTO {Event._meta.db_table} (id, project_id, session_id, run_id, type, payload, actor, created_at) "
+    "SELECT b.first + t.ord - 1, t.project_id, t.session_id, t.run_id, t.type, t.payload, t.actor, now() "
+    "FROM (SELECT nf_event_ids(%(n)s) AS first) AS b, "
     "unnest(%(project)s::bigint[], %(session)s::bigint[], %(run)s::bigint[], %(type)s::text[], %(payload)s::jsonb[], "
     "%(actor)s::text[]) WITH ORDINALITY AS t(project_id, session_id, run_id, type, payload, actor, ord) "
     "ORDER BY t.ord RETURNING id"
@@ -195,6 +332,7 @@ def append(
     body = json.dumps(type(**(payload or {})), cls=DjangoJSONEncoder)
     if not connection.in_atomic_block:
         raise RuntimeError("events.append must run inside the writing transaction")
+    _check_ordered([session_id])
     with connection.cursor() as cur:
         cur.execute(_INSERT, [project_id, session_id, run_id, type.name, body, actor])
         event_id = cur.fetchone()[0]
@@ -224,8 +362,9 @@ def append_many(items: list[dict[str, Any]]) -> list[int]:
         cols["type"].append(kind.name)
         cols["payload"].append(json.dumps(kind(**(item.get("payload") or {})), cls=DjangoJSONEncoder))
         cols["actor"].append(item.get("actor", ""))
+    _check_ordered(cols["session"])
     with connection.cursor() as cur:
-        cur.execute(_INSERT_MANY, cols)
+        cur.execute(_INSERT_MANY, {"n": len(items), **cols})
         ids = [row[0] for row in cur.fetchall()]
     wakeup = _current_wakeup()
     info = log.isEnabledFor(logging.INFO)
@@ -236,11 +375,35 @@ def append_many(items: list[dict[str, Any]]) -> list[int]:
 
 
 # ---------------------------------------------------------------- readers
+def _marks() -> tuple[int, int | None]:
+    """(watermark, this transaction's xid or None), in one statement."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT nf_event_watermark(), pg_current_xact_id_if_assigned()::text::bigint")
+        return cur.fetchone()
+
+
+def watermark() -> int:
+    """The smallest event id not yet safe to show: every visible id is below it.
+
+    One statement (``nf_event_watermark()``, migration 0004). It must run BEFORE the read it
+    guards (a later statement, so a later snapshot): whatever finished before the watermark
+    was taken is in that read.
+    """
+    return _marks()[0]
+
+
 def visible(qs: QuerySet) -> QuerySet:
-    """``qs`` (of ``Event``) as a cursor-handing reader may see it. With the advisory lock every
-    committed id is already in commit order, so nothing is filtered; the one place a
-    reader-side visibility rule would go."""
-    return qs
+    """``qs`` (of ``Event``) restricted to the commit-ordered prefix: ids below the watermark,
+    plus the reader's own transaction's events when it has written some (as before: a
+    transaction sees its own writes).
+
+    Every reader that hands out a cursor (the websocket stream, ``GET /events``, "latest id")
+    filters through here, so none can see id N and later find a committed id below N.
+    """
+    mark, own = _marks()
+    if own is None:
+        return qs.filter(id__lt=mark)
+    return qs.filter(Q(id__lt=mark) | Q(id__gte=own << EVENT_ID_BITS, id__lt=(own + 1) << EVENT_ID_BITS))
 
 
 def events_after(qs: QuerySet, after: int, limit: int) -> list[Event]:
@@ -254,8 +417,8 @@ def latest_visible_id() -> int:
 
 
 def pending(seen_up_to: int) -> bool:
-    """Whether an announced id is not readable yet: never, under the lock (kept for readers)."""
-    return False
+    """Whether an announced id ``seen_up_to`` is still above the watermark (not yet readable)."""
+    return seen_up_to >= watermark()
 
 
 def serialize(event: Event) -> dict[str, Any]:

@@ -337,9 +337,10 @@ models.ForeignKey.register_lookup(AnyId)
 class Event(models.Model):
     """The append-only log: every state change, in the same transaction as the change.
 
-    ``id`` is global and monotonic, and — because inserts take a transaction-scoped advisory
-    lock held to commit (see ``events.append``) — ids become visible in commit order, so a
-    reader that has seen id N will never later discover a committed id below N.
+    ``id`` is global and monotonic: the writing transaction's xid in its high bits (migration
+    0004), and readers see only ids below the watermark of finished transactions
+    (``events.visible``), so a reader that has seen id N will never later discover a committed
+    id below N.
     ``session_id``/``run_id`` are plain columns, not foreign keys: the log outlives a
     forgotten session.
     """

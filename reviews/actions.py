@@ -333,10 +333,15 @@ SELECT h.id, a.id FROM {_H} h
    AND g.session_id <> %(sid)s
    AND g.opened_by <> ALL(%(labels)s) AND v.created_by <> ALL(%(labels)s)
    AND NOT EXISTS (SELECT 1 FROM {_A} b WHERE b.packet_id = a.packet_id AND b.reviewer = %(key)s AND b.id <> a.id)
+   AND (%(order_session)s::bigint IS NULL OR h.session_id = %(order_session)s::bigint)
  ORDER BY h.id
  LIMIT 1
    FOR UPDATE OF h SKIP LOCKED
 """
+# Its lock-free first step (control.handoffs.candidate_session): the oldest candidate's session,
+# whose ordering lock the claim takes before it locks a row.
+_ELIGIBLE_SESSION_SQL = "SELECT h.session_id" + _ELIGIBLE_SQL.split("SELECT h.id, a.id", 1)[1].split(
+    "AND (%(order_session)s::bigint IS NULL", 1)[0] + "ORDER BY h.id LIMIT 1"
 #: The state values those statements take as parameters (never literals in the SQL).
 _SLOT_PARAMS = {
     "review": HandoffPurpose.REVIEW.value, "agent": ReviewGate.Route.AGENT.value,
@@ -366,12 +371,13 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
     now = timezone.now()
     try:
         with transaction.atomic():
+            params = {**_SLOT_PARAMS, "key": identity.key, "sid": identity.session_id, "project": project_id,
+                      "labels": sorted(identity.labels), "now": now}
+            order_session = events.order_lock_candidate(_ELIGIBLE_SESSION_SQL, {**params, "order_session": None})
+            if order_session is None:
+                return None
             with connection.cursor() as cur:
-                cur.execute(
-                    _ELIGIBLE_SQL,
-                    {**_SLOT_PARAMS, "key": identity.key, "sid": identity.session_id, "project": project_id,
-                     "labels": sorted(identity.labels), "now": now},
-                )
+                cur.execute(_ELIGIBLE_SQL, {**params, "order_session": order_session})
                 row = cur.fetchone()
             if row is None:
                 return None
@@ -489,6 +495,7 @@ def bind_verdict(
         with transaction.atomic():
             # Lock the writer's session first (global lock order); every write to this gate
             # takes the same lock, so verdicts on one gate are serialised here.
+            events.order_lock(packet.gate.session_id)
             try:
                 session = Session.objects.select_for_update(of=("self",)).get(id=packet.gate.session_id)
             except Session.DoesNotExist:

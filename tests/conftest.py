@@ -3,7 +3,13 @@ and an API client that speaks JSON with a bearer token. Everything runs on real 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
+
+# The event log's ordering rule is verified on every write of the suite (novelforge_sessions.events:
+# each session's events under its ordering lock, taken before the transaction's first write).
+# Set before any server process starts, so the daphnes the live tests start check it too.
+os.environ.setdefault("NOVELFORGE_EVENT_ORDER_CHECKS", "1")
 
 import pytest
 from django.test import Client

@@ -48,12 +48,19 @@ RARE_EVENTS = 5
 MAX_ROWS_TOUCHED = 600
 
 
+_generated = [0]
+
+
 def _generate(project_id: int, session_id: int | None, type_: str, n: int, payload_sql: str = "'{}'::jsonb") -> None:
+    # A day-old log: ids from the bottom of the id space, below every id a transaction draws
+    # (its xid << 16, and xids start above 2), since one transaction draws at most 65536 ids.
+    first = _generated[0]
+    _generated[0] += n
     with connection.cursor() as cur:
         cur.execute(
-            f"INSERT INTO {EVENTS} (project_id, session_id, run_id, type, payload, actor, created_at) "
-            f"SELECT %s, %s, NULL, %s, {payload_sql}, 'bench', now() - interval '1 day' FROM generate_series(1, %s) AS g(i)",
-            [project_id, session_id, type_, n],
+            f"INSERT INTO {EVENTS} (id, project_id, session_id, run_id, type, payload, actor, created_at) "
+            f"SELECT %s + g.i, %s, %s, NULL, %s, {payload_sql}, 'bench', now() - interval '1 day' FROM generate_series(1, %s) AS g(i)",
+            [first, project_id, session_id, type_, n],
         )
 
 

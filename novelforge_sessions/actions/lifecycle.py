@@ -62,6 +62,7 @@ class Outbox:
 _LOCK_SESSION_SQL = f"""
 SELECT * FROM {Session._meta.db_table}
  WHERE id = %(id)s AND project_id = ANY(%(projects)s) AND (%(bound)s::bigint IS NULL OR id = %(bound)s::bigint)
+   AND {events.order_lock_sql("%(id)s::bigint")}
    FOR UPDATE
 """
 _OPEN_RUN_SQL = f"SELECT * FROM {Run._meta.db_table} WHERE session_id = %s AND state = %s"
@@ -73,13 +74,18 @@ def lock_session(caller: Caller, session_id: int, *, project: bool = True) -> Se
     ``project=False`` skips loading ``session.project`` (a later access would query it).
     """
     assert transaction.get_connection().in_atomic_block
+    # The session's ordering lock first (events.order_lock): then the row lock below is never
+    # contended by this session's other writers, and this transaction's xid (its event ids)
+    # is drawn after theirs committed.
     if not project:
+        events.before_order_lock(session_id)
         params = {"id": session_id, "projects": list(caller.project_ids), "bound": caller.session_id}
         # A larger id names no row (as the ORM would say), never a 500.
         session = next(iter(Session.objects.raw(_LOCK_SESSION_SQL, params)), None) if 0 < session_id <= BIGINT_MAX else None
         if session is None:
             raise NotFound("session not found", session_id=session_id)
         return session
+    events.order_lock(session_id)
     try:
         # of=("self",): lock only the session row, not the joined project.
         return caller.sessions().select_related("project").select_for_update(of=("self",)).get(id=session_id)

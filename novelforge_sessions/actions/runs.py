@@ -6,10 +6,12 @@ from typing import Any
 from django.db import transaction
 
 from novelforge_sessions import event_types as ev
+from novelforge_sessions import events
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import (
+    BIGINT_MAX,
     Outbox,
     apply_transition,
     check,
@@ -108,6 +110,9 @@ def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any], *, runti
             # Fencing reads the session's live runtime: hold the session lock first (lock order).
             session, run = _lock_run(caller, run_id)
         else:
+            session_id = Run.objects.filter(id=run_id).values_list("session_id", flat=True).first() if 0 < run_id <= BIGINT_MAX else None
+            if session_id is not None:
+                events.order_lock(session_id)
             try:
                 run = (
                     Run.objects.select_for_update(of=("self",)).select_related("session")

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from novelforge_sessions import leases
+from novelforge_sessions import events, leases
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
@@ -241,6 +241,7 @@ def reconcile_expired_runtimes(
             if limit is not None and len(done) >= limit:
                 break
             with transaction.atomic():
+                events.order_lock(attachment.session_id)
                 session = Session.objects.select_for_update().filter(id=attachment.session_id).first()
                 if session is None:
                     continue

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from novelforge_sessions import event_types as ev
+from novelforge_sessions import events
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
@@ -66,6 +67,7 @@ def create_session(caller: Caller, spec: NewSession, *, runtime: RuntimeSpec | N
             provider_metadata=metadata,
             created_by=caller.label,
         )
+        events.order_lock(session.id, created=True)
         outbox = Outbox(caller.label)
         outbox.add(
             session, ev.SESSION_CREATED, role=session.role, memory_policy=session.memory_policy,

@@ -114,6 +114,7 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
     with transaction.atomic():
         row = None
         if 0 < run_id <= BIGINT_MAX:
+            events.before_order_lock()
             with connection.cursor() as cur:
                 cur.execute(_LOCK_SQL, {"id": run_id, "projects": list(caller.project_ids), "bound": caller.session_id})
                 row = cur.fetchone()

@@ -35,6 +35,7 @@ SELECT r.state, r.checkpoint_count, r.session_id, s.project_id, {", ".join(f"p.{
   JOIN {Project._meta.db_table} AS p ON p.id = s.project_id
  WHERE r.id = %(id)s AND s.project_id = ANY(%(projects)s)
    AND (%(bound)s::bigint IS NULL OR s.id = %(bound)s::bigint)
+   AND {events.order_lock_sql(f"SELECT session_id FROM {Run._meta.db_table} WHERE id = %(id)s::bigint")}
    FOR UPDATE OF r
 """
 
@@ -87,6 +88,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
     with transaction.atomic():
         row = None
         if 0 < run_id <= BIGINT_MAX:  # a larger id names no row (as the ORM would say), never a 500
+            events.before_order_lock()
             with connection.cursor() as cur:
                 cur.execute(
                     _LOCK_RUN_SQL, {"id": run_id, "projects": list(caller.project_ids), "bound": caller.session_id}

@@ -270,13 +270,15 @@ def put_checkpoint(
         _blob(b.value, f"blobs[{i}]")
     document = _document(checkpoint)
     meta = check(rt.validate_metadata, dict(metadata or {}), "metadata", MAX_METADATA_BYTES)
+    if open_spec is not None:
+        # Its own transaction, committed first: a loser of the race to open the thread has then
+        # written nothing when it takes the winner's session ordering lock (events.order_lock).
+        thread, opened_runtime = _open_thread(caller, thread_id, open_spec)
     with transaction.atomic():
         if open_spec is None:
             thread, opened_runtime = find_thread(caller, thread_id), None
             if thread is None:
                 raise NotFound("graph thread not found", thread_id=thread_id)
-        else:
-            thread, opened_runtime = _open_thread(caller, thread_id, open_spec)
         # The session lock serialises the thread's writers (lock order: session, then run).
         session = lock_session(caller, thread.session_id)
         versions = _store_blobs(session.project, (b.value for b in blobs), caller.label)
@@ -333,13 +335,13 @@ def put_writes(
     for i, w in enumerate(writes):
         _name(w.channel, f"writes[{i}].channel")
         _blob(w.value, f"writes[{i}].value")
+    if open_spec is not None:
+        thread, _ = _open_thread(caller, thread_id, open_spec)  # committed first, as in put_checkpoint
     with transaction.atomic():
         if open_spec is None:
             thread = find_thread(caller, thread_id)
             if thread is None:
                 raise NotFound("graph thread not found", thread_id=thread_id)
-        else:
-            thread, _ = _open_thread(caller, thread_id, open_spec)
         session = lock_session(caller, thread.session_id)
         versions = _store_blobs(session.project, (w.value for w in writes), caller.label)
         changed = 0

@@ -267,6 +267,7 @@ WITH candidate AS (
        AND h.state = ANY(%(claim_from)s) AND (h.state <> %(claimed)s OR h.lease_expires_at <= %(now)s)
        AND h.required_capabilities <@ %(caps)s::jsonb
        AND s.status <> ALL(%(closed_statuses)s)
+       AND h.session_id = %(order_session)s::bigint
      ORDER BY h.id
      LIMIT 1
        FOR UPDATE OF h SKIP LOCKED
@@ -279,6 +280,16 @@ UPDATE {_H} h
  WHERE h.id = c.id
 RETURNING h.*, c.previous_holder
 """
+
+
+# The claim's first step, without any lock: the session of the oldest candidate
+# (events.order_lock_candidate takes its ordering lock). The claim then takes a row FOR UPDATE
+# SKIP LOCKED within that session only: racing claimers of one session queue on its ordering
+# lock, then each takes the next row.
+_CANDIDATE_SESSION_SQL = (
+    "SELECT h.session_id" + _CLAIM_SQL.split("SELECT h.id, h.lease_holder AS previous_holder", 1)[1]
+    .split("AND h.session_id = %(order_session)s::bigint", 1)[0] + "ORDER BY h.id LIMIT 1"
+)
 
 
 def _scoped(project_ids: Collection[int], session_id: int | None) -> QuerySet[Handoff]:
@@ -297,14 +308,13 @@ def claim_row(
     handoff carries ``previous_holder`` (the lease holder before this claim, or "")."""
     if handoff_id is not None and not 0 < handoff_id <= BIGINT_MAX:
         return None  # the statement casts it to bigint: a larger id names no row
-    claimed = list(
-        Handoff.objects.raw(
-            _CLAIM_SQL,
-            {**_LEASE_PARAMS, "projects": list(project_ids), "bound": session_id, "handoff": handoff_id,
-             "purpose": HandoffPurpose(purpose).value, "now": now, "caps": json.dumps(capabilities),
-             "holder": holder, "token": token_id},
-        )
-    )
+    params = {**_LEASE_PARAMS, "projects": list(project_ids), "bound": session_id, "handoff": handoff_id,
+              "purpose": HandoffPurpose(purpose).value, "now": now, "caps": json.dumps(capabilities),
+              "holder": holder, "token": token_id}
+    order_session = events.order_lock_candidate(_CANDIDATE_SESSION_SQL, params)
+    if order_session is None:
+        return None
+    claimed = list(Handoff.objects.raw(_CLAIM_SQL, {**params, "order_session": order_session}))
     if not claimed:
         return None
     handoff = claimed[0]

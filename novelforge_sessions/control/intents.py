@@ -208,6 +208,8 @@ def create_intent(
         )
     try:
         with transaction.atomic():
+            if session_id is not None:
+                events.order_lock(session_id)  # the intent's events are its session's (events.order_lock)
             intent = WriteIntent.objects.create(
                 project=project, session_id=session_id, run_id=run_id, kind=kind, artifact=artifact, params=clean,
                 before_fingerprint=before_fingerprint, before_state=state, idempotency_key=idempotency_key,
@@ -259,6 +261,14 @@ def approval_problem(intent: WriteIntent, approval: Approval | None, project: Pr
 
 
 def _lock_intent(caller: Caller, intent_id: int) -> WriteIntent:
+    # An intent of a session writes that session's events: its ordering lock first (events.order_lock;
+    # an intent's session never changes, so the lock-free read names the right one).
+    session_id = (
+        WriteIntent.objects.filter(id=intent_id).values_list("session_id", flat=True).first()
+        if 0 < intent_id <= 2**63 - 1 else None
+    )
+    if session_id is not None:
+        events.order_lock(session_id)
     try:
         return (
             caller.scope("write_intent", WriteIntent.objects.select_for_update(of=("self",)))

@@ -168,6 +168,7 @@ def deliver_result(
     refusal: ServiceError | None = None
     answer: Delivered | None = None
     with transaction.atomic():
+        events.order_lock(handoff.session_id)  # before anything below writes (events.order_lock)
         if receipt is not None:
             answer, refusal = _against_receipt(caller, handoff, receipt, fencing_token, digest, result, None)
         elif fencing_token != handoff.fencing_token:

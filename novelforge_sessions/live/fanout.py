@@ -42,6 +42,12 @@ from novelforge_sessions.live import replay
 log = logging.getLogger("novelforge.live")
 
 
+#: Re-reads of a feed whose announced event is not readable yet: first after 2 ms, doubling to 250 ms.
+_RECHECK_FIRST, _RECHECK_MAX = 0.002, 0.25
+#: A wake-up's max_id that announces no particular event (live/pgnotify.py's "everyone, read").
+_WAKE_ALL = 2**63 - 1
+
+
 class Member(Protocol):
     def feed_advanced(self, project_id: int) -> None:
         """Called (synchronously, on the loop) after the feed read new events; must not block."""
@@ -68,6 +74,7 @@ class Feed:
         self.start = 0  # the buffer holds every event of the project with start < id <= head
         self.buffer: deque[tuple[int, int | None, str]] = deque()
         self.reads = 0  # log reads made by this feed (observability and tests)
+        self.announced = 0  # the highest id a wake-up announced for this project
         self._wanted = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -79,8 +86,16 @@ class Feed:
         self._task = asyncio.ensure_future(self._run())
 
     def wake(self, max_id: int) -> None:
+        if max_id >= _WAKE_ALL:  # "read whatever is there" (pgnotify after a reconnect): no id to wait for
+            self.sweep()
+            return
+        self.announced = max(self.announced, max_id)
         if max_id > self.head:
             self._wanted.set()
+
+    def sweep(self) -> None:
+        """Read once, whatever was announced (the sweep's safety net for lost wake-ups)."""
+        self._wanted.set()
 
     def events_after(self, position: int, session_id: int | None) -> list[tuple[int, str]]:
         """Buffered (id, JSON) after ``position``, of one session or all; caller checked ``start``."""
@@ -97,15 +112,28 @@ class Feed:
         while True:
             await self._wanted.wait()
             self._wanted.clear()
-            try:
-                await self._read()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a database hiccup: the next wake-up or the sweep reads again
-                log.warning("event feed read for project %s failed", self.project_id, exc_info=True)
-                continue
-            for member in list(self.members):
-                member.feed_advanced(self.project_id)
+            delay, waited = _RECHECK_FIRST, 0.0
+            while True:
+                try:
+                    await self._read()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a database hiccup: the next wake-up or the sweep reads again
+                    log.warning("event feed read for project %s failed", self.project_id, exc_info=True)
+                    break
+                for member in list(self.members):
+                    member.feed_advanced(self.project_id)
+                if self.head >= self.announced or waited >= float(settings.LIVE_SWEEP_SECONDS):
+                    break
+                # The announced event is committed but not readable yet: it sits above the log's
+                # watermark while an older transaction of this database is still open
+                # (novelforge_sessions.events). Nothing announces that transaction's end, so
+                # re-read shortly, backing off; a new wake-up reads at once.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wanted.wait(), delay)
+                self._wanted.clear()
+                waited += delay
+                delay = min(delay * 2, _RECHECK_MAX)
 
     async def _read(self) -> None:
         limit = replay.PAGE_SIZE
@@ -204,7 +232,7 @@ class Hub:
                     await self.layer.group_add(feed.group, self.channel)
                 except Exception:
                     log.warning("event hub could not re-join %s", feed.group, exc_info=True)
-                feed.wake(2**63 - 1)
+                feed.sweep()
 
 
 _hubs: dict[int, Hub] = {}

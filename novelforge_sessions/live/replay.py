@@ -1,8 +1,8 @@
 """Synchronous reads behind the event stream: who may subscribe to what, and the log after an id.
 
 The websocket consumer calls these through ``database_sync_to_async``. Replay is simply
-"events with id > cursor, ordered by id" (``events.events_after``): ids become visible in
-commit order (see ``novelforge_sessions.events``), so a reader that has seen id N never later discovers a
+"events with id > cursor, ordered by id", below the watermark (``events.events_after``, see
+``novelforge_sessions.events``), so a reader that has seen id N never later discovers a
 committed id below N, and a cursor is all a subscription needs to be gap-free.
 """
 from __future__ import annotations
@@ -70,4 +70,3 @@ def events_after(sub: Subscription, after: int, limit: int = PAGE_SIZE) -> list[
 def latest_event_id() -> int:
     """The highest committed event id (0 for an empty log): "from now on" for a new subscriber."""
     return events.latest_visible_id()
-

@@ -206,7 +206,8 @@ def test_claim_and_heartbeat_query_counts(worker, frozen, project, django_assert
     who = caller_for(project, ["read", "work"])
     with Statements() as claimed:
         got = actions.claim_handoff(who, worker="w", capabilities=["continuity"])
-    assert len(claimed) == 2, claimed.sql  # the claiming UPDATE … RETURNING, then its event
+    # the candidate's session with its ordering lock, the claiming UPDATE … RETURNING, its event
+    assert len(claimed) == 3, claimed.sql
     with django_assert_max_num_queries(1):  # one conditional UPDATE, no transaction
         actions.heartbeat_handoff(who, got.id, fencing_token=got.fencing_token)
 

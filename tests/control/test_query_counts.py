@@ -26,14 +26,17 @@ def test_claim_heartbeat_and_delivery_query_counts(django_assert_max_num_queries
     run = start_run(who, s.id)
     h = create_handoff(who, run.id, logical_id="hot-1", result_schema={"text": "string"}).handoff
 
-    with django_assert_num_queries(4):  # BEGIN, UPDATE … RETURNING (the claim), its event, COMMIT
+    # BEGIN, the candidate's session + its ordering lock (one statement), UPDATE … RETURNING (the
+    # claim), its event, COMMIT
+    with django_assert_num_queries(5):
         claimed = claim_handoff(who, worker="w", capabilities=[])
     with django_assert_num_queries(1):  # one conditional UPDATE
         heartbeat_handoff(who, claimed.id, fencing_token=claimed.fencing_token)
     kw = {"fencing_token": claimed.fencing_token, "job_fingerprint": h.job_fingerprint, "result": {"text": "x"}}
-    # read handoff+receipt, BEGIN, lock session, fenced UPDATE, delivery, validation, receipt,
-    # remaining handoffs, run's pending list, open run, session (→ running), 2 events, COMMIT
-    with django_assert_max_num_queries(14):
+    # read handoff+receipt, BEGIN, the session's ordering lock, lock session, fenced UPDATE,
+    # delivery, validation, receipt, remaining handoffs, run's pending list, open run, session
+    # (→ running), 2 events, COMMIT
+    with django_assert_max_num_queries(15):
         assert deliver_result(who, claimed.id, **kw).outcome == "consumed"
     with django_assert_num_queries(2):  # the duplicate: one read, its delivery-log row (autocommit)
         assert deliver_result(who, claimed.id, **kw).outcome == "already_consumed"

@@ -81,9 +81,9 @@ def test_deliver_query_counts(worker, claimed, project):
     kw = {"fencing_token": h["fencing_token"], "job_fingerprint": h["job_fingerprint"]}
     with Statements() as first:
         actions.deliver_result(who, h["id"], result=GOOD, **kw)
-    # read, lock session, fenced UPDATE, delivery, validation, receipt, pending list, run,
-    # session transition, 2 events
-    assert len(first) <= 12, first.sql
+    # read, the session's ordering lock, lock session, fenced UPDATE, delivery, validation,
+    # receipt, pending list, run, session transition, 2 events
+    assert len(first) <= 13, first.sql
     with Statements() as dup:
         assert actions.deliver_result(who, h["id"], result=GOOD, **kw).outcome == "already_consumed"
     assert len(dup) == 2, dup.sql  # the handoff+receipt read and the delivery-log row

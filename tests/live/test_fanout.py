@@ -157,6 +157,7 @@ def test_a_socket_behind_the_buffer_or_reconnecting_catches_up_from_the_log_with
 
         # 60 events in one transaction, committed here (no wake-up reaches the server)...
         with transaction.atomic():
+            events.order_lock(w["s2"].id)  # a session's events under its ordering lock (events.order_lock)
             for n in range(60):
                 events.append(project_id=w["a"].id, session_id=w["s2"].id, type=BURST, payload={"n": n})
         # ... then one commit through the server wakes the feed: 61 new events, 8 kept.

@@ -70,6 +70,7 @@ def test_events_committed_while_the_backlog_streams_arrive_once_each_in_order(ws
     project, token, session = world
     # A backlog longer than one page, so it is streamed in several reads.
     with transaction.atomic():
+        events.order_lock(session.id)  # a session's events under its ordering lock (events.order_lock)
         for n in range(2 * replay.PAGE_SIZE + 50):
             events.append(project_id=project.id, session_id=session.id, type=BACKLOG, payload={"n": n})
     before = len(table_ids(project.id))
@@ -92,6 +93,7 @@ def test_events_committed_while_the_backlog_streams_arrive_once_each_in_order(ws
         try:
             for n in range(per_writer):
                 with transaction.atomic():
+                    events.order_lock(session.id)
                     events.append(project_id=project.id, session_id=session.id, type=DIRECT, payload={"n": n})
         except BaseException as exc:
             errors.append(exc)

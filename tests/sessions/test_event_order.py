@@ -1,4 +1,4 @@
-"""Commit-ordered event ids: no reader ever finds a gap (issue 13).
+"""Commit-ordered event ids without a global lock (issue 13): no reader ever finds a gap.
 
 A gap: a reader saw id N, and later finds a committed id below N (it would never replay it,
 since cursors are "after N"). Real threads against PostgreSQL, transaction=True (each writer
@@ -56,20 +56,26 @@ def _read_all(sub: Subscription, after: int) -> list[int]:
         after = page[-1]["id"]
 
 
-def test_an_open_event_writer_holds_back_later_writers_until_it_ends():
-    """The interleaving a bare serial id gets wrong: T1 has drawn its event id and is still open
-    when T2 appends. T2 must not commit an id a reader could see before T1's."""
+def test_an_older_open_transaction_holds_back_later_commits_until_it_ends():
+    """The interleaving a serial id gets wrong: T1 takes its xid first and draws its event id
+    last; T2 (another session: the two do not wait for each other) commits in between. A
+    reader must not see T2's event before T1's is visible."""
     project = make_project("order")
     session_id = _running_session(caller_for(project)).id
+    other_id = _running_session(caller_for(project)).id
     sub = Subscription(key=f"project:{project.id}", project_id=project.id, session_id=None)
     start = latest_event_id()
-    t1_drew, t1_may_commit, t2_started = (threading.Event() for _ in range(3))
+    t1_has_xid, t1_may_commit, t2_done, t1_drew = (threading.Event() for _ in range(4))
     ids: dict[str, list[int]] = {}
 
     def t1() -> None:
         try:
             with transaction.atomic():
-                ids["t1"] = _append(project.id, session_id)
+                events.order_lock(session_id)
+                Session.objects.filter(id=session_id).update(provider_metadata={"t": 1})  # first write: xid
+                t1_has_xid.set()
+                assert t2_done.wait(30)
+                ids["t1"] = _append(project.id, session_id)  # drawn after T2's
                 t1_drew.set()
                 assert t1_may_commit.wait(30)
         finally:
@@ -77,35 +83,43 @@ def test_an_open_event_writer_holds_back_later_writers_until_it_ends():
 
     def t2() -> None:
         try:
-            assert t1_drew.wait(30)
-            t2_started.set()
+            assert t1_has_xid.wait(30)
             with transaction.atomic():
-                ids["t2"] = _append(project.id, session_id, 2)
+                events.order_lock(other_id)
+                ids["t2"] = _append(project.id, other_id, 2)
         finally:
+            t2_done.set()
             connection.close()
 
     threads = [threading.Thread(target=t1), threading.Thread(target=t2)]
     for t in threads:
         t.start()
-    assert t2_started.wait(30)
-    assert _read_all(sub, start) == []  # T1 open: nothing of T1 or T2 is visible yet
+    assert t2_done.wait(30)
+    assert t1_drew.wait(30)  # T1 has drawn its id and is still open
+    assert ids["t1"][0] < ids["t2"][0]  # ids follow the transactions, not the insert order
+    seen_while_open = _read_all(sub, start)
+    assert seen_while_open == []  # T2 committed, but below it T1 is still open
+    assert latest_event_id() == start
+    assert events.pending(ids["t2"][-1])
     t1_may_commit.set()
     for t in threads:
         t.join()
-    assert ids["t1"][0] < ids["t2"][0]
     assert _read_all(sub, start) == ids["t1"] + ids["t2"]
+    assert not events.pending(ids["t2"][-1])
 
 
-def test_a_rolled_back_transaction_leaves_no_hole_a_reader_waits_on():
+def test_a_rolled_back_transaction_releases_the_watermark():
     project = make_project("rollback")
     session_id = _running_session(caller_for(project)).id
     sub = Subscription(key=f"project:{project.id}", project_id=project.id, session_id=None)
     start = latest_event_id()
     with pytest.raises(Boom):
         with transaction.atomic():
+            events.order_lock(session_id)
             _append(project.id, session_id, 3)
             raise Boom
     with transaction.atomic():
+        events.order_lock(session_id)
         kept = _append(project.id, session_id)
     assert _read_all(sub, start) == kept
 
@@ -144,6 +158,7 @@ def test_no_gaps_under_concurrent_writers_and_readers():
                     continue
                 try:
                     with transaction.atomic():
+                        events.order_lock(sessions_[w].id)
                         Session.objects.filter(id=sessions_[w].id).update(provider_metadata={"i": i})  # xid first
                         for _ in range(rng.randint(0, 3)):
                             Session.objects.filter(id=sessions_[w].id).values_list("id").first()  # widen the window
@@ -192,3 +207,65 @@ def test_no_gaps_under_concurrent_writers_and_readers():
         assert flat == sorted(set(flat)), f"reader {r} saw an id at or below its high-water mark later"
         assert flat == all_committed, f"reader {r} missed {sorted(set(all_committed) - set(flat))[:5]}"
         assert sum(1 for batch in seen[r] if batch) >= 2  # it really read while writers wrote
+
+
+def test_a_sessions_events_follow_the_order_its_writers_held_it():
+    """Causality, not only no gaps: ids carry the writing transaction's xid, and PostgreSQL may
+    give a transaction its xid while it still queues for a contended row lock (several waiters
+    on a row the holder updated: one wins with a later xid). Eight threads append to ONE
+    session's transcript; each append numbers its entry under the session lock. Ordered by
+    event id, the numbers must be 1..N: the session's ordering lock (an advisory lock, which
+    queues without an xid) is what makes the xid follow the lock order."""
+    from novelforge_sessions.actions.transcript import append_transcript
+
+    project = make_project("causal")
+    who = caller_for(project)
+    session_id = _running_session(who).id
+    threads_n, per_thread = 8, 8
+    barrier = threading.Barrier(threads_n)
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            barrier.wait()
+            for _ in range(per_thread):
+                append_transcript(who, session_id, role="assistant", content="x")
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer) for _ in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    seqs = list(
+        Event.objects.filter(session_id=session_id, type=ev.TRANSCRIPT_APPENDED.name).order_by("id")
+        .values_list("payload__seq", flat=True)
+    )
+    assert seqs == list(range(1, threads_n * per_thread + 1))
+
+
+def test_the_suite_checks_the_ordering_rule_and_a_refused_write_stores_nothing():
+    """``NOVELFORGE_EVENT_ORDER_CHECKS`` (on in the suite, tests/conftest.py): an ordering lock
+    taken after the transaction's first write, or a session's event written without it, fails
+    loudly, so a write path that forgets the rule cannot pass the suite."""
+    project = make_project("rule")
+    session_id = _running_session(caller_for(project)).id
+    before = Event.objects.count()
+    with pytest.raises(AssertionError, match="after this transaction's first write"):
+        with transaction.atomic():
+            Session.objects.filter(id=session_id).update(provider_metadata={"late": True})
+            events.order_lock(session_id)
+    with pytest.raises(AssertionError, match="without their ordering lock"):
+        with transaction.atomic():
+            _append(project.id, session_id)
+    assert Event.objects.count() == before
+    assert Session.objects.get(id=session_id).provider_metadata != {"late": True}
+    with transaction.atomic():  # the rule kept: lock, write, events
+        events.order_lock(session_id)
+        Session.objects.filter(id=session_id).update(provider_metadata={"kept": True})
+        kept = _append(project.id, session_id)
+    assert Event.objects.count() == before + 1 and Event.objects.filter(id__in=kept).exists()
