@@ -63,6 +63,10 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _scenarios(only: list[int] | None) -> list[tuple[int, int]]:
+    return [s for s in SCENARIOS if not only or s[0] in only]
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -127,11 +131,17 @@ async def _reader(ws: Any, got: dict[int, float], order: list[int]) -> None:
 
 
 def _publish_ours(cfg: dict[str, Any], rate: float, seconds: float, sent: dict[int, float], stop: threading.Event) -> None:
+    from channels.layers import get_channel_layer
     from django.db import connection, transaction
 
     from novelforge_sessions import events
     from novelforge_sessions.event_types import TRANSCRIPT_APPENDED
 
+    # Load the channel layer before the first tick, as the bare publisher does (its
+    # ``get_channel_layer()`` above its loop): otherwise the first commit's after-commit hook,
+    # inside the measured interval, pays importing channels_redis and redis.asyncio (~70 ms
+    # here), and with 60 events that one delivery is the p99 of a --quick window.
+    get_channel_layer()
     period, t_next, deadline = 1.0 / rate, time.perf_counter(), time.perf_counter() + seconds
     i = 0
     while time.perf_counter() < deadline and not stop.is_set():
@@ -211,7 +221,7 @@ async def _measure(cfg: dict[str, Any]) -> list[dict[str, Any]]:
 
     django.setup()
     out = []
-    for n, rate in SCENARIOS:
+    for n, rate in _scenarios(cfg.get("only")):
         for kind in ("bare", "ours"):  # interleaved, the floor first
             out.append(await _scenario(cfg, kind, n, rate, cfg["seconds"]))
     return out
@@ -225,7 +235,7 @@ def _child(env: dict[str, str], *args: str) -> Any:
     return json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
 
 
-def run(quick: bool, server_url: str | None = None) -> dict[str, Any]:
+def run(quick: bool, server_url: str | None = None, only: list[int] | None = None) -> dict[str, Any]:
     import psycopg
 
     server = _server(server_url)
@@ -240,7 +250,7 @@ def run(quick: bool, server_url: str | None = None) -> dict[str, Any]:
     srv = _BenchDaphne(db_url, results / f"stream-daphne-{int(time.time())}.log")
     try:
         cfg = {**world, "ws_url": srv.url.replace("http", "ws", 1), "http_url": srv.url, "server_pid": srv.proc.pid,
-               "seconds": 3.0 if quick else 10.0}
+               "seconds": 3.0 if quick else 10.0, "only": only}
         rows = _child(env, "--_measure", json.dumps(cfg))
     finally:
         srv.stop()
@@ -279,7 +289,7 @@ def goals_from(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows = result["rows"]
     by = {(r["kind"], r["subscribers"]): r for r in rows}
     out = []
-    for n, rate in SCENARIOS:
+    for n, rate in _scenarios(sorted({r["subscribers"] for r in rows})):
         ours, bare = by[("ours", n)], by[("bare", n)]
         p99_ratio = ours["p99_ms"] / bare["p99_ms"] if bare["p99_ms"] else None
         cpu_ratio = (ours["cpu_ms_per_delivered"] / bare["cpu_ms_per_delivered"]
@@ -332,8 +342,9 @@ def main() -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 s per scenario instead of 10 s")
+    parser.add_argument("--subscribers", default="", help="only these scenarios, e.g. 1,10 (default: all)")
     args = parser.parse_args()
-    result = run(args.quick)
+    result = run(args.quick, only=[int(x) for x in args.subscribers.split(",") if x.strip()] or None)
     print(f"{'kind':5} {'subs':>4} {'ev/s':>4} {'events':>6} {'deliv':>6} {'p50 ms':>7} {'p99 ms':>7} {'cpu s':>6} {'cpu ms/del':>10} gaps dup disorder")
     for r in result["rows"]:
         print(f"{r['kind']:5} {r['subscribers']:>4} {r['rate']:>4} {r['events']:>6} {r['delivered']:>6} {r['p50_ms']:>7.1f} "
