@@ -29,6 +29,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from novelforge_sessions.live.origins import SameOriginValidator  # noqa: E402
 from novelforge_sessions.live.routing import websocket_urlpatterns  # noqa: E402
 from novelforge_sessions.live import shutdown  # noqa: E402
+from novelforge_sessions.live.wsframes import memoise_autobahn_hltype  # noqa: E402
 from novelforge_sessions.api.asgi import LeanApiApplication, cache_twisted_content_type  # noqa: E402
 from django.conf import settings  # noqa: E402
 
@@ -36,6 +37,7 @@ from django.conf import settings  # noqa: E402
 # finish) before daphne cancels what is left: novelforge_sessions.live.shutdown.
 shutdown.install()
 cache_twisted_content_type()  # daphne only: Twisted's Content-Type parse, memoised (api/asgi.py)
+memoise_autobahn_hltype()  # daphne only: a websocket frame's debug-log text, memoised (live/wsframes.py)
 
 application = ProtocolTypeRouter(
     {
