@@ -30,6 +30,7 @@ from novelforge_sessions.live.origins import SameOriginValidator  # noqa: E402
 from novelforge_sessions.live.routing import websocket_urlpatterns  # noqa: E402
 from novelforge_sessions.live import shutdown  # noqa: E402
 from novelforge_sessions.live.wsframes import memoise_autobahn_hltype  # noqa: E402
+from novelforge_sessions.live.consumers import RawSendMiddleware  # noqa: E402
 from novelforge_sessions.api.asgi import LeanApiApplication, cache_twisted_content_type  # noqa: E402
 from django.conf import settings  # noqa: E402
 
@@ -45,6 +46,7 @@ application = ProtocolTypeRouter(
         # hop into a fixed pool, persistent connections, API_MIDDLEWARE only) and everything else
         # through Django's handler (settings.API_LEAN).
         "http": bodylimit.BodyLimitMiddleware(LeanApiApplication(django_asgi_app) if settings.API_LEAN else django_asgi_app),
-        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # RawSendMiddleware: the stream's frames skip the session wrapper of send (live/consumers.py).
+        "websocket": SameOriginValidator(RawSendMiddleware(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
     }
 )

@@ -7,10 +7,13 @@ whether or not debug logging is on, and ``hltype`` formats the method's qualifie
 was ~3 % of the server's time, half of autobahn's whole send path. ``memoise_autobahn_hltype``
 replaces the module's ``hltype`` with one that remembers its text per function or class (the
 text depends only on the object's module and qualified name; bound methods are keyed by their
-function). Only when autobahn is already loaded (daphne); otherwise nothing changes.
+function), and its ``hlval`` (the peer and the frame's length, styled the same way each time)
+with a bounded memo for strings and integers. Only when autobahn is already loaded (daphne);
+otherwise nothing changes.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from typing import Any
@@ -34,7 +37,17 @@ def memoise_autobahn_hltype() -> bool:
             text = texts[key] = real(obj)
         return text
 
+    real_val = protocol.hlval
+    styled = functools.lru_cache(maxsize=4096)(lambda val, kind, color, bold: real_val(val, color=color, bold=bold))
+
+    def hlval(val: Any, color: str = "white", bold: bool = True) -> str:
+        if type(val) in (str, int):  # exact types: True and 1 are equal keys but print differently
+            return styled(val, type(val), color, bold)
+        return real_val(val, color=color, bold=bold)
+
     hltype._novelforge_memo = True  # type: ignore[attr-defined]
     hltype.__wrapped__ = real  # type: ignore[attr-defined]
+    hlval.__wrapped__ = real_val  # type: ignore[attr-defined]
     protocol.hltype = hltype
+    protocol.hlval = hlval
     return True

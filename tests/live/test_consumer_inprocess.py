@@ -215,3 +215,25 @@ async def test_a_commit_in_a_writer_thread_wakes_the_hub_directly_without_a_grou
     await comm.disconnect()
     # The hub stopped with its last socket: its channel is no longer a local waker.
     assert members[0] not in events.LOCAL_WAKERS
+
+
+async def test_the_streams_frames_skip_the_session_wrapper_of_send(local_settings, monkeypatch):
+    """``RawSendMiddleware``: text frames go to the server's own send; channels' session wrapper
+    (which acts only on ``http.response.start``) sees the accept, not the frames."""
+    from channels.sessions import InstanceSessionWrapper
+
+    seen: list[str] = []
+    real = InstanceSessionWrapper.send
+
+    async def spy(self, message):
+        seen.append(message["type"])
+        return await real(self, message)
+
+    monkeypatch.setattr(InstanceSessionWrapper, "send", spy)
+    project_id, token = await database_sync_to_async(_project_with_token)()
+    comm = await _subscribed([(b"authorization", f"Bearer {token}".encode())], project_id)  # subscribed, caught_up
+    kept = await database_sync_to_async(_committed)(project_id)
+    frame = await _frame(comm)
+    assert frame["type"] == "event" and frame["event"]["id"] == kept
+    assert seen == ["websocket.accept"]
+    await comm.disconnect()
