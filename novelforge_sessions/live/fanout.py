@@ -98,6 +98,7 @@ class Reader:
         self.conn: psycopg.AsyncConnection | None = None
         self.statements: dict[int, tuple[str, list[Any]] | None] = {}  # limit -> (sql, params); None: use the ORM
         self._conninfo: dict[str, Any] | None = None
+        self._opening = asyncio.Lock()  # two feeds reading after a drop open one connection, not two
 
     async def prepare(self, limit: int) -> None:
         """Compile the statement and open the connection (done when the hub starts, so the
@@ -109,9 +110,11 @@ class Reader:
                 log.warning("event feed statement not compilable; the feeds read through the ORM", exc_info=True)
                 self.statements[limit] = None
         if self.statements[limit] is not None and (self.conn is None or self.conn.closed):
-            if self._conninfo is None:
-                self._conninfo = await database_sync_to_async(_reader_conninfo)()
-            self.conn = await psycopg.AsyncConnection.connect(autocommit=True, **self._conninfo)
+            async with self._opening:
+                if self.conn is None or self.conn.closed:
+                    if self._conninfo is None:
+                        self._conninfo = await database_sync_to_async(_reader_conninfo)()
+                    self.conn = await psycopg.AsyncConnection.connect(autocommit=True, **self._conninfo)
 
     async def page(self, project_id: int, after: int, limit: int) -> list[tuple[int, int | None, str]]:
         """Up to ``limit`` of the project's events after ``after``: (id, session_id, JSON text)."""

@@ -74,7 +74,19 @@ async def test_a_dropped_connection_is_replaced_on_the_next_read(settings):
         with pytest.raises(psycopg.OperationalError):
             await reader.page(project_a, start, 200)
         assert reader.conn is None  # dropped: the next read opens a new one
-        assert await reader.page(project_a, start, 200) == first
+        # Two feeds reading at once after the drop: both served, over ONE new connection.
+        both = await asyncio.gather(reader.page(project_a, start, 200), reader.page(project_a, start, 100))
+        assert both == [first, first]
+
+        def readers() -> int:
+            from django.db import connection
+
+            with connection.cursor() as cur:
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                            [fanout.READER_APPLICATION_NAME])
+                return cur.fetchone()[0]
+
+        assert await database_sync_to_async(readers)() == 1
     finally:
         await reader.close()
 
