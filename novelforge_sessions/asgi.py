@@ -7,9 +7,11 @@ inside daphne's request as the body arrives (``novelforge_sessions.bodylimit``).
 
 Websockets are wrapped, outermost first, in ``SameOriginValidator`` (a page from a foreign
 Origin — another host, scheme or port — cannot open a socket with the manager's cookie: the
-handshake is refused; ``novelforge_sessions.live.origins``) and
-``AuthMiddlewareStack`` (the Django session cookie becomes ``scope["user"]``). Agents present
-a bearer token instead; the consumer checks it (``novelforge_sessions.live.consumers``).
+handshake is refused; ``novelforge_sessions.live.origins``), ``RawSendMiddleware`` (the
+server's own ``send`` kept in the scope, so the stream's frames skip the session wrapper of
+``send``, which acts on HTTP responses only) and ``AuthMiddlewareStack`` (the Django session
+cookie becomes ``scope["user"]``). Agents present a bearer token instead; the consumer checks it
+(``novelforge_sessions.live.consumers``).
 """
 import os
 
