@@ -230,8 +230,10 @@ def order_lock_candidate(sql: str, params: dict[str, Any] | list[Any]) -> int | 
     """
     checks = _checks_on() and len(connection.atomic_blocks) == 1 and connection.connection is not None
     if checks:  # the rule, as before_order_lock states it, once the session is known
-        xid_before = connection.connection.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()[0]
+        rows = _raw_one("SELECT pg_current_xact_id_if_assigned()")
         held_before = _held_order_locks()
+        checks = rows is not _UNKNOWN and held_before is not None
+        xid_before = rows[0][0] if checks else None
     with connection.cursor() as cur:
         # One statement: the lock is in the outer select list, so only the chosen row's session is locked.
         cur.execute(
@@ -246,6 +248,18 @@ def order_lock_candidate(sql: str, params: dict[str, Any] | list[Any]) -> int | 
             f"ordering lock of session {row[0]} taken after this transaction's first write or row lock (xid {xid_before})"
         )
     return row[0]
+
+
+def _raw_one(sql: str, params: list[Any] | None = None) -> Any:
+    """One row of a check's query on the raw connection, or ``_UNKNOWN`` when it cannot run (the
+    database went away: the statement the check guards then fails with its own typed error)."""
+    try:
+        return connection.connection.execute(sql, params).fetchall()
+    except Exception:
+        return _UNKNOWN
+
+
+_UNKNOWN = object()
 
 
 def _checks_on() -> bool:
@@ -266,10 +280,11 @@ def before_order_lock(*keys: int) -> None:
     """
     if not _checks_on() or len(connection.atomic_blocks) != 1 or connection.connection is None:
         return
-    xid = connection.connection.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()[0]
+    rows = _raw_one("SELECT pg_current_xact_id_if_assigned()")
+    xid = None if rows is _UNKNOWN else rows[0][0]
     if xid is not None:
         held = _held_order_locks()
-        if keys and {k & _KEY_MASK for k in keys} <= held:
+        if held is None or (keys and {k & _KEY_MASK for k in keys} <= held):
             return
         raise AssertionError(
             f"ordering lock taken after this transaction's first write or row lock (xid {xid}, holding {sorted(held)}): "
@@ -277,13 +292,14 @@ def before_order_lock(*keys: int) -> None:
         )
 
 
-def _held_order_locks() -> set[int]:
-    rows = connection.connection.execute(
+def _held_order_locks() -> set[int] | None:
+    """This backend's ordering locks (None: unknown, the database went away)."""
+    rows = _raw_one(
         "SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objsubid = 2 "
         "AND pid = pg_backend_pid() AND granted",
         [ORDER_LOCK_NS],
-    ).fetchall()
-    return {r[0] for r in rows}
+    )
+    return None if rows is _UNKNOWN else {r[0] for r in rows}
 
 
 def _check_ordered(session_ids: list[int | None]) -> None:
@@ -291,6 +307,8 @@ def _check_ordered(session_ids: list[int | None]) -> None:
     if not _checks_on():
         return
     held = _held_order_locks()
+    if held is None:
+        return
     missing = sorted({sid for sid in session_ids if sid is not None and (sid & _KEY_MASK) not in held})
     if missing:
         raise AssertionError(f"events of sessions {missing} written without their ordering lock (events.order_lock)")

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import models, transaction
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from novelforge_sessions import event_types as ev
@@ -85,10 +86,18 @@ def lock_session(caller: Caller, session_id: int, *, project: bool = True) -> Se
         if session is None:
             raise NotFound("session not found", session_id=session_id)
         return session
-    events.order_lock(session_id)
+    if not 0 < session_id <= BIGINT_MAX:  # a larger id names no row (as the ORM would say), never a 500
+        raise NotFound("session not found", session_id=session_id)
+    events.before_order_lock(session_id)
+    # The ordering lock inside the locking statement (a one-time filter, evaluated before the
+    # scan and so before the row lock): no extra round trip.
+    order_lock = RawSQL(events.order_lock_sql("%s::bigint"), [session_id], output_field=models.BooleanField())
     try:
         # of=("self",): lock only the session row, not the joined project.
-        return caller.sessions().select_related("project").select_for_update(of=("self",)).get(id=session_id)
+        return (
+            caller.sessions().filter(order_lock).select_related("project").select_for_update(of=("self",))
+            .get(id=session_id)
+        )
     except Session.DoesNotExist:
         raise NotFound("session not found", session_id=session_id) from None
 

@@ -48,8 +48,8 @@ def test_transition_queries(owner, new_session, django_assert_max_num_queries):
 def test_duplicate_close_is_read_only(owner, new_session, django_assert_max_num_queries):
     s = new_session()
     owner.post(f"/sessions/{s['id']}/close")
-    # token, BEGIN, the session's ordering lock, session lock, live-runtime lookup, COMMIT
-    with django_assert_max_num_queries(6):
+    # token, BEGIN, session lock (with its ordering lock, one statement), live-runtime lookup, COMMIT
+    with django_assert_max_num_queries(5):
         assert owner.post(f"/sessions/{s['id']}/close").json()["already_closed"] is True
 
 

@@ -31,14 +31,23 @@ def test_loop_mode_reconciles_leases_as_they_expire():
         [sys.executable, "manage.py", "reconcile_runtimes", "--loop", "--interval", "0.2"],
         cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url()}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
+    expected = f"session {s.id} lost; session is failed"
+    out = ""
+    os.set_blocking(proc.stdout.fileno(), False)
     try:
         RuntimeAttachment.objects.filter(session_id=s.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and Session.objects.get(id=s.id).status != "failed":
             time.sleep(0.1)
         assert Session.objects.get(id=s.id).status == "failed"
+        # The loop reports the pass after its commit: read its output until the line is there
+        # (terminating it as soon as the status changed could come before the print).
+        while time.monotonic() < deadline and expected not in out:
+            out += (proc.stdout.read() or b"").decode()
+            time.sleep(0.05)
         assert proc.poll() is None, "the loop keeps running"
     finally:
         proc.terminate()
-        out = proc.communicate(timeout=10)[0].decode()
-    assert f"session {s.id} lost; session is failed" in out
+        os.set_blocking(proc.stdout.fileno(), True)
+        out += proc.communicate(timeout=10)[0].decode()
+    assert expected in out
