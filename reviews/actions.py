@@ -338,7 +338,7 @@ SELECT h.id, a.id FROM {_H} h
  LIMIT 1
    FOR UPDATE OF h SKIP LOCKED
 """
-# Its lock-free first step (control.handoffs.candidate_session): the oldest candidate's session,
+# Its lock-free first step (events.order_lock_candidate): the oldest candidate's session,
 # whose ordering lock the claim takes before it locks a row.
 _ELIGIBLE_SESSION_SQL = "SELECT h.session_id" + _ELIGIBLE_SQL.split("SELECT h.id, a.id", 1)[1].split(
     "AND (%(order_session)s::bigint IS NULL", 1)[0] + "ORDER BY h.id LIMIT 1"
