@@ -24,7 +24,7 @@ lock; a session's events are then in the order their transactions held the sessi
 The price moves from writers to readers: a transaction that is slow to finish (any writer in
 this database, with or without events) holds back the visibility of events committed after it
 began, until it ends. Writers no longer wait for each other. A reader that was woken for an id
-it cannot see yet re-reads shortly (``pending()``; the websocket consumer does).
+it cannot see yet re-reads shortly (the live feed does: ``live/fanout.py``).
 
 Broadcast. After commit, one wake-up per transaction and project goes to the channel layer
 group ``events.project.<id>``; subscribers then read the table. The channel layer is
@@ -51,7 +51,8 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import BooleanField, Q, QuerySet
+from django.db.models.expressions import RawSQL
 
 from novelforge_sessions.event_types import EventType, family_of
 from novelforge_sessions.models import Event
@@ -187,6 +188,13 @@ def order_lock_sql(session_id_sql: str) -> str:
     )
 
 
+def order_lock_filter(session_id_sql: str, params: list[Any]) -> RawSQL:
+    """``order_lock_sql`` as an ORM filter (``qs.filter(order_lock_filter(...))``) for a locking
+    queryset: the ordering lock in the same statement as its row lock. Call
+    ``before_order_lock`` first (the suite's check)."""
+    return RawSQL(order_lock_sql(session_id_sql), params, output_field=BooleanField())
+
+
 def order_lock(*session_ids: int, created: bool = False) -> None:
     """Take the ordering locks of these sessions (ascending, so two callers never deadlock).
 
@@ -228,12 +236,7 @@ def order_lock_candidate(sql: str, params: dict[str, Any] | list[Any]) -> int | 
     then claims within that session only. One blocking ordering lock per claim, taken first:
     claims cannot deadlock on them.
     """
-    checks = _checks_on() and len(connection.atomic_blocks) == 1 and connection.connection is not None
-    if checks:  # the rule, as before_order_lock states it, once the session is known
-        rows = _raw_one("SELECT pg_current_xact_id_if_assigned()")
-        held_before = _held_order_locks()
-        checks = rows is not _UNKNOWN and held_before is not None
-        xid_before = rows[0][0] if checks else None
+    before = _xid_and_held()  # the rule, as before_order_lock states it, once the session is known
     with connection.cursor() as cur:
         # One statement: the lock is in the outer select list, so only the chosen row's session is locked.
         cur.execute(
@@ -243,15 +246,15 @@ def order_lock_candidate(sql: str, params: dict[str, Any] | list[Any]) -> int | 
         row = cur.fetchone()
     if row is None:
         return None
-    if checks and xid_before is not None and (row[0] & _KEY_MASK) not in held_before:
+    if before is not None and (row[0] & _KEY_MASK) not in before[1]:
         raise AssertionError(
-            f"ordering lock of session {row[0]} taken after this transaction's first write or row lock (xid {xid_before})"
+            f"ordering lock of session {row[0]} taken after this transaction's first write or row lock (xid {before[0]})"
         )
     return row[0]
 
 
-def _raw_one(sql: str, params: list[Any] | None = None) -> Any:
-    """One row of a check's query on the raw connection, or ``_UNKNOWN`` when it cannot run (the
+def _raw_rows(sql: str, params: list[Any] | None = None) -> Any:
+    """The rows of a check's query on the raw connection, or ``_UNKNOWN`` when it cannot run (the
     database went away: the statement the check guards then fails with its own typed error)."""
     try:
         return connection.connection.execute(sql, params).fetchall()
@@ -278,13 +281,10 @@ def before_order_lock(*keys: int) -> None:
     Only for the outermost transaction (a test's enclosing transaction, or an action nested in
     another, took its locks earlier). Runs on the raw connection: outside the query counts.
     """
-    if not _checks_on() or len(connection.atomic_blocks) != 1 or connection.connection is None:
-        return
-    rows = _raw_one("SELECT pg_current_xact_id_if_assigned()")
-    xid = None if rows is _UNKNOWN else rows[0][0]
-    if xid is not None:
-        held = _held_order_locks()
-        if held is None or (keys and {k & _KEY_MASK for k in keys} <= held):
+    before = _xid_and_held()
+    if before is not None:
+        xid, held = before
+        if keys and {k & _KEY_MASK for k in keys} <= held:
             return
         raise AssertionError(
             f"ordering lock taken after this transaction's first write or row lock (xid {xid}, holding {sorted(held)}): "
@@ -292,9 +292,22 @@ def before_order_lock(*keys: int) -> None:
         )
 
 
+def _xid_and_held() -> tuple[int, set[int]] | None:
+    """With the checks on, in an outermost transaction that already has an xid: (that xid, the
+    ordering locks it holds). ``None`` otherwise: no xid yet (any ordering lock is in time),
+    checks off, a nested transaction (its locks were taken earlier), or the database gone."""
+    if not _checks_on() or len(connection.atomic_blocks) != 1 or connection.connection is None:
+        return None
+    rows = _raw_rows("SELECT pg_current_xact_id_if_assigned()")
+    if rows is _UNKNOWN or rows[0][0] is None:
+        return None
+    held = _held_order_locks()
+    return None if held is None else (rows[0][0], held)
+
+
 def _held_order_locks() -> set[int] | None:
     """This backend's ordering locks (None: unknown, the database went away)."""
-    rows = _raw_one(
+    rows = _raw_rows(
         "SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objsubid = 2 "
         "AND pid = pg_backend_pid() AND granted",
         [ORDER_LOCK_NS],

@@ -17,7 +17,6 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import models, transaction
-from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from novelforge_sessions import event_types as ev
@@ -91,7 +90,7 @@ def lock_session(caller: Caller, session_id: int, *, project: bool = True) -> Se
     events.before_order_lock(session_id)
     # The ordering lock inside the locking statement (a one-time filter, evaluated before the
     # scan and so before the row lock): no extra round trip.
-    order_lock = RawSQL(events.order_lock_sql("%s::bigint"), [session_id], output_field=models.BooleanField())
+    order_lock = events.order_lock_filter("%s::bigint", [session_id])
     try:
         # of=("self",): lock only the session row, not the joined project.
         return (

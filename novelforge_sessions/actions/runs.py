@@ -110,12 +110,14 @@ def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any], *, runti
             # Fencing reads the session's live runtime: hold the session lock first (lock order).
             session, run = _lock_run(caller, run_id)
         else:
-            session_id = Run.objects.filter(id=run_id).values_list("session_id", flat=True).first() if 0 < run_id <= BIGINT_MAX else None
-            if session_id is not None:
-                events.order_lock(session_id)
+            if not 0 < run_id <= BIGINT_MAX:  # a larger id names no row, never a 500
+                raise NotFound("run not found", run_id=run_id)
+            events.before_order_lock()
+            # The run's session's ordering lock inside the locking statement (events.order_lock).
+            order_lock = events.order_lock_filter(f"SELECT session_id FROM {Run._meta.db_table} WHERE id = %s::bigint", [run_id])
             try:
                 run = (
-                    Run.objects.select_for_update(of=("self",)).select_related("session")
+                    Run.objects.filter(order_lock).select_for_update(of=("self",)).select_related("session")
                     .get(id=run_id, session__in=caller.sessions())
                 )
             except Run.DoesNotExist:
