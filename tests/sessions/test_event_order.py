@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import threading
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 
@@ -122,6 +123,60 @@ def test_a_rolled_back_transaction_releases_the_watermark():
         events.order_lock(session_id)
         kept = _append(project.id, session_id)
     assert _read_all(sub, start) == kept
+
+
+def _raw_connection() -> psycopg.Connection:
+    """Another backend of the test database (not a Django connection): a transaction held open."""
+    db = connection.settings_dict
+    return psycopg.connect(dbname=db["NAME"], host=db["HOST"] or None, port=db["PORT"] or None,
+                           user=db["USER"] or None, password=db["PASSWORD"] or None)
+
+
+def _take_xid(conn: psycopg.Connection) -> int:
+    return int(conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0])
+
+
+def test_the_watermark_stops_at_the_oldest_open_transaction_and_never_goes_back():
+    """Two write transactions open at once. The newer one's xid is at or above the snapshot's
+    xmax (the latest completed xid + 1); 0004's watermark widened it with an unsigned distance
+    and came out hugely negative. The watermark must sit exactly at the oldest open xid, move
+    only forward, and pass both once they end."""
+    marks = [events.watermark()]
+    with _raw_connection() as a, _raw_connection() as b:
+        xa = _take_xid(a)
+        marks.append(events.watermark())
+        xb = _take_xid(b)
+        assert xb > xa
+        marks.append(events.watermark())
+        assert marks[-1] == xa << events.EVENT_ID_BITS
+        a.commit()
+        marks.append(events.watermark())
+        assert marks[-1] == xb << events.EVENT_ID_BITS
+        b.rollback()
+        marks.append(events.watermark())
+        assert marks[-1] > xb << events.EVENT_ID_BITS
+    assert marks == sorted(marks)
+
+
+def test_committed_events_stay_visible_while_two_transactions_are_open():
+    """What a subscriber saw when the watermark went negative: "the highest visible id" was 0
+    (a new subscriber asking for "from now on" got the whole log) and the backlog page after
+    its cursor was empty, after which the stream's catch-up moved the cursor past events it
+    never sent (the harness's Redis-restart run found 77 missing)."""
+    project = make_project("two-open")
+    session_id = _running_session(caller_for(project)).id
+    sub = Subscription(key=f"project:{project.id}", project_id=project.id, session_id=None)
+    start = latest_event_id()
+    with transaction.atomic():
+        events.order_lock(session_id)
+        kept = _append(project.id, session_id, 2)
+    with _raw_connection() as a, _raw_connection() as b:
+        _take_xid(a)
+        _take_xid(b)
+        assert latest_event_id() == kept[-1]
+        assert _read_all(sub, start) == kept
+        a.rollback()
+        b.rollback()
 
 
 def test_no_gaps_under_concurrent_writers_and_readers():
