@@ -8,7 +8,8 @@ holds the websocket clients; each scenario's publisher is a process of its own:
 - ours: the publisher commits one event per tick (``events.append`` in a transaction; its
   after-commit wake-up goes through Redis to the server, whose feed reads the log once and
   fans out); commit time = just after COMMIT (an ``on_commit`` hook registered first);
-- bare: the publisher ``group_send``s the same-sized JSON to ``bench.bare``; time = just before.
+- bare: the publisher ``group_send``s the same-sized JSON to ``bench.bare`` (on one event loop
+  kept for the run, as ours' after-commit hook sends on one long-lived loop); time = just before.
 
 Latency = client receive time − that time (one machine, one clock), over every delivery to
 every subscriber. Server CPU = the daphne process's user+system time over the window, per
@@ -61,6 +62,10 @@ def redis_url() -> str:
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _scenarios(only: list[int] | None) -> list[tuple[int, int]]:
+    return [s for s in SCENARIOS if not only or s[0] in only]
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -127,11 +132,17 @@ async def _reader(ws: Any, got: dict[int, float], order: list[int]) -> None:
 
 
 def _publish_ours(cfg: dict[str, Any], rate: float, seconds: float, sent: dict[int, float], stop: threading.Event) -> None:
+    from channels.layers import get_channel_layer
     from django.db import connection, transaction
 
     from novelforge_sessions import events
     from novelforge_sessions.event_types import TRANSCRIPT_APPENDED
 
+    # Load the channel layer before the first tick, as the bare publisher does (its
+    # ``get_channel_layer()`` above its loop): otherwise the first commit's after-commit hook,
+    # inside the measured interval, pays importing channels_redis and redis.asyncio (~70 ms
+    # here), and with 60 events that one delivery is the p99 of a --quick window.
+    get_channel_layer()
     period, t_next, deadline = 1.0 / rate, time.perf_counter(), time.perf_counter() + seconds
     i = 0
     while time.perf_counter() < deadline and not stop.is_set():
@@ -148,21 +159,29 @@ def _publish_ours(cfg: dict[str, Any], rate: float, seconds: float, sent: dict[i
 
 
 def _publish_bare(cfg: dict[str, Any], rate: float, seconds: float, sent: dict[int, float], stop: threading.Event) -> None:
-    from asgiref.sync import async_to_sync
     from channels.layers import get_channel_layer
 
     layer = get_channel_layer()
+    # One event loop for the whole run, so one Redis connection (channels_redis keeps one per
+    # loop): the cheapest way to drive group_send from sync code, as ours' after-commit hook
+    # does (events._Sender). ``async_to_sync`` per send would add a thread, a loop and a Redis
+    # connect to every bare delivery's latency and flatter the ratio.
+    loop = asyncio.new_event_loop()
     filler = "x" * 300  # about the size of one event frame of ours
     period, t_next, deadline = 1.0 / rate, time.perf_counter(), time.perf_counter() + seconds
     i = 0
-    while time.perf_counter() < deadline and not stop.is_set():
-        t0 = time.time()
-        n = i * cfg["publishers"] + cfg["publisher"]
-        async_to_sync(layer.group_send)("bench.bare", {"type": "bench.event", "text": json.dumps({"n": n, "t": t0, "f": filler})})
-        sent[n] = t0
-        i += 1
-        t_next += period
-        time.sleep(max(0.0, t_next - time.perf_counter()))
+    try:
+        while time.perf_counter() < deadline and not stop.is_set():
+            t0 = time.time()
+            n = i * cfg["publishers"] + cfg["publisher"]
+            text = json.dumps({"n": n, "t": t0, "f": filler})
+            loop.run_until_complete(layer.group_send("bench.bare", {"type": "bench.event", "text": text}))
+            sent[n] = t0
+            i += 1
+            t_next += period
+            time.sleep(max(0.0, t_next - time.perf_counter()))  # pacing the publisher, not a synchronisation
+    finally:
+        loop.close()
 
 
 async def _scenario(cfg: dict[str, Any], kind: str, n: int, rate: float, seconds: float) -> dict[str, Any]:
@@ -211,7 +230,7 @@ async def _measure(cfg: dict[str, Any]) -> list[dict[str, Any]]:
 
     django.setup()
     out = []
-    for n, rate in SCENARIOS:
+    for n, rate in _scenarios(cfg.get("only")):
         for kind in ("bare", "ours"):  # interleaved, the floor first
             out.append(await _scenario(cfg, kind, n, rate, cfg["seconds"]))
     return out
@@ -225,7 +244,7 @@ def _child(env: dict[str, str], *args: str) -> Any:
     return json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
 
 
-def run(quick: bool, server_url: str | None = None) -> dict[str, Any]:
+def run(quick: bool, server_url: str | None = None, only: list[int] | None = None) -> dict[str, Any]:
     import psycopg
 
     server = _server(server_url)
@@ -240,7 +259,7 @@ def run(quick: bool, server_url: str | None = None) -> dict[str, Any]:
     srv = _BenchDaphne(db_url, results / f"stream-daphne-{int(time.time())}.log")
     try:
         cfg = {**world, "ws_url": srv.url.replace("http", "ws", 1), "http_url": srv.url, "server_pid": srv.proc.pid,
-               "seconds": 3.0 if quick else 10.0}
+               "seconds": 3.0 if quick else 10.0, "only": only}
         rows = _child(env, "--_measure", json.dumps(cfg))
     finally:
         srv.stop()
@@ -279,7 +298,7 @@ def goals_from(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows = result["rows"]
     by = {(r["kind"], r["subscribers"]): r for r in rows}
     out = []
-    for n, rate in SCENARIOS:
+    for n, rate in _scenarios(sorted({r["subscribers"] for r in rows})):
         ours, bare = by[("ours", n)], by[("bare", n)]
         p99_ratio = ours["p99_ms"] / bare["p99_ms"] if bare["p99_ms"] else None
         cpu_ratio = (ours["cpu_ms_per_delivered"] / bare["cpu_ms_per_delivered"]
@@ -332,8 +351,9 @@ def main() -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 s per scenario instead of 10 s")
+    parser.add_argument("--subscribers", default="", help="only these scenarios, e.g. 1,10 (default: all)")
     args = parser.parse_args()
-    result = run(args.quick)
+    result = run(args.quick, only=[int(x) for x in args.subscribers.split(",") if x.strip()] or None)
     print(f"{'kind':5} {'subs':>4} {'ev/s':>4} {'events':>6} {'deliv':>6} {'p50 ms':>7} {'p99 ms':>7} {'cpu s':>6} {'cpu ms/del':>10} gaps dup disorder")
     for r in result["rows"]:
         print(f"{r['kind']:5} {r['subscribers']:>4} {r['rate']:>4} {r['events']:>6} {r['delivered']:>6} {r['p50_ms']:>7.1f} "

@@ -7,9 +7,11 @@ inside daphne's request as the body arrives (``novelforge_sessions.bodylimit``).
 
 Websockets are wrapped, outermost first, in ``SameOriginValidator`` (a page from a foreign
 Origin — another host, scheme or port — cannot open a socket with the manager's cookie: the
-handshake is refused; ``novelforge_sessions.live.origins``) and
-``AuthMiddlewareStack`` (the Django session cookie becomes ``scope["user"]``). Agents present
-a bearer token instead; the consumer checks it (``novelforge_sessions.live.consumers``).
+handshake is refused; ``novelforge_sessions.live.origins``), ``RawSendMiddleware`` (the
+server's own ``send`` kept in the scope, so the stream's frames skip the session wrapper of
+``send``, which acts on HTTP responses only) and ``AuthMiddlewareStack`` (the Django session
+cookie becomes ``scope["user"]``). Agents present a bearer token instead; the consumer checks it
+(``novelforge_sessions.live.consumers``).
 """
 import os
 
@@ -29,6 +31,8 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from novelforge_sessions.live.origins import SameOriginValidator  # noqa: E402
 from novelforge_sessions.live.routing import websocket_urlpatterns  # noqa: E402
 from novelforge_sessions.live import shutdown  # noqa: E402
+from novelforge_sessions.live.wsframes import memoise_autobahn_hltype  # noqa: E402
+from novelforge_sessions.live.consumers import RawSendMiddleware  # noqa: E402
 from novelforge_sessions.api.asgi import LeanApiApplication, cache_twisted_content_type  # noqa: E402
 from django.conf import settings  # noqa: E402
 
@@ -36,6 +40,7 @@ from django.conf import settings  # noqa: E402
 # finish) before daphne cancels what is left: novelforge_sessions.live.shutdown.
 shutdown.install()
 cache_twisted_content_type()  # daphne only: Twisted's Content-Type parse, memoised (api/asgi.py)
+memoise_autobahn_hltype()  # daphne only: a websocket frame's debug-log text, memoised (live/wsframes.py)
 
 application = ProtocolTypeRouter(
     {
@@ -43,6 +48,7 @@ application = ProtocolTypeRouter(
         # hop into a fixed pool, persistent connections, API_MIDDLEWARE only) and everything else
         # through Django's handler (settings.API_LEAN).
         "http": bodylimit.BodyLimitMiddleware(LeanApiApplication(django_asgi_app) if settings.API_LEAN else django_asgi_app),
-        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # RawSendMiddleware: the stream's frames skip the session wrapper of send (live/consumers.py).
+        "websocket": SameOriginValidator(RawSendMiddleware(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
     }
 )

@@ -28,8 +28,11 @@ it cannot see yet re-reads shortly (the live feed does: ``live/fanout.py``).
 
 Broadcast. After commit, one wake-up per transaction and project goes to the channel layer
 group ``events.project.<id>``; subscribers then read the table. The channel layer is
-at-most-once and only a wake-up; the table is the truth (PITFALLS.md). The INFO log line of
-each event is written after the commit too (never inside the transaction).
+at-most-once and only a wake-up; the table is the truth (PITFALLS.md). With the in-memory
+layer, a group whose members are all hubs of this process (``live/fanout.py``) is woken
+directly on the hub's loop (``LOCAL_WAKERS``); any other layer's send runs on this process's
+one sender loop (``_Sender``). Neither starts a thread or an event loop per commit.
+The INFO log line of each event is written after the commit too (never inside the transaction).
 
 Other processes. The in-memory layer (no ``REDIS_URL``) only reaches this process's sockets,
 so with ``LIVE_PG_NOTIFY`` on the same after-commit wake-up also publishes ONE
@@ -41,10 +44,14 @@ itself crosses processes and nothing is NOTIFYed.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import secrets
+import threading
+from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -70,6 +77,15 @@ NOTIFY_ORIGIN = f"{os.getpid()}.{secrets.token_hex(4)}"
 #: PostgreSQL caps a payload below 8000 bytes; a transaction touching very many projects
 #: is split into several payloads (still one statement, after the commit).
 _NOTIFY_PAYLOAD_BYTES = 7000
+
+
+#: In-process listeners woken without the channel layer: a layer channel name (a member of
+#: project groups of the in-memory layer) -> a thread-safe ``wake(project_id, max_id)``.
+#: ``live/fanout.py`` registers each hub's channel here while the hub runs.
+LOCAL_WAKERS: dict[str, Callable[[int, int], None]] = {}
+
+#: How long a writer waits for its wake-up to leave through a cross-process layer (Redis).
+SEND_TIMEOUT_SECONDS = 5.0
 
 
 def project_group(project_id: int) -> str:
@@ -115,6 +131,43 @@ def _publish_notify(max_ids: dict[int, int]) -> None:
         log.warning("event NOTIFY for projects %s failed", sorted(max_ids), exc_info=True)
 
 
+class _Sender:
+    """This process's one event loop (a daemon thread) for the wake-ups a writer sends through
+    a layer other than the in-memory one (channels_redis).
+
+    ``async_to_sync(layer.group_send)`` from a writer's thread started a thread and an event
+    loop per call, and channels_redis opens a connection per event loop: a Redis connect per
+    commit. Here the sends of every writer thread run on one long-lived loop, on the layer's
+    connection of that loop; the writer still waits until its send has gone out (or failed).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid() or not (self._thread and self._thread.is_alive()):
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="novelforge-wakeup-sender", daemon=True)
+                thread.start()
+                self._loop, self._thread, self._pid = loop, thread, os.getpid()
+            return self._loop
+
+    def group_send(self, layer: Any, group: str, message: dict[str, Any]) -> None:
+        future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), self.loop())
+        try:
+            future.result(timeout=SEND_TIMEOUT_SECONDS)
+        except BaseException:
+            future.cancel()
+            raise
+
+
+_sender = _Sender()
+
+
 class _Wakeup:
     """One per transaction: collects the projects touched and the highest id, sends once."""
 
@@ -137,20 +190,33 @@ class _Wakeup:
         if layer is None:
             return
         # The in-memory layer only reaches consumers of this process. With no member in the
-        # group nobody here can hear the wake-up, so skip it: ``async_to_sync`` starts a thread
-        # and an event loop per call, the largest cost of a write's after-commit. Safe because
-        # a consumer joins the group *before* reading the table (live/consumers.py): one that
-        # joins after this check still reads this committed event. Exact type: a subclass (or
+        # group nobody here can hear the wake-up, so skip it. When every member is a hub of
+        # this process (live/fanout.py, the only listener the server has), wake the hubs
+        # directly: each ``wake`` hands the call to its hub's event loop thread-safely
+        # (``call_soon_threadsafe``), where ``async_to_sync(group_send)`` started a thread and
+        # an event loop per call (the largest cost of a write's after-commit) and put the
+        # message on the hub's asyncio queue from that foreign loop, which does not wake the
+        # hub's loop. Any other member (a test's spy channel) still gets the group message.
+        # Safe because a hub joins the group *before* reading the table: one that joins after
+        # this check still reads this committed event. Exact type: a subclass (or
         # channels_redis, whose listeners live in other processes) always gets the send.
         local = layer.groups if type(layer) is InMemoryChannelLayer else None
         for project_id, max_id in self.max_ids.items():
             group = project_group(project_id)
-            if local is not None and not local.get(group):
-                continue
+            message = {"type": "events.wakeup", "project_id": project_id, "max_id": max_id}
             try:
-                async_to_sync(layer.group_send)(
-                    group, {"type": "events.wakeup", "project_id": project_id, "max_id": max_id}
-                )
+                if local is not None:
+                    members = list(local.get(group) or ())
+                    if not members:
+                        continue
+                    wakers = [LOCAL_WAKERS.get(channel) for channel in members]
+                    if all(wakers):
+                        for wake in wakers:
+                            wake(project_id, max_id)
+                        continue
+                    async_to_sync(layer.group_send)(group, message)
+                else:
+                    _sender.group_send(layer, group, message)
             except Exception:  # a lost wake-up is recoverable: readers replay from the table
                 log.warning("event wake-up for project %s failed", project_id, exc_info=True)
         # The in-memory layer cannot reach other processes: wake their listeners through
@@ -429,12 +495,42 @@ def visible(qs: QuerySet) -> QuerySet:
     transaction sees its own writes).
 
     Every reader that hands out a cursor (the websocket stream, ``GET /events``, "latest id")
-    filters through here, so none can see id N and later find a committed id below N.
+    filters through here, so none can see id N and later find a committed id below N. (The
+    live feed compiles its page statement once per process: ``project_page_statement`` takes
+    the watermark as a parameter it reads first, the same rule.)
     """
     mark, own = _marks()
     if own is None:
         return qs.filter(id__lt=mark)
     return qs.filter(Q(id__lt=mark) | Q(id__gte=own << EVENT_ID_BITS, id__lt=(own + 1) << EVENT_ID_BITS))
+
+
+#: The columns of one event as the live feed reads them (``serialize_values`` takes them in order).
+FEED_COLUMNS = ("id", "project_id", "session_id", "run_id", "type", "payload", "actor", "created_at")
+#: Placeholders of ``project_page_statement``'s parameters (never valid ids).
+PROJECT_PARAM = -(2**62) - 7301
+AFTER_PARAM = -(2**62) - 7302
+WATERMARK_PARAM = -(2**62) - 7303
+#: The statement a reader runs first, on its own: the watermark its page read is limited by.
+WATERMARK_SQL = "SELECT nf_event_watermark()"
+
+
+def project_page_statement(limit: int) -> tuple[str, list[Any]]:
+    """Sync (compiles through Django, no query): ``events_after(Event.objects.filter(project_id=P),
+    A, limit)`` as one SQL statement returning ``FEED_COLUMNS``, and its parameters, in which
+    ``PROJECT_PARAM``, ``AFTER_PARAM`` and ``WATERMARK_PARAM`` stand for P, A and the watermark.
+
+    ``visible()``'s rule for a reader with no transaction of its own (the feed reads in
+    autocommit): ids below the watermark, which the reader takes with ``WATERMARK_SQL`` in a
+    statement BEFORE this one (a later statement has a later snapshot, so everything that had
+    finished when the watermark was taken is in the page). ``ValueError`` if a placeholder does
+    not appear exactly once (then the caller reads through the ORM instead)."""
+    qs = Event.objects.filter(project_id=PROJECT_PARAM, id__gt=AFTER_PARAM, id__lt=WATERMARK_PARAM).order_by("id")
+    sql, params = qs.values_list(*FEED_COLUMNS)[:limit].query.sql_with_params()
+    params = list(params)
+    if any(params.count(p) != 1 for p in (PROJECT_PARAM, AFTER_PARAM, WATERMARK_PARAM)):
+        raise ValueError(f"unexpected parameters in the event page statement: {params!r}")
+    return sql, params
 
 
 def events_after(qs: QuerySet, after: int, limit: int) -> list[Event]:
@@ -453,14 +549,21 @@ def pending(seen_up_to: int) -> bool:
 
 
 def serialize(event: Event) -> dict[str, Any]:
+    return serialize_values(event.id, event.project_id, event.session_id, event.run_id, event.type, event.payload,
+                            event.actor, event.created_at)
+
+
+def serialize_values(id: int, project_id: int, session_id: int | None, run_id: int | None, type: str,
+                     payload: Any, actor: str, created_at: datetime) -> dict[str, Any]:
+    """``serialize`` from the columns (``FEED_COLUMNS`` order): the one shape of an event."""
     return {
-        "id": event.id,
-        "project_id": event.project_id,
-        "session_id": event.session_id,
-        "run_id": event.run_id,
-        "type": event.type,
-        "family": family_of(event.type),
-        "payload": event.payload,
-        "actor": event.actor,
-        "created_at": event.created_at.isoformat(),
+        "id": id,
+        "project_id": project_id,
+        "session_id": session_id,
+        "run_id": run_id,
+        "type": type,
+        "family": family_of(type),
+        "payload": payload,
+        "actor": actor,
+        "created_at": created_at.astimezone(timezone.utc).isoformat(),
     }

@@ -7,6 +7,7 @@ Any other layer (channels_redis: listeners in other processes) always gets the s
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -113,3 +114,69 @@ def test_a_layer_other_than_the_in_memory_one_always_gets_the_send(settings, mon
 
     record_checkpoint(who, run_id, {"boundary": "context_freeze", "cursor": {"step": 1}})
     assert sent == [events.project_group(project.id)], "its listeners may live in other processes"
+
+
+def test_local_hubs_are_woken_directly_and_any_other_member_still_gets_the_group_message(settings, monkeypatch):
+    settings.CHANNEL_LAYERS = IN_MEMORY
+    project = make_project("direct")
+    who, session_id, run_id = _running_session(project)
+    layer = get_channel_layer()
+    sent = _count_sends(layer, monkeypatch)
+    hub = async_to_sync(layer.new_channel)()
+    woken: list[tuple[int, int]] = []
+    monkeypatch.setitem(events.LOCAL_WAKERS, hub, lambda project_id, max_id: woken.append((project_id, max_id)))
+    async_to_sync(layer.group_add)(events.project_group(project.id), hub)
+
+    record_checkpoint(who, run_id, {"boundary": "context_freeze", "cursor": {"step": 1}})
+    last = Event.objects.filter(project_id=project.id).latest("id")
+    assert woken == [(project.id, last.id)], "the hub's waker, called in the writer's thread"
+    assert sent == [], "no group message: nobody else listens"
+
+    # A member that is not a local hub (here a spy channel): the group message, as before.
+    spy = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(events.project_group(project.id), spy)
+    transition_session(who, session_id, "awaiting_user")
+    last = Event.objects.filter(project_id=project.id).latest("id")
+    assert sent == [events.project_group(project.id)]
+    assert _receive(layer, spy)["max_id"] == last.id
+    assert len(woken) == 1, "with another member the hub hears it through the layer"
+    assert _receive(layer, hub)["max_id"] == last.id
+
+
+def test_sends_through_another_layer_run_on_one_long_lived_loop(settings, monkeypatch):
+    """channels_redis keeps a connection per event loop: ``async_to_sync`` per commit meant a
+    new thread, a new loop and a Redis connect per commit. Every send now runs on the process's
+    one sender loop, and the writer returns after its send has gone out."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.OtherProcessLayer"}}
+    project = make_project("one-loop")
+    who, session_id, run_id = _running_session(project)
+    layer = get_channel_layer()
+    seen: list[tuple[str, int]] = []
+    real = layer.group_send
+
+    async def spy(group: str, message: dict) -> None:
+        seen.append((threading.current_thread().name, id(asyncio.get_running_loop())))
+        await real(group, message)
+
+    monkeypatch.setattr(layer, "group_send", spy)
+    record_checkpoint(who, run_id, {"boundary": "context_freeze", "cursor": {"step": 1}})
+    transition_session(who, session_id, "awaiting_user")
+    assert len(seen) == 2, "each commit's send had gone out when the write returned"
+    assert seen[0] == seen[1] and seen[0][0] == "novelforge-wakeup-sender"
+
+
+def test_a_send_that_hangs_does_not_hold_the_writer_past_the_timeout(settings, monkeypatch, caplog):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.OtherProcessLayer"}}
+    monkeypatch.setattr(events, "SEND_TIMEOUT_SECONDS", 0.2)
+    project = make_project("hangs")
+    who, _, run_id = _running_session(project)
+    layer = get_channel_layer()
+
+    async def never(group: str, message: dict) -> None:
+        await asyncio.Event().wait()  # a layer that never answers (Redis stalled)
+
+    monkeypatch.setattr(layer, "group_send", never)
+    checkpoint = record_checkpoint(who, run_id, {"boundary": "context_freeze", "cursor": {"step": 1}})
+    assert checkpoint is not None  # committed and returned; the wake-up is lost (the sweep reads it)
+    assert Event.objects.filter(project_id=project.id, type="checkpoint.recorded").count() == 1
+    assert any("event wake-up for project" in r.getMessage() for r in caplog.records)

@@ -191,3 +191,49 @@ async def test_logging_out_stops_the_stream(local_settings):
     comm = await _subscribed([(b"cookie", f"sessionid={cookie}".encode())], project_id)
     await sync_to_async(LoginSession.objects.filter(session_key=cookie).delete)()
     assert await _closed_with(comm) == (4401, "unauthorized")
+
+
+async def test_a_commit_in_a_writer_thread_wakes_the_hub_directly_without_a_group_send(local_settings, monkeypatch):
+    """In-memory layer, the hub the only member of the group: the after-commit hook hands the
+    wake-up to the hub's loop (``call_soon_threadsafe``), no ``group_send`` (no thread and no
+    event loop per commit), and the socket gets the event."""
+    project_id, token = await database_sync_to_async(_project_with_token)()
+    comm = await _subscribed([(b"authorization", f"Bearer {token}".encode())], project_id)
+    layer = get_channel_layer()
+    members = list(layer.groups[events.project_group(project_id)])
+    assert len(members) == 1 and members[0] in events.LOCAL_WAKERS  # the hub's channel
+    sent: list[str] = []
+
+    async def spy(group: str, message: dict) -> None:
+        sent.append(group)
+
+    monkeypatch.setattr(layer, "group_send", spy)
+    kept = await database_sync_to_async(_committed)(project_id)  # committed in asgiref's worker thread
+    frame = await _frame(comm)
+    assert frame["type"] == "event" and frame["event"]["id"] == kept
+    assert sent == []
+    await comm.disconnect()
+    # The hub stopped with its last socket: its channel is no longer a local waker.
+    assert members[0] not in events.LOCAL_WAKERS
+
+
+async def test_the_streams_frames_skip_the_session_wrapper_of_send(local_settings, monkeypatch):
+    """``RawSendMiddleware``: text frames go to the server's own send; channels' session wrapper
+    (which acts only on ``http.response.start``) sees the accept, not the frames."""
+    from channels.sessions import InstanceSessionWrapper
+
+    seen: list[str] = []
+    real = InstanceSessionWrapper.send
+
+    async def spy(self, message):
+        seen.append(message["type"])
+        return await real(self, message)
+
+    monkeypatch.setattr(InstanceSessionWrapper, "send", spy)
+    project_id, token = await database_sync_to_async(_project_with_token)()
+    comm = await _subscribed([(b"authorization", f"Bearer {token}".encode())], project_id)  # subscribed, caught_up
+    kept = await database_sync_to_async(_committed)(project_id)
+    frame = await _frame(comm)
+    assert frame["type"] == "event" and frame["event"]["id"] == kept
+    assert seen == ["websocket.accept"]
+    await comm.disconnect()

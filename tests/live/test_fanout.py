@@ -132,9 +132,11 @@ def test_one_wake_up_is_one_read_per_project_for_every_socket_and_each_gets_ever
         for s in project_b:
             assert [e["id"] for e in s.events_until(all_b[-1])] == all_b
         reads = sql.since_mark()
-        # At most one read per wake-up and project (wake-ups during a read coalesce), never
-        # one per socket: 40 sockets and 45 commits would otherwise be ~1 300 reads.
-        assert 2 <= len(reads) <= commits["a"] + commits["b"], len(reads)
+        # About one read per wake-up and project (wake-ups during a read coalesce), never one
+        # per socket: 40 sockets and 45 commits would otherwise be ~1 300 reads. A wake-up
+        # whose event is still above the watermark (a concurrent writer's older transaction
+        # was open) costs a re-read a few ms later (live/fanout.py), hence up to twice that.
+        assert 2 <= len(reads) <= 2 * (commits["a"] + commits["b"]), len(reads)
     finally:
         server.stop()
 
