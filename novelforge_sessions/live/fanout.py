@@ -173,7 +173,6 @@ class Feed:
         self.start = 0  # the buffer holds every event of the project with start < id <= head
         self.buffer: deque[tuple[int, int | None, str]] = deque()
         self.reads = 0  # log reads made by this feed (observability and tests)
-        self.announced = 0  # the highest id a wake-up announced for this project
         self._wanted = asyncio.Event()
         self._task: asyncio.Task | None = None
 
