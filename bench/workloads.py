@@ -53,6 +53,33 @@ DBOS_IDLE_PROBE_S = 3.0
 Body = Callable[[], list[float]]  # runs one worker's measured steps, returns per-step seconds
 
 
+def keepalive_body(api: Any, count: int, deadline: float, hit: threading.Event,
+                   step: Callable[[Any, int], None]) -> Body:
+    """One HTTP worker on its own keep-alive connection to ``api`` (a parsed URL), opened now:
+    ``step(conn, i)`` for i < ``count`` until ``deadline`` (``hit`` is set if it cut the loop
+    short), timing each step."""
+    import http.client
+
+    conn = http.client.HTTPConnection(api.hostname, api.port, timeout=30)
+    conn.connect()
+
+    def body() -> list[float]:
+        latencies = []
+        try:
+            for i in range(count):
+                if time.perf_counter() > deadline:
+                    hit.set()
+                    break
+                t0 = time.perf_counter()
+                step(conn, i)
+                latencies.append(time.perf_counter() - t0)
+        finally:
+            conn.close()
+        return latencies
+
+    return body
+
+
 # ---------------------------------------------------------------- shared machinery
 def percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile of ``values`` (q in 0..100)."""
@@ -345,25 +372,8 @@ def run_ours_api(args: argparse.Namespace, counters: Counters) -> dict[str, Any]
         hit = threading.Event()
 
         def prepare(index: int) -> Body:
-            conn = http.client.HTTPConnection(api.hostname, api.port, timeout=30)  # keep-alive, one per worker
-            conn.connect()
-            count = split(args.steps, args.workers)[index]
-
-            def body() -> list[float]:
-                latencies = []
-                try:
-                    for i in range(count):
-                        if time.perf_counter() > deadline:
-                            hit.set()
-                            break
-                        t0 = time.perf_counter()
-                        post(conn, run_ids[index], checkpoint_body(index, i))
-                        latencies.append(time.perf_counter() - t0)
-                finally:
-                    conn.close()
-                return latencies
-
-            return body
+            return keepalive_body(api, split(args.steps, args.workers)[index], deadline, hit,
+                                  lambda conn, i: post(conn, run_ids[index], checkpoint_body(index, i)))
 
         server_cpu_started = process_cpu_seconds(server.proc.pid)
         latencies, elapsed, client_cpu_s = run_workers(args.workers, prepare)
@@ -501,25 +511,10 @@ def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
         steps_done = [0] * args.workers
 
         def prepare(index: int) -> Body:
-            conn = http.client.HTTPConnection(api.hostname, api.port, timeout=30)
-            conn.connect()
-            count = split(args.steps, args.workers)[index]
+            def step(conn: Any, i: int) -> None:
+                steps_done[index] += post(conn, index, i)
 
-            def body() -> list[float]:
-                latencies = []
-                try:
-                    for i in range(count):
-                        if time.perf_counter() > deadline:
-                            hit.set()
-                            break
-                        t0 = time.perf_counter()
-                        steps_done[index] += post(conn, index, i)
-                        latencies.append(time.perf_counter() - t0)
-                finally:
-                    conn.close()
-                return latencies
-
-            return body
+            return keepalive_body(api, split(args.steps, args.workers)[index], deadline, hit, step)
 
         rss_start = server.rss_bytes()
         rss_marks: dict[str, int] = {}

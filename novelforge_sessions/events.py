@@ -472,8 +472,16 @@ def append_many(items: list[dict[str, Any]]) -> list[int]:
 
 
 # ---------------------------------------------------------------- readers
-def _marks() -> tuple[int, int | None]:
-    """(watermark, this transaction's xid or None), in one statement."""
+#: One reading of the watermark: (watermark, this transaction's xid or None).
+Marks = tuple[int, int | None]
+
+
+def read_marks() -> Marks:
+    """The watermark and this transaction's xid (or None), in one statement.
+
+    Pass one reading to several reads that must agree (``visible(qs, marks)``): "the highest
+    visible id" and a page read under the same marks see the same prefix, so a reader may move
+    its cursor to that id after a short page (``live.replay.settled_and_page``)."""
     with connection.cursor() as cur:
         cur.execute("SELECT nf_event_watermark(), pg_current_xact_id_if_assigned()::text::bigint")
         return cur.fetchone()
@@ -486,10 +494,10 @@ def watermark() -> int:
     guards (a later statement, so a later snapshot): whatever finished before the watermark
     was taken is in that read.
     """
-    return _marks()[0]
+    return read_marks()[0]
 
 
-def visible(qs: QuerySet) -> QuerySet:
+def visible(qs: QuerySet, marks: Marks | None = None) -> QuerySet:
     """``qs`` (of ``Event``) restricted to the commit-ordered prefix: ids below the watermark,
     plus the reader's own transaction's events when it has written some (as before: a
     transaction sees its own writes).
@@ -497,9 +505,10 @@ def visible(qs: QuerySet) -> QuerySet:
     Every reader that hands out a cursor (the websocket stream, ``GET /events``, "latest id")
     filters through here, so none can see id N and later find a committed id below N. (The
     live feed compiles its page statement once per process: ``project_page_statement`` takes
-    the watermark as a parameter it reads first, the same rule.)
+    the watermark as a parameter it reads first, the same rule.) ``marks``: a reading taken
+    before (``read_marks``) instead of a new one.
     """
-    mark, own = _marks()
+    mark, own = read_marks() if marks is None else marks
     if own is None:
         return qs.filter(id__lt=mark)
     return qs.filter(Q(id__lt=mark) | Q(id__gte=own << EVENT_ID_BITS, id__lt=(own + 1) << EVENT_ID_BITS))
@@ -533,14 +542,14 @@ def project_page_statement(limit: int) -> tuple[str, list[Any]]:
     return sql, params
 
 
-def events_after(qs: QuerySet, after: int, limit: int) -> list[Event]:
+def events_after(qs: QuerySet, after: int, limit: int, marks: Marks | None = None) -> list[Event]:
     """Up to ``limit`` visible events of ``qs`` with ``id > after``, oldest first (keyset)."""
-    return list(visible(qs.filter(id__gt=after)).order_by("id")[:limit])
+    return list(visible(qs.filter(id__gt=after), marks).order_by("id")[:limit])
 
 
-def latest_visible_id() -> int:
+def latest_visible_id(marks: Marks | None = None) -> int:
     """The highest visible event id (0 for an empty log): "from now on" for a new subscriber."""
-    return visible(Event.objects.all()).order_by("-id").values_list("id", flat=True).first() or 0
+    return visible(Event.objects.all(), marks).order_by("-id").values_list("id", flat=True).first() or 0
 
 
 def pending(seen_up_to: int) -> bool:

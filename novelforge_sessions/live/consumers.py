@@ -103,12 +103,6 @@ def _non_negative_int(value: Any) -> int | None:
     return None
 
 
-def _settled_and_page(sub: Subscription, after: int) -> tuple[int, list[dict[str, Any]]]:
-    """Sync: the highest committed id, THEN the subscription's next page after ``after``."""
-    settled = replay.latest_event_id()
-    return settled, replay.events_after(sub, after, replay.PAGE_SIZE)
-
-
 class EventStreamConsumer(AsyncWebsocketConsumer):
     """Thin edge: parse, authorize (``replay.resolve_subscription``), read the log, send."""
 
@@ -294,12 +288,13 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
     async def _drain(self, sub: Subscription) -> None:
         """Read the log after the subscription's cursor until a short page, sending each event.
 
-        Afterwards the cursor is at least the highest committed id seen *before* the last read
-        (every id at or below it was visible to that read), so a session subscription whose own
-        events are old still lands inside the feed's buffer.
+        Afterwards the cursor is at least the highest visible id under the last page's
+        watermark (``replay.settled_and_page``: every id at or below it was visible to that
+        read), so a session subscription whose own events are old still lands inside the
+        feed's buffer.
         """
         while not self.closed and sub.key in self.subs:
-            settled, page = await database_sync_to_async(_settled_and_page)(sub, self.cursors[sub.key])
+            settled, page = await database_sync_to_async(replay.settled_and_page)(sub, self.cursors[sub.key])
             for event in page:
                 await self._send({"type": "event", "sub": sub.key, "event": event})
                 self.cursors[sub.key] = event["id"]

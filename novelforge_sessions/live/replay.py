@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import QuerySet
+
 from novelforge_sessions import events
 from novelforge_sessions.access import Caller
 from novelforge_sessions.models import Event
@@ -61,12 +63,27 @@ def resolve_subscription(caller: Caller, *, project_id: int | None = None, sessi
 
 def events_after(sub: Subscription, after: int, limit: int = PAGE_SIZE) -> list[dict[str, Any]]:
     """Up to ``limit`` events of the subscription with ``id > after``, oldest first."""
+    return [events.serialize(e) for e in events.events_after(_queryset(sub), after, limit)]
+
+
+def _queryset(sub: Subscription) -> QuerySet:
     qs = Event.objects.filter(project_id=sub.project_id)
     if sub.session_id is not None:
         qs = qs.filter(session_id=sub.session_id)
-    return [events.serialize(e) for e in events.events_after(qs, after, limit)]
+    return qs
 
 
 def latest_event_id() -> int:
     """The highest committed event id (0 for an empty log): "from now on" for a new subscriber."""
     return events.latest_visible_id()
+
+
+def settled_and_page(sub: Subscription, after: int, limit: int = PAGE_SIZE) -> tuple[int, list[dict[str, Any]]]:
+    """The highest visible id of the whole log, and the subscription's next page after
+    ``after``, under ONE reading of the watermark: every event of the subscription after
+    ``after`` and at or below that id is in the page, unless the page is full. A reader may
+    move its cursor to that id after a short page and skip nothing (the stream's drain)."""
+    marks = events.read_marks()
+    return events.latest_visible_id(marks), [
+        events.serialize(e) for e in events.events_after(_queryset(sub), after, limit, marks)
+    ]

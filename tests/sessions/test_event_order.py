@@ -12,6 +12,7 @@ import threading
 import psycopg
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import events
@@ -19,7 +20,7 @@ from novelforge_sessions.actions import runs, sessions
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.models import Event, Session
-from novelforge_sessions.live.replay import Subscription, events_after, latest_event_id
+from novelforge_sessions.live.replay import Subscription, events_after, latest_event_id, settled_and_page
 
 from tests.conftest import caller_for, make_project
 
@@ -175,6 +176,12 @@ def test_committed_events_stay_visible_while_two_transactions_are_open():
         _take_xid(b)
         assert latest_event_id() == kept[-1]
         assert _read_all(sub, start) == kept
+        # The stream's drain: "the highest visible id" and its page under ONE watermark
+        # reading, so a short page never leaves out an id at or below the first.
+        with CaptureQueriesContext(connection) as queries:
+            settled, page = settled_and_page(sub, start)
+        assert (settled, [e["id"] for e in page]) == (kept[-1], kept)
+        assert sum("nf_event_watermark" in q["sql"] for q in queries.captured_queries) == 1
         a.rollback()
         b.rollback()
 
