@@ -15,8 +15,11 @@ Bounded and index-friendly: the window is turned into an event id once (the newe
 older than the window, found by a backward scan of the primary key that stops at the first
 row older than the window), and every event query is then ``project_id IN (…) AND id > cutoff``
 (index ``event_project_id``) or ``session_id = … AND id > cutoff`` (``event_session_id``): the
-rows read are the window's, never the table's. ``tests/dashboard/test_charts.py`` checks the
-plans (no sequential scan of the event table).
+rows read are the window's, never the table's. And never more than ``CHART_EVENTS_MAX``: when
+the log's newest ``CHART_EVENTS_MAX`` events are all inside the hour (a busy log), the window
+shortens to the whole minutes they cover, and the page says so ("Last N minutes", "a busy
+log"). So a page's charts cost the same at 10 k events and at 1 M, however busy the hour.
+``tests/dashboard/test_charts.py`` checks the plans (no sequential scan of the event table).
 
 The charts are SVG drawn here as geometry (rectangles, polylines: attributes, no style
 attributes, so the strict CSP holds) and coloured by the state classes of ``app.css``.
@@ -28,6 +31,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.db import connection
 from django.db.models import Count, Min, Q
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
@@ -39,6 +43,8 @@ from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.models import Event
 
 WINDOW_MINUTES = 60
+#: The most events the charts read: on a busier log the window shortens to its newest ones.
+CHART_EVENTS_MAX = 10_000
 STATE_SAMPLES = 12  # sessions per state: one stacked bar per 5 minutes
 W, H = 300, 64  # viewBox of each chart
 STATES = [s.value for s in rt.SessionStatus]
@@ -95,14 +101,48 @@ class Charts:
     cutoff: int
     charts: list[Chart]
     window_minutes: int = WINDOW_MINUTES
+    shortened: bool = False  # a busy log: the window is its newest CHART_EVENTS_MAX events' minutes
+
+    @property
+    def events_max(self) -> str:
+        return f"{CHART_EVENTS_MAX:,}"
 
 
-def window_cutoff(start: datetime) -> int:
-    """The id of the newest event older than ``start`` (0: none). A backward scan of the
-    primary key, stopping at the first row older than the window: it reads the window's rows."""
-    row = Event.objects.filter(created_at__lt=start).order_by("-id").values_list("id", flat=True)[:1]
-    found = list(row)
-    return found[0] if found else 0
+_EVENTS = connection.ops.quote_name(Event._meta.db_table)
+_ID = f"{_EVENTS}.{connection.ops.quote_name('id')}"
+_CREATED = f"{_EVENTS}.{connection.ops.quote_name('created_at')}"
+# The newest event older than the window among the log's newest CHART_EVENTS_MAX + 1: a backward
+# scan of the primary key that stops at the first row older than the window, or after that many.
+_CUTOFF_SQL = (
+    f"SELECT newest.id FROM (SELECT {_ID} AS id, {_CREATED} AS created_at FROM {_EVENTS} "
+    f"ORDER BY {_ID} DESC LIMIT %s) AS newest WHERE newest.created_at < %s ORDER BY newest.id DESC LIMIT 1"
+)
+# The CHART_EVENTS_MAX-th newest event and the one below it (the same scan, only on a busy log).
+_NEWEST_SQL = f"SELECT {_ID}, {_CREATED} FROM {_EVENTS} ORDER BY {_ID} DESC OFFSET %s LIMIT 2"
+
+
+def window_bounds(start: datetime, now: datetime) -> tuple[int, datetime]:
+    """``(cutoff, start)``: the charts read the events with ``id > cutoff`` and, for counts per
+    minute, ``created_at >= start``.
+
+    Usually ``start`` stays and ``cutoff`` is the id of the newest event older than it (0:
+    none). When the log's newest ``CHART_EVENTS_MAX`` events are all newer than ``start``,
+    ``cutoff`` is the id just below them and ``start`` moves up to the first whole minute they
+    cover (at latest the current one): at most ``CHART_EVENTS_MAX`` rows are read, at any size."""
+    with connection.cursor() as cur:
+        cur.execute(_CUTOFF_SQL, [CHART_EVENTS_MAX + 1, start])
+        row = cur.fetchone()
+        if row is not None:
+            return row[0], start
+        cur.execute(_NEWEST_SQL, [CHART_EVENTS_MAX - 1])
+        rows = cur.fetchall()
+    if len(rows) < 2:  # the whole log is inside the window
+        return 0, start
+    (_, oldest), (cutoff, _) = rows
+    first_whole = oldest.replace(second=0, microsecond=0)
+    if first_whole < oldest:
+        first_whole += timedelta(minutes=1)
+    return cutoff, max(start, min(first_whole, now.replace(second=0, microsecond=0)))
 
 
 def _samples(start: datetime, end: datetime, n: int) -> list[datetime]:
@@ -196,16 +236,17 @@ def build(scope: Scope, now_counts: Collection[tuple[str, int]] | Counter, *, no
           single_session: bool = False) -> Charts:
     now = now or timezone.now()
     end = now
-    start = (now - timedelta(minutes=WINDOW_MINUTES - 1)).replace(second=0, microsecond=0)
-    cutoff = window_cutoff(start)
+    hour = (now - timedelta(minutes=WINDOW_MINUTES - 1)).replace(second=0, microsecond=0)
+    cutoff, start = window_bounds(hour, now)
+    minutes = WINDOW_MINUTES - int((start - hour).total_seconds() // 60)
     samples = _samples(start, end, STATE_SAMPLES)
     counts_now = Counter(dict(now_counts))
     charts = [
         _state_chart(state_counts_over_time(scope, cutoff, counts_now, samples), samples, single_session),
-        _events_chart(events_per_minute(scope, cutoff, start, WINDOW_MINUTES), start),
+        _events_chart(events_per_minute(scope, cutoff, start, minutes), start),
         _handoffs_chart(handoffs_waiting_over_time(scope, cutoff, start, samples), samples),
     ]
-    return Charts(start, end, cutoff, charts)
+    return Charts(start, end, cutoff, charts, window_minutes=minutes, shortened=start > hour)
 
 
 def _state_chart(series: list[Counter], samples: list[datetime], single: bool) -> Chart:

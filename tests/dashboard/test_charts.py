@@ -111,7 +111,7 @@ def test_the_chart_queries_never_scan_the_event_table_sequentially(make_session,
         assert len(reading) >= 4, reading  # cutoff, states, per minute, handoff endings
         for sql in reading:
             bounded = re.search(rf'"{EVENT_TABLE}"\."id" > \d+', sql)
-            cutoff = re.search(r"ORDER BY (1|\S+\.\"id\") DESC LIMIT 1$", sql)
+            cutoff = re.search(rf'ORDER BY "{EVENT_TABLE}"\."id" DESC (LIMIT|OFFSET) \d+', sql)
             assert bounded or cutoff, f"every event query is bounded by the window's id: {sql}"
             with transaction.atomic(), connection.cursor() as cur:
                 cur.execute("SET LOCAL enable_seqscan = off")
@@ -120,3 +120,60 @@ def test_the_chart_queries_never_scan_the_event_table_sequentially(make_session,
             plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
             scans = [(n["Node Type"], n.get("Index Name")) for n in _walk(plan) if n.get("Relation Name") == EVENT_TABLE]
             assert scans and all(kind != "Seq Scan" for kind, _ in scans), (sql, scans)
+
+
+def _rows_read(sql: str) -> list[int]:
+    """Rows each scan of the event table read running ``sql`` (EXPLAIN ANALYZE: the rows it
+    returned plus those its filter removed)."""
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+        raw = cur.fetchone()[0]
+    plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+    return [int(n["Actual Rows"]) * int(n.get("Actual Loops", 1)) + int(n.get("Rows Removed by Filter", 0))
+            for n in _walk(plan) if n.get("Relation Name") == EVENT_TABLE]
+
+
+def test_a_busy_log_shortens_the_window_to_its_newest_events_and_reads_no_more(
+        make_session, project, monkeypatch, mgr_client):
+    """More events inside the hour than the charts read (CHART_EVENTS_MAX, 15 here): the window
+    shortens to the whole minutes of the newest 15, the charts read those 15 and finding them
+    reads 16 rows (the flat cost: the same at 10 k events as at 1 M), and the page says so."""
+    from novelforge_sessions import event_types as ev
+    from novelforge_sessions import events
+
+    monkeypatch.setattr(charts, "CHART_EVENTS_MAX", 15)
+    earlier = make_session(run=True)
+    shift(30, events={"session_id": earlier.id})  # inside the hour, older than the newest 15
+    s = make_session(run=True)
+    with transaction.atomic():
+        events.order_lock(s.id)
+        for i in range(20):
+            events.append(project_id=project.id, session_id=s.id, type=ev.CHECKPOINT_RECORDED,
+                          payload={"checkpoint_id": 0, "seq": i, "boundary": "context_freeze", "cursor": {}})
+    newest = list(Event.objects.order_by("-id").values_list("id", "created_at")[:16])
+    assert Event.objects.filter(created_at__gte=timezone.now() - timedelta(minutes=59)).count() > 16
+    with CaptureQueriesContext(connection) as ctx:
+        result = charts.build(scope_of(project), counts_now(project).items())
+    assert result.shortened and result.cutoff == newest[15][0]
+    assert result.start >= newest[14][1].replace(second=0, microsecond=0) > timezone.now() - timedelta(minutes=2)
+    assert result.window_minutes < charts.WINDOW_MINUTES
+    per = charts.events_per_minute(scope_of(project), result.cutoff, result.start, result.window_minutes)
+    assert sum(per) == Event.objects.filter(id__gt=result.cutoff, created_at__gte=result.start).count() <= 15
+    # Every chart query is bounded by id > cutoff (the plan test above), and that range holds
+    # exactly the newest 15; the two statements that find the cutoff read at most 16 rows.
+    assert Event.objects.filter(id__gt=result.cutoff).count() == 15
+    window = [q["sql"] for q in ctx.captured_queries
+              if f'"{EVENT_TABLE}"' in q["sql"] and not re.search(rf'"{EVENT_TABLE}"\."id" > \d+', q["sql"])]
+    assert len(window) == 2, window
+    for sql in window:
+        assert all(n <= 16 for n in _rows_read(sql)), (sql, _rows_read(sql))
+    page = mgr_client.get("/charts/").content.decode()
+    assert "a busy log: the charts cover its newest 15 events" in page
+    assert f"Last {result.window_minutes} minute" in page
+
+
+def test_a_quiet_hour_keeps_the_whole_window(make_session, project, monkeypatch):
+    monkeypatch.setattr(charts, "CHART_EVENTS_MAX", 500)
+    make_session(run=True)
+    result = charts.build(scope_of(project), counts_now(project).items())
+    assert not result.shortened and result.window_minutes == charts.WINDOW_MINUTES and result.cutoff == 0
