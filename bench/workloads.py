@@ -53,15 +53,11 @@ DBOS_IDLE_PROBE_S = 3.0
 Body = Callable[[], list[float]]  # runs one worker's measured steps, returns per-step seconds
 
 
-def keepalive_body(api: Any, count: int, deadline: float, hit: threading.Event,
-                   step: Callable[[Any, int], None]) -> Body:
-    """One HTTP worker on its own keep-alive connection to ``api`` (a parsed URL), opened now:
-    ``step(conn, i)`` for i < ``count`` until ``deadline`` (``hit`` is set if it cut the loop
-    short), timing each step."""
-    import http.client
-
-    conn = http.client.HTTPConnection(api.hostname, api.port, timeout=30)
-    conn.connect()
+def timed_body(count: int, deadline: float, hit: threading.Event, step: Callable[[int], None],
+               close: Callable[[], None] | None = None) -> Body:
+    """One worker's measured loop: ``step(i)`` for i < ``count`` until ``deadline`` (``hit`` is
+    set if it cut the loop short), timing each step; ``close`` runs after the loop, whatever
+    happened."""
 
     def body() -> list[float]:
         latencies = []
@@ -71,13 +67,25 @@ def keepalive_body(api: Any, count: int, deadline: float, hit: threading.Event,
                     hit.set()
                     break
                 t0 = time.perf_counter()
-                step(conn, i)
+                step(i)
                 latencies.append(time.perf_counter() - t0)
         finally:
-            conn.close()
+            if close is not None:
+                close()
         return latencies
 
     return body
+
+
+def keepalive_body(api: Any, count: int, deadline: float, hit: threading.Event,
+                   step: Callable[[Any, int], None]) -> Body:
+    """One HTTP worker on its own keep-alive connection to ``api`` (a parsed URL), opened now:
+    ``timed_body`` of ``step(conn, i)``."""
+    import http.client
+
+    conn = http.client.HTTPConnection(api.hostname, api.port, timeout=30)
+    conn.connect()
+    return timed_body(count, deadline, hit, lambda i: step(conn, i), conn.close)
 
 
 # ---------------------------------------------------------------- shared machinery
@@ -210,23 +218,11 @@ def run_floor(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
 
     def prepare(index: int) -> Body:
         conn = psycopg.connect(args.db_url, autocommit=True)
-        count = split(args.steps, args.workers)[index]
 
-        def body() -> list[float]:
-            latencies = []
-            try:
-                for i in range(count):
-                    if time.perf_counter() > deadline:
-                        hit.set()
-                        break
-                    t0 = time.perf_counter()
-                    conn.execute(f"INSERT INTO {table} (worker, cursor) VALUES (%s, %s)", (index, json.dumps({"step": i})))
-                    latencies.append(time.perf_counter() - t0)
-            finally:
-                conn.close()
-            return latencies
+        def step(i: int) -> None:
+            conn.execute(f"INSERT INTO {table} (worker, cursor) VALUES (%s, %s)", (index, json.dumps({"step": i})))
 
-        return body
+        return timed_body(split(args.steps, args.workers)[index], deadline, hit, step, conn.close)
 
     latencies, elapsed, cpu_s = run_workers(args.workers, prepare)
     quiesced = counters.quiesce() and quiesced
@@ -297,23 +293,8 @@ def run_ours_action(args: argparse.Namespace, counters: Counters) -> dict[str, A
 
     def prepare(index: int) -> Body:
         connection.ensure_connection()  # Django connections are per thread; open it outside the timing
-        count = split(args.steps, args.workers)[index]
-
-        def body() -> list[float]:
-            latencies = []
-            try:
-                for i in range(count):
-                    if time.perf_counter() > deadline:
-                        hit.set()
-                        break
-                    t0 = time.perf_counter()
-                    record_checkpoint(caller, run_ids[index], checkpoint_body(index, i))
-                    latencies.append(time.perf_counter() - t0)
-            finally:
-                connection.close()
-            return latencies
-
-        return body
+        return timed_body(split(args.steps, args.workers)[index], deadline, hit,
+                          lambda i: record_checkpoint(caller, run_ids[index], checkpoint_body(index, i)), connection.close)
 
     latencies, elapsed, cpu_s = run_workers(args.workers, prepare)
     quiesced = counters.quiesce() and quiesced
@@ -609,16 +590,7 @@ def run_dbos(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
                         hit.set()
                     return step_latencies.get(index, [])
             else:
-                def body() -> list[float]:
-                    latencies = []
-                    for i in range(count):
-                        if time.perf_counter() > deadline:
-                            hit.set()
-                            break
-                        t0 = time.perf_counter()
-                        one_step(index, i)
-                        latencies.append(time.perf_counter() - t0)
-                    return latencies
+                body = timed_body(count, deadline, hit, lambda i: one_step(index, i))
             return body
 
         latencies, elapsed, cpu_s = run_workers(args.workers, prepare)

@@ -43,10 +43,9 @@ import psycopg
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import connections
 
 from novelforge_sessions import events
-from novelforge_sessions.live import replay
+from novelforge_sessions.live import connparams, replay
 
 log = logging.getLogger("novelforge.live")
 
@@ -78,20 +77,8 @@ def _read_after(project_id: int, after: int, limit: int) -> list[tuple[int, int 
 
 
 def _reader_conninfo() -> dict[str, Any]:
-    """Django's connection parameters for the default database, for a plain async psycopg connection."""
-    params = connections["default"].get_connection_params()
-    # Django's cursor class and adapters stay Django's (psycopg's own load jsonb as Python
-    # values and timestamptz as aware datetimes); its prepare_threshold (None: no server-side
-    # prepared statements, for connection poolers) is kept.
-    for key in ("cursor_factory", "context"):
-        params.pop(key, None)
-    params["application_name"] = READER_APPLICATION_NAME
-    # A peer that vanishes without a FIN (network loss) is noticed within about a minute.
-    params.setdefault("keepalives", 1)
-    params.setdefault("keepalives_idle", 30)
-    params.setdefault("keepalives_interval", 10)
-    params.setdefault("keepalives_count", 3)
-    return params
+    """Django's connection parameters for the default database, for the reader's async connection."""
+    return connparams.plain_conninfo(READER_APPLICATION_NAME)
 
 
 class Reader:

@@ -26,9 +26,9 @@ from typing import Any
 import psycopg
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
-from django.db import connections
 
 from novelforge_sessions.events import NOTIFY_CHANNEL, NOTIFY_ORIGIN, project_group
+from novelforge_sessions.live import connparams
 
 log = logging.getLogger("novelforge.live")
 
@@ -65,17 +65,8 @@ def ensure_listener() -> None:
 
 
 def _conninfo() -> dict[str, Any]:
-    """Django's connection parameters for the default database, for a plain async psycopg connection."""
-    params = connections["default"].get_connection_params()
-    for key in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(key, None)
-    params["application_name"] = LISTENER_APPLICATION_NAME
-    # A peer that vanishes without a FIN (network loss) is noticed within about a minute.
-    params.setdefault("keepalives", 1)
-    params.setdefault("keepalives_idle", 30)
-    params.setdefault("keepalives_interval", 10)
-    params.setdefault("keepalives_count", 3)
-    return params
+    """Django's connection parameters for the default database, for the listener's async connection."""
+    return connparams.plain_conninfo(LISTENER_APPLICATION_NAME)
 
 
 async def _listen_forever() -> None:
