@@ -88,6 +88,11 @@ LOCAL_WAKERS: dict[str, Callable[[int, int], None]] = {}
 SEND_TIMEOUT_SECONDS = 5.0
 
 
+#: A wake-up's ``max_id`` that announces no particular event: "read once" (the hub's sweep, a
+#: reconnected NOTIFY listener), not an id to wait for (``live/fanout.py``).
+WAKE_ALL = 2**63 - 1
+
+
 def project_group(project_id: int) -> str:
     return f"events.project.{project_id}"
 
@@ -550,11 +555,6 @@ def events_after(qs: QuerySet, after: int, limit: int, marks: Marks | None = Non
 def latest_visible_id(marks: Marks | None = None) -> int:
     """The highest visible event id (0 for an empty log): "from now on" for a new subscriber."""
     return visible(Event.objects.all(), marks).order_by("-id").values_list("id", flat=True).first() or 0
-
-
-def pending(seen_up_to: int) -> bool:
-    """Whether an announced id ``seen_up_to`` is still above the watermark (not yet readable)."""
-    return seen_up_to >= watermark()
 
 
 def serialize(event: Event) -> dict[str, Any]:

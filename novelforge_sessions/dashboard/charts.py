@@ -111,14 +111,13 @@ class Charts:
 _EVENTS = connection.ops.quote_name(Event._meta.db_table)
 _ID = f"{_EVENTS}.{connection.ops.quote_name('id')}"
 _CREATED = f"{_EVENTS}.{connection.ops.quote_name('created_at')}"
-# The newest event older than the window among the log's newest CHART_EVENTS_MAX + 1: a backward
-# scan of the primary key that stops at the first row older than the window, or after that many.
-_CUTOFF_SQL = (
-    f"SELECT newest.id FROM (SELECT {_ID} AS id, {_CREATED} AS created_at FROM {_EVENTS} "
-    f"ORDER BY {_ID} DESC LIMIT %s) AS newest WHERE newest.created_at < %s ORDER BY newest.id DESC LIMIT 1"
+# One backward scan of the primary key over the log's newest CHART_EVENTS_MAX + 1 events, stopping
+# at its first two rows that are older than the window or the CHART_EVENTS_MAX-th and the one below.
+_WINDOW_SQL = (
+    f"SELECT newest.id, newest.created_at FROM (SELECT {_ID} AS id, {_CREATED} AS created_at, "
+    f"row_number() OVER (ORDER BY {_ID} DESC) AS n FROM {_EVENTS} ORDER BY {_ID} DESC LIMIT %(limit)s) AS newest "
+    f"WHERE newest.created_at < %(start)s OR newest.n >= %(limit)s - 1 ORDER BY newest.id DESC LIMIT 2"
 )
-# The CHART_EVENTS_MAX-th newest event and the one below it (the same scan, only on a busy log).
-_NEWEST_SQL = f"SELECT {_ID}, {_CREATED} FROM {_EVENTS} ORDER BY {_ID} DESC OFFSET %s LIMIT 2"
 
 
 def window_bounds(start: datetime, now: datetime) -> tuple[int, datetime]:
@@ -130,15 +129,15 @@ def window_bounds(start: datetime, now: datetime) -> tuple[int, datetime]:
     ``cutoff`` is the id just below them and ``start`` moves up to the first whole minute they
     cover (at latest the current one): at most ``CHART_EVENTS_MAX`` rows are read, at any size."""
     with connection.cursor() as cur:
-        cur.execute(_CUTOFF_SQL, [CHART_EVENTS_MAX + 1, start])
-        row = cur.fetchone()
-        if row is not None:
-            return row[0], start
-        cur.execute(_NEWEST_SQL, [CHART_EVENTS_MAX - 1])
+        cur.execute(_WINDOW_SQL, {"limit": CHART_EVENTS_MAX + 1, "start": start})
         rows = cur.fetchall()
+    if rows and rows[0][1] < start:  # the newest event older than the window
+        return rows[0][0], start
     if len(rows) < 2:  # the whole log is inside the window
         return 0, start
-    (_, oldest), (cutoff, _) = rows
+    (_, oldest), (cutoff, below) = rows  # the CHART_EVENTS_MAX-th newest and the one below it
+    if below < start:
+        return cutoff, start
     first_whole = oldest.replace(second=0, microsecond=0)
     if first_whole < oldest:
         first_whole += timedelta(minutes=1)

@@ -61,9 +61,6 @@ class Member(Protocol):
 
 #: ``application_name`` of a hub's reading connection: this prefix and the process id.
 READER_APPLICATION_NAME = f"novelforge-live-feed-{os.getpid()}"
-#: A wake-up every feed acts on once (the sweep, a reconnected NOTIFY listener): a request to
-#: read, not an announced id.
-WAKE_ALL = 2**63 - 1
 
 
 def _read_after(project_id: int, after: int, limit: int) -> list[tuple[int, int | None, str]]:
@@ -74,11 +71,6 @@ def _read_after(project_id: int, after: int, limit: int) -> list[tuple[int, int 
         (e["id"], e["session_id"], json.dumps(e, separators=(",", ":")))
         for e in replay.events_after(sub, after, limit)
     ]
-
-
-def _reader_conninfo() -> dict[str, Any]:
-    """Django's connection parameters for the default database, for the reader's async connection."""
-    return connparams.plain_conninfo(READER_APPLICATION_NAME)
 
 
 class Reader:
@@ -105,7 +97,7 @@ class Reader:
             async with self._opening:
                 if self.conn is None or self.conn.closed:
                     if self._conninfo is None:
-                        self._conninfo = await database_sync_to_async(_reader_conninfo)()
+                        self._conninfo = await database_sync_to_async(connparams.plain_conninfo)(READER_APPLICATION_NAME)
                     conn = await psycopg.AsyncConnection.connect(autocommit=True, **self._conninfo)
                     # The backend's first call of the watermark function compiles it (plpgsql):
                     # a few ms the first live event would otherwise pay.
@@ -175,7 +167,7 @@ class Feed:
         self._task = asyncio.ensure_future(self._run())
 
     def wake(self, max_id: int) -> None:
-        if max_id >= WAKE_ALL:  # "read once", not an id (the sweep, a reconnected listener)
+        if max_id >= events.WAKE_ALL:  # "read once", not an id (the sweep, a reconnected listener)
             self._wanted.set()
             return
         if max_id > self.announced:
@@ -334,7 +326,7 @@ class Hub:
                     await self.layer.group_add(feed.group, self.channel)
                 except Exception:
                     log.warning("event hub could not re-join %s", feed.group, exc_info=True)
-                feed.wake(WAKE_ALL)
+                feed.wake(events.WAKE_ALL)
 
 
 _hubs: dict[int, Hub] = {}

@@ -21,13 +21,12 @@ import asyncio
 import json
 import logging
 import os
-from typing import Any
 
 import psycopg
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
 
-from novelforge_sessions.events import NOTIFY_CHANNEL, NOTIFY_ORIGIN, project_group
+from novelforge_sessions.events import NOTIFY_CHANNEL, NOTIFY_ORIGIN, WAKE_ALL, project_group
 from novelforge_sessions.live import connparams
 
 log = logging.getLogger("novelforge.live")
@@ -37,8 +36,6 @@ APPLICATION_NAME_PREFIX = "novelforge-live-listener-"
 LISTENER_APPLICATION_NAME = f"{APPLICATION_NAME_PREFIX}{os.getpid()}"
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 5.0
-#: A wake-up every subscription acts on (each one's cursor is below it).
-_WAKE_ALL = 2**63 - 1
 _GROUP_PREFIX = project_group(0)[:-1]  # "events.project."
 
 _task: asyncio.Task | None = None
@@ -64,16 +61,11 @@ def ensure_listener() -> None:
     _task = loop.create_task(_listen_forever(), name="novelforge-pg-listener")
 
 
-def _conninfo() -> dict[str, Any]:
-    """Django's connection parameters for the default database, for the listener's async connection."""
-    return connparams.plain_conninfo(LISTENER_APPLICATION_NAME)
-
-
 async def _listen_forever() -> None:
     backoff = BACKOFF_FIRST
     while True:
         try:
-            conn = await psycopg.AsyncConnection.connect(autocommit=True, **_conninfo())
+            conn = await psycopg.AsyncConnection.connect(autocommit=True, **connparams.plain_conninfo(LISTENER_APPLICATION_NAME))
             async with conn:
                 await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                 log.info("listening for event wake-ups on %s", NOTIFY_CHANNEL)
@@ -113,7 +105,7 @@ async def _wake_all_local() -> None:
         return
     for group in list(layer.groups):
         if group.startswith(_GROUP_PREFIX) and group[len(_GROUP_PREFIX):].isdigit():
-            await _send(layer, int(group[len(_GROUP_PREFIX):]), _WAKE_ALL)
+            await _send(layer, int(group[len(_GROUP_PREFIX):]), WAKE_ALL)
 
 
 async def _send(layer: InMemoryChannelLayer, project_id: int, max_id: int) -> None:

@@ -123,5 +123,5 @@ async def test_a_feed_remembers_the_announced_id_and_a_sweep_is_not_an_announcem
     feed.wake(12)
     assert feed.announced == 12 and feed._wanted.is_set()
     feed._wanted.clear()
-    feed.wake(fanout.WAKE_ALL)  # "read once" (the sweep): a read, not an id to wait for
+    feed.wake(events.WAKE_ALL)  # "read once" (the sweep): a read, not an id to wait for
     assert feed.announced == 12 and feed._wanted.is_set()
