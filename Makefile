@@ -4,8 +4,8 @@
 #   make run        migrate, collectstatic, load_demo, then daphne on http://$(RUN_HOST):$(RUN_PORT)/
 #                   with the lease reconciler beside it (every $(RECONCILE_INTERVAL) s; stopped with the server)
 #   make test       pytest -m "not browser", then pytest -m browser (exit 5 = none collected is OK)
-#   make serve-cluster  N daphne processes (N=2) on ports $(CLUSTER_BASE_PORT).. sharing Redis, and
-#                   the reconciler as its own process; all stopped together (deploy/nginx.conf in front)
+#   make serve-cluster  N uvicorn processes (N=2, python -m novelforge_sessions.serve) on $(CLUSTER_BASE_PORT)..
+#                   sharing Redis, the reconciler beside them; all stopped together (deploy/nginx.conf in front)
 #   make reconcile  manage.py reconcile_runtimes --loop
 #   make bench      python bench/run.py $(BENCH_ARGS): every goal of issue 13 in one table (3 rounds)
 #   make bench-quick  the same table, small and one round (< ~3 min; make bench BENCH_ARGS=--quick)
@@ -89,7 +89,7 @@ serve-cluster:
 	echo "Reconciling expired runtime leases every $(RECONCILE_INTERVAL) s (pid $$!)"
 	for i in $$(seq 0 $$(( $(N) - 1 ))); do
 	  port=$$(( $(CLUSTER_BASE_PORT) + i ))
-	  $(VENV)/bin/daphne -b $(RUN_HOST) -p $$port novelforge_sessions.asgi:application &
+	  $(PY) -m novelforge_sessions.serve --host $(RUN_HOST) --port $$port &
 	  pids="$$pids $$!"
 	  echo "Serving on http://$(RUN_HOST):$$port/ (pid $$!, REDIS_URL=$$REDIS_URL)"
 	done

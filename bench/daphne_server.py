@@ -49,7 +49,10 @@ class Daphne:
         self._log = open(log_path, "ab")
         if server == "daphne":
             cmd = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), app]
-        else:
+        elif workers == 1 and app == "novelforge_sessions.asgi:application":
+            # the production server as make serve-cluster starts each of its processes
+            cmd = [sys.executable, "-m", "novelforge_sessions.serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        else:  # several processes behind one port: uvicorn's own supervisor
             cmd = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
                    "--log-level", "warning", "--lifespan", "off", "--workers", str(workers), app]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)

@@ -117,15 +117,21 @@ def _ratio_rows(rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]
         row("P5: writers' insert rate with live streaming on (10 subscribers) vs off", 0.8,
             per_round(lambda r: r["stream_on"]["requests_per_s"] / r["single"]["requests_per_s"]),
             f"CPU ms/request on {_summary(per_round(lambda r: cpu(r, 'stream_on')))} vs off {_summary(single_cpu)} "
-            f"(on includes delivering every event to 10 sockets); events delivered "
-            f"{_summary(per_round(lambda r: r['stream_on']['events_received']), '.0f')}"),
-        row("server choice: uvicorn vs daphne, same app (informational)", 0.0,
+            f"(on includes delivering every event to 10 sockets; the subscribers run in a process of their own); "
+            f"events delivered {_summary(per_round(lambda r: r['stream_on']['events_received']), '.0f')} of "
+            f"{_summary(per_round(lambda r: r['stream_on'].get('events_expected', 0)), '.0f')}"),
+        row("server choice: the production server (uvicorn, python -m novelforge_sessions.serve) vs daphne (informational)", 0.0,
             per_round(lambda r: cpu(r, "single") / cpu(r, "uvicorn")),
             f"CPU ratio daphne/uvicorn (>1: uvicorn cheaper); uvicorn {_summary(per_round(lambda r: cpu(r, 'uvicorn')))} ms/request; "
             f"throughput ratio uvicorn/daphne {_summary(per_round(lambda r: r['uvicorn']['requests_per_s'] / r['single']['requests_per_s']))}",
             target_text="choose by it"),
+        row("checkpoint POST as the production server serves it vs DBOS (informational: the goals above are daphne's)", 0.0,
+            per_round(lambda r: r["dbos"]["cpu_ms_per_step"] / cpu(r, "uvicorn")),
+            f"CPU ratio DBOS/ours per step; vs LangGraph, one per request: "
+            f"{_summary(per_round(lambda r: r['langgraph']['cpu_ms_per_step'] / cpu(r, 'uvicorn')))}×",
+            target_text="-"),
     ]
-    rows[-1]["met"] = None
+    rows[-2]["met"] = rows[-1]["met"] = None
     if all("full_stack" in r for r in rounds):
         rows.append(row("lean /api/v1/ path vs the full middleware stack (informational)", 0.0,
                         per_round(lambda r: cpu(r, "full_stack") / cpu(r, "single")),

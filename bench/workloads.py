@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -377,45 +378,84 @@ def run_ours_api(args: argparse.Namespace, counters: Counters) -> dict[str, Any]
 BATCH_SIZE = 10
 
 
-def _subscribers(url: str, token: str, project_id: int, count: int) -> tuple[list[threading.Thread], dict[str, Any]]:
-    """``count`` websocket subscribers on the project, each counting the events it receives."""
-    from websockets.sync.client import connect
+def _subscribers(url: str, token: str, project_id: int, count: int) -> subprocess.Popen:
+    """``count`` websocket subscribers on the project, in a process of their own (P5).
 
-    state: dict[str, Any] = {"events": 0, "stop": threading.Event(), "ready": threading.Barrier(count + 1), "errors": []}
-    lock = threading.Lock()
-    ws_url = url.replace("http://", "ws://") + "/ws/events/"
+    Real peers run elsewhere: in the writers' process their frames would compete with the
+    8 writer threads for one GIL (the sync client also runs a thread per connection), and the
+    writers' rate would measure the bench's client rather than the server. The child holds
+    every socket on one asyncio loop, prints ``READY`` once each has caught up, and counts
+    event frames until it has the number its parent then writes to its stdin (or 10 s pass without
+one more); then it prints ``EVENTS <n>``.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--_subscribe", url, token, str(project_id), str(count)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+    line = proc.stdout.readline().strip()
+    if line != "READY":
+        proc.kill()
+        raise RuntimeError(f"subscribers failed: {line or proc.stdout.read()[-500:]!r}")
+    return proc
 
-    def sub() -> None:
-        try:
-            ws = connect(ws_url, origin=url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=30)
-        except Exception as exc:
-            state["errors"].append(repr(exc))
-            state["ready"].abort()
-            return
-        try:
-            ws.send(json.dumps({"type": "subscribe", "project_id": project_id}))
-            while json.loads(ws.recv(timeout=30))["type"] != "caught_up":
+
+def _subscribers_stop(proc: subprocess.Popen, expected: int) -> int:
+    """Tell the subscribers how many event frames to expect in all; the number they received.
+
+    They stop once every frame has arrived, or after 10 s without one more.
+    """
+    try:
+        out, _ = proc.communicate(input=f"{expected}\n", timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise RuntimeError("subscribers did not stop") from None
+    counts = [ln for ln in out.splitlines() if ln.startswith("EVENTS ")]
+    if not counts:
+        raise RuntimeError(f"subscribers ended without a count: {out[-500:]!r}")
+    return int(counts[-1].split()[1])
+
+
+def _subscribe_main(url: str, token: str, project_id: int, count: int) -> int:
+    """The subscribers' process (``--_subscribe``): see ``_subscribers``."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    async def main() -> int:
+        ws_url = url.replace("http://", "ws://") + "/ws/events/"
+        sockets = []
+        for _ in range(count):
+            ws = await connect(ws_url, origin=url, additional_headers={"Authorization": f"Bearer {token}"},
+                               open_timeout=30, max_size=None)
+            await ws.send(json.dumps({"type": "subscribe", "project_id": project_id}))
+            while json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "caught_up":
                 pass
-            state["ready"].wait()
-            while not state["stop"].is_set():
-                try:
-                    frame = json.loads(ws.recv(timeout=0.5))
-                except TimeoutError:
-                    continue
-                if frame.get("type") == "event":
-                    with lock:
-                        state["events"] += 1
-        except threading.BrokenBarrierError:
-            pass
-        except Exception as exc:
-            state["errors"].append(repr(exc))
-        finally:
-            ws.close()
+            sockets.append(ws)
+        print("READY", flush=True)
+        events, expected, progress = 0, None, asyncio.Event()
 
-    threads = [threading.Thread(target=sub, daemon=True) for _ in range(count)]
-    for t in threads:
-        t.start()
-    return threads, state
+        async def read(ws: Any) -> None:
+            nonlocal events
+            async for text in ws:
+                if json.loads(text).get("type") == "event":
+                    events += 1
+                    progress.set()
+
+        readers = [asyncio.ensure_future(read(ws)) for ws in sockets]
+        expected = int(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
+        while events < expected:
+            progress.clear()
+            try:
+                await asyncio.wait_for(progress.wait(), 10)
+            except TimeoutError:
+                break
+        for task in readers:
+            task.cancel()
+        for ws in sockets:
+            await ws.close()
+        return events
+
+    print(f"EVENTS {asyncio.run(main())}", flush=True)
+    return 0
 
 
 def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
@@ -473,8 +513,9 @@ def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
 
     server = Daphne(args.db_url, Path(args.log_file), extra_env=env, server=args.server, workers=args.server_workers,
                     **server_kw)
-    subs: list[threading.Thread] = []
-    sub_state: dict[str, Any] = {}
+    subs: subprocess.Popen | None = None
+    events_received = 0
+    steps_done = [0] * args.workers
     try:
         api = urlsplit(server.url)
         warm = http.client.HTTPConnection(api.hostname, api.port, timeout=30)
@@ -482,14 +523,9 @@ def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
             post(warm, args.workers, i)
         warm.close()
         if subscribers:
-            subs, sub_state = _subscribers(server.url, raw, project_id, subscribers)
-            try:
-                sub_state["ready"].wait(timeout=60)
-            except threading.BrokenBarrierError:
-                raise RuntimeError(f"subscribers failed: {sub_state['errors'][:3]}") from None
+            subs = _subscribers(server.url, raw, project_id, subscribers)
         deadline = time.perf_counter() + args.max_seconds
         hit = threading.Event()
-        steps_done = [0] * args.workers
 
         def prepare(index: int) -> Body:
             def step(conn: Any, i: int) -> None:
@@ -508,13 +544,12 @@ def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
         cpu_s = server.cpu_seconds() - cpu_started
         rss_end = server.rss_bytes()
         rss_start = rss_marks.get("start", rss_start)
-        events_received = sub_state.get("events", 0)
     finally:
-        if sub_state:
-            sub_state["stop"].set()
-            for t in subs:
-                t.join(timeout=5)
-        server.stop()
+        try:
+            if subs is not None:
+                events_received = _subscribers_stop(subs, sum(steps_done) * subscribers)
+        finally:
+            server.stop()
     flat = [x for w in latencies for x in w]
     requests = len(flat)
     if not requests:
@@ -531,7 +566,7 @@ def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
         "latency_ms": {"p50": round(percentile(flat, 50) * 1000, 3), "p99": round(percentile(flat, 99) * 1000, 3)},
         "rss_start_bytes": rss_start, "rss_end_bytes": rss_end,
         "rss_drift": round((rss_end - rss_start) / rss_start, 4) if rss_start else None,
-        "events_received": events_received, "deadline_hit": hit.is_set(),
+        "events_received": events_received, "events_expected": steps * subscribers, "deadline_hit": hit.is_set(),
     }
 
 
@@ -719,6 +754,8 @@ SCENARIOS: dict[str, Callable[[argparse.Namespace, Counters], dict[str, Any]]] =
 
 
 def main() -> int:
+    if len(sys.argv) == 6 and sys.argv[1] == "--_subscribe":
+        return _subscribe_main(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
     parser.add_argument("--db-url", required=True, help="URL of the database this system uses")

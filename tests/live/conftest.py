@@ -126,13 +126,14 @@ def api_post(server: DaphneServer, token: str, path: str, body: dict[str, Any]) 
         return json.loads(resp.read())
 
 
-@pytest.fixture
-def two_servers() -> Iterator[tuple[DaphneServer, DaphneServer]]:
-    """Two daphne processes sharing the Redis channel layer, sweep off (stop() tolerates a
-    process a test already ended)."""
-    a = DaphneServer(redis_url=REDIS_URL, extra_env=NO_SWEEP)
+@pytest.fixture(params=["daphne", "uvicorn"])
+def two_servers(request) -> Iterator[tuple[DaphneServer, DaphneServer]]:
+    """Two server processes sharing the Redis channel layer, sweep off (stop() tolerates a
+    process a test already ended): daphne (``make run``'s server) and the production server
+    (``python -m novelforge_sessions.serve``, uvicorn: ``make serve-cluster``)."""
+    a = DaphneServer(redis_url=REDIS_URL, extra_env=NO_SWEEP, server=request.param)
     try:
-        b = DaphneServer(redis_url=REDIS_URL, extra_env=NO_SWEEP)
+        b = DaphneServer(redis_url=REDIS_URL, extra_env=NO_SWEEP, server=request.param)
     except BaseException:
         a.stop()
         raise

@@ -1,8 +1,9 @@
 """Oversized request bodies are refused while they stream in, with bounded server memory (issue 9, finding 2).
 
 A raw socket client streams a 100 MB body, chunked or with its ``Content-Length``, to a real
-server process (daphne as ``make run`` serves, and uvicorn: the ASGI layer alone, for a server
-that streams bodies to the application). The server's resident memory (``/proc/<pid>/status``)
+server process (daphne as ``make run`` serves, and uvicorn as the production server
+``python -m novelforge_sessions.serve`` serves: the ASGI layer alone, for a server that streams
+bodies to the application). The server's resident memory (``/proc/<pid>/status``)
 is sampled while the body goes out and after the answer. Expected, on every route:
 
 - the answer is a 413 (the typed ``payload_too_large`` on ``/api/``, plain text on pages) that
@@ -14,12 +15,8 @@ is sampled while the body goes out and after the answer. Expected, on every rout
 from __future__ import annotations
 
 import json
-import os
 import select
 import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +25,7 @@ import pytest
 from django.conf import settings
 
 from novelforge_sessions.models import Session
-from tests.live import ROOT, DaphneServer, database_url, free_port
+from tests.live import DaphneServer
 
 # The servers need the test database (created for django_db tests); these tests write nothing,
 # and the servers' refusals must write nothing either: no transaction=True flush per test.
@@ -41,48 +38,9 @@ PIECE = 64 * 1024
 MAX_GROWTH = 12 * MB
 
 
-class UvicornServer:
-    """uvicorn serving the same ASGI application (no daphne: the ASGI-level limit alone)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-        env.update(
-            DATABASE_URL=database_url(), DJANGO_SETTINGS_MODULE="novelforge_sessions.settings",
-            ALLOWED_HOSTS="127.0.0.1,localhost", SECRET_KEY=settings.SECRET_KEY, PYTHONUNBUFFERED="1",
-            DB_POOL_MAX_SIZE="4",
-        )
-        self.log_path = ROOT / "tests" / "artifacts" / f"uvicorn-{self.port}.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(self.port),
-             "--no-access-log", "novelforge_sessions.asgi:application"],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self._log.close()
-
-
 @pytest.fixture(scope="module", params=["daphne", "uvicorn"])
-def server(request, django_db_setup, django_db_blocker) -> Iterator[DaphneServer | UvicornServer]:
-    srv = DaphneServer() if request.param == "daphne" else UvicornServer()
+def server(request, django_db_setup, django_db_blocker) -> Iterator[DaphneServer]:
+    srv = DaphneServer(server=request.param, extra_env={"DB_POOL_MAX_SIZE": "4"})
     # Warm up: the first requests import and build what every later request uses.
     for _ in range(3):
         for path in ("/login/", "/api/v1/sessions"):

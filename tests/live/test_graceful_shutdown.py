@@ -1,7 +1,10 @@
-"""SIGTERM to a real daphne drains (novelforge_sessions.live.shutdown): it stops listening, closes
-websockets with 1012 (service restart), lets the requests in flight finish, then exits; so every
-write a client got a 2xx for is in the database. With two processes sharing Redis, the other one
-keeps serving throughout."""
+"""SIGTERM to a real server drains: it stops listening, closes websockets with 1012 (service
+restart), lets the requests in flight finish, then exits 0; so every write a client got a 2xx for
+is in the database. With two processes sharing Redis, the other one keeps serving throughout.
+
+Both servers: daphne as ``make run`` serves (the drain is ``novelforge_sessions.live.shutdown``)
+and the production server, uvicorn as ``python -m novelforge_sessions.serve`` configures it
+(``make serve-cluster``)."""
 from __future__ import annotations
 
 import json
@@ -56,8 +59,9 @@ def wait_for(predicate, what: str, timeout: float = TIMEOUT) -> None:
         time.sleep(0.02)
 
 
-def test_sigterm_finishes_the_request_in_flight_and_closes_sockets_with_1012(open_socket):
-    server = DaphneServer(extra_env=NO_SWEEP)
+@pytest.mark.parametrize("kind", ["daphne", "uvicorn"])
+def test_sigterm_finishes_the_request_in_flight_and_closes_sockets_with_1012(open_socket, kind):
+    server = DaphneServer(extra_env=NO_SWEEP, server=kind)
     try:
         project = make_project("drain")
         _, token = create_token(project, name="agent", permissions=ALL_PERMISSIONS)

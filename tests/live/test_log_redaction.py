@@ -18,6 +18,7 @@ from websockets.sync.client import connect
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.logredact import RedactingFilter, redact
 from tests.conftest import make_project
+from tests.live import DaphneServer
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> int:
@@ -39,8 +40,28 @@ def _log_since(server, start: int, expect: list[str], timeout: float = 10.0) -> 
         time.sleep(0.05)
 
 
+@pytest.fixture(params=["daphne", "uvicorn"])
+def logged_server(request, ws_server):
+    """daphne (``make run``; its own access log, wrapped by ``logredact.install``) and the production
+    server (uvicorn through ``novelforge_sessions.serve``: its access log goes through ``LOGGING``)."""
+    if request.param == "daphne":
+        yield ws_server
+        return
+    srv = DaphneServer(extra_env={"LIVE_SWEEP_SECONDS": "3600"}, server="uvicorn")
+    yield srv
+    srv.stop()
+
+
+def _access(server, request_line: str, status: int) -> str:
+    """The access-log text of one request as the server writes it."""
+    if server.server == "uvicorn":  # '… - "GET /a?b HTTP/1.1" 401'
+        return f'"{request_line} HTTP/1.1" {status}'
+    return f'"{request_line}" {status}'  # daphne
+
+
 @pytest.mark.django_db(transaction=True)
-def test_tokens_in_urls_are_redacted_in_the_access_log_and_the_request_log(ws_server):
+def test_tokens_in_urls_are_redacted_in_the_access_log_and_the_request_log(logged_server):
+    ws_server = logged_server
     project = make_project("logs")
     _, raw = create_token(project, name="leaky", permissions=ALL_PERMISSIONS)
     secret = raw[len("nfs_"):]
@@ -55,18 +76,18 @@ def test_tokens_in_urls_are_redacted_in_the_access_log_and_the_request_log(ws_se
         ws.send('{"type": "ping"}')
         ws.recv(timeout=10)
 
-    tail = _log_since(ws_server, start, [
-        '"GET /api/v1/sessions?token=[redacted]" 401',
-        '"GET /api/v1/sessions?limit=5&access_token=[redacted]" 401',
-        '"GET /api/v1/sessions?q=[redacted]" 200',
+    expect = [
+        _access(ws_server, "GET /api/v1/sessions?token=[redacted]", 401),
+        _access(ws_server, "GET /api/v1/sessions?limit=5&access_token=[redacted]", 401),
+        _access(ws_server, "GET /api/v1/sessions?q=[redacted]", 200),
         "Not Found: /no-such-page/nfs_[redacted]/",
-        '"GET /no-such-page/nfs_[redacted]/" 404',
-        '"GET /login/?next=/&password=[redacted]" 200',
-    ])
+        _access(ws_server, "GET /no-such-page/nfs_[redacted]/", 404),
+        _access(ws_server, "GET /login/?next=/&password=[redacted]", 200),
+    ]
+    tail = _log_since(ws_server, start, expect)
     assert raw not in tail and secret not in tail and secret[:12] not in tail, tail
     assert "hunter2" not in tail, tail
-    for line in ['"GET /api/v1/sessions?token=[redacted]" 401', "Not Found: /no-such-page/nfs_[redacted]/",
-                 '"GET /api/v1/sessions?q=[redacted]" 200', '"GET /login/?next=/&password=[redacted]" 200']:
+    for line in expect:
         assert line in tail, tail
 
 

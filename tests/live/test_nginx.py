@@ -1,4 +1,5 @@
-"""deploy/nginx.conf in front of two real daphne processes sharing Redis: one address serves pages,
+"""deploy/nginx.conf in front of two real production server processes (``python -m
+novelforge_sessions.serve``, uvicorn, as ``make serve-cluster`` starts them) sharing Redis: one address serves pages,
 the API and websockets, and a process's SIGTERM costs no request made through nginx (a refused
 connection is passed to the other process). Skipped where nginx is not installed."""
 from __future__ import annotations
@@ -40,9 +41,9 @@ def test_the_config_is_valid_as_shipped(tmp_path):
 
 @pytest.fixture
 def cluster(tmp_path):
-    a = DaphneServer(redis_url=REDIS_URL, extra_env={"LIVE_SWEEP_SECONDS": "3600"})
+    a = DaphneServer(redis_url=REDIS_URL, extra_env={"LIVE_SWEEP_SECONDS": "3600"}, server="uvicorn")
     try:
-        b = DaphneServer(redis_url=REDIS_URL, extra_env={"LIVE_SWEEP_SECONDS": "3600"})
+        b = DaphneServer(redis_url=REDIS_URL, extra_env={"LIVE_SWEEP_SECONDS": "3600"}, server="uvicorn")
     except BaseException:
         a.stop()
         raise

@@ -1,5 +1,6 @@
-"""`make serve-cluster`: N daphne processes on consecutive ports sharing Redis, the reconciler as its
-own process, all stopped together (read from the recipe: `make -n` runs nothing)."""
+"""`make serve-cluster`: N production server processes (uvicorn, `python -m novelforge_sessions.serve`)
+on consecutive ports sharing Redis, the reconciler as its own process, all stopped together (read
+from the recipe: `make -n` runs nothing)."""
 from __future__ import annotations
 
 import os
@@ -20,11 +21,11 @@ def test_serve_cluster_starts_n_processes_with_redis_and_the_reconciler_and_stop
     text = recipe("N=3", "CLUSTER_BASE_PORT=9101")
     assert 'export REDIS_URL="${REDIS_URL:-redis://' in text and ".ping()" in text  # refuses to start without Redis
     assert "for i in $(seq 0 $(( 3 - 1 ))); do" in text and "port=$(( 9101 + i ))" in text
-    assert re.search(r"daphne -b \S+ -p \$port novelforge_sessions\.asgi:application &\n\s*pids=\"\$pids \$!\"", text)
+    assert re.search(r"-m novelforge_sessions\.serve --host \S+ --port \$port &\n\s*pids=\"\$pids \$!\"", text)
     assert re.search(r"reconcile_runtimes --loop --interval \S+ &\n\s*pids=\"\$!\"", text)
     assert re.search(r"trap 'kill \$pids[^']*' EXIT", text) and "trap 'exit 143' TERM" in text
     assert text.rstrip().endswith("wait -n"), "any process ending stops the others"
-    assert not re.search(r"exec \S*daphne", text)
+    assert not re.search(r"exec \S*(daphne|novelforge_sessions\.serve)", text)
 
 
 def test_serve_cluster_defaults_to_two_processes_on_the_ports_of_deploy_nginx_conf():
