@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 from concurrent.futures import ThreadPoolExecutor
 from io import BytesIO
 from typing import Any
@@ -61,6 +62,43 @@ class _SyncApiHandler(BaseHandler):
         self._middleware_chain = handler
 
 
+def _hold_connections() -> None:
+    """Before the response is closed: this thread keeps its connections past the request.
+
+    ``response.close()`` sends ``request_finished``, whose ``close_old_connections`` closes
+    (with the pool: hands back) every connection past its ``close_at``; with the pool
+    ``CONN_MAX_AGE`` is 0, so without this each request checked a connection out again: the
+    pool's check (a round trip), autocommit and the connection's set-up, ~4 % of a checkpoint
+    POST's server time under py-spy. A connection the request left broken or inside a
+    transaction is still closed, there or in ``_keep_or_close_connections``.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None:
+            conn.close_at = None
+
+
+def _drop_dead_connections() -> None:
+    """Before a request: hand back a held connection the server has ended while it sat idle.
+
+    The pool tests a connection as it leaves (``CONN_HEALTH_CHECKS``); one this thread holds
+    did not leave. PostgreSQL ends a backend (a restart, ``pg_terminate_backend``, an idle
+    timeout) by sending a FATAL error and closing the socket, so an idle connection whose socket
+    has anything to read is no longer one to use: it goes back to the pool (which discards it),
+    and the request's first query checks out a tested one. No round trip for a live
+    connection (``tests/api/test_lean_path.py``: a terminated backend costs no request).
+    """
+    for conn in connections.all(initialized_only=True):
+        raw = conn.connection
+        if raw is None:
+            continue
+        try:
+            readable = bool(select.select([raw.fileno()], [], [], 0)[0])
+        except Exception:  # a closed or unusable connection (no descriptor)
+            readable = True
+        if readable or raw.closed:
+            conn.close()
+
+
 def _keep_or_close_connections() -> None:
     """After a request: keep healthy connections open; close broken or mid-transaction ones."""
     for conn in connections.all(initialized_only=True):
@@ -86,10 +124,12 @@ class LeanApiApplication:
 
     def _run(self, scope: dict[str, Any], body: bytes) -> Any:
         set_script_prefix(scope.get("root_path", "") or "/")
+        _drop_dead_connections()
         request = ASGIRequest(scope, BytesIO(body))
         try:
             response = self.handler.get_response(request)
             content = b"".join(response) if response.streaming else response.content
+            _hold_connections()
             response.close()
             return response, content
         finally:

@@ -70,3 +70,74 @@ def test_the_lean_path_answers_like_the_full_stack(servers):
     assert seen["lean"]["get"].json()["role"] == "writer"
     assert [seen["lean"][k].status_code for k in ("no_token", "bad_json", "too_big", "no_route")] == [401, 400, 413, 404]
     assert "Set-Cookie" not in seen["lean"]["get"].headers  # no session or CSRF machinery on the API
+
+
+def _get_scope(raw: str) -> dict:
+    return {"type": "http", "method": "GET", "path": "/api/v1/sessions", "raw_path": b"/api/v1/sessions",
+            "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
+            "headers": [(b"host", b"testserver"), (b"authorization", f"Bearer {raw}".encode())],
+            "server": ("testserver", 80), "client": ("127.0.0.1", 40000)}
+
+
+def test_a_lean_thread_keeps_its_connection_across_requests_and_drops_one_the_server_ended(project):
+    """The lean path's requests run on a thread that keeps its connection (no checkout per request);
+    a connection PostgreSQL ended while it sat idle is replaced before the next request uses it."""
+    import psycopg
+    from django.db import connection
+
+    from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
+    from novelforge_sessions.api.asgi import LeanApiApplication
+    from tests.live import database_url
+
+    _, raw = create_token(project, name="held", permissions=ALL_PERMISSIONS)
+    app = LeanApiApplication(fallback=None)
+    try:
+        connection.close()
+        response, _ = app._run(_get_scope(raw), b"")
+        assert response.status_code == 200
+        held = connection.connection
+        assert held is not None, "request_finished handed the connection back"
+        response, _ = app._run(_get_scope(raw), b"")
+        assert response.status_code == 200 and connection.connection is held
+
+        pid = held.info.backend_pid
+        with psycopg.connect(database_url(), autocommit=True) as other:
+            assert other.execute("SELECT pg_terminate_backend(%s, 10000)", [pid]).fetchone() == (True,)
+        response, content = app._run(_get_scope(raw), b"")
+        assert response.status_code == 200, content  # not a 503 for the dead connection
+        assert connection.connection is not None and connection.connection is not held
+        assert connection.connection.info.backend_pid != pid
+    finally:
+        app.pool.shutdown()
+
+
+def test_a_served_lean_path_survives_its_backends_being_terminated(project):
+    """Through a real server with the pool (as make run): every backend it holds is terminated
+    between requests, and the next requests still answer 200."""
+    import psycopg
+
+    from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
+    from tests.live import database_url
+
+    _, raw = create_token(project, name="terminated", permissions=ALL_PERMISSIONS)
+    server = DaphneServer(extra_env={"API_THREADS": "2", "LIVE_SWEEP_SECONDS": "3600"})
+    try:
+        auth = {"Authorization": f"Bearer {raw}"}
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            for _ in range(4):
+                assert client.get("/api/v1/sessions", headers=auth).status_code == 200
+            with psycopg.connect(database_url(), autocommit=True) as other:
+                pids = [r[0] for r in other.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND backend_type = 'client backend'").fetchall()]
+                # this test's own connection (pytest-django's) is not the server's: keep it
+                from django.db import connection
+                mine = connection.connection.info.backend_pid if connection.connection else None
+                pids = [p for p in pids if p != mine]
+                assert pids, "the server holds no backend"
+                for pid in pids:
+                    assert other.execute("SELECT pg_terminate_backend(%s, 10000)", [pid]).fetchone() == (True,)
+            statuses = [client.get("/api/v1/sessions", headers=auth).status_code for _ in range(6)]
+        assert statuses == [200] * 6, statuses
+    finally:
+        server.stop()
