@@ -100,7 +100,7 @@ MIDDLEWARE = [
 # bodylimit.BodyLimitMiddleware in asgi.py). API_LEAN=false serves it through MIDDLEWARE instead.
 API_MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "novelforge_sessions.middleware.CSPMiddleware",
+    "novelforge_sessions.middleware.ApiCSPMiddleware",  # the same header, built once per host
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 API_LEAN = _strict_bool("API_LEAN", default=True)
