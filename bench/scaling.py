@@ -10,7 +10,7 @@ every 2 000th a transition of it, the rest transcript lines spread over the othe
 events of a rare type at the very start (the worst case for "newest of a rare type"); a second
 project with 10 % of the events. Pages are requested through Django's test client in a child
 process (no HTTP server: the database part is what grows), after a warm-up, ``--requests``
-(default 15) per page. The goals are judged on CPU ms per request: the Django process's (median)
+(default 15) per page, the pages taking turns. The goals are judged on CPU ms per request: the Django process's (median)
 plus its PostgreSQL backend's (read from ``/proc``, mean: clock ticks are 10 ms), because wall time
 on a shared machine swings several-fold between identical runs; the best wall time is shown too.
 
@@ -172,19 +172,24 @@ def _measure(world: dict[str, Any], requests: int) -> dict[str, Any]:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") * 1000
 
-    out: dict[str, Any] = {}
     for name, fetch in pages.items():
         for _ in range(3):
             resp = fetch()
             assert resp.status_code == 200, (name, resp.status_code)
-        walls, cpus, dbs = [], [], []
-        for _ in range(requests):
+    # The pages take turns (big, small, dashboard, filter, big, …): the session pages' goal compares
+    # two of them, and on a shared machine the load drifts between back-to-back blocks of requests.
+    samples: dict[str, tuple[list[float], list[float], list[float]]] = {name: ([], [], []) for name in pages}
+    for _ in range(requests):
+        for name, fetch in pages.items():
+            walls, cpus, dbs = samples[name]
             d0 = backend_cpu()
             c0, w0 = time.process_time(), time.perf_counter()
             fetch()
             walls.append((time.perf_counter() - w0) * 1000)
             cpus.append((time.process_time() - c0) * 1000)
             dbs.append(backend_cpu() - d0)
+    out: dict[str, Any] = {}
+    for name, (walls, cpus, dbs) in samples.items():
         walls.sort()
         cpus.sort()
         # Clock ticks are 10 ms: the database CPU is the mean over the requests, not a median.
