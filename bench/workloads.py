@@ -385,8 +385,8 @@ def _subscribers(url: str, token: str, project_id: int, count: int) -> subproces
     8 writer threads for one GIL (the sync client also runs a thread per connection), and the
     writers' rate would measure the bench's client rather than the server. The child holds
     every socket on one asyncio loop, prints ``READY`` once each has caught up, and counts
-    event frames until it has the number its parent then writes to its stdin (or 10 s pass without
-one more); then it prints ``EVENTS <n>``.
+    event frames until it has the number its parent then writes to its stdin (or 10 s pass
+    without one more); then it prints ``EVENTS <n>``.
     """
     proc = subprocess.Popen(
         [sys.executable, __file__, "--_subscribe", url, token, str(project_id), str(count)],
@@ -431,7 +431,7 @@ def _subscribe_main(url: str, token: str, project_id: int, count: int) -> int:
                 pass
             sockets.append(ws)
         print("READY", flush=True)
-        events, expected, progress = 0, None, asyncio.Event()
+        events, progress = 0, asyncio.Event()
 
         async def read(ws: Any) -> None:
             nonlocal events
