@@ -1,8 +1,10 @@
 """The CSP header (oversized bodies are refused before Django: novelforge_sessions.bodylimit)."""
 from __future__ import annotations
 
+from csp.constants import HEADER, HEADER_REPORT_ONLY
 from csp.middleware import CSPMiddleware as _CSPMiddleware
 from csp.middleware import CheckableLazyObject, PolicyParts
+from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse
 
@@ -47,9 +49,6 @@ class ApiCSPMiddleware(CSPMiddleware):
         self._built: dict[tuple[str, bool], dict[str, str]] = {}
 
     def process_response(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
-        from csp.constants import HEADER, HEADER_REPORT_ONLY
-        from django.conf import settings
-
         if (
             getattr(request, "_csp_nonce", None) is not None
             or any(getattr(response, name, None) is not None for name in _PER_RESPONSE)

@@ -156,7 +156,9 @@ if _db.get("ENGINE") != "django.db.backends.postgresql":
 # Under ASGI every sync view runs in a worker thread; persistent per-thread connections
 # pile up (PITFALLS.md), so connections are closed at the end of each request by default —
 # or, with DB_POOL_MAX_SIZE > 0, returned to psycopg's pool (Django ≥ 5.1), which saves a
-# connection start-up (a transaction of its own on the server) on every request.
+# connection start-up (a transaction of its own on the server) on every request. The lean API
+# path's API_THREADS fixed threads are the exception: each keeps its connection for its life
+# (novelforge_sessions/api/asgi.py), so with the pool they hold API_THREADS of its connections.
 _db["CONN_MAX_AGE"] = _strict_int("DB_CONN_MAX_AGE", default=0)
 _db.setdefault("OPTIONS", {})
 _db["OPTIONS"].setdefault("connect_timeout", 5)
@@ -172,6 +174,11 @@ if DB_POOL_MAX_SIZE:
     # fail on it (measured by the harness, harness/ and README "Guarantees").
     _db["CONN_HEALTH_CHECKS"] = True
     _db["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DB_POOL_MAX_SIZE, "timeout": 10}
+    if API_LEAN and DB_POOL_MAX_SIZE <= API_THREADS:
+        raise ImproperlyConfigured(
+            f"DB_POOL_MAX_SIZE ({DB_POOL_MAX_SIZE}) must exceed API_THREADS ({API_THREADS}): each API thread "
+            "holds one pooled connection for its life, and pages and websockets need the rest"
+        )
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

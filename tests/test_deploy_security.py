@@ -87,6 +87,18 @@ def test_malformed_values_stop_start_up(name, value):
     assert "ImproperlyConfigured" in proc.stderr and name in proc.stderr, proc.stderr
 
 
+def test_a_pool_no_larger_than_the_api_threads_stops_start_up():
+    """Each lean API thread holds one pooled connection for its life: a pool of API_THREADS or
+    fewer would leave pages and websockets waiting for a connection."""
+    proc = _check_deploy({**_production(), "DB_POOL_MAX_SIZE": "4", "API_THREADS": "4"})
+    assert proc.returncode != 0
+    assert "ImproperlyConfigured" in proc.stderr and "DB_POOL_MAX_SIZE (4) must exceed API_THREADS (4)" in proc.stderr
+    ok = _check_deploy({**_production(), "DB_POOL_MAX_SIZE": "5", "API_THREADS": "4"})
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # without the lean path nothing holds a connection past its request
+    assert _check_deploy({**_production(), "DB_POOL_MAX_SIZE": "2", "API_LEAN": "false"}).returncode == 0
+
+
 def test_the_proxy_header_is_parsed_into_djangos_pair():
     code = "from django.conf import settings; print(repr(settings.SECURE_PROXY_SSL_HEADER))"
     env = {k: v for k, v in os.environ.items() if k != "SECURE_PROXY_SSL_HEADER"}

@@ -127,6 +127,7 @@ def test_a_served_lean_path_survives_its_backends_being_terminated(project):
     """Through a real server with the pool (as make run): every backend it holds is terminated
     between requests, and the next requests still answer 200."""
     import psycopg
+    from django.db import connection
 
     from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
     from tests.live import database_url
@@ -143,7 +144,6 @@ def test_a_served_lean_path_survives_its_backends_being_terminated(project):
                     "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
                     " AND pid <> pg_backend_pid() AND backend_type = 'client backend'").fetchall()]
                 # this test's own connection (pytest-django's) is not the server's: keep it
-                from django.db import connection
                 mine = connection.connection.info.backend_pid if connection.connection else None
                 pids = [p for p in pids if p != mine]
                 assert pids, "the server holds no backend"

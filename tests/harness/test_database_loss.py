@@ -49,7 +49,7 @@ def own_backend() -> int:
 
 @pytest.fixture
 def server():
-    srv = DaphneServer(extra_env={"DB_POOL_MAX_SIZE": "4"})
+    srv = DaphneServer(extra_env={"DB_POOL_MAX_SIZE": "4", "API_THREADS": "2"})
     yield srv
     srv.stop()
 

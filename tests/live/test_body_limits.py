@@ -40,7 +40,7 @@ MAX_GROWTH = 12 * MB
 
 @pytest.fixture(scope="module", params=["daphne", "uvicorn"])
 def server(request, django_db_setup, django_db_blocker) -> Iterator[DaphneServer]:
-    srv = DaphneServer(server=request.param, extra_env={"DB_POOL_MAX_SIZE": "4"})
+    srv = DaphneServer(server=request.param, extra_env={"DB_POOL_MAX_SIZE": "4", "API_THREADS": "2"})
     # Warm up: the first requests import and build what every later request uses.
     for _ in range(3):
         for path in ("/login/", "/api/v1/sessions"):
