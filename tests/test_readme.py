@@ -6,7 +6,8 @@ from pathlib import Path
 
 from novelforge_sessions import lifecycles as lc
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def _declared_block() -> dict[str, dict[str, set[str]]]:
@@ -33,3 +34,28 @@ def test_the_readme_lists_every_lifecycle_as_declared():
         declared = {s.value: {t.value for t in targets} for s, targets in lifecycle.table.items() if targets}
         assert documented.get(lifecycle.record) == declared, lifecycle.record
     assert set(documented) == {lifecycle.record for lifecycle in lc.ALL[1:]}
+
+
+def _github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"`|\*", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.M | re.S)
+    return {_github_slug(m) for m in re.findall(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def test_every_section_link_of_the_readmes_names_a_heading():
+    """``[…](#x)`` and ``[…](bench/README.md#x)`` land on a heading (a lost one broke #performance)."""
+    targets = {"README.md": ROOT / "README.md", "bench/README.md": ROOT / "bench" / "README.md"}
+    checked = 0
+    for name, path in targets.items():
+        for target, anchor in re.findall(r"\]\(([\w./]*)#([^)]+)\)", path.read_text(encoding="utf-8")):
+            linked = path if not target else (path.parent / target).resolve()
+            assert linked.exists(), f"{name} links a missing file {target}"
+            assert anchor in _anchors(linked), f"{name} links #{anchor} of {linked.name}, which has no such heading"
+            checked += 1
+    assert checked >= 10
