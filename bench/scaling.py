@@ -2,15 +2,16 @@
 ``GET /api/v1/events?type=<rare>``, and the session page of a session with many checkpoints
 (against a small session's page).
 
-Own database ``nfbench_scaling`` (dropped and recreated, migrated) on the server named by
-``server_url`` / ``DATABASE_URL`` (its database name is ignored). The log is grown set-based
-with one ``INSERT … SELECT FROM generate_series`` per size (1 M rows take seconds), then
-VACUUM ANALYZEd and CHECKPOINTed. Shape: 50 sessions in the project; every 10th event a checkpoint of the big session,
+One database per size, ``nfbench_scaling_<size>`` (dropped and recreated, migrated), on the
+server named by ``server_url`` / ``DATABASE_URL`` (its database name is ignored). Each log is
+grown set-based with ``INSERT … SELECT FROM generate_series`` (1 M rows take seconds), then
+VACUUM ANALYZEd and CHECKPOINTed. The sizes are measured in 3 alternating turns (10 k, 100 k,
+1 M, 10 k, …), their samples pooled, so drifting load on a shared machine falls on every size. Shape: 50 sessions in the project; every 10th event a checkpoint of the big session,
 every 2 000th a transition of it, the rest transcript lines spread over the other sessions; 5
 events of a rare type at the very start (the worst case for "newest of a rare type"); a second
 project with 10 % of the events. Pages are requested through Django's test client in a child
 process (no HTTP server: the database part is what grows), after a warm-up, ``--requests``
-(default 15) per page, the pages taking turns. The goals are judged on CPU ms per request: the Django process's (median)
+(default 30) per page and size, the pages taking turns. The goals are judged on CPU ms per request: the Django process's (median)
 plus its PostgreSQL backend's (mean; read from ``/proc/<pid>/schedstat`` in ns, else clock ticks), because wall time
 on a shared machine swings several-fold between identical runs; the best wall time is shown too.
 
@@ -36,6 +37,7 @@ SIZES_QUICK = [10_000, 100_000]
 GOAL = 1.5
 SESSIONS = 50
 RARE = "authority.settled"
+TURNS = 3  # the sizes are measured in this many alternating turns
 
 
 def _server(server_url: str | None) -> str:
@@ -50,12 +52,13 @@ def _db_url(server: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
 
 
-def _recreate(server: str) -> None:
+def _recreate(server: str, name: str) -> None:
     import psycopg
 
     with psycopg.connect(server, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DBNAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DBNAME}")
+        conn.execute(f"DROP DATABASE IF EXISTS {DBNAME} WITH (FORCE)")  # the single database of earlier versions
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
 
 
 def _child(db_url: str, *args: str) -> dict[str, Any]:
@@ -195,14 +198,20 @@ def _measure(world: dict[str, Any], requests: int) -> dict[str, Any]:
             walls.append((time.perf_counter() - w0) * 1000)
             cpus.append((time.process_time() - c0) * 1000)
             dbs.append(backend_cpu() - d0)
+    return {name: {"wall": walls, "cpu": cpus, "db": dbs} for name, (walls, cpus, dbs) in samples.items()}
+
+
+def _summarise(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """One size's figures from its turns' samples, pooled."""
     out: dict[str, Any] = {}
-    for name, (walls, cpus, dbs) in samples.items():
-        walls.sort()
-        cpus.sort()
+    for name in turns[0]:
+        walls = sorted(x for t in turns for x in t[name]["wall"])
+        cpus = sorted(x for t in turns for x in t[name]["cpu"])
+        dbs = [x for t in turns for x in t[name]["db"]]
         db_ms = sum(dbs) / len(dbs)  # the mean: with clock ticks (no schedstat) a median would be 0 or 10 ms
         cpu_ms = cpus[len(cpus) // 2]
         out[name] = {"ms": walls[0], "median_ms": walls[len(walls) // 2], "cpu_ms": cpu_ms, "db_cpu_ms": db_ms,
-                     "total_cpu_ms": cpu_ms + db_ms}
+                     "total_cpu_ms": cpu_ms + db_ms, "requests": len(cpus)}
     return out
 
 
@@ -222,17 +231,28 @@ def backend_cpu_ms(pid: int) -> float:
 
 
 # ---------------------------------------------------------------- the goals
-def run(quick: bool, server_url: str | None = None, requests: int = 15) -> dict[str, Any]:
+def run(quick: bool, server_url: str | None = None, requests: int = 30) -> dict[str, Any]:
     server = _server(server_url)
-    db_url = _db_url(server, DBNAME)
-    _recreate(server)
-    world = _child(db_url, "--_setup")
     sizes = SIZES_QUICK if quick else SIZES_FULL
-    by_size: dict[int, Any] = {}
+    worlds: dict[int, tuple[str, dict[str, Any], float]] = {}
     for size in sizes:
-        grow_s = _grow(db_url, world, size)
-        by_size[size] = {"grow_seconds": round(grow_s, 1), **_child(db_url, "--_measure", json.dumps(world), str(requests))}
-    return {"sizes": sizes, "by_size": by_size, "quick": quick}
+        name = f"{DBNAME}_{size}"
+        _recreate(server, name)
+        db_url = _db_url(server, name)
+        world = _child(db_url, "--_setup")
+        worlds[size] = (db_url, world, _grow(db_url, world, size))
+    # The sizes take turns (10 k, 100 k, 1 M, 10 k, ...), each its own database grown once: measured
+    # one after the other, minutes apart, the sizes met different load on this shared machine
+    # (the same commit's session page "grew" 1.12x, 1.65x and 1.73x from 10 k to 1 M, or shrank
+    # 0.85x, depending on what the machine did meanwhile).
+    per_turn = max(1, -(-requests // TURNS))
+    turns: dict[int, list[dict[str, Any]]] = {size: [] for size in sizes}
+    for _ in range(TURNS):
+        for size in sizes:
+            db_url, world, _ = worlds[size]
+            turns[size].append(_child(db_url, "--_measure", json.dumps(world), str(per_turn)))
+    by_size = {size: {"grow_seconds": round(worlds[size][2], 1), **_summarise(turns[size])} for size in sizes}
+    return {"sizes": sizes, "by_size": by_size, "quick": quick, "turns": TURNS}
 
 
 def goals_from(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -282,7 +302,7 @@ def main() -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10 k and 100 k only")
-    parser.add_argument("--requests", type=int, default=15)
+    parser.add_argument("--requests", type=int, default=30)
     args = parser.parse_args()
     result = run(args.quick, None, args.requests)
     for size in result["sizes"]:
