@@ -106,6 +106,13 @@ def _non_negative_int(value: Any) -> int | None:
 class EventStreamConsumer(AsyncWebsocketConsumer):
     """Thin edge: parse, authorize (``replay.resolve_subscription``), read the log, send."""
 
+    # No layer channel of its own: wake-ups reach the process's hub (live/fanout.py), which
+    # tells the sockets, and nothing sends to a socket's channel. With the Redis layer each
+    # socket's channel was a SUBSCRIBE at connect and an UNSUBSCRIBE at close, the latter
+    # under channels_redis's per-loop lock: once, in a drain of the production server, that
+    # unsubscribe waited out the whole shutdown grace.
+    channel_layer_alias = None
+
     async def connect(self) -> None:
         # Without Redis: this process's one LISTEN for other processes' commits (started once).
         pgnotify.ensure_listener()

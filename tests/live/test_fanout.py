@@ -211,3 +211,31 @@ def test_two_processes_each_read_once_per_wake_up(tmp_path, open_socket, world):
     finally:
         a.stop()
         b.stop()
+
+
+def test_over_redis_a_socket_adds_no_subscription_of_its_own(open_socket, world):
+    """The hub is the process's one layer channel: a socket takes none (channel_layer_alias =
+    None), so connecting and closing sockets costs Redis no SUBSCRIBE / UNSUBSCRIBE each."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    server = DaphneServer(redis_url=REDIS_URL)
+    try:
+        def channels() -> set[bytes]:
+            return set(client.pubsub_channels("asgi*"))
+
+        before = channels()
+        first = open_socket(server, token=world["token_a"])
+        first.subscribe(project_id=world["a"].id)
+        with_hub = channels()
+        assert len(with_hub - before) >= 1  # the hub's channel (and its project's group)
+        more = [open_socket(server, token=world["token_a"]) for _ in range(6)]
+        for sock in more:
+            sock.subscribe(project_id=world["a"].id)
+        api_post(server, world["token_a"], f"/sessions/{world['s1'].id}/transcript", {"role": "user", "content": "x"})
+        for sock in [first, *more]:  # every socket still gets the event, through the hub
+            assert sock.next_event()["type"] == "transcript.appended"
+        assert channels() == with_hub
+    finally:
+        server.stop()
+        client.close()
