@@ -64,4 +64,3 @@ application = ProtocolTypeRouter(
 # price: a frozen object that later becomes cyclic garbage is never reclaimed, and what is
 # alive at start-up is the process's code and configuration, which stays anyway.
 gc.freeze()
-
