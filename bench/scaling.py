@@ -30,7 +30,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-ROOT = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+from daphne_server import process_cpu_seconds  # noqa: E402
+
 DBNAME = "nfbench_scaling"
 SIZES_FULL = [10_000, 100_000, 1_000_000]
 SIZES_QUICK = [10_000, 100_000]
@@ -52,11 +56,17 @@ def _db_url(server: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
 
 
+def _drop(server: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 def _recreate(server: str, name: str) -> None:
     import psycopg
 
     with psycopg.connect(server, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DBNAME} WITH (FORCE)")  # the single database of earlier versions
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {name}")
 
@@ -175,12 +185,9 @@ def _measure(world: dict[str, Any], requests: int) -> dict[str, Any]:
     }
     from django.db import connection
 
-    with connection.cursor() as cur:
+    with connection.cursor() as cur:  # the PostgreSQL backend serving this process (same machine)
         cur.execute("SELECT pg_backend_pid()")
         backend = cur.fetchone()[0]
-
-    def backend_cpu() -> float:  # the PostgreSQL backend serving this process (same machine), in ms
-        return backend_cpu_ms(backend)
 
     for name, fetch in pages.items():
         for _ in range(3):
@@ -192,12 +199,12 @@ def _measure(world: dict[str, Any], requests: int) -> dict[str, Any]:
     for _ in range(requests):
         for name, fetch in pages.items():
             walls, cpus, dbs = samples[name]
-            d0 = backend_cpu()
+            d0 = backend_cpu_ms(backend)
             c0, w0 = time.process_time(), time.perf_counter()
             fetch()
             walls.append((time.perf_counter() - w0) * 1000)
             cpus.append((time.process_time() - c0) * 1000)
-            dbs.append(backend_cpu() - d0)
+            dbs.append(backend_cpu_ms(backend) - d0)
     return {name: {"wall": walls, "cpu": cpus, "db": dbs} for name, (walls, cpus, dbs) in samples.items()}
 
 
@@ -216,8 +223,11 @@ def _summarise(turns: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def backend_cpu_ms(pid: int) -> float:
-    """A process's CPU time so far, in ms: the scheduler's nanosecond count (``/proc/<pid>/schedstat``,
-    its first field) where the kernel has it, else ``/proc/<pid>/stat``'s clock ticks.
+    """A PostgreSQL backend's CPU time so far, in ms: the scheduler's nanosecond count
+    (``/proc/<pid>/schedstat``, its first field) where the kernel has it, else clock ticks.
+
+    schedstat counts one thread, the one with that pid: right for a backend (one thread per
+    process), wrong for a server with worker threads, which ``process_cpu_seconds`` reads.
 
     Ticks are 10 ms: a filter whose backend spends ~1 ms per request was charged 0 or 10 ms
     each, and the mean of 15 requests came out at 0.0 ms at 10 k and 2.7 ms at 1 M in one run
@@ -226,14 +236,14 @@ def backend_cpu_ms(pid: int) -> float:
     try:
         return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e6
     except (OSError, IndexError, ValueError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") * 1000
+        return process_cpu_seconds(pid) * 1000
 
 
 # ---------------------------------------------------------------- the goals
 def run(quick: bool, server_url: str | None = None, requests: int = 30) -> dict[str, Any]:
     server = _server(server_url)
     sizes = SIZES_QUICK if quick else SIZES_FULL
+    _drop(server, DBNAME)  # the one database of earlier versions of this module
     worlds: dict[int, tuple[str, dict[str, Any], float]] = {}
     for size in sizes:
         name = f"{DBNAME}_{size}"

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
-from daphne_server import Daphne  # noqa: E402
+from daphne_server import Daphne, process_cpu_seconds  # noqa: E402
 
 DBNAME = "nfbench_stream"
 SCENARIOS = [(1, 20), (10, 20), (50, 20), (200, 50)]
@@ -59,18 +59,13 @@ def redis_url() -> str:
     return os.environ.get("BENCH_REDIS_URL") or os.environ.get("TEST_REDIS_URL") or "redis://127.0.0.1:6379/13"
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def window_seconds(base: float, subscribers: int) -> float:
     """A scenario's window: 3x the base for 1 and 10 subscribers, whose p99 at 20 events/s would
     otherwise be the 2nd-slowest of 200 deliveries (a single stall on a shared machine)."""
     return base * 3 if subscribers <= 10 else base
 
 
-def segments(subscribers: int) -> int:
+def turns(subscribers: int) -> int:
     """In how many turns ours and bare share a scenario's window: 3 for 1 and 10 subscribers.
 
     Their p99 is a handful of deliveries; measured in one block each, a busy spell of the
@@ -206,7 +201,7 @@ async def _scenario(cfg: dict[str, Any], kind: str, n: int, rate: float, seconds
     orders: list[list[int]] = [[] for _ in conns]
     readers = [asyncio.ensure_future(_reader(ws, g, o)) for ws, g, o in zip(conns, got, orders)]
     await asyncio.sleep(0.5)  # let the sockets settle before the window (bench pacing)
-    cpu0 = _cpu_seconds(cfg["server_pid"])
+    cpu0 = process_cpu_seconds(cfg["server_pid"])
     # The publisher is its own process: in this one it would share the GIL with the clients.
     # One publisher per 20 events/s (a commit here takes up to ~50 ms when the machine is busy).
     count = max(1, -(-int(rate) // 20))
@@ -224,7 +219,7 @@ async def _scenario(cfg: dict[str, Any], kind: str, n: int, rate: float, seconds
     deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline and any(len(set(g) & set(sent)) < len(sent) for g in got):
         await asyncio.sleep(0.05)
-    cpu = _cpu_seconds(cfg["server_pid"]) - cpu0
+    cpu = process_cpu_seconds(cfg["server_pid"]) - cpu0
     for ws in conns:
         await ws.close()
     for r in readers:
@@ -248,7 +243,7 @@ async def _measure(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     django.setup()
     out = []
     for n, rate in _scenarios(cfg.get("only")):
-        seconds, count = window_seconds(cfg["seconds"], n), segments(n)
+        seconds, count = window_seconds(cfg["seconds"], n), turns(n)
         parts: dict[str, list[dict[str, Any]]] = {"bare": [], "ours": []}
         for _ in range(count):
             for kind in ("bare", "ours"):  # interleaved, the floor first
@@ -258,12 +253,12 @@ async def _measure(cfg: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row from a kind's segments: latencies pooled, counts and CPU summed."""
+    """One row from a kind's turns: latencies pooled, counts and CPU summed."""
     latencies = [x for p in parts for x in p.pop("_latencies")]
     row = dict(parts[0])
     for key in ("seconds", "events", "delivered", "server_cpu_s", "gaps", "out_of_order_subscribers", "duplicates"):
         row[key] = sum(p[key] for p in parts)
-    row["segments"] = len(parts)
+    row["turns"] = len(parts)
     row["p50_ms"] = (_pct(latencies, 0.5) or 0) * 1000
     row["p99_ms"] = (_pct(latencies, 0.99) or 0) * 1000
     row["cpu_ms_per_delivered"] = row["server_cpu_s"] * 1000 / row["delivered"] if row["delivered"] else None

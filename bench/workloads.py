@@ -40,6 +40,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR))
 
+from daphne_server import process_cpu_seconds  # noqa: E402
 from pgstats import Counters, Snapshot  # noqa: E402
 
 WARMUP_STEPS = 20
@@ -139,12 +140,6 @@ def run_workers(workers: int, prepare: Callable[[int], Body]) -> tuple[list[list
     if errors:
         raise errors[0]
     return results, elapsed, cpu
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """user + system CPU of another process, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def summarize(
