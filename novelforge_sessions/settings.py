@@ -82,6 +82,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "novelforge_sessions.unavailable.DatabaseUnavailableMiddleware",  # pages: a 503 page when PostgreSQL is gone
     "django.middleware.security.SecurityMiddleware",
     "novelforge_sessions.middleware.CSPMiddleware",  # django-csp's, plus the websocket origin
     "whitenoise.middleware.WhiteNoiseMiddleware",

@@ -5,6 +5,9 @@ from django.urls import include, path
 from novelforge_sessions import health
 from novelforge_sessions.api import api
 
+# A page that fails on the database answers 503 in plain words (novelforge_sessions.unavailable).
+handler500 = "novelforge_sessions.unavailable.server_error"
+
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
