@@ -313,8 +313,15 @@ LOGGING = {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
     },
     # Tokens a client put in a URL never reach the log in clear (daphne's access log: asgi.py).
-    "filters": {"redact": {"()": "novelforge_sessions.logredact.RedactingFilter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}},
+    # A lost connection (Redis restarting) is one WARNING line, not a traceback (logconnection.py);
+    # it runs first, so the exception's text it moves into the message is redacted too.
+    "filters": {
+        "connection_loss": {"()": "novelforge_sessions.logconnection.ConnectionLossFilter"},
+        "redact": {"()": "novelforge_sessions.logredact.RedactingFilter"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["connection_loss", "redact"]},
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
