@@ -52,7 +52,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
@@ -65,6 +65,7 @@ from novelforge_sessions.event_types import EventType, family_of
 from novelforge_sessions.models import Event
 
 log = logging.getLogger("novelforge.events")
+T = TypeVar("T")
 
 #: Low bits of an event id: its position inside the writing transaction (migration 0004).
 EVENT_ID_BITS = 16
@@ -322,6 +323,52 @@ def order_lock_candidate(sql: str, params: dict[str, Any] | list[Any]) -> int | 
             f"ordering lock of session {row[0]} taken after this transaction's first write or row lock (xid {before[0]})"
         )
     return row[0]
+
+
+#: How many sessions one claim tries before it answers "nothing to claim" (each try after the
+#: first excludes the sessions already tried, so a row some other transaction holds cannot make
+#: a claim spin on its session).
+CLAIM_SESSIONS_TRIED = 8
+
+
+class _LostRace(Exception):
+    """Internal: the candidate's session had nothing left once its ordering lock was held."""
+
+
+def claim_in_oldest_session(candidate_sql: str, params: dict[str, Any], claim: Callable[[int], T | None]) -> T | None:
+    """A claim that picks its session first (:func:`order_lock_candidate`), retried when it lost.
+
+    ``candidate_sql`` selects the oldest candidate's ``session_id`` and must exclude the sessions
+    in ``%(tried)s`` (a bigint array); ``claim(session_id)`` claims within that session, under its
+    ordering lock, and returns ``None`` when the session has nothing left. That happens when
+    other claimers queued on the same lock took the session's last rows first (or a row is held
+    by another transaction): before, such a claim answered "nothing to claim" while other
+    sessions still had eligible rows. Now it tries the next oldest candidate's session.
+
+    Each try is a transaction of its own, and a lost one is rolled back, which releases that
+    session's ordering lock before the next one is taken: a claimer never holds one session's
+    lock while it waits for another's, so two retrying claimers cannot wait for each other.
+    Called inside a transaction, it tries once (that transaction would keep the lost session's
+    lock). A claim that wins on its first try runs exactly the statements it ran before.
+    """
+    if connection.in_atomic_block:
+        session_id = order_lock_candidate(candidate_sql, {**params, "tried": []})
+        return None if session_id is None else claim(session_id)
+    tried: list[int] = []
+    for _ in range(CLAIM_SESSIONS_TRIED):
+        session_id = None
+        try:
+            with transaction.atomic():
+                session_id = order_lock_candidate(candidate_sql, {**params, "tried": tried})
+                if session_id is None:
+                    return None
+                result = claim(session_id)
+                if result is None:
+                    raise _LostRace
+                return result
+        except _LostRace:
+            tried.append(session_id)
+    return None
 
 
 def _raw_rows(sql: str, params: list[Any] | None = None) -> Any:

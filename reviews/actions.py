@@ -340,8 +340,11 @@ SELECT h.id, a.id FROM {_H} h
 """
 # Its lock-free first step (events.order_lock_candidate): the oldest candidate's session,
 # whose ordering lock the claim takes before it locks a row.
-_ELIGIBLE_SESSION_SQL = "SELECT h.session_id" + _ELIGIBLE_SQL.split("SELECT h.id, a.id", 1)[1].split(
-    "AND (%(order_session)s::bigint IS NULL", 1)[0] + "ORDER BY h.id LIMIT 1"
+# It skips the sessions a retrying claim already tried (%(tried)s, events.claim_in_oldest_session).
+_ELIGIBLE_SESSION_SQL = (
+    "SELECT h.session_id" + _ELIGIBLE_SQL.split("SELECT h.id, a.id", 1)[1].split("AND (%(order_session)s::bigint IS NULL", 1)[0]
+    + "AND h.session_id <> ALL(%(tried)s::bigint[])\n ORDER BY h.id LIMIT 1"
+)
 #: The state values those statements take as parameters (never literals in the SQL).
 _SLOT_PARAMS = {
     "review": HandoffPurpose.REVIEW.value, "agent": ReviewGate.Route.AGENT.value,
@@ -369,47 +372,56 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
     assert identity.is_agent
     (project_id,) = identity.project_ids
     now = timezone.now()
+    params = {**_SLOT_PARAMS, "key": identity.key, "sid": identity.session_id, "project": project_id,
+              "labels": sorted(identity.labels), "now": now, "order_session": None}
     try:
-        with transaction.atomic():
-            params = {**_SLOT_PARAMS, "key": identity.key, "sid": identity.session_id, "project": project_id,
-                      "labels": sorted(identity.labels), "now": now}
-            order_session = events.order_lock_candidate(_ELIGIBLE_SESSION_SQL, {**params, "order_session": None})
-            if order_session is None:
-                return None
-            with connection.cursor() as cur:
-                cur.execute(_ELIGIBLE_SQL, {**params, "order_session": order_session})
-                row = cur.fetchone()
-            if row is None:
-                return None
-            handoff_id, assignment_id = row
-            # The control plane's claim on the row we hold (SKIP LOCKED never skips our own lock):
-            # state, attempt + 1, fencing token + 1, lease = now + timeout, its handoff.claimed
-            # event; it also re-checks that the writer's session is not terminated or stale.
-            claimed = control.claim(
-                project_ids=[project_id], handoff_id=handoff_id, capabilities=["review"], holder=identity.key,
-                purpose=HandoffPurpose.REVIEW, token_id=token_id, actor=identity.key, now=now,
-            )
-            if claimed is None:
-                return None
-            handoff = claimed.handoff
-            slot = ReviewAssignment.objects.filter(id=assignment_id)
-            if move_rows(slot, lc.REVIEW_ASSIGNMENT, ReviewAssignment.State.ASSIGNED, reviewer=identity.key,
-                         reviewer_session_id=identity.session_id, assigned_at=now) != 1:
-                # Unreachable while the claim holds the handoff row (a verdict takes it first too).
-                check(lc.REVIEW_ASSIGNMENT.check, slot.values_list("state", flat=True).get(), ReviewAssignment.State.ASSIGNED)
-            assignment = ReviewAssignment.objects.select_related("packet__gate").get(id=assignment_id)
-            gate = assignment.packet.gate
-            common = {"project_id": gate.project_id, "session_id": gate.session_id, "run_id": gate.run_id,
-                      "actor": identity.key}
-            events.append(type=ev.REVIEW_PACKET_CLAIMED, payload={
-                "gate_id": gate.id, "packet_id": assignment.packet_id, "assignment_id": assignment.id,
-                "reviewer_session_id": identity.session_id, "state": assignment.state, "handoff_id": handoff.id,
-                "attempt": handoff.attempt,
-            }, **common)
+        # Each try in a transaction of its own: a claim that lost its candidate's session to racing
+        # claimers tries the next oldest session's slots (events.claim_in_oldest_session).
+        return events.claim_in_oldest_session(
+            _ELIGIBLE_SESSION_SQL, params,
+            lambda order_session: _claim_slot_in(identity, params, order_session, token_id=token_id, now=now),
+        )
     except IntegrityError:
         # The same reviewer claimed a second slot of one packet concurrently: the unique
         # (packet, reviewer) constraint refused it; the first claim stands.
         raise AlreadyClaimed("this reviewer already holds a slot on that packet") from None
+
+
+def _claim_slot_in(
+    identity: ReviewerIdentity, params: dict[str, Any], order_session: int, *, token_id: int | None, now: Any,
+) -> Claim | None:
+    """``claim_packet`` within one session, under its ordering lock (the caller's transaction)."""
+    (project_id,) = identity.project_ids
+    with connection.cursor() as cur:
+        cur.execute(_ELIGIBLE_SQL, {**params, "order_session": order_session})
+        row = cur.fetchone()
+    if row is None:
+        return None
+    handoff_id, assignment_id = row
+    # The control plane's claim on the row we hold (SKIP LOCKED never skips our own lock):
+    # state, attempt + 1, fencing token + 1, lease = now + timeout, its handoff.claimed
+    # event; it also re-checks that the writer's session is not terminated or stale.
+    claimed = control.claim(
+        project_ids=[project_id], handoff_id=handoff_id, capabilities=["review"], holder=identity.key,
+        purpose=HandoffPurpose.REVIEW, token_id=token_id, actor=identity.key, now=now,
+    )
+    if claimed is None:
+        return None
+    handoff = claimed.handoff
+    slot = ReviewAssignment.objects.filter(id=assignment_id)
+    if move_rows(slot, lc.REVIEW_ASSIGNMENT, ReviewAssignment.State.ASSIGNED, reviewer=identity.key,
+                 reviewer_session_id=identity.session_id, assigned_at=now) != 1:
+        # Unreachable while the claim holds the handoff row (a verdict takes it first too).
+        check(lc.REVIEW_ASSIGNMENT.check, slot.values_list("state", flat=True).get(), ReviewAssignment.State.ASSIGNED)
+    assignment = ReviewAssignment.objects.select_related("packet__gate").get(id=assignment_id)
+    gate = assignment.packet.gate
+    common = {"project_id": gate.project_id, "session_id": gate.session_id, "run_id": gate.run_id,
+              "actor": identity.key}
+    events.append(type=ev.REVIEW_PACKET_CLAIMED, payload={
+        "gate_id": gate.id, "packet_id": assignment.packet_id, "assignment_id": assignment.id,
+        "reviewer_session_id": identity.session_id, "state": assignment.state, "handoff_id": handoff.id,
+        "attempt": handoff.attempt,
+    }, **common)
     return Claim(assignment, handoff)
 
 

@@ -288,7 +288,8 @@ RETURNING h.*, c.previous_holder
 # lock, then each takes the next row.
 _CANDIDATE_SESSION_SQL = (
     "SELECT h.session_id" + _CLAIM_SQL.split("SELECT h.id, h.lease_holder AS previous_holder", 1)[1]
-    .split("AND h.session_id = %(order_session)s::bigint", 1)[0] + "ORDER BY h.id LIMIT 1"
+    .split("AND h.session_id = %(order_session)s::bigint", 1)[0]
+    + "AND h.session_id <> ALL(%(tried)s::bigint[])\n ORDER BY h.id LIMIT 1"
 )
 
 
@@ -303,17 +304,22 @@ def claim_row(
     *, project_ids: Collection[int], session_id: int | None, handoff_id: int | None, capabilities: list[str],
     holder: str, token_id: int | None, purpose: HandoffPurpose, now: datetime, actor: str,
 ) -> Handoff | None:
-    """The claim statement, then its ``handoff.claimed`` event (inside the caller's
-    transaction). ``None``: nothing of ``purpose`` in scope was claimable. The returned
-    handoff carries ``previous_holder`` (the lease holder before this claim, or "")."""
+    """The claim statement, then its ``handoff.claimed`` event. Outside a transaction, each try is
+    a transaction of its own, and a claim that lost its session to racing claimers tries the
+    next one (:func:`events.claim_in_oldest_session`); inside the caller's transaction, one try.
+    ``None``: nothing of ``purpose`` in scope was claimable. The returned handoff carries
+    ``previous_holder`` (the lease holder before this claim, or "")."""
     if handoff_id is not None and not 0 < handoff_id <= BIGINT_MAX:
         return None  # the statement casts it to bigint: a larger id names no row
     params = {**_LEASE_PARAMS, "projects": list(project_ids), "bound": session_id, "handoff": handoff_id,
               "purpose": HandoffPurpose(purpose).value, "now": now, "caps": json.dumps(capabilities),
               "holder": holder, "token": token_id}
-    order_session = events.order_lock_candidate(_CANDIDATE_SESSION_SQL, params)
-    if order_session is None:
-        return None
+    return events.claim_in_oldest_session(
+        _CANDIDATE_SESSION_SQL, params, lambda order_session: _claim_in_session(params, order_session, actor),
+    )
+
+
+def _claim_in_session(params: dict, order_session: int, actor: str) -> Handoff | None:
     claimed = list(Handoff.objects.raw(_CLAIM_SQL, {**params, "order_session": order_session}))
     if not claimed:
         return None
@@ -323,7 +329,7 @@ def claim_row(
         actor=actor,
         payload={
             "handoff_id": handoff.id, "logical_id": handoff.logical_id, "attempt": handoff.attempt,
-            "fencing_token": handoff.fencing_token, "worker": holder,
+            "fencing_token": handoff.fencing_token, "worker": params["holder"],
             "lease_expires_at": handoff.lease_expires_at,
             # attempt > 1 only happens when the previous lease expired unfinished
             "reclaimed_after_expiry": handoff.attempt > 1,
@@ -353,15 +359,14 @@ def claim_handoff(
         raise NotFound("handoff not found", handoff_id=handoff_id)
 
     now = timezone.now()
-    with transaction.atomic():
-        handoff = claim_row(
-            project_ids=caller.project_ids, session_id=caller.session_id, handoff_id=handoff_id, capabilities=caps,
-            holder=worker, token_id=caller.token_id, purpose=HandoffPurpose.JOB, now=now, actor=caller.label,
-        )
-        if handoff is None:
-            if handoff_id is not None:
-                _explain_unclaimable(caller, handoff_id, caps, now)
-            return None
+    # claim_row's transactions are its own: a claim that lost its candidate's session to a racing
+    # claimer tries the next session in a new one (events.claim_in_oldest_session).
+    handoff = claim_row(
+        project_ids=caller.project_ids, session_id=caller.session_id, handoff_id=handoff_id, capabilities=caps,
+        holder=worker, token_id=caller.token_id, purpose=HandoffPurpose.JOB, now=now, actor=caller.label,
+    )
+    if handoff is None and handoff_id is not None:
+        _explain_unclaimable(caller, handoff_id, caps, now)
     return handoff
 
 

@@ -183,7 +183,9 @@ def claim(
     ``capabilities``; its session neither terminated nor stale. One statement (``FOR UPDATE
     SKIP LOCKED``): of racing claims exactly one gets the row; attempt and fencing token
     advance by one, the lease lasts the handoff's ``timeout_seconds``. Appends
-    ``handoff.claimed`` (actor ``actor``, worker ``holder``) in the current transaction.
+    ``handoff.claimed`` (actor ``actor``, worker ``holder``) in the current transaction, or,
+    called outside one, in transactions of its own: a claim that lost its candidate's session
+    to racing claimers then tries the next session (``events.claim_in_oldest_session``).
     ``None``: nothing claimable — no explanation (the caller's route words its own).
     """
     handoff = _handoffs.claim_row(
