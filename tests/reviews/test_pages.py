@@ -89,8 +89,20 @@ def test_csrf_is_enforced_on_the_verdict_form(world):
     gate = world.gate()
     client = Client(enforce_csrf_checks=True)
     client.force_login(world.users["alice"])
-    assert client.post(f"/reviews/packets/{gate.packet.id}/", form_post(gate)).status_code == 403
+    resp = client.post(f"/reviews/packets/{gate.packet.id}/", form_post(gate))
+    assert resp.status_code == 403
     assert Verdict.objects.count() == 0
+    # In plain words for a reviewer, not Django's technical page (templates/403_csrf.html).
+    html = resp.content.decode()
+    assert "The form expired" in html and "Nothing was saved" in html and "CSRF" not in html
+
+
+def test_an_unknown_page_is_a_plain_404_that_does_not_echo_its_address(world, as_user):
+    resp = as_user("alice").get("/reviews/packets/999999/nfs_secret-ish/")
+    assert resp.status_code == 404
+    html = resp.content.decode()
+    assert "Page not found" in html and "not a member" in html
+    assert "nfs_secret" not in html and "999999" not in html
 
 
 def test_form_binds_a_verdict_and_shows_the_confirmation(world, as_user):
