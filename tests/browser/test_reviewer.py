@@ -322,3 +322,17 @@ def test_the_calibration_page_is_accessible(server, page, project):
     expect(page.locator("h1")).to_have_text("Reviewer calibration")
     screenshot(page, "reviewer-calibration")
     assert_no_serious_a11y_violations(page, "reviewer-calibration")
+
+
+def test_a_reviewer_who_follows_a_dead_link_reads_plain_words(server, page, project):
+    make_world(project)
+    login(page, server, "alice", PASSWORD)
+    response = page.goto(server.url + "/reviews/packets/987654/")
+    assert response.status == 404
+    assert page.get_by_role("heading", name="Page not found").is_visible()
+    assert "not a member" in page.locator("main").inner_text()
+    page.get_by_role("link", name="Back to the start page").click()  # the way out works
+    page.wait_for_url(re.compile(r"/reviews/$|/$"))
+    page.goto(server.url + "/reviews/packets/987654/")
+    screenshot(page, "error-404")
+    assert_no_serious_a11y_violations(page, "error-404")
