@@ -135,35 +135,3 @@ def test_a_review_claim_that_lost_its_session_takes_the_next_sessions_slot(proje
     assert ReviewAssignment.objects.filter(state="assigned").count() == 2
     assert Event.objects.filter(type="review.packet_claimed").count() == 2
 
-
-def test_a_pool_of_workers_over_many_sessions_claims_every_handoff_once_without_deadlock():
-    project = make_project("claim-pool")
-    who = caller_for(project)
-    queued = []
-    for i in range(6):
-        s = create_session(who, NewSession("writer", "bounded", "drafting", "codex"), runtime=RuntimeSpec("codex"))
-        run = start_run(who, s.id)
-        queued += [actions.create_handoff(who, run.id, logical_id=f"p-{i}-{k}").handoff.id for k in range(4)]
-    barrier = threading.Barrier(8, timeout=30)
-    claims: list[int] = []
-    errors: list[BaseException] = []
-
-    def work(name: str) -> None:
-        try:
-            barrier.wait()
-            while (got := actions.claim_handoff(who, worker=name, capabilities=[])) is not None:
-                claims.append(got.id)
-        except BaseException as exc:  # a deadlock would surface here
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=work, args=(f"w{n}",)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert errors == []
-    assert sorted(claims) == sorted(queued)
-    assert set(Handoff.objects.values_list("attempt", "fencing_token", "state")) == {(1, 1, "claimed")}
-    assert Event.objects.filter(type="handoff.claimed").count() == len(queued)

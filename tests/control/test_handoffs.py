@@ -262,16 +262,19 @@ def test_two_racing_claims_leave_one_holder():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_pool_of_workers_claims_every_queued_handoff_exactly_once():
+@pytest.mark.parametrize("sessions", [1, 6])  # 6: claims that lose a session retry the next (no deadlock)
+def test_a_pool_of_workers_claims_every_queued_handoff_exactly_once(sessions):
     from novelforge_sessions.actions.runs import start_run
     from novelforge_sessions.actions.runtimes import RuntimeSpec
     from novelforge_sessions.actions.sessions import NewSession, create_session
 
     project = make_project("pool")
     who = caller_for(project)
-    s = create_session(who, NewSession("writer", "bounded", "drafting", "codex"), runtime=RuntimeSpec("codex"))
-    run = start_run(who, s.id)
-    queued = [actions.create_handoff(who, run.id, logical_id=f"q-{i}").handoff.id for i in range(24)]
+    queued = []
+    for n in range(sessions):
+        s = create_session(who, NewSession("writer", "bounded", "drafting", "codex"), runtime=RuntimeSpec("codex"))
+        run = start_run(who, s.id)
+        queued += [actions.create_handoff(who, run.id, logical_id=f"q-{n}-{i}").handoff.id for i in range(24 // sessions)]
     barrier = threading.Barrier(8, timeout=30)
     claims: list[tuple[str, int]] = []
     errors: list[BaseException] = []
