@@ -379,7 +379,7 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
         # claimers tries the next oldest session's slots (events.claim_in_oldest_session).
         return events.claim_in_oldest_session(
             _ELIGIBLE_SESSION_SQL, params,
-            lambda order_session: _claim_slot_in(identity, params, order_session, token_id=token_id, now=now),
+            lambda order_session: _claim_slot_in(identity, params, order_session, token_id=token_id),
         )
     except IntegrityError:
         # The same reviewer claimed a second slot of one packet concurrently: the unique
@@ -388,10 +388,10 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
 
 
 def _claim_slot_in(
-    identity: ReviewerIdentity, params: dict[str, Any], order_session: int, *, token_id: int | None, now: Any,
+    identity: ReviewerIdentity, params: dict[str, Any], order_session: int, *, token_id: int | None,
 ) -> Claim | None:
     """``claim_packet`` within one session, under its ordering lock (the caller's transaction)."""
-    (project_id,) = identity.project_ids
+    project_id, now = params["project"], params["now"]
     with connection.cursor() as cur:
         cur.execute(_ELIGIBLE_SQL, {**params, "order_session": order_session})
         row = cur.fetchone()

@@ -23,6 +23,7 @@ from novelforge_sessions import events
 from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.sessions import NewSession, create_session
+from novelforge_sessions.api.auth import caller_for_token
 from novelforge_sessions.control import handoffs as actions
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.models import Event
@@ -119,7 +120,6 @@ def test_a_review_claim_that_lost_its_session_takes_the_next_sessions_slot(proje
     world = make_world(project)
     first = world.gate(route="agent", required_verdicts=1)
     writer2, raw2 = add_writer(project)
-    from novelforge_sessions.api.auth import caller_for_token
     caller2 = caller_for_token(raw2)
     start_run(caller2, writer2.id, cursor={"step": "draft"})
     second = review_actions.open_gate(caller2, writer2.id, review_actions.GateSpec(
