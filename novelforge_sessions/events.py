@@ -39,8 +39,10 @@ so with ``LIVE_PG_NOTIFY`` on the same after-commit wake-up also publishes ONE
 ``pg_notify(NOTIFY_CHANNEL, …)`` per transaction: after the commit, as its own short
 autocommit statement (never inside the writing transaction, never one per row), carrying
 only the projects touched and their highest ids. Each server process's listener
-(``live/pgnotify.py``) forwards it into its own in-memory groups. With Redis the layer
-itself crosses processes and nothing is NOTIFYed.
+(``live/pgnotify.py``) forwards it into its own in-memory groups. A server process whose
+listener knows that no other process listens sends none (``notify_reaches_nobody``: the
+listeners announce themselves to each other). With Redis the layer itself crosses processes
+and nothing is NOTIFYed.
 """
 from __future__ import annotations
 
@@ -84,6 +86,12 @@ _NOTIFY_PAYLOAD_BYTES = 7000
 #: project groups of the in-memory layer) -> a thread-safe ``wake(project_id, max_id)``.
 #: ``live/fanout.py`` registers each hub's channel here while the hub runs.
 LOCAL_WAKERS: dict[str, Callable[[int, int], None]] = {}
+
+#: Whether this process's NOTIFYs would reach nobody: replaced by this process's NOTIFY listener
+#: (``live/pgnotify.py``) with its own answer, true only while that listener runs and knows that
+#: no other process listens. A process without a listener (the reconciler, a shell) never knows
+#: that, so it always NOTIFYs.
+notify_reaches_nobody: Callable[[], bool] = lambda: False
 
 #: How long a writer waits for its wake-up to leave through a cross-process layer (Redis).
 SEND_TIMEOUT_SECONDS = 5.0
@@ -226,8 +234,10 @@ class _Wakeup:
             except Exception:  # a lost wake-up is recoverable: readers replay from the table
                 log.warning("event wake-up for project %s failed", project_id, exc_info=True)
         # The in-memory layer cannot reach other processes: wake their listeners through
-        # PostgreSQL (settings.LIVE_PG_NOTIFY; always off with Redis, which crosses processes).
-        if local is not None and self.max_ids and settings.LIVE_PG_NOTIFY:
+        # PostgreSQL (settings.LIVE_PG_NOTIFY; always off with Redis, which crosses processes),
+        # unless this process's listener knows that no other process listens (a single server:
+        # its sockets were woken above, and the NOTIFY would only come back to itself).
+        if local is not None and self.max_ids and settings.LIVE_PG_NOTIFY and not notify_reaches_nobody():
             _publish_notify(self.max_ids)
 
 
