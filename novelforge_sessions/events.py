@@ -54,7 +54,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
@@ -455,10 +455,6 @@ def _check_ordered(session_ids: list[int | None]) -> None:
         raise AssertionError(f"events of sessions {missing} written without their ordering lock (events.order_lock)")
 
 
-_INSERT = (
-    f"INSERT INTO {Event._meta.db_table} (project_id, session_id, run_id, type, payload, actor, created_at) "
-    "VALUES (%s, %s, %s, %s, %s::jsonb, %s, now()) RETURNING id"
-)
 # Set-based: n events in one statement, ids reserved as one consecutive range, in list order.
 _INSERT_MANY = (
     f"INSERT INTO {Event._meta.db_table} (id, project_id, session_id, run_id, type, payload, actor, created_at) "
@@ -468,6 +464,62 @@ _INSERT_MANY = (
     "%(actor)s::text[]) WITH ORDINALITY AS t(project_id, session_id, run_id, type, payload, actor, ord) "
     "ORDER BY t.ord RETURNING id"
 )
+
+
+class Staged(NamedTuple):
+    """One event checked and ready, for a caller whose own statement inserts it (``stage``).
+
+    That statement runs ``STAGED_INSERT_SQL`` (the event's ``INSERT … RETURNING id``) as one of
+    its CTEs, with ``params`` (named, ``ev_``-prefixed) merged into its parameters, then calls
+    ``recorded`` with the returned id: one statement for a write and its event.
+    """
+
+    params: dict[str, Any]
+    project_id: int
+    session_id: int | None
+    run_id: int | None
+    type_name: str
+    actor: str
+
+
+STAGED_INSERT_SQL = (
+    f"INSERT INTO {Event._meta.db_table} (project_id, session_id, run_id, type, payload, actor, created_at) "
+    "VALUES (%(ev_project)s, %(ev_session)s, %(ev_run)s, %(ev_type)s, %(ev_payload)s::jsonb, %(ev_actor)s, now()) "
+    "RETURNING id"
+)
+
+
+def stage(
+    *,
+    project_id: int,
+    type: EventType,
+    session_id: int | None = None,
+    run_id: int | None = None,
+    payload: dict[str, Any] | None = None,
+    actor: str = "",
+) -> Staged:
+    """Check one event as ``append`` does (catalog constant, declared payload fields, inside the
+    writing transaction, under its session's ordering lock) without writing it: the caller's
+    statement inserts it (``STAGED_INSERT_SQL``), then calls ``recorded``. Nothing is written on a refusal."""
+    if not isinstance(type, EventType):
+        raise TypeError(f"events.append takes an event_types constant, not {type!r}")
+    body = json.dumps(type(**(payload or {})), cls=DjangoJSONEncoder)
+    if not connection.in_atomic_block:
+        raise RuntimeError("events.append must run inside the writing transaction")
+    _check_ordered([session_id])
+    params = {"ev_project": project_id, "ev_session": session_id, "ev_run": run_id, "ev_type": type.name,
+              "ev_payload": body, "ev_actor": actor}
+    return Staged(params, project_id, session_id, run_id, type.name, actor)
+
+
+def recorded(staged: Staged, event_id: int) -> int:
+    """The caller's statement inserted ``staged`` as ``event_id``: wake the sockets after commit."""
+    line = (
+        (event_id, staged.type_name, staged.project_id, staged.session_id, staged.run_id, staged.actor)
+        if log.isEnabledFor(logging.INFO) else None
+    )
+    _current_wakeup().add(staged.project_id, event_id, line)
+    return event_id
 
 
 def append(
@@ -484,20 +536,12 @@ def append(
     ``type`` is a constant of the catalog (``novelforge_sessions.event_types``), never a
     string: the payload is checked against its declared fields (``TypeError`` otherwise,
     nothing written). Must be called inside ``transaction.atomic()``; call it after the
-    change it records.
+    change it records. (A write that wants its event in its own statement: ``stage``.)
     """
-    if not isinstance(type, EventType):
-        raise TypeError(f"events.append takes an event_types constant, not {type!r}")
-    body = json.dumps(type(**(payload or {})), cls=DjangoJSONEncoder)
-    if not connection.in_atomic_block:
-        raise RuntimeError("events.append must run inside the writing transaction")
-    _check_ordered([session_id])
+    staged = stage(project_id=project_id, type=type, session_id=session_id, run_id=run_id, payload=payload, actor=actor)
     with connection.cursor() as cur:
-        cur.execute(_INSERT, [project_id, session_id, run_id, type.name, body, actor])
-        event_id = cur.fetchone()[0]
-    line = (event_id, type.name, project_id, session_id, run_id, actor) if log.isEnabledFor(logging.INFO) else None
-    _current_wakeup().add(project_id, event_id, line)
-    return event_id
+        cur.execute(STAGED_INSERT_SQL, staged.params)
+        return recorded(staged, cur.fetchone()[0])
 
 
 def append_many(items: list[dict[str, Any]]) -> list[int]:

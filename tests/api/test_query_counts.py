@@ -20,8 +20,9 @@ def test_checkpoint_write_queries(owner, new_session, django_assert_max_num_quer
     body = {"boundary": "context_freeze", "cursor": {"step": 1},
             "artifacts": [{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}]}
     owner.post(f"/runs/{s['run']['id']}/checkpoints", body)  # warm: token last_used_at write
-    # token, BEGIN, run lock (+project join), artifact check, insert + update run (one statement), event, COMMIT
-    with django_assert_max_num_queries(7):
+    # token, BEGIN, run lock (+project join, the checkpoint's id), artifact check,
+    # insert + update run + event (one statement), COMMIT
+    with django_assert_max_num_queries(6):
         assert owner.post(f"/runs/{s['run']['id']}/checkpoints", body).status_code == 201
 
 

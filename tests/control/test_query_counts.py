@@ -69,8 +69,8 @@ def test_checkpoint_refs_cost_one_query_per_kind_of_ref(django_assert_num_querie
     intent = create_intent(who, kind="artifact.make_current", idempotency_key="k", artifact_id=art.id,
                            before_fingerprint=before.fingerprint, params={"version_id": v2.id}).intent
     body = {"boundary": "context_freeze", "cursor": {"step": 1}}
-    with django_assert_num_queries(5):  # BEGIN, run lock, insert + update run (one statement), event, COMMIT
+    with django_assert_num_queries(4):  # BEGIN, run lock, insert + update run + event (one statement), COMMIT
         record_checkpoint(who, run.id, {**body, "approvals": [], "pending": {"handoffs": [], "gates": []}})
-    with django_assert_num_queries(7):  # + the intents (with their approvals), + the session's named handoffs
+    with django_assert_num_queries(6):  # + the intents (with their approvals), + the session's named handoffs
         record_checkpoint(who, run.id, {**body, "approvals": [{"write_intent_id": intent.id}],
                                         "pending": {"handoffs": ["refs-1"], "gates": []}})
