@@ -33,7 +33,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from novelforge_sessions.live.origins import SameOriginValidator  # noqa: E402
 from novelforge_sessions.live.routing import websocket_urlpatterns  # noqa: E402
-from novelforge_sessions.live import shutdown  # noqa: E402
+from novelforge_sessions.live import pgnotify, shutdown  # noqa: E402
 from novelforge_sessions.live.wsframes import memoise_autobahn_hltype  # noqa: E402
 from novelforge_sessions.live.consumers import RawSendMiddleware  # noqa: E402
 from novelforge_sessions.api.asgi import LeanApiApplication, cache_twisted_content_type  # noqa: E402
@@ -49,8 +49,11 @@ application = ProtocolTypeRouter(
     {
         # Bodies bounded while they stream (outermost); then /api/v1/ through the lean path (one
         # hop into a fixed pool, persistent connections, API_MIDDLEWARE only) and everything else
-        # through Django's handler (settings.API_LEAN).
-        "http": bodylimit.BodyLimitMiddleware(LeanApiApplication(django_asgi_app) if settings.API_LEAN else django_asgi_app),
+        # through Django's handler (settings.API_LEAN). The first request starts the process's
+        # NOTIFY listener (live/pgnotify.py: a lone server then sends no NOTIFY).
+        "http": pgnotify.ListenerStart(
+            bodylimit.BodyLimitMiddleware(LeanApiApplication(django_asgi_app) if settings.API_LEAN else django_asgi_app)
+        ),
         # RawSendMiddleware: the stream's frames skip the session wrapper of send (live/consumers.py).
         "websocket": SameOriginValidator(RawSendMiddleware(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
     }

@@ -2,8 +2,8 @@
 
 With the in-memory channel layer, ``events._Wakeup`` publishes one ``pg_notify`` per committed
 transaction (``events.NOTIFY_CHANNEL``, payload ``{"o": origin, "p": [[project_id, max_id],
-…]}``). Here each process runs ONE background task, started lazily by its first websocket
-consumer (``ensure_listener``), holding an async psycopg connection that LISTENs on that
+…]}``). Here each process runs ONE background task, started by its first HTTP request or websocket
+(``ensure_listener``, from ``ListenerStart`` and the consumer), holding an async psycopg connection that LISTENs on that
 channel and forwards each notification into this process's in-memory layer as the usual
 ``events.wakeup`` group message. Consumers then read the Event table from their cursors, as
 for a local wake-up, so a notification delivered twice sends nothing twice. The process's
@@ -39,8 +39,10 @@ What a wrong guess costs is time: a socket of a process whose listener was not k
 gets another process's event at its next wake-up or sweep instead of at once. The rounds
 keep that window to a listener's start.
 
-A process without a listener (the reconciler, a shell, a server before its first websocket)
-hears none of this, so it always NOTIFYs.
+A process without a listener (the reconciler, a shell, a server before its first request)
+hears none of this, so it always NOTIFYs. A server starts its listener with its first HTTP
+request, not only with its first socket, so a lone server that serves only the API (the agents'
+writes, no dashboard open) saves the NOTIFY as well.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ import asyncio
 import json
 import logging
 import os
+from typing import Any
 
 import psycopg
 from channels.db import database_sync_to_async
@@ -209,6 +212,19 @@ def ensure_listener() -> None:
         return
     _presence.loop = loop
     _task = loop.create_task(_listen_forever(), name="novelforge-pg-listener")
+
+
+class ListenerStart:
+    """ASGI wrapper for HTTP (``novelforge_sessions/asgi.py``): each request makes sure this
+    process's listener runs (one check once it does), so a server learns whether anybody else
+    listens before any of its sockets exist."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        ensure_listener()
+        await self.app(scope, receive, send)
 
 
 async def _listen_forever() -> None:

@@ -227,3 +227,32 @@ def test_a_counted_listener_that_never_answers_keeps_notify_on_until_its_connect
         assert time.monotonic() < deadline, "NOTIFY stayed on after the silent listener's connection closed"
     assert "no other process listens for event wake-ups: this one stops sending NOTIFY" in log.read_text()
     assert _wakeups_from(channel.after(write_a), origin_a) == []
+
+
+def test_a_server_that_serves_only_the_api_listens_from_its_first_request(world, channel, servers, open_socket):
+    """No socket needed: the first HTTP request starts the listener, so a lone API-only server
+    stops sending NOTIFY too, and still NOTIFYs once another server's listener says hello."""
+    a = DaphneServer(extra_env=world.env)
+    servers.append(a)
+
+    def write_a() -> None:
+        api_post(a, world.token, "/sessions", SESSION)
+
+    write_a()  # a's first request: no socket anywhere
+    origin_a = _hello(channel)
+    deadline = time.monotonic() + SETTLE
+    while _wakeups_from(channel.after(write_a), origin_a):
+        assert time.monotonic() < deadline, "a lone API-only server kept sending NOTIFY"
+    for _ in range(3):
+        assert _wakeups_from(channel.after(write_a), origin_a) == [], "a lone API-only server sent a NOTIFY"
+
+    b = DaphneServer(extra_env=world.env)
+    servers.append(b)
+    sock_b = open_socket(b, token=world.token)
+    assert sock_b.subscribe(project_id=world.project_id) == []
+    _hello(channel, but={origin_a})
+    channel.until(lambda m: m.get("here") == 1 and m["o"] == origin_a)
+    notes = channel.after(write_a)
+    written = world.latest_event_id()
+    assert [item[0] for m in _wakeups_from(notes, origin_a) for item in m["p"]] == [world.project_id]
+    assert sock_b.events_until(written, timeout=WITHIN)[-1]["id"] == written, "b's socket woken by a's NOTIFY"
