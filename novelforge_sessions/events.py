@@ -500,7 +500,8 @@ def stage(
 ) -> Staged:
     """Check one event as ``append`` does (catalog constant, declared payload fields, inside the
     writing transaction, under its session's ordering lock) without writing it: the caller's
-    statement inserts it (``STAGED_INSERT_SQL``), then calls ``recorded``. Nothing is written on a refusal."""
+    statement inserts it (``STAGED_INSERT_SQL``), then calls ``recorded``. Nothing is written
+    on a refusal."""
     if not isinstance(type, EventType):
         raise TypeError(f"events.append takes an event_types constant, not {type!r}")
     body = json.dumps(type(**(payload or {})), cls=DjangoJSONEncoder)
@@ -522,23 +523,17 @@ def recorded(staged: Staged, event_id: int) -> int:
     return event_id
 
 
-def append(
-    *,
-    project_id: int,
-    type: EventType,
-    session_id: int | None = None,
-    run_id: int | None = None,
-    payload: dict[str, Any] | None = None,
-    actor: str = "",
-) -> int:
+def append(**event: Any) -> int:
     """Append one event in the current transaction and return its id.
 
     ``type`` is a constant of the catalog (``novelforge_sessions.event_types``), never a
     string: the payload is checked against its declared fields (``TypeError`` otherwise,
     nothing written). Must be called inside ``transaction.atomic()``; call it after the
-    change it records. (A write that wants its event in its own statement: ``stage``.)
+    change it records. The keywords are ``stage``'s (``project_id``, ``type``, ``session_id``,
+    ``run_id``, ``payload``, ``actor``); a write that wants its event in its own statement calls
+    ``stage`` and ``recorded`` itself.
     """
-    staged = stage(project_id=project_id, type=type, session_id=session_id, run_id=run_id, payload=payload, actor=actor)
+    staged = stage(**event)
     with connection.cursor() as cur:
         cur.execute(STAGED_INSERT_SQL, staged.params)
         return recorded(staged, cur.fetchone()[0])
