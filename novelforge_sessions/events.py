@@ -335,12 +335,6 @@ def order_lock_candidate(sql: str, params: dict[str, Any] | list[Any]) -> int | 
     return row[0]
 
 
-#: How many sessions one claim tries before it answers "nothing to claim" (each try after the
-#: first excludes the sessions already tried, so a row some other transaction holds cannot make
-#: a claim spin on its session).
-CLAIM_SESSIONS_TRIED = 8
-
-
 class _LostRace(Exception):
     """Internal: the candidate's session had nothing left once its ordering lock was held."""
 
@@ -358,6 +352,11 @@ def claim_in_oldest_session(candidate_sql: str, params: dict[str, Any], claim: C
     Each try is a transaction of its own, and a lost one is rolled back, which releases that
     session's ordering lock before the next one is taken: a claimer never holds one session's
     lock while it waits for another's, so two retrying claimers cannot wait for each other.
+    It answers "nothing" only when no session it has not tried has a candidate: with k claimers
+    queued on one lock the last loses k-1 sessions, so any fixed number of tries (it was 8)
+    turned away a busy pool's later claimers while work was left. Each try excludes the
+    sessions tried before, so the tries are at most the sessions with a candidate, and each lost
+    one is a session whose rows racing claimers took or hold.
     Called inside a transaction, it tries once (that transaction would keep the lost session's
     lock). A claim that wins on its first try runs exactly the statements it ran before.
     """
@@ -365,7 +364,7 @@ def claim_in_oldest_session(candidate_sql: str, params: dict[str, Any], claim: C
         session_id = order_lock_candidate(candidate_sql, {**params, "tried": []})
         return None if session_id is None else claim(session_id)
     tried: list[int] = []
-    for _ in range(CLAIM_SESSIONS_TRIED):
+    while True:
         session_id = None
         try:
             with transaction.atomic():
@@ -378,7 +377,6 @@ def claim_in_oldest_session(candidate_sql: str, params: dict[str, Any], claim: C
                 return result
         except _LostRace:
             tried.append(session_id)
-    return None
 
 
 def _raw_rows(sql: str, params: list[Any] | None = None) -> Any:

@@ -135,3 +135,27 @@ def test_a_review_claim_that_lost_its_session_takes_the_next_sessions_slot(proje
     assert ReviewAssignment.objects.filter(state="assigned").count() == 2
     assert Event.objects.filter(type="review.packet_claimed").count() == 2
 
+
+
+def test_more_claimers_than_any_fixed_number_of_tries_all_get_a_handoff():
+    """Twelve claimers queue on the oldest session's lock, twelve sessions have one handoff
+    each: the k-th claimer to get that lock loses k-1 sessions to the ones ahead of it, so a
+    claim that gave up after a fixed number of tries (it was 8) answered "nothing to claim"
+    with handoffs still pending. A claim now gives up only when no session it has not tried
+    has a candidate."""
+    project = make_project("claim-many")
+    who = caller_for(project)
+    handoffs = []
+    for i in range(12):
+        s = create_session(who, NewSession("writer", "bounded", "drafting", "codex"), runtime=RuntimeSpec("codex"))
+        handoffs.append(actions.create_handoff(who, start_run(who, s.id).id, logical_id=f"many-{i}").handoff)
+
+    results = claim_while_queued(handoffs[0].session_id, [
+        lambda n=n: actions.claim_handoff(who, worker=f"w{n}", capabilities=[]) for n in range(12)
+    ])
+
+    assert not [r for r in results if isinstance(r, Exception)], results
+    assert None not in results, f"{results.count(None)} claims answered 'nothing to claim' with handoffs pending"
+    assert sorted(h.id for h in results) == sorted(h.id for h in handoffs)
+    assert set(Handoff.objects.values_list("state", "attempt", "fencing_token")) == {("claimed", 1, 1)}
+    assert Event.objects.filter(type="handoff.claimed").count() == 12
