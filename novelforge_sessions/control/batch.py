@@ -30,7 +30,7 @@ from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
 from novelforge_sessions.control import waits
-from novelforge_sessions.control.checkpoints import _AUTHORITY_FIELDS, _LOCK_RUN_SQL, _resolve_approvals
+from novelforge_sessions.control.checkpoints import _AUTHORITY_FIELDS, _resolve_approvals, lock_run_sql
 from novelforge_sessions.errors import NotFound, RunNotOpen, ServiceError, StaleAuthority, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Run
 
@@ -48,8 +48,8 @@ SELECT %(session)s, %(run)s, t.seq, t.boundary, t.cursor, t.artifacts, %(authori
  ORDER BY t.seq
 RETURNING id, seq, created_at
 """
-# The single checkpoint's lock, also reading the run's seq (for cursor events).
-_LOCK_SQL = _LOCK_RUN_SQL.replace("r.checkpoint_count,", "r.checkpoint_count, r.seq,", 1)
+# The single checkpoint's lock, reading the run's seq (for cursor events) instead of drawing an id.
+_LOCK_SQL = lock_run_sql("r.seq")
 _UPDATE_RUN = f"UPDATE {Run._meta.db_table} SET checkpoint_count = %s, cursor = %s::jsonb WHERE id = %s"
 
 
@@ -120,7 +120,7 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
                 row = cur.fetchone()
         if row is None:
             raise NotFound("run not found", run_id=run_id)
-        state, count, run_seq, session_id, project_id, *authority = row
+        state, count, session_id, project_id, run_seq, *authority = row
         if state != rt.RunState.OPEN:
             raise RunNotOpen("steps are written by an open run", state=state)
         current = dict(zip(_AUTHORITY_FIELDS, authority))

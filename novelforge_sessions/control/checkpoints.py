@@ -28,10 +28,12 @@ _AUTHORITY_FIELDS = tuple(Project().authority_ref())
 # session to project, scoped to the caller) cost ~0.7 ms CPU per checkpoint, most of the step.
 # Lock only the run (FOR UPDATE OF r): checkpoint numbering is per run. Session-level
 # transitions lock session then run, so this single lock cannot deadlock with them.
-_LOCK_RUN_SQL = f"""
+def lock_run_sql(*columns: str) -> str:
+    """The run lock, selecting ``state, checkpoint_count, session_id, project_id``, then
+    ``columns``, then the project's authority fields (``_AUTHORITY_FIELDS``, in order)."""
+    return f"""
 SELECT r.state, r.checkpoint_count, r.session_id, s.project_id,
-       nextval(pg_get_serial_sequence('{Checkpoint._meta.db_table}', 'id')),
-       {", ".join(f"p.{f}" for f in _AUTHORITY_FIELDS)}
+       {"".join(f"{c}, " for c in columns)}{", ".join(f"p.{f}" for f in _AUTHORITY_FIELDS)}
   FROM {Run._meta.db_table} AS r
   JOIN {Session._meta.db_table} AS s ON s.id = r.session_id
   JOIN {Project._meta.db_table} AS p ON p.id = s.project_id
@@ -40,6 +42,10 @@ SELECT r.state, r.checkpoint_count, r.session_id, s.project_id,
    AND {events.order_lock_sql(f"SELECT session_id FROM {Run._meta.db_table} WHERE id = %(id)s::bigint")}
    FOR UPDATE OF r
 """
+
+
+#: The single checkpoint's lock also draws the checkpoint's id.
+_LOCK_RUN_SQL = lock_run_sql(f"nextval(pg_get_serial_sequence('{Checkpoint._meta.db_table}', 'id'))")
 
 
 # The checkpoint, the run's counter and the checkpoint's event in ONE statement (the ORM's

@@ -47,6 +47,24 @@ def test_a_batch_writes_every_item_in_order_with_its_own_result(owner, new_sessi
     assert ids == list(range(ids[0], ids[0] + 4))  # one transaction: consecutive ids
 
 
+def test_a_batch_checkpoint_carries_the_projects_current_authority_as_a_single_one_does(owner, new_session):
+    """Both paths read the authority from the run lock's columns: a batch item stating the
+    current refs is accepted, and what is stored is the project's, field for field."""
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    single = owner.post(f"/runs/{run_id}/checkpoints", CP).json()
+    current = single["authority"]
+    assert current["lock_fingerprint"].startswith("sha256:") and current["authority_version"] == 1
+    resp = owner.post(f"/runs/{run_id}/batch", {"items": [
+        {"kind": "checkpoint", "checkpoint": {**CP, "authority": current}},
+        {"kind": "checkpoint", "checkpoint": CP},
+    ]})
+    assert resp.status_code == 201, resp.content
+    assert [i["checkpoint"]["authority"] for i in resp.json()["items"]] == [current, current]
+    assert list(Checkpoint.objects.filter(run_id=run_id).order_by("seq").values_list("authority", flat=True)) == [
+        current, current, current]
+
+
 @pytest.mark.parametrize("bad, code, field", [
     ({"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"step": 9, "messages": []}}},
      "checkpoint_not_bounded", None),
