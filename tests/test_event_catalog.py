@@ -28,10 +28,11 @@ CONSTANTS = {name: value for name, value in vars(ev).items() if isinstance(value
 def _type_arg(call: ast.Call) -> ast.expr | None:
     """The event-type argument of an emission call, or None if ``call`` is not one.
 
-    Emission calls: ``<outbox>.add(session, TYPE, ...)``, ``events.append(type=TYPE, ...)`` and
+    Emission calls: ``<outbox>.add(session, TYPE, ...)``, ``events.append(type=TYPE, ...)``,
+    ``events.stage(type=TYPE, ...)`` (an event inserted by its write's own statement) and
     ``_event(intent, TYPE, ...)`` (control/intents.py's wrapper around ``events.append``)."""
     func = call.func
-    if isinstance(func, ast.Attribute) and func.attr == "append" and isinstance(func.value, ast.Name) \
+    if isinstance(func, ast.Attribute) and func.attr in ("append", "stage") and isinstance(func.value, ast.Name) \
             and func.value.id == "events":
         return next((k.value for k in call.keywords if k.arg == "type"), None)
     if isinstance(func, ast.Attribute) and func.attr == "add" and isinstance(func.value, ast.Name) \
