@@ -194,7 +194,9 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
         if run is None:
             raise NoOpenRun("a gate is opened by an open run", status=session.status)
         try:
-            candidate = ArtifactVersion.objects.select_related("artifact").get(
+            # Through the caller's reach (access.BOUND_TOKEN_MATRIX): a bound token reviews only
+            # what it may already read, so opening a gate never grants it another artifact.
+            candidate = caller.scope("artifact_version", ArtifactVersion.objects.select_related("artifact")).get(
                 id=spec.candidate_version_id, artifact__project_id=session.project_id
             )
         except ArtifactVersion.DoesNotExist:

@@ -10,6 +10,7 @@ from novelforge_sessions import events
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
+from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import (
     BIGINT_MAX,
     Outbox,
@@ -61,6 +62,7 @@ def start_run(
     if cursor is not None and not isinstance(cursor, dict):
         raise ValidationFailed("cursor must be a JSON object", field="cursor")
     check(rt.validate_metadata, {"cursor": cursor, "frozen_inputs": frozen_inputs}, "run", 16 * 1024)
+    cited = _cited_versions(frozen_inputs)
     with transaction.atomic():
         session = lock_session(caller, session_id)
         # The most fundamental refusal first: can the session enter running with a new run at
@@ -78,6 +80,7 @@ def start_run(
             # A conflicting result is a hard stop (contract §08): no new work until a manager resolves it.
             raise OpenConflict("the session has an open conflict; a manager must resolve it first",
                                reason=session.open_conflict)
+        require_versions(session.project_id, cited, what="frozen_inputs")
         outbox = Outbox(caller.label)
         run = create_run(
             session, outbox, task_mode=task_mode or session.task_mode, target=target, cursor=cursor,
@@ -85,6 +88,23 @@ def start_run(
         )
         outbox.flush()
     return run
+
+
+def _cited_versions(frozen_inputs: list | None) -> list[tuple[int, str]]:
+    """The artifact versions ``frozen_inputs`` cite. The list is free-form, but an item with an
+    ``artifact_id`` is an artifact ref: it needs the version's ``fingerprint`` too (422 naming
+    the item otherwise), and the pair must name a real version (``require_versions``). A cited
+    artifact is one the session was given (``access.artifacts_given_to``), so an id alone
+    would let a bound token give itself any artifact of its project."""
+    cited = []
+    for index, item in enumerate(frozen_inputs or []):
+        if not isinstance(item, dict) or "artifact_id" not in item:
+            continue
+        artifact_id = item["artifact_id"]
+        if not isinstance(artifact_id, int) or isinstance(artifact_id, bool) or not 0 < artifact_id <= BIGINT_MAX:
+            raise ValidationFailed("an artifact ref's artifact_id is a positive integer", field=f"frozen_inputs[{index}].artifact_id")
+        cited.append((artifact_id, check(rt.validate_fingerprint, item.get("fingerprint"), f"frozen_inputs[{index}].fingerprint")))
+    return cited
 
 
 def _lock_run(caller: Caller, run_id: int) -> tuple[Session, Run]:

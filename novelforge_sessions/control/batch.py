@@ -144,7 +144,7 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
                         raise StaleAuthority("the checkpoint was frozen against outdated authority", differences=differing)
                 if spec.artifacts:
                     require_versions(project_id, ((r.artifact_id, r.fingerprint) for r in spec.artifacts), what="artifact refs")
-                approvals = _resolve_approvals(project_id, spec.approvals) if spec.approvals else []
+                approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
                 pending = (waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending)
                            if spec.pending else {})
             except ServiceError as exc:

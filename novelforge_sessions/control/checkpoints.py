@@ -132,7 +132,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
             if differing:
                 raise StaleAuthority("the checkpoint was frozen against outdated authority", differences=differing)
         require_versions(project_id, ((r.artifact_id, r.fingerprint) for r in spec.artifacts), what="artifact refs")
-        approvals = _resolve_approvals(project_id, spec.approvals) if spec.approvals else []
+        approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
         pending = waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending) if spec.pending else {}
         checkpoint = Checkpoint(
             session_id=session_id,
@@ -170,8 +170,10 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
     return checkpoint
 
 
-def _resolve_approvals(project_id: int, refs: tuple[rt.ApprovalRef, ...]) -> list[dict[str, Any]]:
-    """Resolve ``approvals`` refs against this project's write intents (one query).
+def _resolve_approvals(caller: Caller, project_id: int, refs: tuple[rt.ApprovalRef, ...]) -> list[dict[str, Any]]:
+    """Resolve ``approvals`` refs against this project's write intents in the caller's reach
+    (one query): a session-bound token cites only its own session's intents (unless it holds
+    ``project``), and another session's answers as a missing id does.
 
     Each becomes ``{"write_intent_id", "approval_id", "standing_approval_id",
     "before_fingerprint", "intent_state"}``: the approval the client named (verified to be one
@@ -179,7 +181,8 @@ def _resolve_approvals(project_id: int, refs: tuple[rt.ApprovalRef, ...]) -> lis
     expected before-state and its state. Resume checks every one against current state.
     """
     intents: dict[int, dict[str, Any]] = {}
-    rows = WriteIntent.objects.filter(project_id=project_id, id__in=[r.write_intent_id for r in refs]).values_list(
+    in_reach = caller.scope("write_intent", WriteIntent.objects.filter(project_id=project_id))
+    rows = in_reach.filter(id__in=[r.write_intent_id for r in refs]).values_list(
         "id", "state", "before_fingerprint", "approvals__id", "approvals__decision", "approvals__revoked_at",
     )
     for intent_id, state, before, approval_id, decision, revoked_at in rows:

@@ -396,3 +396,79 @@ def test_the_matrix_names_every_kind_the_api_looks_up_and_the_readme_shows_it():
         assert f"`{kind}`" in section, kind
         assert isinstance(rule.bound, Reach)
     assert "`project`" in section and "create_api_token" in section
+
+
+# ---- citing is not a grant: a bound token cites only what it already reaches -----------------------------
+def _other_run(world) -> int:
+    return Session.objects.get(tokens__name="other-writer").runs.get(state="open").id
+
+
+def test_frozen_inputs_name_an_artifact_only_with_its_versions_fingerprint(project):
+    """An outside check: a run's frozen_inputs ``[{"artifact_id": N}]`` gave a bound token
+    artifact N (cited artifacts are given ones) without anything proving it knew the version."""
+    world = build(project)
+    o = Session.objects.get(tokens__name="other-writer")
+    ok(world.other.post(f"/runs/{_other_run(world)}/end", {"outcome": "completed"}))
+    before, events = rows(), Event.objects.count()
+    for frozen, code, field in [
+        ([{"artifact_id": world.ids["artifact_id"]}], "validation_error", "frozen_inputs[0].fingerprint"),
+        ([{"kind": "note"}, {"artifact_id": "7", "fingerprint": "sha256:" + "0" * 64}], "validation_error",
+         "frozen_inputs[1].artifact_id"),
+        ([{"artifact_id": world.ids["artifact_id"], "fingerprint": "sha256:" + "0" * 64}], "unknown_artifact_version", None),
+    ]:
+        resp = world.other.post(f"/sessions/{o.id}/runs", {"frozen_inputs": frozen})
+        assert resp.status_code == 422 and resp.json()["error"]["code"] == code, resp.content
+        assert resp.json()["error"]["details"].get("field") == field
+        assert rows() == before and Event.objects.count() == events
+    assert world.other.get(f"/artifacts/{world.ids['artifact_id']}").status_code == 404
+    assert world.other.get(f"/artifact-versions/{world.ids['version_id']}").status_code == 404
+    # free-form items stay free-form
+    ok(world.other.post(f"/sessions/{o.id}/runs", {"frozen_inputs": [{"kind": "scratch", "text": "x"}]}), 201)
+    assert world.other.get(f"/artifacts/{world.ids['artifact_id']}").status_code == 404
+
+
+def test_a_bound_token_opens_a_gate_only_on_a_version_it_reaches(project):
+    """An outside check: a review gate on another session's version (its id only) answered 201
+    with the candidate's fingerprint, and gave the token that version's content."""
+    world = build(project)
+    o = Session.objects.get(tokens__name="other-writer")
+    before, events = rows(), Event.objects.count()
+    for version_id in (world.ids["version_id"], 10**9):  # another session's, and none: the same answer
+        resp = world.other.post(f"/sessions/{o.id}/review-gates",
+                                {"candidate_version_id": version_id, "rubric": RUBRIC, "route": "agent"})
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", resp.content
+        assert rows() == before and Event.objects.count() == events
+    assert world.other.get(f"/artifact-versions/{world.ids['version_id']}").status_code == 404
+    mine = ok(world.other.post("/artifacts", {"name": "own", "content": "own text"}), 201)
+    gate = ok(world.other.post(f"/sessions/{o.id}/review-gates", {
+        "candidate_version_id": mine["current_version_id"], "rubric": RUBRIC, "route": "agent"}), 201)
+    assert gate["candidate_fingerprint"] == mine["current_fingerprint"]
+
+
+@pytest.mark.parametrize("path", ["checkpoints", "batch"])
+def test_a_bound_token_cites_only_its_own_sessions_write_intents_in_approvals(project, path):
+    """An outside check: a checkpoint's ``approvals`` ref to another session's intent was stored
+    with that intent's state and before-state: a read of what GET /write-intents/{id} refuses."""
+    world = build(project)
+    run_id = _other_run(world)
+    cp = {"boundary": "context_freeze", "cursor": {"step": 1}, "approvals": [{"write_intent_id": world.ids["intent_id"]}]}
+    body = cp if path == "checkpoints" else {"items": [{"kind": "checkpoint", "checkpoint": cp}]}
+    before, events = rows(), Event.objects.count()
+    answers = []
+    for intent_id in (world.ids["intent_id"], 10**9):  # another session's, and none: the same answer
+        cp["approvals"] = [{"write_intent_id": intent_id}]
+        resp = world.other.post(f"/runs/{run_id}/{path}", body)
+        assert resp.status_code == 422, resp.content
+        answers.append(resp.json()["error"]["code"])
+        assert rows() == before and Event.objects.count() == events
+    assert answers == ["validation_error", "validation_error"]
+    assert world.other.get(f"/write-intents/{world.ids['intent_id']}").status_code == 404
+    # its own session's intent resolves
+    art = ok(world.other.post("/artifacts", {"name": "own", "content": "own text"}), 201)
+    state = ok(world.other.get("/write-intents/before-state", kind="artifact.make_current", artifact_id=art["id"]))
+    v2 = ok(world.other.post(f"/artifacts/{art['id']}/versions", {"content": "own v2"}), 201)
+    mine = ok(world.other.post("/write-intents", {
+        "kind": "artifact.make_current", "idempotency_key": "own", "artifact_id": art["id"],
+        "params": {"version_id": v2["id"]}, "before_fingerprint": state["before_fingerprint"]}), 201)
+    cp["approvals"] = [{"write_intent_id": mine["id"]}]
+    ok(world.other.post(f"/runs/{run_id}/{path}", body), 201)

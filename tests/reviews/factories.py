@@ -75,6 +75,12 @@ def make_user(project: Project, username: str, role: str) -> Any:
     return user
 
 
+def citing(version) -> list[dict[str, Any]]:
+    """Frozen inputs that give a run's session ``version``'s artifact (id and fingerprint): a
+    session-bound token opens a gate only on a version within its reach."""
+    return [{"artifact_id": version.artifact_id, "fingerprint": version.fingerprint}]
+
+
 def add_writer(project: Project) -> tuple[Session, str]:
     """A writer session with a live runtime and a token bound to it."""
     setup = Caller(label="test:setup", project_ids=frozenset({project.id}), permissions=frozenset({"read", "write"}),

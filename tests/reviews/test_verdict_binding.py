@@ -159,6 +159,10 @@ def test_claim_skips_packets_the_reviewer_is_not_independent_of(world):
     from novelforge_sessions.api.auth import caller_for_token
 
     own = create_artifact(caller_for_token(api.token), name="reviewers-own", kind="chapter", content="My own words.")
+    # the writer is given it (a checkpoint cites it): a bound token gates only what it reaches
+    assert world.writer_api.post(f"/runs/{world.run.id}/checkpoints", {
+        "boundary": "context_freeze", "cursor": {"step": "given"},
+        "artifacts": [{"artifact_id": own.id, "fingerprint": own.current_version.fingerprint}]}).status_code == 201
     world.gate(route="agent", candidate_version_id=own.current_version_id)
     assert api.post("/review-packets/claim").json() == {"packet": None, "lease": None}
     # Pre-assigned anyway (the gate cannot see token labels)? Binding re-checks and refuses.
