@@ -18,7 +18,7 @@ from django.test import Client
 from novelforge_sessions.errors import IndependenceViolation
 from novelforge_sessions.models import Membership
 from reviews import actions
-from reviews.access import reviewer_for_user
+from reviews.access import reviewer_for_user, sighted_reason
 from reviews.models import ReviewAssignment, Verdict
 from tests.reviews.factories import RUBRIC, World, verdict_for
 from tests.reviews.test_pages import form_post
@@ -79,7 +79,7 @@ def test_the_packet_page_says_why_the_verdict_was_refused(world):
 
 def test_a_reviewer_who_stays_blind_still_binds(world):
     gate = world.gate(route="page", reviewers=["alice"])
-    # A manager elsewhere, staff without any admin view of runtime records: still blind here.
+    # A manager elsewhere, staff without any admin permission: still blind here.
     from tests.conftest import make_project
 
     Membership.objects.create(user=world.users["alice"], project=make_project("elsewhere"),
@@ -87,9 +87,34 @@ def test_a_reviewer_who_stays_blind_still_binds(world):
     alice = world.users["alice"]
     alice.is_staff = True
     alice.save(update_fields=["is_staff"])
-    alice.user_permissions.add(perm("view_membership"))
     bound = actions.bind_verdict(reviewer_for_user(alice), gate.packet.id, verdict_for(gate), channel="page")
     assert bound.created and Verdict.objects.count() == 1
+
+
+@pytest.mark.parametrize("codenames", [
+    ("add_apitoken", "view_apitoken", "view_project"),  # mints a project token: every verdict through the API
+    ("view_artifactversion", "view_artifact"),  # the candidate's "created by": the writer's identity
+    ("view_membership",),
+    ("change_user",),  # the auth admin: grants itself the rest
+])
+def test_staff_with_any_admin_permission_cannot_review_blind(world, codenames):
+    """An outside check: a staff reviewer holding only permissions outside a list of 'sighted'
+    ones minted a token in the admin, read the other reviewer's verdict through the API, and
+    bound their own. Any admin permission now makes a staff user sighted, at assignment and at
+    binding."""
+    gate = world.gate(route="page", reviewers=["alice"])
+    alice = world.users["alice"]
+    alice.is_staff = True
+    alice.save(update_fields=["is_staff"])
+    alice.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    alice = type(alice).objects.get(pk=alice.pk)  # no cached permissions
+    before = row_counts()
+    with pytest.raises(IndependenceViolation) as refused:
+        actions.bind_verdict(reviewer_for_user(alice), gate.packet.id, verdict_for(gate), channel="page")
+    assert refused.value.details["reason"] == "staff"
+    assert row_counts() == before and not Verdict.objects.exists()
+    # the rule assignment applies too (its API refusal: the view_checkpoint test below)
+    assert sighted_reason(alice, world.project.id) == "staff"
 
 
 def gate_body(world: World, **over: Any) -> dict[str, Any]:
