@@ -50,8 +50,13 @@ def redact(text: str) -> str:
     return text
 
 
+_FORMATTER = logging.Formatter()
+
+
 class RedactingFilter(logging.Filter):
-    """A handler filter: the record's message is redacted before it is formatted."""
+    """A handler filter: the record's message, its traceback and its stack are redacted before
+    it is formatted (an exception's text can carry what the request carried: Channels' "No
+    route found for path 'ws/…/nfs_…'" did)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -61,6 +66,13 @@ class RedactingFilter(logging.Filter):
         cleaned = redact(message)
         if cleaned != message:
             record.msg, record.args = cleaned, None
+        if record.exc_info and not record.exc_text:
+            # Formatters use exc_text when it is set: the traceback is formatted once, here.
+            record.exc_text = _FORMATTER.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
         return True
 
 

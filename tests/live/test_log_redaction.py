@@ -13,6 +13,7 @@ import urllib.request
 from urllib.parse import quote
 
 import pytest
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
@@ -75,6 +76,11 @@ def test_tokens_in_urls_are_redacted_in_the_access_log_and_the_request_log(logge
     with connect(ws_server.ws_url + f"/ws/events/?token={raw}", origin=base, open_timeout=10) as ws:
         ws.send('{"type": "ping"}')
         ws.recv(timeout=10)
+    # A token in a websocket path no route has: the handshake is refused (it was a 500 whose
+    # traceback, "No route found for path 'ws/events/nfs_…'", was not redacted).
+    with pytest.raises(InvalidStatus) as refused:
+        connect(ws_server.ws_url + f"/ws/events/{raw}", origin=base, open_timeout=10)
+    assert refused.value.response.status_code == 403
 
     expect = [
         _access(ws_server, "GET /api/v1/sessions?token=[redacted]", 401),
@@ -86,7 +92,7 @@ def test_tokens_in_urls_are_redacted_in_the_access_log_and_the_request_log(logge
     ]
     tail = _log_since(ws_server, start, expect)
     assert raw not in tail and secret not in tail and secret[:12] not in tail, tail
-    assert "hunter2" not in tail, tail
+    assert "hunter2" not in tail and "Traceback" not in tail, tail
     for line in expect:
         assert line in tail, tail
 
@@ -111,3 +117,21 @@ def test_the_logging_filter_redacts_formatted_records():
     record = logging.LogRecord("django.request", logging.WARNING, __file__, 1, "Not Found: %s", ("/p/nfs_abc/",), None)
     assert RedactingFilter().filter(record) is True
     assert record.getMessage() == "Not Found: /p/nfs_[redacted]/"
+
+
+def test_the_logging_filter_redacts_a_records_traceback_and_stack():
+    """An exception's text names what the request named (an outside check found a token in the
+    last line of a traceback whose message line was redacted)."""
+    try:
+        raise ValueError("No route found for path 'ws/events/nfs_abcDEF123'.")
+    except ValueError:
+        import sys
+
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("daphne", logging.ERROR, __file__, 1, "Exception inside application: %s",
+                               ("No route found for path 'ws/events/nfs_abcDEF123'.",), exc_info)
+    record.stack_info = "Stack (most recent call last):\n  handler('nfs_abcDEF123')"
+    assert RedactingFilter().filter(record) is True
+    formatted = logging.Formatter().format(record)
+    assert "nfs_abcDEF123" not in formatted and "abcDEF123" not in formatted, formatted
+    assert formatted.count("nfs_[redacted]") >= 3 and "ValueError" in formatted  # message, error line, stack
