@@ -164,6 +164,13 @@ class OpenConflict(Conflict):
     code = "open_conflict"
 
 
+class WaitOutstanding(Conflict):
+    """The open run still waits on a pending review gate (``details.waiting_on``): it may not
+    continue past it nor end ``completed`` until the verdicts are bound or the gate is cancelled."""
+
+    code = "wait_outstanding"
+
+
 class SessionTerminated(Conflict):
     code = "session_terminated"
 

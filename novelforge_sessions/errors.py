@@ -121,6 +121,14 @@ class OpenConflict(Conflict):
     code = "open_conflict"
 
 
+class WaitOutstanding(Conflict):
+    """The open run still waits on something that holds it (a pending review gate): it may not
+    continue past it (``→ running``) nor end ``completed`` until the wait is settled
+    (``details.waiting_on``)."""
+
+    code = "wait_outstanding"
+
+
 class RunNotOpen(Conflict):
     code = "run_not_open"
 
@@ -335,7 +343,7 @@ _CATALOGUED: tuple[type[ServiceError], ...] = (
     MalformedBody, MethodNotAllowed, OtherHttpError, InternalError, DatabaseUnavailable,
     # sessions
     IllegalTransition, VersionConflict, LiveRuntimeExists, NoLiveRuntime, RuntimeNotLive, OpenRunExists,
-    NoOpenRun, RunNotOpen, StaleAuthority, TranscriptFull, OpenConflict, SessionTerminated, StaleRuntime,
+    NoOpenRun, RunNotOpen, StaleAuthority, TranscriptFull, OpenConflict, WaitOutstanding, SessionTerminated, StaleRuntime,
     RuntimeRequired, SessionNotRunning, UnknownArtifactVersion, ArtifactExists, ResumeRefused,
     # control plane
     StaleLease, HandoffNotClaimable, HandoffClosed, LogicalIdTaken, AlreadyConsumed, ConflictingResult,

@@ -225,6 +225,17 @@ def holds_run(status: str | StrEnum) -> bool:
     return SESSION.state(status) in rt.RUN_HOLDING_STATES
 
 
+def passes_waits(source: str | StrEnum, target: str | StrEnum) -> bool:
+    """The move takes the open run past what it waits on: an awaiting session continues
+    (``→ running``), or the run ends ``completed`` (``running → idle | completed``). A run that
+    still waits on something that holds it (a pending review gate: ``control.waits``) may do
+    neither; failing, terminating or going stale stay open to it."""
+    src, dst = SESSION.state(source), SESSION.state(target)
+    if not holds_run(src):
+        return False
+    return dst is S.RUNNING or (not holds_run(dst) and rt.RUN_END_ON_STATUS.get(dst) is R.COMPLETED)
+
+
 def status_after_runtime_loss(status: str | StrEnum) -> SessionStatus:
     """What a session becomes when its runtime's lease ran out: ``running`` fails (reason
     ``runtime_lost``, resumable); idle and waiting sessions keep their state (they wait on a
@@ -270,7 +281,7 @@ def intent_open(state: str | StrEnum) -> bool:
 
 __all__ = [
     "ALL", "ATTENTION_STATUSES", "AWAITING_STATUSES", "awaiting", "HANDOFF_CONSUMED", "HANDOFF_WAITING", "RUN_OUTCOMES", "conflict_open",
-    "handoff_consumed", "handoff_waiting", "holds_run", "intent_open", "needs_attention", "resumable",
+    "handoff_consumed", "handoff_waiting", "holds_run", "passes_waits", "intent_open", "needs_attention", "resumable",
     "status_after_runtime_loss", "AssignmentState", "GateState", "HANDOFF", "HandoffState", "IntentState", "Lifecycle",
     "LifecycleTableError", "REVIEW_ASSIGNMENT", "REVIEW_GATE", "RUN", "RUNTIME", "RunState", "RuntimeState",
     "SESSION", "SessionStatus", "WRITE_INTENT", "validate_all",

@@ -13,6 +13,10 @@ gates to the new run — without the control plane importing anything from ``rev
   that no longer exists fails with ``re-freeze``. Complete gates are reported with their outcome.
 * Carry-over moves every pending gate of the session to the new run (``ReviewGate.run``), so
   a verdict bound afterwards settles the run that now continues the cursor.
+* Every pending gate of a run *holds* it (DESIGN §9, §13): a page or relay gate keeps the session
+  ``awaiting_user``, an agent gate (its review not done: verdicts still unbound) ``awaiting_external``.
+  Until the required verdicts are bound or the gate is cancelled, the run may not continue by a
+  plain transition nor end ``completed``, and resume leaves the continuing run in that state.
 """
 from __future__ import annotations
 
@@ -21,12 +25,14 @@ from typing import Any
 
 from django.db.models import Q
 
-from novelforge_sessions.control.service import Repair, ResumeScope, WaitCheck, WaitKind, WriteScope
+from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.control.service import Hold, Repair, ResumeScope, WaitCheck, WaitKind, WriteScope
 from novelforge_sessions.errors import ValidationFailed
 from novelforge_sessions.models import Run, Session
 from reviews.models import ReviewGate
 
 _ID_MAX = 2**63 - 1
+KIND = "review_gate"
 
 
 def _gate_id(ref: Any) -> int | None:
@@ -78,6 +84,16 @@ def waiting_many(session_ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:
     return found
 
 
+def holds(session: Session, run: Run) -> list[Hold]:
+    """Pending gates of ``run``: each holds it in its route's awaiting state. One query."""
+    rows = ReviewGate.objects.filter(session=session, run=run, state=ReviewGate.State.PENDING).order_by("id")
+    return [
+        Hold(KIND, gate_id, f"review gate #{gate_id} ({route} route)",
+             rt.SessionStatus.AWAITING_USER if route in ReviewGate.USER_ROUTES else rt.SessionStatus.AWAITING_EXTERNAL)
+        for gate_id, route in rows.values_list("id", "route")
+    ]
+
+
 def revalidate(scope: ResumeScope) -> WaitCheck:
     unreadable = [ref for ref in scope.refs if _gate_id(ref) is None]
     wanted = [gid for gid in (_gate_id(ref) for ref in scope.refs) if gid is not None]
@@ -125,6 +141,6 @@ def carry_over(session: Session, run: Run) -> list[int]:
 
 
 REVIEW_GATES = WaitKind(
-    name="review_gate", pending_key="gates", resolve=resolve, waiting=waiting, revalidate=revalidate,
-    carry_over=carry_over, step="reviews", waiting_many=waiting_many,
+    name=KIND, pending_key="gates", resolve=resolve, waiting=waiting, revalidate=revalidate,
+    carry_over=carry_over, step="reviews", waiting_many=waiting_many, holds=holds,
 )

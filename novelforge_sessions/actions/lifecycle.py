@@ -11,6 +11,7 @@ not append events itself: it returns them, and the action appends every event la
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -24,7 +25,9 @@ from novelforge_sessions import events, leases
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.errors import NotFound, RuntimeRequired, StaleRuntime, VersionConflict, from_rule_error
+from novelforge_sessions.errors import (
+    NotFound, RuntimeRequired, StaleRuntime, VersionConflict, WaitOutstanding, from_rule_error,
+)
 from novelforge_sessions.models import Run, RuntimeAttachment, Session
 
 
@@ -173,6 +176,56 @@ def end_runtime(attachment: RuntimeAttachment, state: rt.RuntimeState, reason: s
     outbox.add(
         session, RUNTIME_END_EVENTS[state], runtime_id=attachment.id, generation=attachment.generation, reason=reason
     )
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One thing a run waits on that holds its session (a pending review gate): until it is
+    settled the run may not continue past it nor end ``completed`` (``lifecycles.passes_waits``).
+    ``awaits`` is the awaiting state it keeps the session in (a person: ``awaiting_user``; an
+    agent reviewer: ``awaiting_external``)."""
+
+    kind: str
+    id: int
+    label: str
+    awaits: rt.SessionStatus
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "id": self.id, "label": self.label, "awaits": self.awaits.value}
+
+
+#: What a run waits on that holds it. The registry of wait kinds is the control plane's
+#: (``control/waits.py``, a layer above): it installs its query here at start-up
+#: (``ControlConfig.ready``), so session actions ask it without importing it.
+_holds_query: Callable[[Session, Run], list[Hold]] | None = None
+
+
+def install_holds_query(query: Callable[[Session, Run], list[Hold]]) -> None:
+    global _holds_query
+    _holds_query = query
+
+
+def holds(session: Session, run: Run) -> list[Hold]:
+    """What ``run`` waits on that holds ``session``, per the wait registry (oldest first)."""
+    if _holds_query is None:  # a fail-loud wiring error, never a silent "nothing waits"
+        raise RuntimeError("the control plane's wait registry is not installed (novelforge_sessions.control app)")
+    return _holds_query(session, run)
+
+
+def refuse_held(session: Session, run: Run | None, target: str | StrEnum) -> None:
+    """Refuse (409 ``wait_outstanding``, nothing written) a move that takes ``run`` past what it
+    still waits on: continuing (``→ running``) or ending it ``completed`` while a pending review
+    gate holds it. Other moves (failed, terminated, stale) and runs waiting on nothing pass.
+    Call it under the session row lock, after the other refusals (it is the business check)."""
+    if run is None or not lc.passes_waits(session.status, target):
+        return
+    held = holds(session, run)
+    if held:
+        raise WaitOutstanding(
+            f"the run still waits on {', '.join(h.label for h in held)}: it continues when the wait is settled "
+            "(verdicts bound, or the gate cancelled)",
+            status=session.status, to=str(target), run_id=run.id, waiting_on=[h.as_dict() for h in held],
+        )
 
 
 def check_version(session: Session, expected_version: int | None) -> None:

@@ -20,6 +20,7 @@ from novelforge_sessions.actions.lifecycle import (
     live_runtime,
     lock_session,
     open_run,
+    refuse_held,
 )
 from novelforge_sessions.errors import NoLiveRuntime, NotFound, OpenConflict, OpenRunExists, RunNotOpen, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Run, Session
@@ -165,8 +166,12 @@ def end_run(
 ) -> Run:
     """End the open run; the session leaves ``running`` for ``idle``/``completed``/``failed``.
 
-    Refusals: not found → ``run_not_open`` → the lifecycle table (an awaiting session's run
-    cannot end this way) → a named ``runtime_id`` that is not the live runtime (``stale_runtime``)."""
+    A run that still waits on something that holds it (a pending review gate) may fail or
+    abort, but not end ``completed``.
+
+    Refusals, most fundamental first: not found → ``run_not_open`` → the lifecycle table (an
+    awaiting session's run cannot end this way) → a named ``runtime_id`` that is not the live
+    runtime (``stale_runtime``) → a wait that holds the run (``wait_outstanding``)."""
     caller.require("write")
     if outcome not in _OUTCOMES:
         raise ValidationFailed("outcome must be completed, aborted or failed", field="outcome", allowed=sorted(_OUTCOMES))
@@ -184,6 +189,8 @@ def end_run(
         check(rt.check_transition, session.status, target or default_status)
         if runtime_id is not None:
             fence_runtime(caller, session, runtime_id)
+        if run_state is rt.RunState.COMPLETED:
+            refuse_held(session, run, target or default_status)
         outbox = Outbox(caller.label)
         apply_transition(
             session, target or default_status, reason=reason or f"run {outcome}", outbox=outbox,

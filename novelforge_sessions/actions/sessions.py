@@ -27,6 +27,7 @@ from novelforge_sessions.actions.lifecycle import (
     live_runtime,
     lock_session,
     open_run,
+    refuse_held,
 )
 from novelforge_sessions.actions.runtimes import RuntimeSpec, visible_runtime, insert_attachment, refuse_live_runtime
 from novelforge_sessions.errors import NoLiveRuntime, NoOpenRun, OpenConflict
@@ -87,11 +88,14 @@ def transition_session(
 ) -> Session:
     """A client-requested lifecycle change. Entering ``running`` needs a run: use
     ``start_run`` (from created/idle/failed) or ``resume_session``; from an awaiting state the
-    waiting run simply continues.
+    waiting run continues — unless something it waits on still holds it (a pending review
+    gate: it continues when the verdicts are bound or the gate is cancelled). Nor may a held
+    run end ``completed`` (``running → idle | completed``).
 
     Refusals, most fundamental first: not found → the caller's ``expected_version`` → the
     lifecycle table → generation fencing (``runtime_id``) → no run, or no live runtime, to
-    enter running with → an open conflict. Each refusal writes nothing."""
+    enter running with → an open conflict → a wait that holds the run (``wait_outstanding``).
+    Each refusal writes nothing."""
     caller.require("write")
     with transaction.atomic():
         session = lock_session(caller, session_id, project=False)  # nothing here reads the project
@@ -113,6 +117,7 @@ def transition_session(
         if entering_running and session.open_conflict:
             raise OpenConflict("the session has an open conflict; a manager must resolve it first",
                                reason=session.open_conflict)
+        refuse_held(session, run, target)
         outbox = Outbox(caller.label)
         apply_transition(session, target, reason=reason, outbox=outbox, expected_version=expected_version, current_run=run)
         outbox.flush()

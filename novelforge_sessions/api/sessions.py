@@ -81,6 +81,9 @@ def get_session(request: HttpRequest, session_id: int):
 @router.post(
     "/sessions/{session_id}/transition", response={200: SessionOut, **errors(403, 404, 409)},
     summary="Move a session along the lifecycle table",
+    description="409 `illegal_transition` off the table; 409 `wait_outstanding` (`details.waiting_on`) when the "
+    "move would take the open run past a pending review gate (→ `running`, or ending the run completed): the "
+    "verdicts, or cancelling the gate, continue it. Nothing is written on a refusal.",
 )
 def transition(request: HttpRequest, session_id: int, body: TransitionIn):
     return actions.transition_session(

@@ -32,7 +32,9 @@ for the control-plane steps:
   result is already consumed. Repair: re-freeze (resume from, or record, a later checkpoint).
 
 On success, everything the session still waits on (every wait kind's ``carry_over``) moves to
-the new run.
+the new run; if any of it holds the run (``waits.holding``: a pending review gate), the session
+waits in that wait's state — ``awaiting_user`` for a person's gate, ``awaiting_external`` for an
+agent reviewer's — instead of running past it.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ from django.db import transaction
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions.lifecycle import Outbox, check, end_run, lock_session, open_run
+from novelforge_sessions.actions.lifecycle import Outbox, apply_transition, check, end_run, lock_session, open_run
 from novelforge_sessions.control.intents import approval_problem, target_state
 from novelforge_sessions.control.routing import live_runtimes_for
 from novelforge_sessions.actions.runs import create_run
@@ -455,5 +457,15 @@ def resume_session(
         outbox.add(session, ev.SESSION_RESUMED, run_id=run.id, generation=session.generation,
                    checkpoint_id=outcome.checkpoint_id, reason=reason,
                    pending_external=carried.get(waits.HANDOFFS.pending_key, []), carried_over=carried)
+        # What holds the run (a pending review gate) holds the continuing one too: the session
+        # waits in that wait's state (a person's gate: awaiting_user, DESIGN §9) rather than
+        # running past it; binding the verdicts (or cancelling the gate) continues it.
+        held = waits.holding(session, run) if carried else []
+        awaiting = waits.awaiting_status(held)
+        if awaiting is not None:
+            apply_transition(session, awaiting, reason=f"waiting on {', '.join(h.label for h in held)}"[:200],
+                             outbox=outbox, current_run=run)
+            steps[-1].detail += f"; it waits on {', '.join(h.label for h in held)} ({awaiting.value})"
+            steps[-1].data["waiting_on"] = [h.as_dict() for h in held]
         outbox.flush()
     return outcome

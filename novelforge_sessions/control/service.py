@@ -40,11 +40,13 @@ Functions::
 What a run waits on (``control/waits.py``): handoffs are one wait kind; other apps register
 theirs (``reviews`` registers review gates) with :func:`register_wait_kind`, giving a
 ``WaitKind`` that resolves checkpoint refs (``WriteScope``), lists what a run waits on,
-revalidates on resume (``ResumeScope`` → ``WaitCheck`` with a ``Repair`` route) and carries
-the waits over to the resumed run::
+revalidates on resume (``ResumeScope`` → ``WaitCheck`` with a ``Repair`` route), carries
+the waits over to the resumed run and says which of them hold the session (``Hold``: the run
+may not continue past it nor complete)::
 
     register_wait_kind(kind: WaitKind) -> None
     waiting_on(session, run) -> dict[str, list[dict]]
+    holding(session, run) -> list[Hold]
     waiting_for_sessions(session_ids) -> dict[int, list[Waited]]   (read-outs: the overview)
 """
 from __future__ import annotations
@@ -61,7 +63,7 @@ from novelforge_sessions.control import results as _results
 from novelforge_sessions.actions.lifecycle import Outbox
 from novelforge_sessions.control.models import Handoff, HandoffPurpose
 from novelforge_sessions.control.waits import (
-    Repair, ResumeScope, WaitCheck, Waited, WaitKind, WriteScope, waiting_for_sessions, waiting_on,
+    Hold, Repair, ResumeScope, WaitCheck, Waited, WaitKind, WriteScope, holding, waiting_for_sessions, waiting_on,
 )
 from novelforge_sessions.control.waits import register as register_wait_kind
 from novelforge_sessions.errors import ServiceError, StaleLease
@@ -70,7 +72,8 @@ from novelforge_sessions.models import Run, Session
 __all__ = [
     "RESULTS_BOUND_REASON", "Bound", "Cancelled", "Claimed", "HandoffPurpose", "Job", "Lease", "Settled",
     "bind", "cancel", "claim", "create_job", "lease_refusal", "renew", "settle", "stale_lease",
-    "Repair", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope", "register_wait_kind", "waiting_on", "Waited", "waiting_for_sessions",
+    "Hold", "Repair", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope", "holding", "register_wait_kind", "waiting_on",
+    "Waited", "waiting_for_sessions",
 ]
 
 #: The status reason :func:`settle` records when the last awaited result of a run was bound.

@@ -20,10 +20,18 @@ A :class:`WaitKind` has
   column): what each of these sessions waits on now, ``{session_id: [{"id", "label",
   "since"}]}``, in one query whatever the number of sessions;
 * ``carry_over(session, run)`` — on resume: hand what is still awaited to the new run, so
-  that whatever settles it later settles the run that now continues the cursor.
+  that whatever settles it later settles the run that now continues the cursor;
+* ``holds(session, run)`` — optional: what ``run`` waits on that *holds* the session, as
+  :class:`Hold` (with the awaiting state it keeps the session in). While anything holds it,
+  the run may not continue past it (a plain ``→ running``) nor end ``completed``
+  (409 ``wait_outstanding``), and resume leaves the continuing run in that awaiting state.
+  Review gates hold (DESIGN §9, §13: a person's gate keeps the session ``awaiting_user``);
+  handoffs do not: a run may go on with other work while a worker has its job, and a result
+  bound later settles whichever run waits on it.
 
 Every function runs inside the caller's transaction: ``resolve`` with the writing run locked
-(``record_checkpoint``), ``revalidate`` and ``carry_over`` with the session row locked (``resume_session``).
+(``record_checkpoint``), ``revalidate`` and ``carry_over`` with the session row locked (``resume_session``),
+``holds`` with the session row locked (``transition_session``, ``end_run``, ``resume_session``).
 """
 from __future__ import annotations
 
@@ -33,6 +41,8 @@ from typing import Any
 
 from django.db.models import Q
 
+from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.actions.lifecycle import Hold
 from novelforge_sessions.control.models import UNBOUND_STATES, Handoff
 from novelforge_sessions.errors import ValidationFailed
 from novelforge_sessions.models import Checkpoint, Project, Run, Session
@@ -82,6 +92,7 @@ Waiting = Callable[[Session, Run], list[dict[str, Any]]]
 WaitingMany = Callable[[Sequence[int]], dict[int, list[dict[str, Any]]]]
 Revalidate = Callable[[ResumeScope], WaitCheck]
 CarryOver = Callable[[Session, Run], list[Any]]
+Holds = Callable[[Session, Run], list[Hold]]
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,8 @@ class WaitKind:
     #: the resume report step of ``revalidate``
     step: str | None = None
     waiting_many: WaitingMany | None = None
+    #: what of the run's waits holds the session (None: this kind never holds it)
+    holds: Holds | None = None
 
     def __post_init__(self) -> None:
         if (self.revalidate is None) != (self.step is None):
@@ -141,6 +154,22 @@ def waiting_on(session: Session, run: Run) -> dict[str, list[dict[str, Any]]]:
     """What ``run`` waits on, per pending key (kinds with nothing awaited are left out)."""
     found = {k.pending_key: k.waiting(session, run) for k in _KINDS.values()}
     return {key: items for key, items in found.items() if items}
+
+
+def holding(session: Session, run: Run) -> list[Hold]:
+    """What ``run`` waits on that holds ``session``, by every kind that can hold (one query per
+    such kind), by kind then id. Installed into the session actions at start-up (``apps.py``)."""
+    found = [hold for kind in _KINDS.values() if kind.holds is not None for hold in kind.holds(session, run)]
+    return sorted(found, key=lambda h: (h.kind, h.id))
+
+
+def awaiting_status(held: Sequence[Hold]) -> rt.SessionStatus | None:
+    """The awaiting state these holds keep the session in: ``awaiting_user`` while any waits on a
+    person (DESIGN §9), else the one they name (``awaiting_external``); None when nothing holds."""
+    states = {h.awaits for h in held}
+    if rt.SessionStatus.AWAITING_USER in states:
+        return rt.SessionStatus.AWAITING_USER
+    return min(states) if states else None  # min: one deterministic answer should a kind add another
 
 
 @dataclass(frozen=True)
@@ -252,6 +281,6 @@ HANDOFFS = register(WaitKind(
 ))
 
 __all__ = [
-    "HANDOFFS", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope", "carry_over", "kind_for", "kinds",
+    "HANDOFFS", "Hold", "awaiting_status", "holding", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope", "carry_over", "kind_for", "kinds",
     "pending_keys", "register", "resolve_pending", "waiting_on", "Waited", "waiting_for_sessions",
 ]

@@ -459,7 +459,9 @@ def resume(request: HttpRequest, session_id: int) -> HttpResponse:
         error, status = exc, exc.http_status
     else:
         if request.method == "POST":
-            messages.success(request, f"Resumed: runtime generation {outcome.runtime.generation}, new run started.")
+            held = outcome.steps[-1].data.get("waiting_on") or []
+            waiting = f" It waits on {', '.join(h['label'] for h in held)}." if held else ""
+            messages.success(request, f"Resumed: runtime generation {outcome.runtime.generation}, new run started.{waiting}")
             return _after_action(session_id)
         report = outcome.report()
     session.refresh_from_db()

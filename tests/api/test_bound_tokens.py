@@ -87,13 +87,15 @@ def build(project) -> World:
     graphs.put_checkpoint(wc, thread_id=THREAD, checkpoint_ns="", checkpoint_id="cp-1", parent_checkpoint_id=None,
                           checkpoint={"v": 1, "channel_versions": {}}, metadata={"victim": True}, blobs=[], open_spec=None)
     cp = ok(writer.post(f"/runs/{run.id}/checkpoints", {"boundary": "user_wait", "cursor": {"victim": 1}}), 201)
-    make_user(project, "alice", "reviewer")
-    gate = review_actions.open_gate(wc, w.id, review_actions.GateSpec(
-        candidate_version_id=art.current_version_id, rubric=RUBRIC, route="page", reviewers=["alice"]))
-    ok(writer.post(f"/sessions/{w.id}/transition", {"to": "running"}))
     handoff = ok(writer.post(f"/runs/{run.id}/handoffs", {
         "logical_id": "victim-job", "params": {"victim": 1},
         "inputs": [{"artifact_id": art.id, "fingerprint": art.current_version.fingerprint}]}), 201)
+    # A job handoff does not hold the run; a pending page gate does (it is opened last: nothing
+    # continues the run past it).
+    ok(writer.post(f"/sessions/{w.id}/transition", {"to": "running"}))
+    make_user(project, "alice", "reviewer")
+    gate = review_actions.open_gate(wc, w.id, review_actions.GateSpec(
+        candidate_version_id=art.current_version_id, rubric=RUBRIC, route="page", reviewers=["alice"]))
     before = ok(writer.get("/write-intents/before-state", kind="artifact.make_current", artifact_id=art.id))
     intent = ok(writer.post("/write-intents", {
         "kind": "artifact.make_current", "idempotency_key": "victim-intent", "artifact_id": art.id,

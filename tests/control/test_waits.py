@@ -66,3 +66,16 @@ def test_waiting_on_lists_what_the_open_run_waits_on(owner, running):
     got = waits.waiting_on(session, run)
     assert list(got) == ["handoffs"]
     assert [(h["logical_id"], h["state"]) for h in got["handoffs"]] == [("j1", "pending")]
+
+
+@pytest.mark.django_db
+def test_handoffs_never_hold_a_run_and_holding_asks_every_kind_that_can(owner, running):
+    """Job handoffs do not hold the run (it may go on while a worker works); review gates do
+    (``reviews/waits.py``). Session actions reach the registry through the hook apps.py installs."""
+    from novelforge_sessions.actions import lifecycle
+
+    assert waits.HANDOFFS.holds is None and waits.kind_for("gates").holds is not None
+    assert lifecycle._holds_query is waits.holding
+    make_handoff(owner, running["run"]["id"], "j1")
+    session, run = Session.objects.get(id=running["id"]), Run.objects.get(id=running["run"]["id"])
+    assert waits.holding(session, run) == [] and waits.awaiting_status([]) is None

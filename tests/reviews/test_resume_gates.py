@@ -96,9 +96,9 @@ def test_resume_carries_a_pending_page_gate_to_the_new_run_and_the_verdict_settl
     interrupted = run_row(world.run.id)
     assert interrupted[0] == "interrupted"
 
-    # the continuing run waits on the reviewer again; the verdict moves the session back to running
-    transition_session(world.writer_caller, world.writer.id, "awaiting_user", reason="waiting on review",
-                       runtime_id=outcome.runtime.id)
+    # the continuing run waits on the reviewer again (resume leaves it awaiting_user, DESIGN §9);
+    # the verdict moves the session back to running
+    assert Session.objects.get(id=world.writer.id).status == "awaiting_user"
     mark = Event.objects.order_by("-id").values_list("id", flat=True).first()
     bind_verdict(reviewer_for_user(world.users["alice"]), gate.packet.id, verdict_for(gate), channel="page")
     session = Session.objects.get(id=world.writer.id)
@@ -111,10 +111,11 @@ def test_resume_carries_a_pending_page_gate_to_the_new_run_and_the_verdict_settl
     assert old_run[0] == "open"
 
 
-def test_a_verdict_bound_while_the_resumed_run_is_running_keeps_it_running(world: World):
+def test_a_verdict_bound_after_resume_continues_the_resumed_run(world: World):
     gate = world.gate(route="page")
     freeze(world, gates=[{"gate_id": gate.id}])
     outcome = resume(world)
+    assert Session.objects.get(id=world.writer.id).status == "awaiting_user"
     bind_verdict(reviewer_for_user(world.users["alice"]), gate.packet.id, verdict_for(gate), channel="page")
     gate.refresh_from_db()
     assert gate.state == "complete" and gate.run_id == outcome.run_id
@@ -201,9 +202,9 @@ def test_an_agent_gate_and_its_handoffs_follow_the_new_run(world: World):
     interrupted = run_row(world.run.id)
     assert interrupted[0] == "interrupted"
 
-    # the continuing run waits on the reviewer; the bound verdict settles *that* run
-    transition_session(world.writer_caller, world.writer.id, "awaiting_external", reason="waiting on review",
-                       runtime_id=outcome.runtime.id)
+    # the continuing run waits on the reviewer (resume leaves it awaiting_external, the agent
+    # route's state); the bound verdict settles *that* run
+    assert Session.objects.get(id=world.writer.id).status == "awaiting_external"
     lease = agent.post("/review-packets/claim").json()["lease"]
     assert agent.post(f"/review-packets/{gate.packet.id}/verdicts",
                       agent_verdict(gate, lease["fencing_token"])).status_code == 201
@@ -222,8 +223,7 @@ def test_a_verdict_settles_the_run_that_waits_on_its_handoff_even_for_a_gate_res
     outcome = resume(world)
     ReviewGate.objects.filter(id=gate.id).update(run_id=world.run.id)  # as the old resume left it
     gate.refresh_from_db()
-    transition_session(world.writer_caller, world.writer.id, "awaiting_external", reason="waiting on review",
-                       runtime_id=outcome.runtime.id)
+    assert Session.objects.get(id=world.writer.id).status == "awaiting_external"
     interrupted = run_row(world.run.id)
     lease = agent.post("/review-packets/claim").json()["lease"]
     assert agent.post(f"/review-packets/{gate.packet.id}/verdicts",

@@ -103,3 +103,13 @@ def test_validation_catches_a_malformed_table():
     with pytest.raises(lc.LifecycleTableError, match="rows missing"):
         missing_row.validate()
 
+
+
+def test_passes_waits_names_the_moves_a_held_run_may_not_make():
+    """Continuing (an awaiting session → running) and ending the run completed (running → idle |
+    completed) pass a run's waits; failing, terminating, going stale or waiting again do not."""
+    S = lc.SessionStatus
+    passing = {(src, dst) for src in S for dst in S if lc.SESSION.is_legal(src, dst) and lc.passes_waits(src, dst)}
+    assert passing == {
+        (S.AWAITING_USER, S.RUNNING), (S.AWAITING_EXTERNAL, S.RUNNING), (S.RUNNING, S.IDLE), (S.RUNNING, S.COMPLETED),
+    }
