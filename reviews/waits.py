@@ -10,7 +10,10 @@ gates to the new run — without the control plane importing anything from ``rev
   longer what the review would judge — the artifact's head moved to anything other than the
   frozen candidate or the version that was current when it was frozen (the rule verdict
   binding applies) — or when a gate the checkpoint waits on was cancelled; a referenced gate
-  that no longer exists fails with ``re-freeze``. Complete gates are reported with their outcome.
+  that no longer exists fails with ``re-freeze``. A complete gate the checkpoint cites is
+  reported with its outcome while its candidate is still what the artifact's head may be (the
+  same rule); once the head moved on, its verdict no longer counts: the step fails with
+  ``re-review`` and the same ``candidate changed`` problem as a pending gate, whatever the outcome.
 * Carry-over moves every pending gate of the session to the new run (``ReviewGate.run``), so
   a verdict bound afterwards settles the run that now continues the cursor.
 * Every pending gate of a run *holds* it (DESIGN §9, §13): a page or relay gate keeps the session
@@ -94,6 +97,21 @@ def holds(session: Session, run: Run) -> list[Hold]:
     ]
 
 
+def _candidate_moved(row: Mapping[str, Any]) -> bool:
+    """The artifact's head is neither the candidate nor the version that was current when it
+    was frozen (the rule verdict binding applies; a head moved away and back again is fine)."""
+    return row["candidate__artifact__current_version_id"] not in {row["head_version_id"], row["candidate_id"]}
+
+
+def _candidate_changed(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``candidate changed`` problem, in the shape the pending-gate check reports it."""
+    return {
+        "gate_id": row["id"], "problem": "candidate changed", "route": row["route"],
+        "candidate_fingerprint": row["candidate_fingerprint"],
+        "current": row["candidate__artifact__current_version__fingerprint"], "repair": Repair.REREVIEW,
+    }
+
+
 def revalidate(scope: ResumeScope) -> WaitCheck:
     unreadable = [ref for ref in scope.refs if _gate_id(ref) is None]
     wanted = [gid for gid in (_gate_id(ref) for ref in scope.refs) if gid is not None]
@@ -116,13 +134,14 @@ def revalidate(scope: ResumeScope) -> WaitCheck:
         if row["state"] == ReviewGate.State.CANCELLED:
             problems.append({"gate_id": row["id"], "problem": "review gate cancelled", "repair": Repair.REREVIEW})
         elif row["state"] == ReviewGate.State.COMPLETE:
-            complete.append({"gate_id": row["id"], "outcome": row["outcome"]})
-        elif row["candidate__artifact__current_version_id"] not in {row["head_version_id"], row["candidate_id"]}:
-            problems.append({
-                "gate_id": row["id"], "problem": "candidate changed", "route": row["route"],
-                "candidate_fingerprint": row["candidate_fingerprint"],
-                "current": row["candidate__artifact__current_version__fingerprint"], "repair": Repair.REREVIEW,
-            })
+            # A verdict judged the candidate, not the artifact: once the head moved on, whatever
+            # the outcome, it no longer speaks for what the cursor would continue on (§12).
+            if _candidate_moved(row):
+                problems.append(_candidate_changed(row))
+            else:
+                complete.append({"gate_id": row["id"], "outcome": row["outcome"]})
+        elif _candidate_moved(row):
+            problems.append(_candidate_changed(row))
         else:
             pending.append(row["id"])
     data = {"pending": pending, "complete": complete}

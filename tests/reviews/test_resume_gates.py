@@ -18,7 +18,7 @@ from novelforge_sessions.control import waits
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.api.auth import caller_for_token
 from novelforge_sessions.errors import ResumeRefused, ValidationFailed
-from novelforge_sessions.models import Checkpoint, Event, Run, RuntimeAttachment, Session
+from novelforge_sessions.models import Artifact, ArtifactVersion, Checkpoint, Event, Run, RuntimeAttachment, Session
 from reviews.access import reviewer_for_user
 from reviews.actions import GateSpec, bind_verdict, cancel_gate, open_gate
 from reviews.models import ReviewGate, Verdict
@@ -60,20 +60,26 @@ def snapshot(world: World) -> dict[str, Any]:
         "events": Event.objects.count(),
         "gates": sorted(ReviewGate.objects.filter(session=s).values_list("id", "run_id", "state")),
         "handoffs": sorted(Handoff.objects.filter(session=s).values_list("id", "run_id", "state")),
+        "checkpoints": Checkpoint.objects.filter(session=s).count(),
+        "verdicts": Verdict.objects.count(),
     }
 
 
-def move_head(world: World) -> None:
-    """Make another version of the candidate's artifact current (an approved write)."""
+def move_head(world: World, to: ArtifactVersion | None = None, key: str = "move-head") -> ArtifactVersion:
+    """Make another version of the candidate's artifact current (an approved write): ``to``,
+    or a new version. Returns the version now current."""
     boss = caller_for(world.project)
     artifact_id = world.version.artifact_id
-    artifacts.add_artifact_version(boss, artifact_id, content="A different chapter.")
-    version = world.version.artifact.versions.order_by("-number").first()
+    if to is None:
+        artifacts.add_artifact_version(boss, artifact_id, content="A different chapter.")
+    version = to or world.version.artifact.versions.order_by("-number").first()
     before = intents.read_before_state(boss, kind="artifact.make_current", artifact_id=artifact_id)
-    intent = intents.create_intent(boss, kind="artifact.make_current", idempotency_key="move-head", artifact_id=artifact_id,
+    intent = intents.create_intent(boss, kind="artifact.make_current", idempotency_key=key, artifact_id=artifact_id,
                                    before_fingerprint=before.fingerprint, params={"version_id": version.id}).intent
     intents.approve_intent(boss, intent.id)
     intents.execute_intent(boss, intent.id)
+    assert Artifact.objects.get(id=artifact_id).current_version_id == version.id
+    return version
 
 
 # ---- page route ----------------------------------------------------------------------------------
@@ -158,6 +164,114 @@ def test_a_complete_gate_is_reported_with_its_outcome(world: World):
     gate = world.gate(route="page")
     freeze(world, gates=[{"gate_id": gate.id}])
     bind_verdict(reviewer_for_user(world.users["alice"]), gate.packet.id, verdict_for(gate, decision="pass"), channel="page")
+    outcome = resume(world)
+    assert step(outcome, "reviews")["data"] == {"pending": [], "complete": [{"gate_id": gate.id, "outcome": "pass"}]}
+
+
+def complete(world: World, gate: ReviewGate, decision: str = "pass") -> None:
+    bind_verdict(reviewer_for_user(world.users["alice"]), gate.packet.id, verdict_for(gate, decision=decision), channel="page")
+    gate.refresh_from_db()
+    assert (gate.state, gate.outcome) == ("complete", decision)
+
+
+def refused(world: World) -> dict[str, Any]:
+    """Resume is refused and writes nothing; the dry run reports the same; returns the report."""
+    close_session(world.writer_caller, world.writer.id)
+    before = snapshot(world)
+    with pytest.raises(ResumeRefused) as dry:
+        resume_session(world.writer_caller, world.writer.id, runtime=RUNTIME, dry_run=True)
+    with pytest.raises(ResumeRefused) as info:
+        resume_session(world.writer_caller, world.writer.id, runtime=RUNTIME)
+    assert snapshot(world) == before
+    report = info.value.details["report"]
+    assert dry.value.details["report"]["steps"] == report["steps"]
+    assert [s["step"] for s in report["steps"] if not s["ok"]] == ["reviews", "continue"]
+    assert report["repairs"] == ["re-review"]
+    return report
+
+
+# A verdict judged the candidate, not the artifact: the audit's reproduction. The gate completed,
+# then the artifact's head moved on through artifact.make_current; the cursor would continue at
+# its "reviewed" step on content nobody reviewed (contract §12: a fingerprint changed unexpectedly).
+@pytest.mark.parametrize("decision", ["pass", "revise", "reject"])
+def test_a_complete_gate_whose_candidate_changed_refuses_resume_with_re_review_and_writes_nothing(world: World, decision: str):
+    gate = world.gate(route="page")
+    complete(world, gate, decision)
+    freeze(world, gates=[{"gate_id": gate.id}])
+    moved = move_head(world)
+    reviews = step(refused(world), "reviews")
+    assert reviews["ok"] is False and reviews["repair"] == "re-review"
+    assert reviews["detail"] == "1 review gate(s) no longer valid"
+    assert reviews["data"] == {"pending": [], "complete": [], "problems": [{
+        "gate_id": gate.id, "problem": "candidate changed", "route": "page",
+        "candidate_fingerprint": world.version.fingerprint, "current": moved.fingerprint, "repair": "re-review"}]}
+    assert moved.fingerprint != world.version.fingerprint
+
+
+def test_the_api_answers_409_resume_refused_for_a_complete_gate_whose_candidate_changed(world: World):
+    """The audit's request: it answered 200 and continued the cursor at the reviewed step."""
+    gate = world.gate(route="page")
+    complete(world, gate)
+    freeze(world, gates=[{"gate_id": gate.id}])
+    moved = move_head(world)
+    assert world.writer_api.post(f"/sessions/{world.writer.id}/close", {}).status_code == 200
+    before = snapshot(world)
+    resp = world.writer_api.post(f"/sessions/{world.writer.id}/resume",
+                                 {"runtime": {"runtime_family": "claude-code", "lease_seconds": 600}})
+    assert resp.status_code == 409, resp.content
+    err = resp.json()["error"]
+    assert err["code"] == "resume_refused"
+    reviews = step(err["details"]["report"], "reviews")
+    assert reviews["ok"] is False and reviews["repair"] == "re-review" and reviews["data"]["complete"] == []
+    assert [(p["gate_id"], p["candidate_fingerprint"], p["current"]) for p in reviews["data"]["problems"]] == [
+        (gate.id, world.version.fingerprint, moved.fingerprint)]
+    assert snapshot(world) == before
+
+
+def test_a_complete_and_a_pending_gate_on_a_changed_candidate_are_reported_alike(world: World):
+    done = world.gate(route="page")
+    complete(world, done)
+    waiting = world.gate(route="page", reviewers=["bob"])
+    freeze(world, gates=[{"gate_id": done.id}, {"gate_id": waiting.id}])
+    move_head(world)
+    problems = step(refused(world), "reviews")["data"]["problems"]
+    assert [p["gate_id"] for p in problems] == [done.id, waiting.id]
+    assert {**problems[0], "gate_id": None} == {**problems[1], "gate_id": None}
+
+
+def test_a_complete_gate_the_checkpoint_does_not_cite_is_not_revalidated(world: World):
+    """Only the gates the checkpoint waits on (and every pending one) bind the cursor."""
+    gate = world.gate(route="page")
+    complete(world, gate)
+    freeze(world)
+    move_head(world)
+    outcome = resume(world)
+    assert step(outcome, "reviews")["data"] == {"pending": [], "complete": []}
+
+
+def test_a_complete_gate_whose_candidate_changed_and_changed_back_still_counts(world: World):
+    gate = world.gate(route="page")
+    complete(world, gate)
+    freeze(world, gates=[{"gate_id": gate.id}])
+    move_head(world)
+    move_head(world, to=world.version, key="move-back")
+    outcome = resume(world)
+    reviews = step(outcome, "reviews")
+    assert reviews["ok"] is True and reviews["data"] == {"pending": [], "complete": [{"gate_id": gate.id, "outcome": "pass"}]}
+    assert Run.objects.get(id=outcome.run_id).cursor == {"step": "await-review"}
+
+
+def test_a_complete_gate_on_a_candidate_promoted_after_the_verdict_still_counts(world: World):
+    """The usual order: freeze a new version, review it, then make it current — the head moving
+    from the version current at freeze time to the candidate itself is not a change."""
+    boss = caller_for(world.project)
+    artifacts.add_artifact_version(boss, world.version.artifact_id, content="The second draft.")
+    draft = world.version.artifact.versions.order_by("-number").first()
+    gate = world.gate(route="page", candidate_version_id=draft.id)
+    assert gate.head_version_id == world.version.id != draft.id
+    complete(world, gate)
+    freeze(world, gates=[{"gate_id": gate.id}])
+    move_head(world, to=draft)
     outcome = resume(world)
     assert step(outcome, "reviews")["data"] == {"pending": [], "complete": [{"gate_id": gate.id, "outcome": "pass"}]}
 
