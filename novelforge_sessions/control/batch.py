@@ -120,7 +120,8 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
                 row = cur.fetchone()
         if row is None:
             raise NotFound("run not found", run_id=run_id)
-        state, count, run_seq, session_id, project_id, *authority = row
+        # The lock also draws the single write's checkpoint id; the batch's rows take their own.
+        state, count, run_seq, session_id, project_id, _single_id, *authority = row
         if state != rt.RunState.OPEN:
             raise RunNotOpen("steps are written by an open run", state=state)
         current = dict(zip(_AUTHORITY_FIELDS, authority))

@@ -47,6 +47,24 @@ def test_a_batch_writes_every_item_in_order_with_its_own_result(owner, new_sessi
     assert ids == list(range(ids[0], ids[0] + 4))  # one transaction: consecutive ids
 
 
+def test_a_batch_checkpoint_stores_the_current_authority_as_a_single_one_does(owner, new_session, project):
+    """The run lock's columns are unpacked by name: a batch's checkpoints carry the project's
+    authority exactly as the single write stores it (resume compares it), and a client stating
+    the current authority is not refused."""
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    current = project.authority_ref()
+    single = owner.post(f"/runs/{run_id}/checkpoints", CP)
+    assert single.status_code == 201 and single.json()["authority"] == current
+    resp = owner.post(f"/runs/{run_id}/batch", {"items": [
+        {"kind": "checkpoint", "checkpoint": {**CP, "authority": current}},
+    ]})
+    assert resp.status_code == 201, resp.content
+    assert resp.json()["items"][0]["checkpoint"]["authority"] == current
+    assert list(Checkpoint.objects.filter(run_id=run_id).order_by("seq").values_list("authority", flat=True)) == [
+        current, current]
+
+
 @pytest.mark.parametrize("bad, code, field", [
     ({"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"step": 9, "messages": []}}},
      "checkpoint_not_bounded", None),
