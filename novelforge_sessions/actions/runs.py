@@ -19,6 +19,7 @@ from novelforge_sessions.actions.lifecycle import (
     live_runtime,
     lock_session,
     open_run,
+    require_live_runtime,
 )
 from novelforge_sessions.errors import NoLiveRuntime, NotFound, OpenConflict, OpenRunExists, RunNotOpen, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Run, Session
@@ -100,7 +101,8 @@ def _lock_run(caller: Caller, run_id: int) -> tuple[Session, Run]:
 
 def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any], *, runtime_id: int | None = None) -> Run:
     """Refusals: not found → the run has ended (``run_not_open``: resume ended a superseded
-    generation's run) → a named ``runtime_id`` that is not the live runtime (``stale_runtime``)."""
+    generation's run) → a named ``runtime_id`` that is not the live runtime (``stale_runtime``)
+    → the session has no live runtime (``no_live_runtime``: its lease ran out, reconciled or not)."""
     caller.require("write")
     if not isinstance(cursor, dict) or not cursor:
         raise ValidationFailed("cursor must be a non-empty JSON object", field="cursor")
@@ -127,6 +129,7 @@ def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any], *, runti
             raise RunNotOpen("the run has ended", state=run.state)
         if runtime_id is not None:
             fence_runtime(caller, session, runtime_id)
+        require_live_runtime(caller, session)
         run.cursor = cursor
         run.save(update_fields=["cursor"])
         outbox = Outbox(caller.label)
@@ -146,7 +149,9 @@ def end_run(
     """End the open run; the session leaves ``running`` for ``idle``/``completed``/``failed``.
 
     Refusals: not found → ``run_not_open`` → the lifecycle table (an awaiting session's run
-    cannot end this way) → a named ``runtime_id`` that is not the live runtime (``stale_runtime``)."""
+    cannot end this way) → a named ``runtime_id`` that is not the live runtime (``stale_runtime``)
+    → the session has no live runtime (``no_live_runtime``: its lease ran out, reconciled or not;
+    a manager terminates instead)."""
     caller.require("write")
     if outcome not in _OUTCOMES:
         raise ValidationFailed("outcome must be completed, aborted or failed", field="outcome", allowed=sorted(_OUTCOMES))
@@ -164,6 +169,7 @@ def end_run(
         check(rt.check_transition, session.status, target or default_status)
         if runtime_id is not None:
             fence_runtime(caller, session, runtime_id)
+        require_live_runtime(caller, session)
         outbox = Outbox(caller.label)
         apply_transition(
             session, target or default_status, reason=reason or f"run {outcome}", outbox=outbox,
