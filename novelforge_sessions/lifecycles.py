@@ -244,6 +244,19 @@ def status_after_runtime_loss(status: str | StrEnum) -> SessionStatus:
     return S.FAILED if current is S.RUNNING else current  # type: ignore[return-value]
 
 
+#: Where a ``running`` session goes on a manager's (or the service's) judgement rather than as its
+#: runtime's own work: ended for good, or its bindings declared outdated. These stay open to a token
+#: after the runtime is gone; every other move out of ``running`` is the runtime's (``runtime_move``).
+MANAGER_EXITS: frozenset[SessionStatus] = frozenset({S.TERMINATED, S.STALE})
+
+
+def runtime_move(source: str | StrEnum, target: str | StrEnum) -> bool:
+    """A move the session's runtime makes as its own work: ``running`` → idle, a wait, completed
+    or failed. Made on a runtime's behalf, it needs that runtime live (``actions.lifecycle.
+    require_live_runtime``): a runtime whose lease ran out is gone, reconciled or not."""
+    return SESSION.state(source) is S.RUNNING and SESSION.state(target) not in MANAGER_EXITS
+
+
 def resumable(status: str | StrEnum, *, runtime_lease_expired: bool = False) -> bool:
     """The table allows ``→ running`` — once a runtime whose lease ran out is recorded lost."""
     current = status_after_runtime_loss(status) if runtime_lease_expired else SESSION.state(status)
@@ -280,7 +293,8 @@ def intent_open(state: str | StrEnum) -> bool:
 
 
 __all__ = [
-    "ALL", "ATTENTION_STATUSES", "AWAITING_STATUSES", "awaiting", "HANDOFF_CONSUMED", "HANDOFF_WAITING", "RUN_OUTCOMES", "conflict_open",
+    "ALL", "ATTENTION_STATUSES", "AWAITING_STATUSES", "awaiting", "HANDOFF_CONSUMED", "HANDOFF_WAITING", "MANAGER_EXITS",
+    "RUN_OUTCOMES", "conflict_open", "runtime_move",
     "handoff_consumed", "handoff_waiting", "holds_run", "passes_waits", "intent_open", "needs_attention", "resumable",
     "status_after_runtime_loss", "AssignmentState", "GateState", "HANDOFF", "HandoffState", "IntentState", "Lifecycle",
     "LifecycleTableError", "REVIEW_ASSIGNMENT", "REVIEW_GATE", "RUN", "RUNTIME", "RunState", "RuntimeState",

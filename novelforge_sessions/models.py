@@ -227,6 +227,23 @@ class RuntimeAttachment(models.Model):
         return leases.runtime_lease_expired(self.state, self.lease_expires_at, timezone.now())
 
 
+#: The parameters of :func:`live_runtime_sql` besides ``now`` (state values are never SQL literals).
+LIVE_RUNTIME_PARAMS = {"runtime_live_state": rt.RuntimeState.LIVE.value}
+
+
+def live_runtime_sql(session_id: str) -> str:
+    """``RuntimeAttachment.objects.live()`` as a boolean SQL expression, for the hand-written
+    locking statements of the hot paths (the checkpoint's run lock, the transition's session
+    lock): does the session whose id is the SQL expression ``session_id`` have a live runtime,
+    its record live and its lease not run out at ``%(now)s``? The same one rule (DESIGN §13;
+    ``tests/sessions/test_expired_lease_writes.py`` checks that the two agree); parameters
+    ``LIVE_RUNTIME_PARAMS`` and ``now``, by name."""
+    return (
+        f"EXISTS (SELECT 1 FROM {RuntimeAttachment._meta.db_table} AS lr WHERE lr.session_id = {session_id}"
+        " AND lr.state = %(runtime_live_state)s AND lr.lease_expires_at > %(now)s)"
+    )
+
+
 class Run(models.Model):
     """One invocation inside a session (contract §05)."""
 

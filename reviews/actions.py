@@ -23,6 +23,7 @@ from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import (
     BIGINT_MAX, Outbox, apply_transition, check, fence_runtime, lock_session, move, move_rows, open_run,
+    require_live_runtime,
 )
 from novelforge_sessions.control import service as control
 from novelforge_sessions.control.models import UNBOUND_STATES, Handoff, HandoffPurpose, HandoffState
@@ -193,6 +194,7 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
         run = open_run(session)
         if run is None:
             raise NoOpenRun("a gate is opened by an open run", status=session.status)
+        require_live_runtime(caller, session)  # nor by a runtime whose lease ran out
         try:
             # Through the caller's reach (access.BOUND_TOKEN_MATRIX): a bound token reviews only
             # what it may already read, so opening a gate never grants it another artifact.

@@ -19,7 +19,7 @@ from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 
-from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
+from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import (
     MAX_BODY_DEPTH, Page, Strict, loads_json, nested_deeper_than, refuse_unstorable_text,
 )
@@ -259,7 +259,7 @@ def packet_out(a: ReviewAssignment) -> dict[str, Any]:
     summary="Open a review gate: freeze a candidate + rubric, build the blind packet, route it",
     description="Needs the open run of a `running` writer/manager session. A `page` or `relay` route moves the "
     "session to `awaiting_user` until the required verdicts are bound. Reviewers must be independent "
-    "(403 `independence_violation`).",
+    "(403 `independence_violation`). " + RUNTIME_GONE,
 )
 def open_gate(request: HttpRequest, session_id: int, body: GateIn):
     spec = actions.GateSpec(

@@ -26,9 +26,9 @@ from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.errors import (
-    NotFound, RuntimeRequired, StaleRuntime, VersionConflict, WaitOutstanding, from_rule_error,
+    NoLiveRuntime, NotFound, RuntimeRequired, StaleRuntime, VersionConflict, WaitOutstanding, from_rule_error,
 )
-from novelforge_sessions.models import Run, RuntimeAttachment, Session
+from novelforge_sessions.models import LIVE_RUNTIME_PARAMS, Run, RuntimeAttachment, Session, live_runtime_sql
 
 
 #: PostgreSQL bigint, the type of every id and fencing token column. Storing or casting a larger
@@ -62,11 +62,13 @@ class Outbox:
 # ``lock_session(..., project=False)`` and ``open_run`` in SQL: these are the hot paths' reads
 # (every transition), and compiling the equivalent ORM queries cost ~0.3 ms CPU each. Scoping
 # matches ``Caller.sessions()``: the caller's projects, and only its session for a bound token.
+# The session's liveness rides along (``session.runtime_live``, the one rule in SQL): the
+# transition's runtime check costs no statement of its own.
 _LOCK_SESSION_SQL = f"""
-SELECT * FROM {Session._meta.db_table}
- WHERE id = %(id)s AND project_id = ANY(%(projects)s) AND (%(bound)s::bigint IS NULL OR id = %(bound)s::bigint)
+SELECT s.*, {live_runtime_sql("s.id")} AS runtime_live FROM {Session._meta.db_table} AS s
+ WHERE s.id = %(id)s AND s.project_id = ANY(%(projects)s) AND (%(bound)s::bigint IS NULL OR s.id = %(bound)s::bigint)
    AND {events.order_lock_sql("%(id)s::bigint")}
-   FOR UPDATE
+   FOR UPDATE OF s
 """
 _OPEN_RUN_SQL = f"SELECT * FROM {Run._meta.db_table} WHERE session_id = %s AND state = %s"
 
@@ -74,7 +76,9 @@ _OPEN_RUN_SQL = f"SELECT * FROM {Run._meta.db_table} WHERE session_id = %s AND s
 def lock_session(caller: Caller, session_id: int, *, project: bool = True) -> Session:
     """Lock the session row (lock order: session, then its run, then its runtime).
 
-    ``project=False`` skips loading ``session.project`` (a later access would query it).
+    ``project=False`` skips loading ``session.project`` (a later access would query it) and
+    reads whether the session has a live runtime into ``session.runtime_live`` in the same
+    statement (for :func:`require_live_runtime`).
     """
     assert transaction.get_connection().in_atomic_block
     # The session's ordering lock first (events.order_lock): then the row lock below is never
@@ -82,7 +86,8 @@ def lock_session(caller: Caller, session_id: int, *, project: bool = True) -> Se
     # is drawn after theirs committed.
     if not project:
         events.before_order_lock(session_id)
-        params = {"id": session_id, "projects": list(caller.project_ids), "bound": caller.session_id}
+        params = {"id": session_id, "projects": list(caller.project_ids), "bound": caller.session_id,
+                  "now": timezone.now(), **LIVE_RUNTIME_PARAMS}
         # A larger id names no row (as the ORM would say), never a 500.
         session = next(iter(Session.objects.raw(_LOCK_SESSION_SQL, params)), None) if 0 < session_id <= BIGINT_MAX else None
         if session is None:
@@ -298,9 +303,12 @@ def fence_runtime(
       generation (nobody to confuse it with); after that, 409 ``runtime_required``.
     * Managers acting from the pages (``caller.user_id``) and the service itself (the reconciler,
       management commands: no token) are their own principal and are not fenced.
+
+    Fencing answers *which* generation may write; whether the session's runtime is still there
+    at all is :func:`require_live_runtime`, which the runtime's own work on its run calls next.
     """
     if runtime_id is None:
-        if caller.token_id is None or caller.user_id is not None or session.generation <= 1:
+        if not acts_for_runtime(caller) or session.generation <= 1:
             return
         raise RuntimeRequired(
             "this session has had more than one runtime generation: name your runtime (runtime_id) in the write",
@@ -318,3 +326,42 @@ def fence_runtime(
         live_runtime_id=live.id if live is not None else None,
         live_generation=live.generation if live is not None else None,
     )
+
+
+def acts_for_runtime(caller: Caller) -> bool:
+    """An API token's write is made on behalf of the session's runtime. A manager acting from the
+    pages (``caller.user_id``) and the service itself (no token) are their own principal."""
+    return caller.token_id is not None and caller.user_id is None
+
+
+def runtime_gone(session_id: int, status: str) -> NoLiveRuntime:
+    """The one refusal of the runtime's own work once the session has no live runtime."""
+    return NoLiveRuntime(
+        "the session has no live runtime (its lease ran out, or it was closed or lost): nothing was written; "
+        "resume the session to continue its work",
+        session_id=session_id, status=status,
+    )
+
+
+def require_live_runtime(caller: Caller, session: Session, *, live: bool | RuntimeAttachment | None | Any = LOOKUP) -> None:
+    """Refuse the runtime's own work on its run (ending it, moving out of ``running`` as
+    ``lifecycles.runtime_move`` says, a checkpoint, a cursor, a handoff, a review gate) once the
+    session has no live runtime by its lease (DESIGN §13): 409 ``no_live_runtime``, nothing
+    written. A runtime whose lease ran out is gone before any reconciler pass records it lost, so
+    a write made on its behalf is refused the moment the lease runs out, and still after the pass.
+
+    Call it under the locks, after :func:`fence_runtime` (stale generation comes first) and the
+    run's own refusals. Only writes made on a runtime's behalf (:func:`acts_for_runtime`) are
+    refused: a manager on the pages and the service keep working, and the manager's writes that
+    need no runtime (terminate, close, abort, cancel, resolve a conflict) never call this.
+    ``live``: the session's live runtime (or None) or ``session.runtime_live`` if the action
+    already read it; by default it is looked up here.
+    """
+    if not acts_for_runtime(caller):
+        return
+    if live is LOOKUP:
+        live = live_runtime(session, lock=False)
+    if isinstance(live, RuntimeAttachment):
+        live = leases.runtime_is_live(live.state, live.lease_expires_at, timezone.now())
+    if not live:
+        raise runtime_gone(session.id, session.status)

@@ -21,6 +21,7 @@ from novelforge_sessions.actions.lifecycle import (
     lock_session,
     open_run,
     refuse_held,
+    require_live_runtime,
 )
 from novelforge_sessions.errors import NoLiveRuntime, NotFound, OpenConflict, OpenRunExists, RunNotOpen, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Run, Session
@@ -121,7 +122,8 @@ def _lock_run(caller: Caller, run_id: int) -> tuple[Session, Run]:
 
 def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any], *, runtime_id: int | None = None) -> Run:
     """Refusals: not found → the run has ended (``run_not_open``: resume ended a superseded
-    generation's run) → a named ``runtime_id`` that is not the live runtime (``stale_runtime``)."""
+    generation's run) → a named ``runtime_id`` that is not the live runtime (``stale_runtime``)
+    → the session has no live runtime (``no_live_runtime``: its lease ran out, reconciled or not)."""
     caller.require("write")
     if not isinstance(cursor, dict) or not cursor:
         raise ValidationFailed("cursor must be a non-empty JSON object", field="cursor")
@@ -148,6 +150,7 @@ def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any], *, runti
             raise RunNotOpen("the run has ended", state=run.state)
         if runtime_id is not None:
             fence_runtime(caller, session, runtime_id)
+        require_live_runtime(caller, session)
         run.cursor = cursor
         run.save(update_fields=["cursor"])
         outbox = Outbox(caller.label)
@@ -171,7 +174,9 @@ def end_run(
 
     Refusals, most fundamental first: not found → ``run_not_open`` → the lifecycle table (an
     awaiting session's run cannot end this way) → a named ``runtime_id`` that is not the live
-    runtime (``stale_runtime``) → a wait that holds the run (``wait_outstanding``)."""
+    runtime (``stale_runtime``) → the session has no live runtime (``no_live_runtime``: its lease
+    ran out, reconciled or not; a manager terminates instead) → a wait that holds the run
+    (``wait_outstanding``)."""
     caller.require("write")
     if outcome not in _OUTCOMES:
         raise ValidationFailed("outcome must be completed, aborted or failed", field="outcome", allowed=sorted(_OUTCOMES))
@@ -189,6 +194,7 @@ def end_run(
         check(rt.check_transition, session.status, target or default_status)
         if runtime_id is not None:
             fence_runtime(caller, session, runtime_id)
+        require_live_runtime(caller, session)
         if run_state is rt.RunState.COMPLETED:
             refuse_held(session, run, target or default_status)
         outbox = Outbox(caller.label)

@@ -3,7 +3,8 @@
 A runtime is one generation of a live process/chat/worker serving a session (seed 003). The
 record saying ``live`` is an observation; liveness is the lease (``novelforge_sessions.leases``,
 DESIGN §13). A lease that ran out means the runtime is gone, whether or not a record says so
-yet: nothing is refused on account of it. ``expire_runtime`` turns that into records and
+yet: no resume, attach or forget is blocked by its record, and no write made on its behalf is
+accepted (``actions.lifecycle.require_live_runtime``). ``expire_runtime`` turns that into records and
 events — the runtime ends ``lost`` and, if the session was ``running``, the session moves to
 ``failed`` with reason ``runtime_lost`` (resumable, ``failed → running``). The reconciler calls
 it for every expired lease; resume, attach and forget call it inline for the session they

@@ -28,6 +28,7 @@ from novelforge_sessions.actions.lifecycle import (
     lock_session,
     open_run,
     refuse_held,
+    require_live_runtime,
 )
 from novelforge_sessions.actions.runtimes import RuntimeSpec, visible_runtime, insert_attachment, refuse_live_runtime
 from novelforge_sessions.errors import NoLiveRuntime, NoOpenRun, OpenConflict
@@ -94,8 +95,10 @@ def transition_session(
 
     Refusals, most fundamental first: not found → the caller's ``expected_version`` → the
     lifecycle table → generation fencing (``runtime_id``) → no run, or no live runtime, to
-    enter running with → an open conflict → a wait that holds the run (``wait_outstanding``).
-    Each refusal writes nothing."""
+    enter running with; no live runtime for the runtime's own move out of running
+    (``lifecycles.runtime_move``: a token's move to idle, a wait, completed or failed, refused
+    as soon as the lease ran out; terminate and stale stay open) → an open conflict → a wait
+    that holds the run (``wait_outstanding``). Each refusal writes nothing."""
     caller.require("write")
     with transaction.atomic():
         session = lock_session(caller, session_id, project=False)  # nothing here reads the project
@@ -114,6 +117,9 @@ def transition_session(
             # Nothing would run it (and no lease could ever expire to tidy it up).
             raise NoLiveRuntime("entering running needs a live runtime: attach one, or resume the session",
                                 status=session.status)
+        if lc.runtime_move(session.status, target):
+            # Liveness was read by the session lock (no statement of its own on this hot path).
+            require_live_runtime(caller, session, live=session.runtime_live)
         if entering_running and session.open_conflict:
             raise OpenConflict("the session has an open conflict; a manager must resolve it first",
                                reason=session.open_conflict)

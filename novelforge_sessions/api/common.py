@@ -10,6 +10,12 @@ from novelforge_sessions.errors import NotFound
 
 MAX_PAGE = 200
 
+#: Said by every route that carries a runtime's own work on its run (DESIGN §13).
+RUNTIME_GONE = (
+    "409 `no_live_runtime` when the session's runtime is gone (its lease ran out, even before the reconciler "
+    "recorded it lost, or it was closed or lost): nothing is written; resume the session."
+)
+
 
 def errors(*statuses: int) -> dict[int, type[ErrorOut]]:
     """Declare the error statuses an endpoint can return (401 always: every route is authed)."""

@@ -18,7 +18,7 @@ from novelforge_sessions.control import intents as intent_actions
 from novelforge_sessions.control import result_schema as result_schemas
 from novelforge_sessions.control import results as result_actions
 from novelforge_sessions.control import routing as routing_actions
-from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
+from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import SHORT_NAMES, Page, ShortNameDeclared, Strict
 from novelforge_sessions.control.models import (
     AuthorityChange,
@@ -230,7 +230,8 @@ def _handoff_out(h: Handoff, *, receipt: ConsumeReceipt | None | bool = True) ->
     "/runs/{run_id}/handoffs", response={200: HandoffOut, 201: HandoffOut, **errors(403, 404, 409, 413)},
     summary="Hand off a frozen job (the session goes awaiting_external)",
     description="201 new; 200 an identical replay (same logical id, same job). 409 `logical_id_taken`, "
-    "`already_consumed` (the logical id was consumed before), `session_not_running`, `run_not_open`.",
+    "`already_consumed` (the logical id was consumed before), `session_not_running`, `run_not_open`. "
+    + RUNTIME_GONE,
 )
 def create_handoff(request: HttpRequest, run_id: int, body: HandoffIn) -> Status:
     made = handoff_actions.create_handoff(

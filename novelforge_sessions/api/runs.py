@@ -9,7 +9,7 @@ from ninja import Router, Status
 from novelforge_sessions.actions import runs as actions
 from novelforge_sessions.control.batch import record_batch
 from novelforge_sessions.control.checkpoints import record_checkpoint
-from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
+from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import BatchIn, BatchOut, CheckpointIn, CheckpointOut, CursorIn, Page, RunEndIn, RunIn, RunOut
 from novelforge_sessions.models import Checkpoint, Run
 
@@ -46,7 +46,10 @@ def get_run(request: HttpRequest, run_id: int):
     return get_or_404(who.scope("run", Run.objects.filter(session__project_id__in=who.project_ids)), "run", id=run_id)
 
 
-@router.post("/runs/{run_id}/cursor", response={200: RunOut, **errors(403, 404, 409)}, summary="Advance the workflow cursor")
+@router.post(
+    "/runs/{run_id}/cursor", response={200: RunOut, **errors(403, 404, 409)}, summary="Advance the workflow cursor",
+    description=RUNTIME_GONE,
+)
 def advance_cursor(request: HttpRequest, run_id: int, body: CursorIn):
     return actions.advance_cursor(caller(request), run_id, body.cursor, runtime_id=body.runtime_id)
 
@@ -55,7 +58,7 @@ def advance_cursor(request: HttpRequest, run_id: int, body: CursorIn):
     "/runs/{run_id}/end", response={200: RunOut, **errors(403, 404, 409)},
     summary="End the open run (the session goes idle, completed or failed)",
     description="409 `wait_outstanding` (`details.waiting_on`) for outcome `completed` while the run still waits "
-    "on a pending review gate; it may still fail or be aborted. Nothing is written on a refusal.",
+    "on a pending review gate; it may still fail or be aborted. " + RUNTIME_GONE,
 )
 def end_run(request: HttpRequest, run_id: int, body: RunEndIn):
     return actions.end_run(
@@ -71,7 +74,7 @@ def end_run(request: HttpRequest, run_id: int, body: RunEndIn):
         "422 `checkpoint_not_bounded` for transcript-like or oversized bodies. Send an `idempotency_key` to make "
         "the write safe to retry: the same key with the same body answers 200 with the checkpoint the first "
         "request wrote (nothing is written again, even after the run ended); the same key with another body is "
-        "409 `idempotency_key_reused`."
+        "409 `idempotency_key_reused`. " + RUNTIME_GONE
     ),
 )
 def create_checkpoint(request: HttpRequest, run_id: int, body: CheckpointIn):
@@ -89,7 +92,7 @@ def create_checkpoint(request: HttpRequest, run_id: int, body: CheckpointIn):
         "commit, instead of one round trip and one commit per step. Items are applied in order; each gets its "
         "own typed result. The first refusal (any item) is the answer, naming `details.item` and a field "
         "prefixed `items[i].`, and nothing of the batch is written. Same rules as the single writes; no "
-        "`runtime_id` fencing (use the single cursor write for a fenced advance)."
+        "`runtime_id` fencing (use the single cursor write for a fenced advance). " + RUNTIME_GONE
     ),
 )
 def create_batch(request: HttpRequest, run_id: int, body: BatchIn):

@@ -8,7 +8,7 @@ from novelforge_sessions.control import resume as resume_actions
 from novelforge_sessions.actions import sessions as actions
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.transcript import append_transcript
-from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
+from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import (
     AbortIn,
     AbortOut,
@@ -83,7 +83,8 @@ def get_session(request: HttpRequest, session_id: int):
     summary="Move a session along the lifecycle table",
     description="409 `illegal_transition` off the table; 409 `wait_outstanding` (`details.waiting_on`) when the "
     "move would take the open run past a pending review gate (→ `running`, or ending the run completed): the "
-    "verdicts, or cancelling the gate, continue it. Nothing is written on a refusal.",
+    "verdicts, or cancelling the gate, continue it. A move out of `running` to `idle`, a wait, `completed` or "
+    "`failed` is the runtime's own work: " + RUNTIME_GONE + " `terminated` and `stale` need no runtime.",
 )
 def transition(request: HttpRequest, session_id: int, body: TransitionIn):
     return actions.transition_session(

@@ -9,8 +9,8 @@ statement, then the transaction commits. All or nothing: the first refusal names
 result is its own typed object (the checkpoint written, or the cursor it set), in item order.
 
 Same rules as the single writes (``control.checkpoints.record_checkpoint``,
-``actions.runs.advance_cursor`` without ``runtime_id`` fencing): an open run, current
-authority, resolvable refs; checkpoints are numbered consecutively in item order.
+``actions.runs.advance_cursor`` without ``runtime_id`` fencing): an open run, a live runtime
+(for a write on a runtime's behalf), current authority, resolvable refs; checkpoints are numbered consecutively in item order.
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
-from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
+from novelforge_sessions.actions.lifecycle import BIGINT_MAX, acts_for_runtime, check, runtime_gone
 from novelforge_sessions.control import waits
-from novelforge_sessions.control.checkpoints import _AUTHORITY_FIELDS, _resolve_approvals, lock_run_sql
+from novelforge_sessions.control.checkpoints import _AUTHORITY_FIELDS, _resolve_approvals, lock_params, lock_run_sql
 from novelforge_sessions.errors import NotFound, RunNotOpen, ServiceError, StaleAuthority, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Run
 
@@ -116,13 +116,15 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
         if 0 < run_id <= BIGINT_MAX:
             events.before_order_lock()
             with connection.cursor() as cur:
-                cur.execute(_LOCK_SQL, {"id": run_id, "projects": list(caller.project_ids), "bound": caller.session_id})
+                cur.execute(_LOCK_SQL, lock_params(caller, run_id))
                 row = cur.fetchone()
         if row is None:
             raise NotFound("run not found", run_id=run_id)
-        state, count, session_id, project_id, run_seq, *authority = row
+        state, count, session_id, project_id, status, runtime_live, run_seq, *authority = row
         if state != rt.RunState.OPEN:
             raise RunNotOpen("steps are written by an open run", state=state)
+        if not runtime_live and acts_for_runtime(caller):  # the runtime is gone (its lease ran out)
+            raise runtime_gone(session_id, status)
         current = dict(zip(_AUTHORITY_FIELDS, authority))
         run_cursor = None
         cols: dict[str, list[Any]] = {k: [] for k in ("seq", "boundary", "cursor", "artifacts", "pending", "approvals",

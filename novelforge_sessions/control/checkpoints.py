@@ -15,11 +15,11 @@ from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
-from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
+from novelforge_sessions.actions.lifecycle import BIGINT_MAX, acts_for_runtime, check, runtime_gone
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.models import ApprovalDecision, WriteIntent
 from novelforge_sessions.errors import IdempotencyKeyReused, NotFound, RunNotOpen, StaleAuthority, ValidationFailed
-from novelforge_sessions.models import Checkpoint, Project, Run, Session
+from novelforge_sessions.models import LIVE_RUNTIME_PARAMS, Checkpoint, Project, Run, Session, live_runtime_sql
 
 #: The columns ``Project.authority_ref()`` reads, so the lock below selects exactly those.
 _AUTHORITY_FIELDS = tuple(Project().authority_ref())
@@ -27,12 +27,17 @@ _AUTHORITY_FIELDS = tuple(Project().authority_ref())
 # The hot path's one read, in SQL: building the equivalent ORM query (select_related through
 # session to project, scoped to the caller) cost ~0.7 ms CPU per checkpoint, most of the step.
 # Lock only the run (FOR UPDATE OF r): checkpoint numbering is per run. Session-level
-# transitions lock session then run, so this single lock cannot deadlock with them.
+# transitions lock session then run, so this single lock cannot deadlock with them. Whether
+# the session still has a live runtime is read here too (the one rule in SQL,
+# ``models.live_runtime_sql``): a runtime whose lease ran out writes no checkpoint, at no extra
+# statement.
 def lock_run_sql(*columns: str) -> str:
-    """The run lock, selecting ``state, checkpoint_count, session_id, project_id``, then
-    ``columns``, then the project's authority fields (``_AUTHORITY_FIELDS``, in order)."""
+    """The run lock, selecting ``state, checkpoint_count, session_id, project_id, status,
+    runtime_live``, then ``columns``, then the project's authority fields (``_AUTHORITY_FIELDS``,
+    in order)."""
     return f"""
 SELECT r.state, r.checkpoint_count, r.session_id, s.project_id,
+       s.status, {live_runtime_sql("r.session_id")},
        {"".join(f"{c}, " for c in columns)}{", ".join(f"p.{f}" for f in _AUTHORITY_FIELDS)}
   FROM {Run._meta.db_table} AS r
   JOIN {Session._meta.db_table} AS s ON s.id = r.session_id
@@ -73,6 +78,12 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder)
 
 
+def lock_params(caller: Caller, run_id: int) -> dict[str, Any]:
+    """The parameters of ``_LOCK_RUN_SQL`` (and the batch's form of it)."""
+    return {"id": run_id, "projects": list(caller.project_ids), "bound": caller.session_id, "now": timezone.now(),
+            **LIVE_RUNTIME_PARAMS}
+
+
 def request_digest(payload: dict[str, Any]) -> str:
     """sha256 of the body's canonical JSON: what an idempotency key is bound to."""
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":"), cls=DjangoJSONEncoder).encode()).hexdigest()
@@ -85,6 +96,10 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
     request wrote, with ``replayed = True`` and nothing written, even if the run has ended since
     (the first outcome stands); the same key with another body is ``idempotency_key_reused``.
     The run's row lock orders two racing requests with one key: the second finds the first.
+
+    Refusals, most fundamental first: not found → (a replay answers here, writing nothing) →
+    ``run_not_open`` → ``no_live_runtime`` (a write on a runtime's behalf once the session's
+    runtime is gone: its lease ran out, reconciled or not) → ``stale_authority`` → the refs.
 
     The authority refs are the project's *current* ones, read by the server; a client that
     states other refs is refused with ``stale_authority`` (it froze against an old Canon).
@@ -103,13 +118,11 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
         if 0 < run_id <= BIGINT_MAX:  # a larger id names no row (as the ORM would say), never a 500
             events.before_order_lock()
             with connection.cursor() as cur:
-                cur.execute(
-                    _LOCK_RUN_SQL, {"id": run_id, "projects": list(caller.project_ids), "bound": caller.session_id}
-                )
+                cur.execute(_LOCK_RUN_SQL, lock_params(caller, run_id))
                 row = cur.fetchone()
         if row is None:
             raise NotFound("run not found", run_id=run_id)
-        state, count, session_id, project_id, checkpoint_id, *authority = row
+        state, count, session_id, project_id, status, runtime_live, checkpoint_id, *authority = row
         digest = None
         if spec.idempotency_key is not None:
             digest = request_digest(payload)
@@ -123,6 +136,8 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
                 return first
         if state != rt.RunState.OPEN:
             raise RunNotOpen("checkpoints are written by an open run", state=state)
+        if not runtime_live and acts_for_runtime(caller):
+            raise runtime_gone(session_id, status)
         current = dict(zip(_AUTHORITY_FIELDS, authority))
         stated = payload.get("authority")
         if stated is not None:

@@ -40,7 +40,9 @@ from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
-from novelforge_sessions.actions.lifecycle import BIGINT_MAX, Outbox, apply_transition, check, lock_session, move
+from novelforge_sessions.actions.lifecycle import (
+    BIGINT_MAX, Outbox, apply_transition, check, lock_session, move, require_live_runtime,
+)
 from novelforge_sessions.control import result_schema as result_schemas
 from novelforge_sessions.control.fingerprints import job_fingerprint
 from novelforge_sessions.control.models import UNBOUND_STATES, ConsumeReceipt, Handoff, HandoffPurpose, HandoffState
@@ -165,6 +167,10 @@ def create_handoff(
     params: dict[str, Any] | None = None, result_schema: dict[str, Any] | None = None,
     required_capabilities: list[str] | None = None, timeout_seconds: int | None = None,
 ) -> CreatedHandoff:
+    """Hand a frozen job off from the open run. Refusals, most fundamental first: not found →
+    the logical id names another job (an identical request is replayed, writing nothing) →
+    ``run_not_open`` → ``session_not_running`` → ``no_live_runtime`` (the session's runtime is
+    gone: its lease ran out, reconciled or not) → ``already_consumed`` and the inputs."""
     caller.require("write")
     spec = validate_job(
         logical_id=logical_id, inputs=inputs or [], params=params, result_schema=result_schema,
@@ -195,6 +201,7 @@ def create_handoff(
             raise SessionNotRunning(
                 "only a running session hands off work", status=session.status,
             )
+        require_live_runtime(caller, session)  # a runtime whose lease ran out hands nothing off
         outbox = Outbox(caller.label)
         handoff = insert_handoff(session, run, spec, actor=caller.label, outbox=outbox)
         outbox.flush()

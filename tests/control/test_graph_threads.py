@@ -123,6 +123,21 @@ def test_a_session_without_an_open_run_refuses_the_put_until_resumed(writer):
     assert second["run_id"] == report["run_id"] != out["run_id"]
 
 
+def test_a_put_after_the_thread_s_lease_ran_out_is_refused_and_stores_nothing(writer):
+    """A graph checkpoint is the run's checkpoint: once the thread's runtime lease ran out (no
+    reconciler pass yet), the put is ``no_live_runtime`` and neither the blobs nor the checkpoint land."""
+    from tests.sessions.test_liveness import expire
+
+    out = ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"draft": "text"})), 201)
+    expire(out["session_id"])
+    before = counts()
+    err = refused(writer.post("/graph-threads/checkpoints",
+                              put_body(cp="0002", parent="0001", versions={"draft": 2}, blobs={"draft": "new text"})),
+                  409, "no_live_runtime")
+    assert err["details"] == {"session_id": out["session_id"], "status": "running"}
+    assert counts() == before
+
+
 def test_writes_are_stored_once_per_task_and_index_and_special_channels_keep_the_latest(writer):
     ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
     body = {"thread_id": "t-1", "checkpoint_id": "0001", "task_id": "task-a",

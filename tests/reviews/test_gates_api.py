@@ -214,3 +214,23 @@ def test_a_superseded_generation_cannot_open_a_gate_on_the_resumed_run(world):
     resp = world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world, runtime_id=report["runtime_id"]))
     assert resp.status_code == 201, resp.content
     assert resp.json()["run_id"] == report["run_id"]
+
+
+@pytest.mark.parametrize("route", ["page", "agent"])
+def test_a_gate_is_not_opened_once_the_writer_s_lease_ran_out(world, route):
+    """Opening a gate is the run's own work: refused ``no_live_runtime`` the moment the runtime's
+    lease ran out, before any reconciler pass, and nothing is written."""
+    from novelforge_sessions.control.models import Handoff
+    from tests.sessions.test_liveness import expire
+
+    expire(world.writer.id)
+    before = (Event.objects.count(), ReviewGate.objects.count(), ReviewPacket.objects.count(),
+              ReviewAssignment.objects.count(), Handoff.objects.count())
+    extra = {"reviewers": [], "required_verdicts": 1} if route == "agent" else {}
+    err = assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world, route=route, **extra)),
+                       409, "no_live_runtime")
+    assert err["details"] == {"session_id": world.writer.id, "status": "running"}
+    assert (Event.objects.count(), ReviewGate.objects.count(), ReviewPacket.objects.count(),
+            ReviewAssignment.objects.count(), Handoff.objects.count()) == before
+    world.refresh()
+    assert world.writer.status == "running" and world.run.state == "open"

@@ -4,6 +4,8 @@ The order every session/run write checks in: not found → lifecycle legality �
 → missing runtime/run → conflict flags → business checks. So starting a run in a terminated,
 completed or stale session is ``illegal_transition`` (with the allowed targets), never
 ``no_live_runtime`` ("attach a runtime" — which would not help). Every refusal writes nothing.
+A runtime's own work on its run (here the cursor) needs a live runtime: after a close in a waiting
+state the run stays open, but its cursor is ``no_live_runtime`` (README, "Liveness is the lease").
 
 States are built through the HTTP API with one token (generation 1, so unnamed writes are
 accepted), except the ``resumed*`` rows (generation 2: an unnamed token write is
@@ -34,7 +36,7 @@ EXPECTED = {
     "idle":                   [NOR,            OK,         OK,  NOR,  LRE,   OK,          RNO,         RNO,         OK],
     "idle_closed":            [NOR,            OK,         OK,  NOR,  OK,    NLR,         RNO,         RNO,         OK],
     "awaiting_user":          [OK,             OK,         OK,  OK,   LRE,   ORE,         OK,          I,           OK],
-    "awaiting_user_closed":   [NLR,            OK,         OK,  OK,   OK,    ORE,         OK,          I,           OK],
+    "awaiting_user_closed":   [NLR,            OK,         OK,  OK,   OK,    ORE,         NLR,         I,           OK],
     "awaiting_external":      [OK,             OK,         OK,  OK,   LRE,   ORE,         OK,          I,           OK],
     "completed":              [I,              I,          OK,  NOR,  LRE,   I,           RNO,         RNO,         OK],
     "completed_closed":       [I,              I,          OK,  NOR,  OK,    I,           RNO,         RNO,         OK],
