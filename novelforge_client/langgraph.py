@@ -69,6 +69,8 @@ __all__ = ["NovelForgeSaver", "ThreadSpec", "review_gate", "REVIEW_GATE_KEY"]
 #: The key of an interrupt value that asks for a review gate (see :func:`review_gate`).
 REVIEW_GATE_KEY = "novelforge_review_gate"
 _API = "/api/v1"
+#: The server's page maximum (``?limit=`` is 1..200 on every list route; out of range is a 422).
+PAGE_MAX = 200
 
 
 @dataclass(frozen=True)
@@ -257,7 +259,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             params["metadata"] = json.dumps(_jsonable(filter, "the metadata filter"))
         if before is not None and get_checkpoint_id(before):
             params["before"] = get_checkpoint_id(before)
-        params["limit"] = min(limit, 200) if limit is not None else 200
+        params["limit"] = min(limit, PAGE_MAX) if limit is not None else PAGE_MAX
         return params
 
     @staticmethod
@@ -275,6 +277,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
+        if limit is not None and limit <= 0:
+            return  # nothing asked for (the server refuses a page size below 1)
         params = self._list_params(config, filter=filter, before=before, limit=limit)
         remaining = limit
         while True:
@@ -288,7 +292,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             if len(items) < params["limit"]:
                 return
             params = {**params, "before": items[-1]["checkpoint_id"],
-                      "limit": min(remaining, 200) if remaining is not None else 200}
+                      "limit": min(remaining, PAGE_MAX) if remaining is not None else PAGE_MAX}
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -314,6 +318,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
                     before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
+        if limit is not None and limit <= 0:
+            return  # nothing asked for (the server refuses a page size below 1)
         params = self._list_params(config, filter=filter, before=before, limit=limit)
         remaining = limit
         while True:
@@ -327,7 +333,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             if len(items) < params["limit"]:
                 return
             params = {**params, "before": items[-1]["checkpoint_id"],
-                      "limit": min(remaining, 200) if remaining is not None else 200}
+                      "limit": min(remaining, PAGE_MAX) if remaining is not None else PAGE_MAX}
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:
@@ -427,7 +433,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     def _gate_for(self, session: Mapping[str, Any], spec: dict[str, Any], thread_id: str) -> dict[str, Any]:
         """Open the gate, unless this session already has a pending gate on that candidate (a retried write)."""
-        gates = self._call("GET", f"/sessions/{session['id']}/review-gates", params={"limit": 200})["items"]
+        gates = self._call("GET", f"/sessions/{session['id']}/review-gates", params={"limit": PAGE_MAX})["items"]
         for gate in gates:
             if gate["state"] == "pending" and gate["candidate_version_id"] == spec.get("candidate_version_id"):
                 return gate
@@ -435,7 +441,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     def pending_gates(self, thread_id: str) -> list[dict[str, Any]]:
         session = self.session_of(thread_id)
-        gates = self._call("GET", f"/sessions/{session['id']}/review-gates", params={"limit": 200})["items"]
+        gates = self._call("GET", f"/sessions/{session['id']}/review-gates", params={"limit": PAGE_MAX})["items"]
         return [g for g in gates if g["state"] == "pending"]
 
     def wait_for_gate(self, gate_id: int, *, timeout: float = 60.0, interval: float = 0.2) -> dict[str, Any]:

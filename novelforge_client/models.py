@@ -75,7 +75,7 @@ class ArtifactRefIn(RequestModel):
     """ArtifactRefIn"""
 
     artifact_id: int
-    fingerprint: str
+    fingerprint: str = Field(description='sha256:<64 hex> of the cited artifact version')
 
 
 class ArtifactVersionContentOut(ResponseModel):
@@ -327,7 +327,7 @@ class EvidenceIn(RequestModel):
 
     key: str = Field(description="must be one of the rubric's evidence keys")
     label: str
-    content: str
+    content: str = Field(description='bounded in bytes as UTF-8 (`maxLength` states the bound in characters)')
 
 
 class FindingOut(ResponseModel):
@@ -965,11 +965,11 @@ class SessionFilters(ResponseModel):
     """SessionFilters"""
 
     status: Literal["created", "running", "idle", "awaiting_user", "awaiting_external", "completed", "failed", "terminated", "stale"] | None = Field(default=None)
-    role: str | None = Field(default=None)
+    role: Literal["manager", "writer", "specialist", "semantic_reviewer", "human_reviewer", "other"] | None = Field(default=None)
     runtime_family: str | None = Field(default=None)
     task_mode: str | None = Field(default=None)
     after: int | None = Field(default=None)
-    limit: int = Field(default=50)
+    limit: int = Field(default=50, description='page size, 1..200 (out of range: 422 `validation_error`, field `limit`)')
 
 
 class SessionIn(RequestModel):
@@ -1014,7 +1014,7 @@ class TranscriptIn(RequestModel):
     """TranscriptIn"""
 
     role: Literal["user", "assistant", "system", "tool"]
-    content: str
+    content: str = Field(description="bounded in bytes as UTF-8 (the server's TRANSCRIPT_ENTRY_MAX_BYTES; `maxLength` states it in characters): 422 `validation_error`, field `content`")
     runtime_id: int | None = Field(default=None, description="the runtime this write comes from (the id create-with-runtime, attach and resume return): refused 409 `stale_runtime` unless it is the session's live runtime. Token writes to a session that has had more than one generation must name it (409 `runtime_required`)")
 
 

@@ -188,7 +188,12 @@ def check_table() -> None:
 # --------------------------------------------------------------------------------------
 # Session payloads
 # --------------------------------------------------------------------------------------
-_NAME_RE = re.compile(r"^[a-z][a-z0-9_.:-]{0,63}$")
+#: Short machine names (task modes, runtime families, capabilities, role extensions, resume
+#: policies); the API schema declares this pattern (``api.schemas.NAME_PATTERN``).
+NAME_PATTERN = r"^[a-z][a-z0-9_.:-]{0,63}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+#: A runtime or worker declares at most this many capabilities (a handoff requires at most as many).
+MAX_CAPABILITIES = 64
 
 
 @dataclass(frozen=True)
@@ -238,13 +243,17 @@ def validate_name(value: Any, field_name: str) -> str:
     return value
 
 
-def validate_capabilities(capabilities: Iterable[str]) -> list[str]:
-    caps = sorted(set(capabilities))
+def validate_capabilities(capabilities: Iterable[str], field_name: str = "capabilities") -> list[str]:
+    """Sorted, without duplicates. ``field_name``: the field or query parameter as the caller sent
+    it (``required_capabilities`` of a handoff, ``capability`` of the routing query)."""
+    given = list(capabilities)
+    # Counted as given (duplicates included), as the schema's maxItems counts them.
+    if len(given) > MAX_CAPABILITIES:
+        raise InvalidPayload(f"at most {MAX_CAPABILITIES} capabilities", field=field_name, limit=MAX_CAPABILITIES)
+    caps = sorted(set(given))
     for cap in caps:
-        if not _NAME_RE.match(cap):
-            raise InvalidPayload(f"capability {cap!r} must be a short lowercase name", field="capabilities")
-    if len(caps) > 64:
-        raise InvalidPayload("at most 64 capabilities", field="capabilities")
+        if not isinstance(cap, str) or not _NAME_RE.match(cap):
+            raise InvalidPayload(f"capability {cap!r} must be a short lowercase name", field=field_name)
     return caps
 
 
@@ -538,7 +547,9 @@ def validate_checkpoint(
         )
     pending = validate_pending(payload.get("pending"), pending_keys)
     approvals = validate_approval_refs(payload.get("approvals"))
-    resume_policy = payload.get("resume_policy") or "revalidate"
+    resume_policy = payload.get("resume_policy")
+    if resume_policy is None:  # not sent; an empty name is refused like any other non-name
+        resume_policy = "revalidate"
     if not isinstance(resume_policy, str) or not _NAME_RE.match(resume_policy):
         raise InvalidPayload("resume_policy must be a short lowercase name", field="resume_policy")
     key = payload.get("idempotency_key")

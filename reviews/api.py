@@ -21,13 +21,15 @@ from ninja import Field, Router, Schema, Status
 
 from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import (
-    MAX_BODY_DEPTH, Page, Strict, loads_json, nested_deeper_than, refuse_unstorable_text,
+    MAX_BODY_DEPTH, Page, Strict, loads_json, nested_deeper_than, page_limit, refuse_unstorable_text,
 )
 from novelforge_sessions.errors import MalformedBody
 from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN
 from reviews import actions
 from reviews.access import assignment_for, assignments_for, reviewer_for_caller
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
+from novelforge_sessions.actions.lifecycle import BIGINT_MAX
+from reviews import packets
 from reviews.packets import DECISIONS, SEVERITIES
 
 router = Router(tags=["reviews"])
@@ -43,12 +45,13 @@ class ScaleIn(Strict):
 
 
 class CriterionIn(Strict):
-    key: str = Field(..., examples=["clarity"], json_schema_extra={"pattern": r"^[a-z][a-z0-9_]{0,39}$"})
-    label: str = Field(..., examples=["Clarity"], json_schema_extra={"minLength": 1, "maxLength": 120})
+    key: str = Field(..., examples=["clarity"], json_schema_extra={"pattern": packets._KEY_RE.pattern})
+    label: str = Field(..., examples=["Clarity"], json_schema_extra={"minLength": 1, "maxLength": packets.MAX_LABEL})
     scale: ScaleIn
-    description: str = ""
+    description: str = Field("", json_schema_extra={"maxLength": packets.MAX_DESCRIPTION})
     anchors: dict[str, str] = Field(
         default_factory=dict, examples=[{"1": "Confusing", "5": "Crystal clear"}],
+        json_schema_extra={"additionalProperties": {"type": "string", "minLength": 1, "maxLength": packets.MAX_ANCHOR}},
         description="optional: what scores mean, for some or all scores of the scale (e.g. its ends). Keys are scores "
         "written as integers (JSON keys are strings), within the scale; labels are 1–80 characters. Shown to reviewers "
         "beside the score buttons and in the relay prompt; 422 names the anchor (`rubric.criteria[i].anchors.<score>`).",
@@ -56,31 +59,34 @@ class CriterionIn(Strict):
 
 
 class RubricIn(Strict):
-    criteria: list[CriterionIn] = Field(..., json_schema_extra={"minItems": 1, "maxItems": 20})
+    criteria: list[CriterionIn] = Field(..., json_schema_extra={"minItems": 1, "maxItems": packets.MAX_CRITERIA})
     evidence: list[str] = Field(default_factory=list, description="evidence keys the rubric allows",
-                                json_schema_extra={"items": {"type": "string", "pattern": r"^[a-z][a-z0-9_]{0,39}$"},
-                                                   "uniqueItems": True, "maxItems": 10})
+                                json_schema_extra={"items": {"type": "string", "pattern": packets._KEY_RE.pattern},
+                                                   "uniqueItems": True, "maxItems": packets.MAX_EVIDENCE_ITEMS})
 
 
 class EvidenceIn(Strict):
     key: str = Field(..., description="must be one of the rubric's evidence keys")
-    label: str
-    content: str
+    label: str = Field(..., json_schema_extra={"maxLength": packets.MAX_EVIDENCE_LABEL})
+    # Bounded in bytes (UTF-8); maxLength states it in characters, the most that many bytes hold.
+    content: str = Field(..., json_schema_extra={"maxLength": packets.MAX_EVIDENCE_BYTES},
+                         description="bounded in bytes as UTF-8 (`maxLength` states the bound in characters)")
 
 
 class CalibrationIn(Strict):
     expected_decision: Literal["pass", "revise", "reject"] | None = None
     expected_scores: dict[str, int] = Field(default_factory=dict)
-    answer_key: str = ""
+    answer_key: str = Field("", json_schema_extra={"maxLength": actions.MAX_ANSWER_KEY})
 
 
 class GateIn(Strict):
     candidate_version_id: int = Field(..., description="an artifact version of this project; its server fingerprint is frozen")
     rubric: RubricIn
-    evidence: list[EvidenceIn] = Field(default_factory=list)
+    evidence: list[EvidenceIn] = Field(default_factory=list, json_schema_extra={"maxItems": packets.MAX_EVIDENCE_ITEMS})
     route: Literal["page", "relay", "agent"]
-    required_verdicts: int | None = Field(None, ge=1, le=20)
-    reviewers: list[str] = Field(default_factory=list, description="usernames with the reviewer role (page/relay)")
+    required_verdicts: int | None = Field(None, ge=1, le=actions.MAX_REVIEWERS)
+    reviewers: list[str] = Field(default_factory=list, description="usernames with the reviewer role (page/relay)",
+                                 json_schema_extra={"maxItems": actions.MAX_REVIEWERS, "uniqueItems": True})
     reviewer_session_ids: list[int] = Field(
         default_factory=list, description="agent route: semantic_reviewer sessions to assign; other slots are claimable"
     )
@@ -173,7 +179,7 @@ class PacketClaimOut(Schema):
 
 
 class PacketHeartbeatIn(Strict):
-    fencing_token: int = Field(..., ge=1, json_schema_extra={"maximum": 2**63 - 1})
+    fencing_token: int = Field(..., ge=1, json_schema_extra={"maximum": BIGINT_MAX})
 
 
 _VERDICT_BODY = {
@@ -187,7 +193,7 @@ _VERDICT_BODY = {
                 "required": ["fencing_token", "packet_fingerprint", "artifact_fingerprint", "decision", "scores", "findings",
                              "confidence"],
                 "properties": {
-                    "fencing_token": {"type": "integer", "minimum": 1,
+                    "fencing_token": {"type": "integer", "minimum": 1, "maximum": BIGINT_MAX,
                                       "description": "the fencing token of your claim (agent route)"},
                     "packet_fingerprint": {"type": "string", "pattern": FINGERPRINT_PATTERN},
                     "artifact_fingerprint": {"type": "string", "pattern": FINGERPRINT_PATTERN},
@@ -195,13 +201,15 @@ _VERDICT_BODY = {
                     "scores": {"type": "object", "additionalProperties": {"type": "integer"}},
                     "findings": {
                         "type": "array",
+                        "maxItems": packets.MAX_FINDINGS,
                         "items": {
                             "type": "object",
                             "properties": {
-                                "location": {"type": "string", "description": "line(s) of the candidate: `L3`, `L3-5` "
+                                "location": {"type": "string", "minLength": 1, "maxLength": packets.MAX_LOCATION,
+                                             "description": "line(s) of the candidate: `L3`, `L3-5` "
                                              "or `L3, L7`; 422 `findings[i].location` when a line is outside the candidate"},
                                 "severity": {"enum": list(SEVERITIES)},
-                                "note": {"type": "string"},
+                                "note": {"type": "string", "minLength": 1, "maxLength": packets.MAX_NOTE},
                             },
                         },
                     },
@@ -276,7 +284,7 @@ def open_gate(request: HttpRequest, session_id: int, body: GateIn):
     "/sessions/{session_id}/review-gates", response={200: Page[GateOut], **errors(403, 404)},
     summary="A session's review gates, with their bound verdicts",
 )
-def list_gates(request: HttpRequest, session_id: int, after: int | None = None, limit: int = 50):
+def list_gates(request: HttpRequest, session_id: int, after: int | None = None, limit: int = page_limit()):
     who = caller(request)
     who.require("read")
     session = get_or_404(who.sessions(), "session", id=session_id)
@@ -343,7 +351,7 @@ def heartbeat_packet(request: HttpRequest, packet_id: int, body: PacketHeartbeat
     summary="Packets assigned to you (oldest first)",
 )
 def list_packets(request: HttpRequest, state: QueueState | None = None,
-                 after: int | None = None, limit: int = 50):
+                 after: int | None = None, limit: int = page_limit()):
     identity = reviewer_for_caller(caller(request))
     qs = assignments_for(identity).select_related("packet__gate")
     if state:

@@ -35,6 +35,9 @@ MAX_FINDINGS = 50
 MAX_LOCATION = 200
 MAX_NOTE = 4000
 MAX_ANCHOR = 80
+MAX_LABEL = 120
+MAX_DESCRIPTION = 2000
+MAX_EVIDENCE_LABEL = 200
 
 #: Named confidence levels offered to people (the form); a verdict carries the number, and the API
 #: takes any number from 0 to 1.
@@ -116,11 +119,12 @@ def _text(value: Any, field: str, *, max_len: int, required: bool = True) -> str
         return ""
     if not isinstance(value, str):
         raise InvalidPayload(f"{field} must be a string", field=field)
+    # Measured as sent, before stripping: the schema's maxLength counts the same characters.
+    if len(value) > max_len:
+        raise InvalidPayload(f"{field} is longer than {max_len} characters", field=field, limit=max_len)
     value = value.strip()
     if required and not value:
         raise InvalidPayload(f"{field} must not be empty", field=field)
-    if len(value) > max_len:
-        raise InvalidPayload(f"{field} is longer than {max_len} characters", field=field, limit=max_len)
     return value
 
 
@@ -151,8 +155,8 @@ def validate_rubric(value: Any, field: str = "rubric") -> Rubric:
         if key in seen:
             raise InvalidPayload(f"criterion key {key!r} is used twice", field=f"{where}.key")
         seen.add(key)
-        label = _text(item.get("label"), f"{where}.label", max_len=120)
-        description = _text(item.get("description"), f"{where}.description", max_len=2000, required=False)
+        label = _text(item.get("label"), f"{where}.label", max_len=MAX_LABEL)
+        description = _text(item.get("description"), f"{where}.description", max_len=MAX_DESCRIPTION, required=False)
         scale = item.get("scale")
         if not isinstance(scale, Mapping) or set(scale) != {"min", "max"}:
             raise InvalidPayload("scale must be an object {min, max}", field=f"{where}.scale")
@@ -171,7 +175,7 @@ def validate_rubric(value: Any, field: str = "rubric") -> Rubric:
     if not isinstance(allowed, list) or not all(isinstance(k, str) and _KEY_RE.match(k) for k in allowed):
         raise InvalidPayload("rubric.evidence must be a list of evidence keys", field=f"{field}.evidence")
     if len(set(allowed)) != len(allowed) or len(allowed) > MAX_EVIDENCE_ITEMS:
-        raise InvalidPayload("rubric.evidence keys must be unique (at most 10)", field=f"{field}.evidence")
+        raise InvalidPayload(f"rubric.evidence keys must be unique (at most {MAX_EVIDENCE_ITEMS})", field=f"{field}.evidence")
     return Rubric(tuple(criteria), tuple(allowed))
 
 
@@ -239,7 +243,7 @@ def validate_evidence(value: Any, rubric: Rubric, field: str = "evidence") -> tu
         if key in seen:
             raise InvalidPayload(f"evidence {key!r} is given twice", field=f"{where}.key")
         seen.add(key)
-        label = _text(item.get("label"), f"{where}.label", max_len=200)
+        label = _text(item.get("label"), f"{where}.label", max_len=MAX_EVIDENCE_LABEL)
         content = item.get("content")
         if not isinstance(content, str) or not content.strip():
             raise InvalidPayload("evidence content must be a non-empty string", field=f"{where}.content")

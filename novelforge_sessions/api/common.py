@@ -5,10 +5,10 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
 from novelforge_sessions.access import Caller
-from novelforge_sessions.api.schemas import ErrorOut
+from novelforge_sessions.api.schemas import MAX_PAGE, ErrorOut
 from novelforge_sessions.errors import NotFound
 
-MAX_PAGE = 200
+__all__ = ["MAX_PAGE", "caller", "errors", "get_or_404", "keyset"]
 
 #: Said by every route that carries a runtime's own work on its run (DESIGN §13).
 RUNTIME_GONE = (
@@ -32,8 +32,12 @@ def keyset(qs: QuerySet, *, after: int | None, limit: int, within: str | None = 
     ``within``: a column ``qs`` pins to ONE value (with ``__any``, see ``models.AnyId``); the
     order becomes ``(within, id)``, the same rows in the same order, read from that column's
     ``(within, …, id)`` index instead of a walk of the primary key.
+
+    ``limit`` comes from the route's ``schemas.page_limit()`` parameter, so it is 1..MAX_PAGE
+    (out of range was refused with 422 before the view ran); nothing is clamped here.
     """
-    limit = max(1, min(limit, MAX_PAGE))
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit {limit} is outside 1..{MAX_PAGE}: declare it with schemas.page_limit()")
     if after is not None:
         qs = qs.filter(id__gt=after)
     items = list(qs.order_by(*([within] if within else []), "id")[: limit + 1])

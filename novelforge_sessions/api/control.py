@@ -12,6 +12,7 @@ from ninja import Field, Query, Router, Schema, Status
 from novelforge_sessions import leases
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.actions.lifecycle import BIGINT_MAX
 from novelforge_sessions.control import bindings as binding_actions
 from novelforge_sessions.control import handoffs as handoff_actions
 from novelforge_sessions.control import intents as intent_actions
@@ -19,7 +20,9 @@ from novelforge_sessions.control import result_schema as result_schemas
 from novelforge_sessions.control import results as result_actions
 from novelforge_sessions.control import routing as routing_actions
 from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
-from novelforge_sessions.api.schemas import SHORT_NAMES, Page, ShortNameDeclared, Strict
+from novelforge_sessions.api.schemas import (
+    CAPABILITIES, HandoffStateName, IntentStateName, Page, ShortNameDeclared, Strict, page_limit,
+)
 from novelforge_sessions.control.models import (
     AuthorityChange,
     ConsumeReceipt,
@@ -41,7 +44,7 @@ routers = [handoffs_router, intents_router, bindings_router, routing_router]
 
 # ---- schemas: handoffs & results ------------------------------------------------------------
 #: Fencing tokens are PostgreSQL bigints.
-FENCING_TOKEN = {"maximum": 2**63 - 1}
+FENCING_TOKEN = {"maximum": BIGINT_MAX}
 
 
 class InputRefIn(Strict):
@@ -54,7 +57,8 @@ class HandoffIn(Strict):
     logical_id: str = Field(..., max_length=200, description="unique per project: names the logical result",
                             json_schema_extra={"pattern": handoff_actions.LOGICAL_ID_RE.pattern},
                             examples=["chapter-3/continuity-check"])
-    inputs: list[InputRefIn] = Field(default_factory=list, description="frozen input artifact versions")
+    inputs: list[InputRefIn] = Field(default_factory=list, description="frozen input artifact versions",
+                                     json_schema_extra={"maxItems": handoff_actions.MAX_INPUTS})
     params: dict[str, Any] = Field(default_factory=dict, description="the job's instructions (bounded)")
     result_schema: dict[str, Any] = Field(
         default_factory=dict,
@@ -74,7 +78,7 @@ class HandoffIn(Strict):
                    "required": ["verdict"], "properties": {"verdict": {"enum": ["pass", "revise"]}}}],
     )
     required_capabilities: list[str] = Field(default_factory=list, examples=[["continuity-check"]],
-                                             json_schema_extra=SHORT_NAMES)
+                                             json_schema_extra=CAPABILITIES)
     timeout_seconds: int | None = Field(None, ge=1, le=86400, description="lease length of one attempt (default 300)")
 
 
@@ -125,7 +129,7 @@ class HandoffOut(Schema):
 class ClaimIn(Strict):
     worker: str = Field(..., max_length=200, json_schema_extra={"minLength": 1}, description="the claiming worker's name (lease holder)")
     capabilities: list[str] = Field(default_factory=list, description="what this worker can do",
-                                    json_schema_extra=SHORT_NAMES)
+                                    json_schema_extra=CAPABILITIES)
     handoff_id: int | None = Field(None, description="claim this handoff only (409 if it cannot be claimed)")
 
 
@@ -259,8 +263,8 @@ def claim(request: HttpRequest, body: ClaimIn) -> dict:
 
 @handoffs_router.get("/handoffs", response={200: Page[HandoffOut], **errors(403)}, summary="List handoffs")
 def list_handoffs(
-    request: HttpRequest, session_id: int | None = None, state: str | None = None, logical_id: str | None = None,
-    after: int | None = None, limit: int = 50,
+    request: HttpRequest, session_id: int | None = None, state: HandoffStateName | None = None,
+    logical_id: str | None = None, after: int | None = None, limit: int = page_limit(),
 ) -> dict:
     who = caller(request)
     who.require("read")
@@ -321,7 +325,8 @@ def deliver(request: HttpRequest, handoff_id: int, body: ResultIn) -> dict:
     "/handoffs/{handoff_id}/deliveries", response={200: Page[DeliveryLogOut], **errors(403, 404)},
     summary="The delivery log of a handoff (every arrival, with its validation)",
 )
-def list_deliveries(request: HttpRequest, handoff_id: int, after: int | None = None, limit: int = 50) -> dict:
+def list_deliveries(request: HttpRequest, handoff_id: int, after: int | None = None,
+                    limit: int = page_limit()) -> dict:
     who = caller(request)
     who.require("read")
     handoff = get_or_404(handoff_actions.visible_handoffs(who), "handoff", id=handoff_id)
@@ -364,7 +369,8 @@ def resolve_conflict(request: HttpRequest, handoff_id: int, body: ResolveIn) -> 
     "/receipts", response={200: Page[ReceiptOut], **errors(403)},
     summary="Consume-once receipts (one per logical id)",
 )
-def list_receipts(request: HttpRequest, logical_id: str | None = None, after: int | None = None, limit: int = 50) -> dict:
+def list_receipts(request: HttpRequest, logical_id: str | None = None, after: int | None = None,
+                  limit: int = page_limit()) -> dict:
     who = caller(request)
     who.require("read")
     qs = who.scope("receipt", ConsumeReceipt.objects.filter(project_id__in=who.project_ids))
@@ -517,8 +523,8 @@ def create_intent(request: HttpRequest, body: WriteIntentIn) -> Status:
 
 
 @intents_router.get("/write-intents", response={200: Page[WriteIntentOut], **errors(403)}, summary="List write intents")
-def list_intents(request: HttpRequest, state: str | None = None, session_id: int | None = None,
-                 after: int | None = None, limit: int = 50) -> dict:
+def list_intents(request: HttpRequest, state: IntentStateName | None = None, session_id: int | None = None,
+                 after: int | None = None, limit: int = page_limit()) -> dict:
     who = caller(request)
     who.require("read")
     qs = who.scope("write_intent", WriteIntent.objects.filter(project_id__in=who.project_ids))
@@ -579,7 +585,7 @@ def execute(request: HttpRequest, intent_id: int) -> dict:
     "/authority/changes", response={200: Page[AuthorityChangeOut], **errors(403)},
     summary="History of the project's authority and framework changes",
 )
-def authority_changes(request: HttpRequest, after: int | None = None, limit: int = 50) -> dict:
+def authority_changes(request: HttpRequest, after: int | None = None, limit: int = page_limit()) -> dict:
     who = caller(request)
     who.require("read")
     qs = who.scope("authority_change", AuthorityChange.objects.filter(project_id__in=who.project_ids))
@@ -597,7 +603,8 @@ class BindingOut(Schema):
 
 
 class MarkStaleIn(Strict):
-    session_ids: list[int] | None = Field(None, description="default: every eligible session of the project")
+    session_ids: list[int] | None = Field(None, description="default: every eligible session of the project",
+                                          json_schema_extra={"maxItems": binding_actions.MAX_MARK_STALE})
 
 
 class MarkStaleOut(Schema):
@@ -643,7 +650,8 @@ class RoutedRuntimeOut(Schema):
     "/routing/runtimes", response={200: list[RoutedRuntimeOut], **errors(403)},
     summary="Live runtimes of your project that declare every given capability",
 )
-def route(request: HttpRequest, capability: list[ShortNameDeclared] = Query(..., description="repeat for several")) -> list[dict]:  # noqa: B008
+def route(request: HttpRequest, capability: list[ShortNameDeclared] = Query(..., description="repeat for several",
+                                                                      max_length=rt.MAX_CAPABILITIES)) -> list[dict]:  # noqa: B008
     found = routing_actions.eligible_runtimes(caller(request), capability)
     return [
         {"runtime_id": r.id, "session_id": r.session_id, "session_role": r.session.role,

@@ -6,7 +6,7 @@ from ninja import Router
 
 from novelforge_sessions import events
 from novelforge_sessions.api.common import caller, errors, keyset
-from novelforge_sessions.api.schemas import EventOut, EventTypeName, Page
+from novelforge_sessions.api.schemas import EventOut, EventTypeName, Page, page_limit
 from novelforge_sessions.models import Event
 
 router = Router(tags=["events"])
@@ -18,7 +18,7 @@ router = Router(tags=["events"])
 )
 def list_events(
     request: HttpRequest, after: int | None = None, session_id: int | None = None, type: EventTypeName | None = None,
-    limit: int = 100,
+    limit: int = page_limit(100),
 ):
     who = caller(request)
     who.require("read")

@@ -8,9 +8,11 @@ from typing import Any, Literal
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 
-from novelforge_sessions.api.common import MAX_PAGE, caller, errors
+from novelforge_sessions.api.common import caller, errors
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.api.schemas import SHORT_NAME, SHORT_NAMES, Memory, Strict, loads_json, refuse_unstorable_text
+from novelforge_sessions.api.schemas import (
+    CAPABILITIES, SHORT_NAME, Memory, Strict, loads_json, page_limit, refuse_unstorable_text,
+)
 from novelforge_sessions.control import graphs as actions
 from novelforge_sessions.control.models import GraphCheckpoint
 from novelforge_sessions.errors import NotFound, ValidationFailed
@@ -41,7 +43,7 @@ class GraphThreadSpecIn(Strict):
     memory_policy: Memory = "checkpoint_only"
     task_mode: str = Field("langgraph", max_length=64, json_schema_extra=SHORT_NAME)
     runtime_family: str = Field("langgraph", max_length=64, json_schema_extra=SHORT_NAME)
-    capabilities: list[str] = Field(default_factory=list, json_schema_extra=SHORT_NAMES)
+    capabilities: list[str] = Field(default_factory=list, json_schema_extra=CAPABILITIES)
     lease_seconds: int | None = Field(None, ge=1, le=3600)
 
 
@@ -206,7 +208,7 @@ def put_writes(request: HttpRequest, body: GraphWritesIn):
 )
 def list_checkpoints(
     request: HttpRequest, thread_id: str | None = None, checkpoint_ns: str | None = None,
-    checkpoint_id: str | None = None, before: str | None = None, metadata: str | None = None, limit: int = 50,
+    checkpoint_id: str | None = None, before: str | None = None, metadata: str | None = None, limit: int = page_limit(),
 ):
     refuse_unstorable_text({"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id,
                             "before": before}, where="query")
@@ -221,7 +223,7 @@ def list_checkpoints(
     who = caller(request)
     items = actions.list_checkpoints(
         who, thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id, before=before,
-        metadata=filter_, limit=max(1, min(limit, MAX_PAGE)),
+        metadata=filter_, limit=limit,
     )
     return {"items": _out(items, who.project_ids)}
 

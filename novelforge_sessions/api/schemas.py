@@ -8,7 +8,8 @@ import typing
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
-from ninja import Field, Schema
+from django.conf import settings
+from ninja import Field, Query, Schema
 from pydantic import ConfigDict, ModelWrapValidatorHandler, WithJsonSchema, model_validator
 
 from novelforge_sessions import event_types as ev
@@ -19,6 +20,9 @@ from novelforge_sessions.errors import ValidationFailed
 T = TypeVar("T")
 
 StatusName = Literal[tuple(s.value for s in rt.SessionStatus)]  # type: ignore[valid-type]
+RunStateName = Literal[tuple(s.value for s in rt.RunState)]  # type: ignore[valid-type]
+HandoffStateName = Literal[tuple(s.value for s in lc.HandoffState)]  # type: ignore[valid-type]
+IntentStateName = Literal[tuple(s.value for s in lc.IntentState)]  # type: ignore[valid-type]
 Role = Literal[tuple(r.value for r in rt.SessionRole)]  # type: ignore[valid-type]
 Memory = Literal[tuple(m.value for m in rt.MemoryPolicy)]  # type: ignore[valid-type]
 Boundary = Literal[tuple(b.value for b in rt.CheckpointBoundary)]  # type: ignore[valid-type]
@@ -253,17 +257,35 @@ def _integer_fields(model: type) -> frozenset[str]:
     return found
 
 
-#: The pure core's short names (``session_runtime._NAME_RE``): task modes, runtime families,
+#: The pure core's short names (``session_runtime.NAME_PATTERN``): task modes, runtime families,
 #: capabilities, role extensions, resume policies.
-NAME_PATTERN = r"^[a-z][a-z0-9_.:-]{0,63}$"
+NAME_PATTERN = rt.NAME_PATTERN
 #: Declared in the schema only (``json_schema_extra``): the pure core enforces them, with its own
 #: messages and field names, so clients generated from the schema send what the core accepts.
 SHORT_NAME = {"pattern": NAME_PATTERN}
 SHORT_NAMES = {"items": {"type": "string", "pattern": NAME_PATTERN, "maxLength": 64}}
+#: A list of capabilities (declared, required, or asked for): at most ``rt.MAX_CAPABILITIES``.
+CAPABILITIES = {**SHORT_NAMES, "maxItems": rt.MAX_CAPABILITIES}
 #: A short name as a type (query parameters): validated as a plain string, declared with the pattern.
 ShortNameDeclared = Annotated[str, WithJsonSchema(SHORT_NAMES["items"])]
 #: A JSON object with at least one key (a cursor names the workflow step).
 NON_EMPTY_OBJECT = {"minProperties": 1}
+
+
+#: Every list's page size (``?limit=``): 1..MAX_PAGE. Out of range is 422 ``validation_error``
+#: naming ``limit`` (pydantic's bound, like any other query parameter), never clamped.
+MAX_PAGE = 200
+LIMIT_DOC = f"page size, 1..{MAX_PAGE} (out of range: 422 `validation_error`, field `limit`)"
+
+
+def page_limit(default: int = 50) -> Any:
+    """The ``limit`` query parameter of a list route, declared and enforced as 1..MAX_PAGE."""
+    return Query(default, ge=1, le=MAX_PAGE, description=LIMIT_DOC)
+
+
+def page_limit_field(default: int = 50) -> Any:
+    """The same, as a field of a query schema (``Query[SessionFilters]``)."""
+    return Field(default, ge=1, le=MAX_PAGE, description=LIMIT_DOC)
 
 
 class ErrorBody(Schema):
@@ -332,7 +354,7 @@ RUNTIME_ID_DOC = (
 )
 class RuntimeIn(Strict):
     runtime_family: str = Field(..., max_length=64, json_schema_extra=SHORT_NAME, examples=["claude-code"])
-    capabilities: list[str] = Field(default_factory=list, json_schema_extra=SHORT_NAMES, examples=[["draft", "review"]])
+    capabilities: list[str] = Field(default_factory=list, json_schema_extra=CAPABILITIES, examples=[["draft", "review"]])
     provider_metadata: dict[str, Any] | None = Field(None, description="metadata only; never a key, never authority")
     lease_seconds: int | None = Field(None, ge=1, le=3600)
 
@@ -536,7 +558,8 @@ class RunEndIn(Strict):
 
 class ArtifactRefIn(Strict):
     artifact_id: int
-    fingerprint: str
+    fingerprint: str = Field(..., description="sha256:<64 hex> of the cited artifact version",
+                             json_schema_extra={"pattern": rt.FINGERPRINT_PATTERN})
 
 
 class CheckpointIn(Input):
@@ -565,7 +588,7 @@ class CheckpointIn(Input):
         ),
         examples=[[{"write_intent_id": 7}]],
     )
-    resume_policy: str = "revalidate"
+    resume_policy: str = Field("revalidate", json_schema_extra=SHORT_NAME)
     idempotency_key: str | None = Field(
         None, max_length=200, json_schema_extra={"pattern": rt.IDEMPOTENCY_KEY_PATTERN},
         description=(
@@ -627,7 +650,12 @@ class BatchOut(Schema):
 
 class TranscriptIn(Strict):
     role: Literal["user", "assistant", "system", "tool"]
-    content: str
+    # The bound is in bytes (UTF-8), which JSON Schema cannot count: maxLength declares it in
+    # characters, the most a string of that many bytes can have (the core refuses by bytes).
+    content: str = Field(..., json_schema_extra={"maxLength": settings.TRANSCRIPT_ENTRY_MAX_BYTES}, description=(
+        "bounded in bytes as UTF-8 (the server's TRANSCRIPT_ENTRY_MAX_BYTES; `maxLength` states it in characters): "
+        "422 `validation_error`, field `content`"
+    ))
     runtime_id: int | None = Field(None, ge=1, description=RUNTIME_ID_DOC)
 
 

@@ -16,6 +16,7 @@ from novelforge_sessions.api.schemas import (
     CloseOut,
     Page,
     ResumeIn,
+    Role,
     ResumeReportOut,
     RuntimeIn,
     SessionCreatedOut,
@@ -25,6 +26,8 @@ from novelforge_sessions.api.schemas import (
     TranscriptIn,
     TranscriptOut,
     TransitionIn,
+    page_limit,
+    page_limit_field,
 )
 from novelforge_sessions.models import TranscriptEntry
 
@@ -42,11 +45,11 @@ def runtime_spec(body: RuntimeIn) -> RuntimeSpec:
 
 class SessionFilters(Schema):
     status: StatusName | None = None
-    role: str | None = None
+    role: Role | None = None
     runtime_family: str | None = None
     task_mode: str | None = None
     after: int | None = None
-    limit: int = 50
+    limit: int = page_limit_field()
 
 
 @router.post("/sessions", response={201: SessionCreatedOut, **errors(403, 413)}, summary="Create a session")
@@ -154,12 +157,11 @@ def add_transcript(request: HttpRequest, session_id: int, body: TranscriptIn):
     "/sessions/{session_id}/transcript", response={200: Page[TranscriptOut], **errors(403, 404)},
     summary="Read a session's transcript (pages by seq)",
 )
-def list_transcript(request: HttpRequest, session_id: int, after: int | None = None, limit: int = 100):
+def list_transcript(request: HttpRequest, session_id: int, after: int | None = None, limit: int = page_limit(100)):
     who = caller(request)
     who.require("read")
     session = get_or_404(who.sessions(), "session", id=session_id)
     qs = TranscriptEntry.objects.filter(session=session, seq__gt=after or 0).order_by("seq")
-    limit = max(1, min(limit, 200))
     items = list(qs[: limit + 1])
     more = len(items) > limit
     items = items[:limit]

@@ -80,6 +80,10 @@ class MarkStaleResult:
     skipped: list[dict[str, Any]]
 
 
+#: One mark-stale call names at most this many sessions (one transaction locks them all).
+MAX_MARK_STALE = 500
+
+
 def mark_stale(caller: Caller, *, session_ids: list[int] | None = None) -> MarkStaleResult:
     """Move idle/completed sessions bound to outdated authority to ``stale`` (one transaction).
 
@@ -87,9 +91,11 @@ def mark_stale(caller: Caller, *, session_ids: list[int] | None = None) -> MarkS
     """
     caller.require("approve")
     if session_ids is not None and (
-        not isinstance(session_ids, list) or len(session_ids) > 500 or any(not isinstance(i, int) for i in session_ids)
+        not isinstance(session_ids, list) or len(session_ids) > MAX_MARK_STALE
+        or any(not isinstance(i, int) for i in session_ids)
     ):
-        raise ValidationFailed("session_ids must be a list of at most 500 session ids", field="session_ids")
+        raise ValidationFailed(f"session_ids must be a list of at most {MAX_MARK_STALE} session ids", field="session_ids",
+                               limit=MAX_MARK_STALE)
     project_id = caller.single_project().id
     marked: list[Binding] = []
     skipped: list[dict[str, Any]] = []

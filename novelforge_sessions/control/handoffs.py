@@ -112,7 +112,7 @@ def validate_job(
         result_schemas.as_json_schema(schema)  # the short form, or a full Draft 2020-12 JSON Schema
     except result_schemas.ResultSchemaError as exc:
         raise ValidationFailed(exc.message, field=exc.field) from None
-    caps = check(rt.validate_capabilities, required_capabilities or [])
+    caps = check(rt.validate_capabilities, required_capabilities or [], "required_capabilities")
     timeout = DEFAULT_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
     if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= MAX_TIMEOUT_SECONDS:
         raise ValidationFailed(f"timeout_seconds must be between 1 and {MAX_TIMEOUT_SECONDS}", field="timeout_seconds")

@@ -101,6 +101,9 @@ def result_digest(result: Any, stated_hash: str | None = None) -> tuple[dict[str
         digest = fingerprint(result)
     except ValueError:
         raise ValidationFailed("result must be plain JSON (no NaN or Infinity)", field="result") from None
+    if stated_hash is not None and not rt.is_fingerprint(stated_hash):
+        # Not a sha256 at all (the schema's pattern): a malformed field, not a mismatch.
+        raise ValidationFailed("result_hash must look like sha256:<64 hex digits>", field="result_hash")
     if stated_hash is not None and stated_hash != digest:
         raise ResultHashMismatch(
             "result_hash does not match the server's sha256 of the canonical result",

@@ -36,7 +36,7 @@ def live_runtimes_for(
 def eligible_runtimes(caller: Caller, capabilities: list[str], *, limit: int = 50) -> list[RuntimeAttachment]:
     """The caller's project's live runtimes that can serve ``capabilities``."""
     caller.require("read")
-    caps = check(rt.validate_capabilities, capabilities)
+    caps = check(rt.validate_capabilities, capabilities, "capability")
     qs = live_runtimes_for(caller.project_ids, caps)
     if caller.session_id is not None:
         # A token bound to one session sees only that session (access.Caller), here too.

@@ -64,3 +64,36 @@ def test_free_json_is_storable_all_the_way_down(schema):
     text = next(o for o in storable["anyOf"] if o.get("type") == "string")
     assert re.fullmatch(text["pattern"], "fine") and not re.fullmatch(text["pattern"], "a\x00b")
     assert component(schema, "ReasonIn")["properties"]["reason"]["pattern"] == text["pattern"]
+
+
+def test_enforced_limits_are_declared_from_their_constants(schema):
+    """Audit finding 11: each limit below is enforced by the core (tests/control/test_declared_limits.py,
+    tests/reviews/test_declared_limits.py); the schema states it from the same constant."""
+    from django.conf import settings
+
+    from novelforge_sessions.actions.lifecycle import BIGINT_MAX
+    from novelforge_sessions.control import bindings
+    from reviews import actions as review_actions
+
+    props = lambda name: component(schema, name)["properties"]  # noqa: E731
+    assert props("MarkStaleIn")["session_ids"]["maxItems"] == bindings.MAX_MARK_STALE
+    assert props("HandoffIn")["inputs"]["maxItems"] == handoffs.MAX_INPUTS
+    for name, field in (("HandoffIn", "required_capabilities"), ("ClaimIn", "capabilities"), ("RuntimeIn", "capabilities")):
+        assert props(name)[field]["maxItems"] == rt.MAX_CAPABILITIES, name
+    route = schema["paths"]["/api/v1/routing/runtimes"]["get"]["parameters"][0]["schema"]
+    assert route["maxItems"] == rt.MAX_CAPABILITIES
+    assert props("TranscriptIn")["content"]["maxLength"] == settings.TRANSCRIPT_ENTRY_MAX_BYTES
+    assert props("ArtifactRefIn")["fingerprint"]["pattern"] == rt.FINGERPRINT_PATTERN
+    assert props("CheckpointIn")["resume_policy"]["pattern"] == rt.NAME_PATTERN
+    assert props("ResultIn")["result_hash"]["pattern"] == rt.FINGERPRINT_PATTERN
+    assert props("CriterionIn")["anchors"]["additionalProperties"]["maxLength"] == packets.MAX_ANCHOR
+    assert props("CriterionIn")["label"]["maxLength"] == packets.MAX_LABEL
+    assert props("GateIn")["reviewers"]["maxItems"] == review_actions.MAX_REVIEWERS
+    assert props("GateIn")["evidence"]["maxItems"] == packets.MAX_EVIDENCE_ITEMS
+    assert props("CalibrationIn")["answer_key"]["maxLength"] == review_actions.MAX_ANSWER_KEY
+    verdict = schema["paths"]["/api/v1/review-packets/{packet_id}/verdicts"]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]["properties"]
+    assert verdict["fencing_token"]["maximum"] == BIGINT_MAX
+    assert verdict["findings"]["maxItems"] == packets.MAX_FINDINGS
+    item = verdict["findings"]["items"]["properties"]
+    assert (item["note"]["maxLength"], item["location"]["maxLength"]) == (packets.MAX_NOTE, packets.MAX_LOCATION)

@@ -89,7 +89,7 @@ def test_same_logical_id_in_another_project_is_independent(owner, outsider, froz
         ({"logical_id": " spaced"}, "logical_id"),
         ({"logical_id": "ok", "inputs": [{"artifact_id": 1, "fingerprint": "md5:x"}]}, "inputs[0].fingerprint"),
         ({"logical_id": "ok", "result_schema": {"x": "date"}}, "result_schema.x"),
-        ({"logical_id": "ok", "required_capabilities": ["Bad Cap"]}, "capabilities"),
+        ({"logical_id": "ok", "required_capabilities": ["Bad Cap"]}, "required_capabilities"),
         ({"logical_id": "ok", "timeout_seconds": 0}, "timeout_seconds"),
         ({"logical_id": "ok", "colour": "blue"}, "colour"),
     ],
