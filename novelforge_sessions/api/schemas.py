@@ -638,13 +638,29 @@ class ArtifactRefIn(Strict):
     fingerprint: str
 
 
+#: ``authority`` of a checkpoint: the keys and types ``rt.validate_authority_refs`` takes.
+AUTHORITY_REFS: dict[str, Any] = {
+    "anyOf": [
+        {"type": "object", "additionalProperties": False, "properties": {
+            "authority_version": {"type": "integer"},
+            "lock_fingerprint": {"type": "string", "pattern": STORABLE_TEXT},
+            "framework_version": {"type": "string", "pattern": STORABLE_TEXT},
+        }},
+        {"type": "null"},
+    ],
+}
+assert set(AUTHORITY_REFS["anyOf"][0]["properties"]) == set(rt.AUTHORITY_REF_TYPES)
+
+
 class CheckpointIn(Input):
     """Validated by the pure core; unknown keys are checked for transcript content, then refused."""
 
     boundary: Boundary
     cursor: dict[str, Any] = Field(..., json_schema_extra=NON_EMPTY_OBJECT)
     artifacts: list[ArtifactRefIn] = Field(default_factory=list)
-    authority: dict[str, Any] | None = Field(None, description="the refs you froze against; must equal current")
+    authority: Annotated[dict[str, Any] | None, WithJsonSchema(AUTHORITY_REFS)] = Field(
+        None, description="the refs you froze against (any of them); each must equal the project's current one",
+    )
     pending: dict[str, Any] = Field(
         default_factory=dict,
         description=(
