@@ -109,7 +109,7 @@ def _unstorable_number(literal: str, value: float | None = None) -> bool:
     ``Infinity``, ``1e999``), an integer beyond a double's range (its digits are counted before
     any conversion, so Python's 4,300-digit limit never fires), or a non-zero literal that
     underflows to 0.0 (``1e-999``)."""
-    if value is None:  # an integer literal (or NaN/Infinity, which reach here through parse_constant)
+    if value is None:  # an integer literal (the scanner's grammar: an optional minus, digits, no leading zero)
         if not literal.lstrip("-").isdigit():
             return True
         digits = len(literal) - literal.startswith("-")
