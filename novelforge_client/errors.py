@@ -83,6 +83,12 @@ class MethodNotAllowed(NovelForgeError):
     code, status = "method_not_allowed", 405
 
 
+class UnsupportedMediaType(NovelForgeError):
+    """The body was sent with a Content-Type other than application/json (this client always sends JSON)."""
+
+    code, status = "unsupported_media_type", 415
+
+
 class OtherHttpError(NovelForgeError):
     """An HTTP-level refusal of the framework that no class above names."""
 
@@ -322,7 +328,7 @@ CODES: dict[str, type[NovelForgeError]] = {
 
 _BY_STATUS: dict[int, type[NovelForgeError]] = {
     400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 405: MethodNotAllowed,
-    409: Conflict, 413: PayloadTooLarge, 422: ValidationFailed, 500: InternalError,
+    409: Conflict, 413: PayloadTooLarge, 415: UnsupportedMediaType, 422: ValidationFailed, 500: InternalError,
 }
 
 

@@ -187,6 +187,13 @@ class MethodNotAllowed(ServiceError):
     code, http_status = "method_not_allowed", 405
 
 
+class UnsupportedMediaType(ServiceError):
+    """The body is sent as something other than JSON: a ``Content-Type`` other than
+    ``application/json`` (whose one parameter may be ``charset=utf-8``)."""
+
+    code, http_status = "unsupported_media_type", 415
+
+
 class OtherHttpError(ServiceError):
     """An HTTP-level refusal of the framework that no class above names (see :func:`for_status`)."""
 
@@ -340,7 +347,7 @@ class GraphCheckpointConflict(Conflict):
 _CATALOGUED: tuple[type[ServiceError], ...] = (
     # generic refusals
     Unauthorized, Forbidden, NotFound, PayloadTooLarge, ValidationFailed, CheckpointNotBounded,
-    MalformedBody, MethodNotAllowed, OtherHttpError, InternalError, DatabaseUnavailable,
+    MalformedBody, MethodNotAllowed, UnsupportedMediaType, OtherHttpError, InternalError, DatabaseUnavailable,
     # sessions
     IllegalTransition, VersionConflict, LiveRuntimeExists, NoLiveRuntime, RuntimeNotLive, OpenRunExists,
     NoOpenRun, RunNotOpen, StaleAuthority, TranscriptFull, OpenConflict, WaitOutstanding, SessionTerminated, StaleRuntime,
@@ -364,7 +371,7 @@ assert not any(is_abstract(cls) for cls in _CATALOGUED), "an abstract class is c
 #: The generic class for a bare HTTP status (ninja's ``HttpError`` carries only a status).
 _BY_STATUS: dict[int, type[ServiceError]] = {
     400: MalformedBody, 401: Unauthorized, 403: Forbidden, 404: NotFound, 405: MethodNotAllowed,
-    413: PayloadTooLarge, 422: ValidationFailed, 500: InternalError,
+    413: PayloadTooLarge, 415: UnsupportedMediaType, 422: ValidationFailed, 500: InternalError,
 }
 
 

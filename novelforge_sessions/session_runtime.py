@@ -336,12 +336,19 @@ class CheckpointSpec:
     #: The client's key for this write (a retry with the same key and body replays the first
     #: checkpoint; the same key with another body is ``idempotency_key_reused``).
     idempotency_key: str | None = None
+    #: The authority refs the client froze against, typed (``validate_authority_refs``); None
+    #: when it stated none. The service compares them with the project's current ones.
+    authority: dict[str, Any] | None = None
 
 
+#: What a client sends. Not ``schema_version``: the server stamps each checkpoint with
+#: ``CHECKPOINT_SCHEMA_VERSION`` (the contract's "timestamp/version" is recorded, not stated).
 CHECKPOINT_FIELDS = frozenset(
-    {"boundary", "cursor", "artifacts", "authority", "pending", "approvals", "resume_policy", "schema_version",
-     "idempotency_key"}
+    {"boundary", "cursor", "artifacts", "authority", "pending", "approvals", "resume_policy", "idempotency_key"}
 )
+#: The authority refs a checkpoint may state (the project's ``authority_ref()``: the service
+#: checks the two agree) and each one's JSON type.
+AUTHORITY_REF_TYPES: dict[str, type] = {"authority_version": int, "lock_fingerprint": str, "framework_version": str}
 #: A client-chosen idempotency key: 1–200 printable ASCII characters, no spaces (write intents and
 #: checkpoints share it).
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,200}$"
@@ -450,6 +457,31 @@ def _ref_id(value: Any, field_name: str, *, optional: bool = False) -> int | Non
     return value
 
 
+def validate_authority_refs(value: Any) -> dict[str, Any] | None:
+    """``authority``: the refs the checkpoint froze against, a subset of ``AUTHORITY_REF_TYPES``,
+    each of its type. Strict, as the schemas are: ``true`` and ``"1"`` are not integers (``1.0``
+    is 1, the integer JSON Schema says it is), ``5`` is not a fingerprint. Only well-typed refs
+    are compared with the current ones, so a wrong type is a 422 here, never ``stale_authority``."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidPayload("authority must be an object of authority refs", field="authority",
+                             allowed=sorted(AUTHORITY_REF_TYPES))
+    refs: dict[str, Any] = {}
+    for key, ref in value.items():
+        kind = AUTHORITY_REF_TYPES.get(key)
+        if kind is None:
+            raise InvalidPayload(f"unknown authority ref {key!r}", field=f"authority.{key}",
+                                 allowed=sorted(AUTHORITY_REF_TYPES))
+        if kind is int and type(ref) is float and ref.is_integer():
+            ref = int(ref)
+        if type(ref) is not kind:  # bool is a subclass of int: not an integer here
+            raise InvalidPayload(f"authority.{key} must be {'an integer' if kind is int else 'a string'}",
+                                 field=f"authority.{key}")
+        refs[key] = ref
+    return refs
+
+
 def validate_approval_refs(value: Any) -> tuple[ApprovalRef, ...]:
     """``approvals``: ``[{"write_intent_id": int, "approval_id"?: int}]``, each intent once."""
     if value is None:
@@ -526,7 +558,9 @@ def validate_checkpoint(
         )
     unknown = sorted(set(payload) - CHECKPOINT_FIELDS)
     if unknown:
-        raise InvalidPayload(f"unknown checkpoint field {unknown[0]!r}", field=unknown[0], allowed=sorted(CHECKPOINT_FIELDS))
+        note = " (the server stamps each checkpoint's schema_version)" if unknown[0] == "schema_version" else ""
+        raise InvalidPayload(f"unknown checkpoint field {unknown[0]!r}{note}", field=unknown[0],
+                             allowed=sorted(CHECKPOINT_FIELDS))
     try:
         boundary = CheckpointBoundary(payload.get("boundary"))
     except ValueError:
@@ -545,6 +579,7 @@ def validate_checkpoint(
         refs.append(
             ArtifactRef(ref["artifact_id"], validate_fingerprint(ref.get("fingerprint"), f"artifacts[{index}].fingerprint"))
         )
+    authority = validate_authority_refs(payload.get("authority"))
     pending = validate_pending(payload.get("pending"), pending_keys)
     approvals = validate_approval_refs(payload.get("approvals"))
     resume_policy = payload.get("resume_policy")
@@ -564,6 +599,7 @@ def validate_checkpoint(
         resume_policy=resume_policy,
         size_bytes=size,
         idempotency_key=key,
+        authority=authority,
     )
 
 

@@ -19,7 +19,7 @@ from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 
-from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
+from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset, require_json_media_type
 from novelforge_sessions.api.schemas import (
     MAX_BODY_DEPTH, Page, Strict, loads_json, nested_deeper_than, page_limit, refuse_unstorable_text,
 )
@@ -385,6 +385,8 @@ def get_packet(request: HttpRequest, packet_id: int):
 )
 def submit_verdict(request: HttpRequest, packet_id: int):
     identity = reviewer_for_caller(caller(request))
+    if request.body:
+        require_json_media_type(request)
     try:
         payload = loads_json(request.body or b"null")  # NaN/Infinity/1e999: a typed 422 naming the field
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested ~1,000 levels deep

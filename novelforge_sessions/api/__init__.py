@@ -23,6 +23,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 
 from novelforge_sessions.api.auth import TokenAuth
+from novelforge_sessions.api.common import require_json_media_type
 from novelforge_sessions.api.schemas import MAX_BODY_DEPTH, loads_json, nested_deeper_than, refuse_unstorable_text
 from novelforge_sessions.errors import (
     DatabaseUnavailable,
@@ -74,7 +75,8 @@ class _TooDeep(ValueError):
 
 class _Parser(Parser):
     def parse_body(self, request: HttpRequest) -> Any:
-        data = loads_json(request.body)  # refuses NaN/Infinity/1e999 (a ServiceError: see _http_error)
+        require_json_media_type(request)  # 415 for a body sent as anything but JSON
+        data = loads_json(request.body)  # refuses NaN/Infinity/1e999, duplicate keys (a ServiceError: see _http_error)
         if nested_deeper_than(data, MAX_BODY_DEPTH):
             raise _TooDeep  # ninja turns any parse failure into HttpError(400): see _http_error
         return data
@@ -88,8 +90,9 @@ class _Parser(Parser):
 
 class _Api(NinjaAPI):
     def get_openapi_schema(self, **kwargs: Any) -> dict[str, Any]:
-        """Declare the one status ``errors(...)`` cannot know per route: any operation that reads a
-        JSON body answers an unparseable one with ``400 malformed_body`` (see ``_http_error``)."""
+        """Declare the statuses ``errors(...)`` cannot know per route: any operation that reads a
+        JSON body answers an unparseable one with ``400 malformed_body`` (see ``_http_error``),
+        and one sent as another media type with ``415 unsupported_media_type``."""
         schema = super().get_openapi_schema(**kwargs)
         from novelforge_sessions.api.schemas import STORABLE_JSON, STORABLE_JSON_MARK, STORABLE_JSON_REF
 
@@ -108,6 +111,9 @@ class _Api(NinjaAPI):
             for op in item.values():
                 if "requestBody" in op and 400 not in op["responses"]:  # ninja keys statuses by int
                     op["responses"][400] = {"description": "Bad Request", "content": op["responses"][422]["content"]}
+                if "requestBody" in op and 415 not in op["responses"]:  # require_json_media_type
+                    op["responses"][415] = {"description": "Unsupported Media Type",
+                                            "content": op["responses"][422]["content"]}
         return schema
 
     @property

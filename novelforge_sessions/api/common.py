@@ -6,7 +6,7 @@ from django.http import HttpRequest
 
 from novelforge_sessions.access import Caller
 from novelforge_sessions.api.schemas import MAX_PAGE, ErrorOut
-from novelforge_sessions.errors import NotFound
+from novelforge_sessions.errors import NotFound, UnsupportedMediaType
 
 __all__ = ["MAX_PAGE", "caller", "errors", "get_or_404", "keyset"]
 
@@ -20,6 +20,29 @@ RUNTIME_GONE = (
 def errors(*statuses: int) -> dict[int, type[ErrorOut]]:
     """Declare the error statuses an endpoint can return (401 always: every route is authed)."""
     return {status: ErrorOut for status in sorted({401, 422, *statuses})}
+
+
+def require_json_media_type(request: HttpRequest) -> None:
+    """A body is read only as JSON: a ``Content-Type`` other than ``application/json`` (whose
+    only parameter may be ``charset=utf-8``, all case-insensitive) is 415
+    ``unsupported_media_type``. A request without a ``Content-Type`` is read as JSON: the
+    bodies are JSON on every route, and raw clients (``urllib`` without headers, scripts) send
+    none. Parsed by hand: Django's ``content_params`` go through the email package (slow) and
+    drop what they cannot parse."""
+    raw = request.META.get("CONTENT_TYPE", "")
+    if not raw or raw == "application/json":  # the common cases, no parse
+        return
+    media, *params = raw.split(";")
+    ok = media.strip().lower() == "application/json"
+    for param in params:
+        name, _, value = param.partition("=")
+        if not (name.strip().lower() == "charset" and value.strip().strip('"').lower() == "utf-8") and param.strip():
+            ok = False
+    if not ok:
+        raise UnsupportedMediaType(
+            "request bodies are JSON: send Content-Type: application/json (its only parameter may be charset=utf-8)",
+            content_type=raw[:200], accepted="application/json",
+        )
 
 
 def caller(request: HttpRequest) -> Caller:

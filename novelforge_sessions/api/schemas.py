@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import types
 import typing
 from datetime import datetime
@@ -15,7 +16,7 @@ from pydantic import ConfigDict, ModelWrapValidatorHandler, WithJsonSchema, mode
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.errors import ValidationFailed
+from novelforge_sessions.errors import MalformedBody, ValidationFailed
 
 T = TypeVar("T")
 
@@ -94,8 +95,68 @@ def refuse_unstorable_text(value: Any, *, where: str = "body") -> None:
         raise ValidationFailed(f"{field}: text cannot contain NUL (U+0000) or unpaired surrogates", field=field)
 
 
-class _NonFinite:
-    """Stands where the JSON text had a non-finite number, so its path can be named."""
+class _Refused(ValueError):
+    """Raised by the fast parse's hooks: the body holds a duplicate key or a number the service
+    cannot store faithfully. ``loads_json`` then parses again, recording, to name the path."""
+
+
+#: The largest finite double as an integer (``1.7976931348623157e308``, 309 digits): a JSON integer
+#: beyond it is a number beyond a double's range, refused like ``1e999``.
+_DOUBLE_MAX_INT = int(sys.float_info.max)
+_DOUBLE_MAX_DIGITS = len(str(_DOUBLE_MAX_INT))
+_NONZERO_DIGITS = frozenset("123456789")
+_BOM = b"\xef\xbb\xbf"
+
+
+def _unstorable_number(literal: str, value: float | None = None) -> bool:
+    """A number literal the service would not store as written: non-finite (``NaN``,
+    ``Infinity``, ``1e999``), an integer beyond a double's range (its digits are counted before
+    any conversion, so Python's 4,300-digit limit never fires), or a non-zero literal that
+    underflows to 0.0 (``1e-999``)."""
+    if value is None:  # an integer literal (the scanner's grammar: an optional minus, digits, no leading zero)
+        if not literal.lstrip("-").isdigit():
+            return True
+        digits = len(literal) - literal.startswith("-")
+        return digits > _DOUBLE_MAX_DIGITS or (digits == _DOUBLE_MAX_DIGITS and abs(int(literal)) > _DOUBLE_MAX_INT)
+    if not math.isfinite(value):
+        return True
+    return value == 0.0 and not _NONZERO_DIGITS.isdisjoint(literal.lower().partition("e")[0])
+
+
+def _fast_int(literal: str) -> int:
+    if len(literal) < _DOUBLE_MAX_DIGITS or not _unstorable_number(literal):
+        return int(literal)
+    raise _Refused(literal)
+
+
+def _fast_float(literal: str) -> float:
+    value = float(literal)
+    if value and value - value == 0.0:  # finite and non-zero: the common case, no more checks
+        return value
+    if _unstorable_number(literal, value):
+        raise _Refused(literal)
+    return value
+
+
+def _fast_constant(literal: str) -> Any:
+    raise _Refused(literal)
+
+
+def _fast_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Refused("duplicate key")
+    return obj
+
+
+#: One decoder for every body (``json.loads`` with hooks builds a decoder and its scanner per call).
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_fast_object, parse_float=_fast_float, parse_int=_fast_int, parse_constant=_fast_constant,
+)
+
+
+class _Mark:
+    """Stands where the JSON text had a refused number, so its path can be named."""
 
     __slots__ = ("literal",)
 
@@ -103,48 +164,86 @@ class _NonFinite:
         self.literal = literal
 
 
-def _non_finite_at(value: Any) -> tuple[str, str] | None:
-    stack: list[tuple[str, Any]] = [("", value)]
+def _printable(path: str) -> str:
+    return path.encode("ascii", "backslashreplace").decode().replace("\x00", "\\x00")
+
+
+def _refusal(text: str) -> ValidationFailed:
+    """The typed refusal of a body the fast parse refused: parsed again, recording where.
+
+    Only bad bodies pay for this. Returns the first refusal in document order; raises
+    ``ValueError`` if the body is also malformed (a syntax error is the more fundamental one).
+    """
+    duplicates: dict[int, tuple[dict[str, Any], str]] = {}  # id → (the object, kept alive; its duplicate key)
+
+    def obj(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found = dict(pairs)
+        if len(found) != len(pairs):
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen:
+                    duplicates[id(found)] = (found, key)
+                    break
+                seen.add(key)
+        return found
+
+    def integer(literal: str) -> int | _Mark:
+        return _Mark(literal) if _unstorable_number(literal) else int(literal)
+
+    def number(literal: str) -> float | _Mark:
+        value = float(literal)
+        return _Mark(literal) if _unstorable_number(literal, value) else value
+
+    data = json.JSONDecoder(object_pairs_hook=obj, parse_int=integer, parse_float=number, parse_constant=_Mark).decode(text)
+    stack: list[tuple[str, Any]] = [("", data)]
     while stack:
         path, item = stack.pop()
-        if isinstance(item, _NonFinite):
-            return path, item.literal
+        if isinstance(item, _Mark):
+            field = _printable(path or "body")
+            # NaN, ±Infinity, 1e999, 10**400, 1e-999: Python's json reads them; none is stored as written.
+            return ValidationFailed(
+                f"{field}: numbers must be finite and stored as written (NaN, Infinity, numbers beyond a double's "
+                "range such as 1e999 or a 310-digit integer, and non-zero numbers that round to 0 such as 1e-999 "
+                "are refused)", field=field, value=item.literal[:40],
+            )
         if isinstance(item, dict):
-            stack.extend((f"{path}.{key}" if path else str(key), child) for key, child in item.items())
+            if id(item) in duplicates:
+                key = duplicates[id(item)][1]
+                field = _printable(f"{path}.{key}" if path else key)
+                return ValidationFailed(
+                    f"{field}: duplicate key {_printable(key)[:80]!r} (the keys of a JSON object must be unique)",
+                    field=field, key=_printable(key)[:80],
+                )
+            stack.extend(reversed([(f"{path}.{key}" if path else str(key), child) for key, child in item.items()]))
         elif isinstance(item, list):
-            stack.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
-    return None
+            stack.extend(reversed([(f"{path}[{i}]", child) for i, child in enumerate(item)]))
+    return ValidationFailed("the body holds a number or key that cannot be stored as written", field="body")
 
 
 def loads_json(raw: bytes | str) -> Any:
     """Parse a JSON body as JSON (RFC 8259) defines it: the one parser of every body and paste.
 
-    Python's json accepts ``NaN``, ``Infinity`` and ``-Infinity`` and reads ``1e999`` as an
-    infinite float; none is a JSON number and PostgreSQL refuses them (a 500 at the insert).
-    They are refused here with 422 ``validation_error`` naming the field's path. Malformed JSON
-    raises ``ValueError`` (or ``RecursionError``) as ``json.loads`` does.
+    Bytes must be UTF-8 without a byte order mark (RFC 8259 §8.1; ``json.loads`` would guess
+    UTF-16 or UTF-32 and skip nothing): else 400 ``malformed_body``. Python's json accepts
+    ``NaN``, ``Infinity`` and ``-Infinity``, reads ``1e999`` as an infinite float, ``1e-999``
+    as 0.0 and integers of any length up to its 4,300-digit limit (then a ``ValueError`` that
+    looks like malformed JSON), and keeps the last of duplicate keys: each is refused here with
+    422 ``validation_error`` naming the field's path (``_unstorable_number``, ``_fast_object``).
+    Malformed JSON raises ``ValueError`` (or ``RecursionError``) as ``json.loads`` does.
     """
-    seen: list[str] = []
-
-    def constant(literal: str) -> _NonFinite:
-        seen.append(literal)
-        return _NonFinite(literal)
-
-    def number(literal: str) -> float | _NonFinite:
-        value = float(literal)
-        return value if math.isfinite(value) else constant(literal)
-
-    data = json.loads(raw, parse_constant=constant, parse_float=number)
-    if seen:
-        found = _non_finite_at(data)
-        field, literal = found if found is not None else ("", seen[0])
-        field = (field or "body").encode("ascii", "backslashreplace").decode().replace("\x00", "\\x00")
-        # NaN, ±Infinity, 1e999: Python's json reads them; PostgreSQL cannot store them.
-        raise ValidationFailed(
-            f"{field}: numbers must be finite (NaN, Infinity and numbers beyond a double's range such as 1e999 "
-            "are refused)", field=field, value=literal[:40],
-        )
-    return data
+    if isinstance(raw, str):
+        text = raw
+    else:
+        if raw[:3] == _BOM:
+            raise MalformedBody("the request body starts with a byte order mark: JSON is UTF-8 without one (RFC 8259 §8.1)")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedBody("the request body is not UTF-8 (RFC 8259 §8.1)", offset=exc.start) from None
+    try:
+        return _DECODER.decode(text)
+    except _Refused:
+        raise _refusal(text) from None
 
 
 class Input(Schema):
@@ -562,13 +661,29 @@ class ArtifactRefIn(Strict):
                              json_schema_extra={"pattern": rt.FINGERPRINT_PATTERN})
 
 
+#: ``authority`` of a checkpoint: the keys and types ``rt.validate_authority_refs`` takes.
+AUTHORITY_REFS: dict[str, Any] = {
+    "anyOf": [
+        {"type": "object", "additionalProperties": False, "properties": {
+            "authority_version": {"type": "integer"},
+            "lock_fingerprint": {"type": "string", "pattern": STORABLE_TEXT},
+            "framework_version": {"type": "string", "pattern": STORABLE_TEXT},
+        }},
+        {"type": "null"},
+    ],
+}
+assert set(AUTHORITY_REFS["anyOf"][0]["properties"]) == set(rt.AUTHORITY_REF_TYPES)
+
+
 class CheckpointIn(Input):
     """Validated by the pure core; unknown keys are checked for transcript content, then refused."""
 
     boundary: Boundary
     cursor: dict[str, Any] = Field(..., json_schema_extra=NON_EMPTY_OBJECT)
     artifacts: list[ArtifactRefIn] = Field(default_factory=list)
-    authority: dict[str, Any] | None = Field(None, description="the refs you froze against; must equal current")
+    authority: Annotated[dict[str, Any] | None, WithJsonSchema(AUTHORITY_REFS)] = Field(
+        None, description="the refs you froze against (any of them); each must equal the project's current one",
+    )
     pending: dict[str, Any] = Field(
         default_factory=dict,
         description=(

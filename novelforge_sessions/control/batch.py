@@ -30,8 +30,10 @@ from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, acts_for_runtime, check, runtime_gone
 from novelforge_sessions.control import waits
-from novelforge_sessions.control.checkpoints import _AUTHORITY_FIELDS, _resolve_approvals, lock_params, lock_run_sql
-from novelforge_sessions.errors import NotFound, RunNotOpen, ServiceError, StaleAuthority, ValidationFailed
+from novelforge_sessions.control.checkpoints import (
+    _AUTHORITY_FIELDS, _resolve_approvals, check_authority, lock_params, lock_run_sql,
+)
+from novelforge_sessions.errors import NotFound, RunNotOpen, ServiceError, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Run
 
 MAX_BATCH_ITEMS = rt.MAX_BATCH_ITEMS  # declared in the OpenAPI schema as maxItems
@@ -136,14 +138,7 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
                     run_cursor = spec
                     plan.append((kind, spec))
                     continue
-                stated = body.get("authority")
-                if stated is not None:
-                    if not isinstance(stated, dict):
-                        raise ValidationFailed("authority must be an object", field="authority")
-                    differing = {k: {"stated": stated[k], "current": v} for k, v in current.items()
-                                 if k in stated and stated[k] != v}
-                    if differing:
-                        raise StaleAuthority("the checkpoint was frozen against outdated authority", differences=differing)
+                check_authority(spec.authority, current)
                 if spec.artifacts:
                     require_versions(project_id, ((r.artifact_id, r.fingerprint) for r in spec.artifacts), what="artifact refs")
                 approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []

@@ -23,6 +23,17 @@ from novelforge_sessions.models import LIVE_RUNTIME_PARAMS, Checkpoint, Project,
 
 #: The columns ``Project.authority_ref()`` reads, so the lock below selects exactly those.
 _AUTHORITY_FIELDS = tuple(Project().authority_ref())
+# The pure core types the refs a checkpoint states by these names (``rt.AUTHORITY_REF_TYPES``).
+assert set(_AUTHORITY_FIELDS) == set(rt.AUTHORITY_REF_TYPES), "the stated authority refs are the project's"
+
+
+def check_authority(stated: dict[str, Any] | None, current: dict[str, Any]) -> None:
+    """``stale_authority`` when a stated ref (typed by ``rt.validate_authority_refs``) is not
+    the project's current one: the checkpoint was frozen against an old Canon."""
+    if stated:
+        differing = {k: {"stated": v, "current": current[k]} for k, v in stated.items() if v != current[k]}
+        if differing:
+            raise StaleAuthority("the checkpoint was frozen against outdated authority", differences=differing)
 
 # The hot path's one read, in SQL: building the equivalent ORM query (select_related through
 # session to project, scoped to the caller) cost ~0.7 ms CPU per checkpoint, most of the step.
@@ -139,13 +150,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
         if not runtime_live and acts_for_runtime(caller):
             raise runtime_gone(session_id, status)
         current = dict(zip(_AUTHORITY_FIELDS, authority))
-        stated = payload.get("authority")
-        if stated is not None:
-            if not isinstance(stated, dict):
-                raise ValidationFailed("authority must be an object", field="authority")
-            differing = {k: {"stated": stated[k], "current": v} for k, v in current.items() if k in stated and stated[k] != v}
-            if differing:
-                raise StaleAuthority("the checkpoint was frozen against outdated authority", differences=differing)
+        check_authority(spec.authority, current)
         require_versions(project_id, ((r.artifact_id, r.fingerprint) for r in spec.artifacts), what="artifact refs")
         approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
         pending = waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending) if spec.pending else {}

@@ -268,6 +268,7 @@ def test_a_nul_in_a_verdict_is_422_and_stores_nothing(agent_gate):
 def test_a_verdict_nested_too_deep_is_400_not_500(agent_gate, depth):
     """The hand parser: 5,000 levels overflow json.loads itself; 900 parse but cannot be stored."""
     gate, _, api = agent_gate
-    raw = json.dumps(agent_verdict(gate))[:-1] + ', "scores": {"clarity": %s}}' % ("[" * depth + "]" * depth)
+    verdict = {**agent_verdict(gate), "scores": {"clarity": "DEEP"}}  # replaced, not repeated: keys are unique
+    raw = json.dumps(verdict).replace('"DEEP"', "[" * depth + "]" * depth)
     assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", raw=raw), 400, "malformed_body")
     assert Verdict.objects.count() == 0
