@@ -26,6 +26,7 @@ from hypothesis.stateful import (
 )
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
+from novelforge_sessions.lifecycles import runtime_move
 from novelforge_sessions.models import RuntimeAttachment
 from tests.conftest import Api, make_project
 
@@ -211,6 +212,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.expect(resp, 409, "no_open_run")
         elif target == "running" and not s.runtime:
             self.expect(resp, 409, "no_live_runtime")
+        elif runtime_move(s.status, target) and not s.runtime:  # the runtime's own move needs it live
+            self.expect(resp, 409, "no_live_runtime")
         elif target == "running" and s.conflict:
             self.expect(resp, 409, "open_conflict")
         else:
@@ -260,6 +263,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.expect(resp, 409, "run_not_open")
         elif s.status not in ("running", "awaiting_external"):
             self.expect(resp, 409, "session_not_running")
+        elif not s.runtime:  # a runtime that was closed or lost hands nothing off (a replay still answers)
+            self.expect(resp, 409, "no_live_runtime")
         else:
             got = self.expect(resp, 201)
             self.handoffs.append(MHandoff(got["id"], logical_id, s.id, run, got["job_fingerprint"]))
