@@ -340,7 +340,9 @@ class AnyId(models.Lookup):
     prepare_rhs = False
 
     def get_prep_lookup(self):
-        return [int(v) for v in self.rhs]
+        # An id beyond bigint names no row (as Django's own integer lookups answer): left out,
+        # never a cast error.
+        return [v for v in map(int, self.rhs) if -(2**63) <= v < 2**63]
 
     def as_sql(self, compiler, connection):
         lhs, lhs_params = self.process_lhs(compiler, connection)

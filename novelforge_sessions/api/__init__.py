@@ -12,7 +12,8 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
-from django.core.exceptions import RequestDataTooBig
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern, URLResolver, re_path
@@ -31,6 +32,7 @@ from novelforge_sessions.errors import (
     MalformedBody,
     MethodNotAllowed,
     NotFound,
+    OtherHttpError,
     PayloadTooLarge,
     ServiceError,
     Unauthorized,
@@ -191,6 +193,18 @@ def _not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
 @api.exception_handler(RequestDataTooBig)
 def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
     return _render(request, PayloadTooLarge("the request body is too large"))
+
+
+@api.exception_handler(SuspiciousOperation)
+def _suspicious(request: HttpRequest, exc: SuspiciousOperation) -> HttpResponse:
+    # Django refuses what it will not parse: more than DATA_UPLOAD_MAX_NUMBER_FIELDS query or
+    # form fields (TooManyFieldsSent), and the like. A typed 400, as pages answer a plain 400.
+    if isinstance(exc, TooManyFieldsSent):
+        message = f"too many query parameters: at most {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS}"
+    else:
+        message = "the request was refused as malformed"
+    log.warning("refused %s %s: %s", request.method, request.path, type(exc).__name__)
+    return _render(request, OtherHttpError(message))
 
 
 @api.exception_handler(OperationalError)

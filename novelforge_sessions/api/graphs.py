@@ -220,6 +220,7 @@ def list_checkpoints(
             raise ValidationFailed("metadata must be a JSON object", field="metadata") from None
         if not isinstance(filter_, dict):
             raise ValidationFailed("metadata must be a JSON object", field="metadata")
+        refuse_unstorable_text({"metadata": filter_})  # NUL or a lone surrogate: PostgreSQL would refuse it
     who = caller(request)
     items = actions.list_checkpoints(
         who, thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id, before=before,

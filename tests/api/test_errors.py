@@ -171,3 +171,24 @@ def test_a_path_no_api_route_serves_is_404_in_the_one_shape(owner, path):
                  owner.client.post(path, "{}", content_type="application/json", **owner._headers())):
         assert resp["Content-Type"].startswith("application/json")
         assert assert_error(resp, 404, "not_found")["details"]["path"] == resp.wsgi_request.path
+
+
+def test_query_values_postgres_cannot_take_are_answered_not_500(owner, new_session):
+    """An outside check found three 500s in query strings: a session filter beyond bigint on the
+    event log, NUL or a lone surrogate inside the graph checkpoints' ``metadata`` JSON, and more
+    query parameters than Django parses."""
+    s = new_session()
+    for session_id in (2**63, -(2**63) - 1, 10**30):
+        resp = owner.get("/events", session_id=session_id)
+        assert resp.status_code == 200 and resp.json()["items"] == [], resp.content
+    assert owner.get("/events", session_id=s["id"]).json()["items"]  # a real one still filters
+    for metadata, field in (('{"a": "\\u0000"}', "metadata.a"), ('{"\\u0000": 1}', "metadata"),
+                            ('{"a": "\\ud800"}', "metadata.a")):
+        err = assert_error(owner.get("/graph-threads/checkpoints", thread_id="t", metadata=metadata), 422,
+                           "validation_error")
+        assert err["details"]["field"].startswith(field), err
+    events = Event.objects.count()
+    resp = owner.client.get("/api/v1/sessions?" + "&".join(["a=1"] * 1001), **owner._headers())
+    err = assert_error(resp, 400, "http_error")
+    assert "too many query parameters" in err["message"]
+    assert Event.objects.count() == events
