@@ -194,7 +194,8 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
         run = open_run(session)
         if run is None:
             raise NoOpenRun("a gate is opened by an open run", status=session.status)
-        require_live_runtime(caller, session)  # nor by a runtime whose lease ran out
+        if spec.runtime_id is None:  # a named runtime that passed fencing is the live one
+            require_live_runtime(caller, session)  # nor by a runtime whose lease ran out
         try:
             # Through the caller's reach (access.BOUND_TOKEN_MATRIX): a bound token reviews only
             # what it may already read, so opening a gate never grants it another artifact.

@@ -19,17 +19,16 @@ from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 
+from novelforge_sessions.actions.lifecycle import BIGINT_MAX
 from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset, require_json_media_type
 from novelforge_sessions.api.schemas import (
     MAX_BODY_DEPTH, Page, Strict, loads_json, nested_deeper_than, page_limit, refuse_unstorable_text,
 )
 from novelforge_sessions.errors import MalformedBody
 from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN
-from reviews import actions
+from reviews import actions, packets
 from reviews.access import assignment_for, assignments_for, reviewer_for_caller
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
-from novelforge_sessions.actions.lifecycle import BIGINT_MAX
-from reviews import packets
 from reviews.packets import DECISIONS, SEVERITIES
 
 router = Router(tags=["reviews"])
@@ -45,7 +44,7 @@ class ScaleIn(Strict):
 
 
 class CriterionIn(Strict):
-    key: str = Field(..., examples=["clarity"], json_schema_extra={"pattern": packets._KEY_RE.pattern})
+    key: str = Field(..., examples=["clarity"], json_schema_extra={"pattern": packets.KEY_PATTERN})
     label: str = Field(..., examples=["Clarity"], json_schema_extra={"minLength": 1, "maxLength": packets.MAX_LABEL})
     scale: ScaleIn
     description: str = Field("", json_schema_extra={"maxLength": packets.MAX_DESCRIPTION})
@@ -61,7 +60,7 @@ class CriterionIn(Strict):
 class RubricIn(Strict):
     criteria: list[CriterionIn] = Field(..., json_schema_extra={"minItems": 1, "maxItems": packets.MAX_CRITERIA})
     evidence: list[str] = Field(default_factory=list, description="evidence keys the rubric allows",
-                                json_schema_extra={"items": {"type": "string", "pattern": packets._KEY_RE.pattern},
+                                json_schema_extra={"items": {"type": "string", "pattern": packets.KEY_PATTERN},
                                                    "uniqueItems": True, "maxItems": packets.MAX_EVIDENCE_ITEMS})
 
 

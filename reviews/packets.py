@@ -48,7 +48,9 @@ CONFIDENCE_LEVELS: tuple[tuple[str, str, float], ...] = (
     ("certain", "Certain", 1.0),
 )
 
-_KEY_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+#: Rubric criterion and evidence keys (the API schema declares this pattern).
+KEY_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
+_KEY_RE = re.compile(KEY_PATTERN)
 
 INSTRUCTIONS = (
     "You are an independent reviewer. Review only the candidate below, against the rubric below, "

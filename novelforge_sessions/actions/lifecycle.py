@@ -343,25 +343,24 @@ def runtime_gone(session_id: int, status: str) -> NoLiveRuntime:
     )
 
 
-def require_live_runtime(caller: Caller, session: Session, *, live: bool | RuntimeAttachment | None | Any = LOOKUP) -> None:
+def require_live_runtime(caller: Caller, session: Session, *, live: bool | None = None) -> None:
     """Refuse the runtime's own work on its run (ending it, moving out of ``running`` as
     ``lifecycles.runtime_move`` says, a checkpoint, a cursor, a handoff, a review gate) once the
     session has no live runtime by its lease (DESIGN §13): 409 ``no_live_runtime``, nothing
     written. A runtime whose lease ran out is gone before any reconciler pass records it lost, so
     a write made on its behalf is refused the moment the lease runs out, and still after the pass.
 
-    Call it under the locks, after :func:`fence_runtime` (stale generation comes first) and the
-    run's own refusals. Only writes made on a runtime's behalf (:func:`acts_for_runtime`) are
-    refused: a manager on the pages and the service keep working, and the manager's writes that
-    need no runtime (terminate, close, abort, cancel, resolve a conflict) never call this.
-    ``live``: the session's live runtime (or None) or ``session.runtime_live`` if the action
-    already read it; by default it is looked up here.
+    Call it under the locks, after the run's own refusals. Only writes made on a runtime's behalf
+    (:func:`acts_for_runtime`) are refused: a manager on the pages and the service keep working,
+    and the manager's writes that need no runtime (terminate, close, abort, cancel, resolve a
+    conflict) never call this. A write that named its runtime and passed :func:`fence_runtime`
+    needs no second look: fencing a named runtime proves it the session's live one.
+    ``live``: whether the session has a live runtime, if the action's locking statement already
+    read it (``session.runtime_live``, ``models.live_runtime_sql``); else it is looked up here.
     """
     if not acts_for_runtime(caller):
         return
-    if live is LOOKUP:
-        live = live_runtime(session, lock=False)
-    if isinstance(live, RuntimeAttachment):
-        live = leases.runtime_is_live(live.state, live.lease_expires_at, timezone.now())
+    if live is None:
+        live = live_runtime(session, lock=False) is not None
     if not live:
         raise runtime_gone(session.id, session.status)

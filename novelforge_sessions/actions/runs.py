@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import events
@@ -24,7 +25,7 @@ from novelforge_sessions.actions.lifecycle import (
     require_live_runtime,
 )
 from novelforge_sessions.errors import NoLiveRuntime, NotFound, OpenConflict, OpenRunExists, RunNotOpen, ValidationFailed
-from novelforge_sessions.models import Checkpoint, Run, Session
+from novelforge_sessions.models import Checkpoint, Run, RuntimeAttachment, Session
 
 
 def create_run(
@@ -139,9 +140,11 @@ def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any], *, runti
             # The run's session's ordering lock inside the locking statement (events.order_lock).
             order_lock = events.order_lock_filter(f"SELECT session_id FROM {Run._meta.db_table} WHERE id = %s::bigint", [run_id])
             try:
+                # The session's liveness rides along (no statement of its own on this hot path).
+                live = Exists(RuntimeAttachment.objects.live().filter(session_id=OuterRef("session_id")))
                 run = (
                     Run.objects.filter(order_lock).select_for_update(of=("self",)).select_related("session")
-                    .get(id=run_id, session__in=caller.sessions())
+                    .annotate(runtime_live=live).get(id=run_id, session__in=caller.sessions())
                 )
             except Run.DoesNotExist:
                 raise NotFound("run not found", run_id=run_id) from None
@@ -149,8 +152,9 @@ def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any], *, runti
         if run.state != rt.RunState.OPEN:
             raise RunNotOpen("the run has ended", state=run.state)
         if runtime_id is not None:
-            fence_runtime(caller, session, runtime_id)
-        require_live_runtime(caller, session)
+            fence_runtime(caller, session, runtime_id)  # the named runtime is the live one
+        else:
+            require_live_runtime(caller, session, live=run.runtime_live)
         run.cursor = cursor
         run.save(update_fields=["cursor"])
         outbox = Outbox(caller.label)
@@ -193,8 +197,9 @@ def end_run(
             raise RunNotOpen("the run has already ended", state=run.state)
         check(rt.check_transition, session.status, target or default_status)
         if runtime_id is not None:
-            fence_runtime(caller, session, runtime_id)
-        require_live_runtime(caller, session)
+            fence_runtime(caller, session, runtime_id)  # the named runtime is the live one
+        else:
+            require_live_runtime(caller, session)
         if run_state is rt.RunState.COMPLETED:
             refuse_held(session, run, target or default_status)
         outbox = Outbox(caller.label)

@@ -64,3 +64,12 @@ def test_batch_write_queries(owner, new_session, django_assert_max_num_queries):
     # token, BEGIN, run lock (+project join), insert checkpoints, update run, insert events, COMMIT
     with django_assert_max_num_queries(7):
         assert owner.post(f"/runs/{run_id}/batch", {"items": items}).status_code == 201
+
+
+def test_cursor_advance_queries(owner, new_session, django_assert_max_num_queries):
+    """The lease check rides in the run lock (a runtime whose lease ran out advances nothing)."""
+    s = new_session(run=True)
+    owner.post(f"/runs/{s['run']['id']}/cursor", {"cursor": {"step": 1}})  # warm: token last_used_at write
+    # token, BEGIN, run lock (+ the session, its liveness), run update, event, COMMIT
+    with django_assert_max_num_queries(6):
+        assert owner.post(f"/runs/{s['run']['id']}/cursor", {"cursor": {"step": 2}}).status_code == 200
