@@ -227,7 +227,8 @@ class HandoffNotClaimable(Conflict):
 
 
 class HandoffClosed(Conflict):
-    """The handoff takes no more lease traffic (bound, conflicted or cancelled)."""
+    """The handoff takes no more lease traffic (bound, conflicted or cancelled), or its session is
+    terminated or stale (``details.session_status``)."""
 
     code = "handoff_closed"
 
@@ -332,7 +333,7 @@ class VerdictConflict(Conflict):
 
 
 class GateClosed(Conflict):
-    """The review gate is cancelled or complete."""
+    """The review gate is cancelled or complete, or its session is terminated or stale."""
 
     code = "gate_closed"
 

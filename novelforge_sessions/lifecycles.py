@@ -201,11 +201,20 @@ def validate_all() -> None:
 
 #: Ending a run: outcome (the run's end state) → (the session's default next status, the
 #: statuses the session may go to instead). The API's ``outcome``/``session_status`` choices.
+#: An aborted run may also leave its session ``failed``: the only way an aborted run of a
+#: *waiting* session can end, since the table has no ``awaiting_* → idle`` (``run_end_status``).
 RUN_OUTCOMES: Mapping[RunState, tuple[SessionStatus, frozenset[SessionStatus]]] = {
     R.COMPLETED: (S.IDLE, frozenset({S.IDLE, S.COMPLETED})),
-    R.ABORTED: (S.IDLE, frozenset({S.IDLE})),
+    R.ABORTED: (S.IDLE, frozenset({S.IDLE, S.FAILED})),
     R.FAILED: (S.FAILED, frozenset({S.FAILED})),
 }
+
+#: Session statuses that take no more external work (DESIGN §4: they can only end, or never run
+#: again on their old bindings): entering one withdraws what the session waits on — its unbound
+#: handoffs and pending review gates are cancelled in the same transaction
+#: (``actions.lifecycle.apply_transition``) — no worker claims its jobs, and a late result,
+#: lease renewal or verdict is refused.
+WORK_CLOSED_STATUSES: frozenset[SessionStatus] = frozenset({S.TERMINATED, S.STALE})
 
 #: Session statuses a manager should look at (the overview highlights them).
 ATTENTION_STATUSES: frozenset[SessionStatus] = frozenset({S.FAILED, S.STALE})
@@ -257,6 +266,38 @@ def runtime_move(source: str | StrEnum, target: str | StrEnum) -> bool:
     return SESSION.state(source) is S.RUNNING and SESSION.state(target) not in MANAGER_EXITS
 
 
+def run_end_status(
+    outcome: str | StrEnum, source: str | StrEnum, requested: str | StrEnum | None = None,
+) -> SessionStatus:
+    """Where a session in ``source`` goes when its open run ends with ``outcome``
+    (``RUN_OUTCOMES``): ``requested`` if the caller named one (it checked it is one of the
+    outcome's statuses), else the outcome's default — unless the table forbids the default from
+    ``source`` and exactly one other status of the outcome is legal from there: an aborted run of
+    a waiting session ends it ``failed`` (``awaiting_* → idle`` is not in the table). Otherwise the
+    default, which the caller's lifecycle check then refuses (a waiting run cannot end
+    ``completed``)."""
+    default, allowed = RUN_OUTCOMES[RUN.state(outcome)]  # type: ignore[index]
+    if requested is not None:
+        return SESSION.state(requested)  # type: ignore[return-value]
+    if SESSION.is_legal(source, default):
+        return default
+    legal = [s for s in SessionStatus if s in allowed and SESSION.is_legal(source, s)]
+    return legal[0] if len(legal) == 1 else default
+
+
+def can_run_again(status: str | StrEnum) -> bool:
+    """``running`` is reachable from ``status`` in the table: never for ``completed``, ``stale``
+    and ``terminated``. Such a session is refused ``illegal_transition`` before anything is said
+    about its runtimes (attach, resume: the most fundamental refusal first)."""
+    reachable, frontier = set(), [SESSION.state(status)]
+    while frontier:
+        for nxt in SESSION.table[frontier.pop()]:
+            if nxt not in reachable:
+                reachable.add(nxt)
+                frontier.append(nxt)
+    return S.RUNNING in reachable
+
+
 def resumable(status: str | StrEnum, *, runtime_lease_expired: bool = False) -> bool:
     """The table allows ``→ running`` — once a runtime whose lease ran out is recorded lost."""
     current = status_after_runtime_loss(status) if runtime_lease_expired else SESSION.state(status)
@@ -294,7 +335,7 @@ def intent_open(state: str | StrEnum) -> bool:
 
 __all__ = [
     "ALL", "ATTENTION_STATUSES", "AWAITING_STATUSES", "awaiting", "HANDOFF_CONSUMED", "HANDOFF_WAITING", "MANAGER_EXITS",
-    "RUN_OUTCOMES", "conflict_open", "runtime_move",
+    "RUN_OUTCOMES", "WORK_CLOSED_STATUSES", "can_run_again", "conflict_open", "run_end_status", "runtime_move",
     "handoff_consumed", "handoff_waiting", "holds_run", "passes_waits", "intent_open", "needs_attention", "resumable",
     "status_after_runtime_loss", "AssignmentState", "GateState", "HANDOFF", "HandoffState", "IntentState", "Lifecycle",
     "LifecycleTableError", "REVIEW_ASSIGNMENT", "REVIEW_GATE", "RUN", "RUNTIME", "RunState", "RuntimeState",

@@ -25,6 +25,7 @@ from novelforge_sessions.actions.lifecycle import (
     BIGINT_MAX, Outbox, apply_transition, check, fence_runtime, lock_session, move, move_rows, open_run,
     require_live_runtime,
 )
+from novelforge_sessions.actions.runtimes import wake_waiting_session
 from novelforge_sessions.control import service as control
 from novelforge_sessions.control.models import UNBOUND_STATES, Handoff, HandoffPurpose, HandoffState
 from novelforge_sessions.errors import (
@@ -545,6 +546,11 @@ def bind_verdict(
                 )
             if gate.state == ReviewGate.State.CANCELLED:
                 raise GateClosed("this review gate was cancelled")
+            if session.status in lc.WORK_CLOSED_STATUSES:
+                # Entering terminated/stale cancels the session's pending gates; this answers the
+                # same for a gate such a session left open before it did (or a complete one).
+                raise GateClosed(f"this review gate's session is {session.status}: it takes no more verdicts",
+                                 state=gate.state, session_status=session.status)
             if handoff is not None and handoff.state != HandoffState.CLAIMED:
                 raise HandoffNotClaimable("this claim takes no verdict", handoff_id=handoff.id, state=handoff.state)
             # Read, not lock: the artifact's head is changed only by approved writes, and a
@@ -605,7 +611,9 @@ def bind_verdict(
 
 
 def _resume_if_waiting(session: Session, gate: ReviewGate, outbox: Outbox, *, reason: str) -> None:
-    """Back to ``running`` when no gate of this session waits on a person any more.
+    """Wake the session when no gate of this session waits on a person any more
+    (``wake_waiting_session``): back to ``running`` if a runtime is live to run it, else
+    ``failed / runtime_lost`` (resumable; the verdict stays bound).
 
     Only from ``awaiting_user``: a session that failed or was terminated meanwhile keeps its
     state (the verdict is still recorded)."""
@@ -617,7 +625,7 @@ def _resume_if_waiting(session: Session, gate: ReviewGate, outbox: Outbox, *, re
         .exists()
     )
     if not still_waiting:
-        apply_transition(session, rt.SessionStatus.RUNNING, reason=reason, outbox=outbox, current_run=None)
+        wake_waiting_session(session, outbox, reason=reason, current_run=None)
 
 
 # ------------------------------------------------------------------------------------------
@@ -638,14 +646,30 @@ def cancel_gate(caller: Caller, gate_id: int, *, reason: str = "") -> ReviewGate
             return gate
         if gate.state == ReviewGate.State.COMPLETE:
             raise GateClosed("a complete gate cannot be cancelled", state=gate.state)
-        move(gate, lc.REVIEW_GATE, ReviewGate.State.CANCELLED, completed_at=timezone.now())
         outbox = Outbox(caller.label)
-        outbox.add(session, ev.REVIEW_GATE_CANCELLED, run_id=gate.run_id, gate_id=gate.id, state=gate.state)
-        _resume_if_waiting(session, gate, outbox, reason=reason or f"review gate {gate.id} cancelled")
-        if gate.route == ReviewGate.Route.AGENT:
-            _cancel_handoffs(session, gate, outbox, reason=reason or f"review gate {gate.id} cancelled")
+        _cancel_locked(session, gate, outbox, reason=reason or f"review gate {gate.id} cancelled")
         outbox.flush()
     return gate
+
+
+def _cancel_locked(session: Session, gate: ReviewGate, outbox: Outbox, *, reason: str) -> None:
+    """Cancel a pending gate of the locked ``session``: ``review.gate_cancelled``, a session that
+    waited on it continues (``_resume_if_waiting``), an agent gate's unbound slots are withdrawn."""
+    move(gate, lc.REVIEW_GATE, ReviewGate.State.CANCELLED, completed_at=timezone.now())
+    outbox.add(session, ev.REVIEW_GATE_CANCELLED, run_id=gate.run_id, gate_id=gate.id, state=gate.state)
+    _resume_if_waiting(session, gate, outbox, reason=reason)
+    if gate.route == ReviewGate.Route.AGENT:
+        _cancel_handoffs(session, gate, outbox, reason=reason)
+
+
+def withdraw_gates(session: Session, outbox: Outbox, reason: str) -> None:
+    """The ``review_gate`` wait kind's ``withdraw`` (wired in ``apps.py``): a session that takes no
+    more work (terminated, stale) cancels every pending gate with its review slots, as a cancel
+    would. The session is locked and has already moved, so nothing continues."""
+    for gate in ReviewGate.objects.select_for_update(of=("self",)).filter(
+        session=session, state=ReviewGate.State.PENDING,
+    ).order_by("id"):
+        _cancel_locked(session, gate, outbox, reason=reason)
 
 
 def _cancel_handoffs(session: Session, gate: ReviewGate, outbox: Outbox, *, reason: str) -> None:

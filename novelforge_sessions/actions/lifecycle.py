@@ -217,6 +217,24 @@ def holds(session: Session, run: Run) -> list[Hold]:
     return _holds_query(session, run)
 
 
+#: Withdrawing what a session waits on (its unbound handoffs, pending review gates, … every
+#: registered wait kind), installed by the control plane at start-up like the holds query.
+_withdraw_waits: Callable[[Session, Outbox, str], None] | None = None
+
+
+def install_withdraw_waits(withdraw: Callable[[Session, Outbox, str], None]) -> None:
+    global _withdraw_waits
+    _withdraw_waits = withdraw
+
+
+def withdraw_waits(session: Session, outbox: Outbox, reason: str) -> None:
+    """Cancel everything ``session`` waits on, with its events in ``outbox`` (the wait registry's
+    cancel mechanisms: ``handoff.cancelled``, ``review.gate_cancelled``, …). Under the session lock."""
+    if _withdraw_waits is None:  # a fail-loud wiring error, never a silent "nothing to withdraw"
+        raise RuntimeError("the control plane's wait registry is not installed (novelforge_sessions.control app)")
+    _withdraw_waits(session, outbox, reason)
+
+
 def refuse_held(session: Session, run: Run | None, target: str | StrEnum) -> None:
     """Refuse (409 ``wait_outstanding``, nothing written) a move that takes ``run`` past what it
     still waits on: continuing (``→ running``) or ending it ``completed`` while a pending review
@@ -282,6 +300,12 @@ def apply_transition(
     outbox.add(
         session, ev.SESSION_TRANSITIONED, **{"from": source.value, "to": dst.value, "reason": reason, "version": session.version}
     )
+    if dst in lc.WORK_CLOSED_STATUSES:
+        # A session that can only end takes no more external work: what it waits on is withdrawn
+        # in this transaction, after the move (the cause first, then its effects; and the
+        # withdrawal's settling finds the session no longer waiting, so it wakes nothing).
+        # A worker or reviewer still holding a lease then renews and delivers nothing.
+        withdraw_waits(session, outbox, f"session {dst.value}: {reason}"[:200] if reason else f"session {dst.value}")
     return dst
 
 

@@ -171,10 +171,11 @@ def end_run(
     caller: Caller, run_id: int, *, outcome: str, session_status: str | None = None, reason: str = "",
     runtime_id: int | None = None,
 ) -> Run:
-    """End the open run; the session leaves ``running`` for ``idle``/``completed``/``failed``.
-
-    A run that still waits on something that holds it (a pending review gate) may fail or
-    abort, but not end ``completed``.
+    """End the open run; the session leaves ``running`` for ``idle``/``completed``/``failed``
+    (``lifecycles.run_end_status``). A waiting run (``awaiting_*``) may fail or be aborted —
+    both leave the session ``failed``, the table having no ``awaiting_* → idle`` — but not
+    end ``completed``; nor may a run that still waits on something that holds it (a pending
+    review gate).
 
     Refusals, most fundamental first: not found → ``run_not_open`` → the lifecycle table (an
     awaiting session's run cannot end this way) → a named ``runtime_id`` that is not the live
@@ -184,7 +185,7 @@ def end_run(
     caller.require("write")
     if outcome not in _OUTCOMES:
         raise ValidationFailed("outcome must be completed, aborted or failed", field="outcome", allowed=sorted(_OUTCOMES))
-    run_state, default_status, allowed = _OUTCOMES[outcome]
+    run_state, _, allowed = _OUTCOMES[outcome]
     target = rt.SessionStatus(session_status) if session_status in {s.value for s in rt.SessionStatus} else None
     if session_status is not None and (target is None or target not in allowed):
         raise ValidationFailed(
@@ -195,16 +196,17 @@ def end_run(
         session, run = _lock_run(caller, run_id)
         if run.state != rt.RunState.OPEN:
             raise RunNotOpen("the run has already ended", state=run.state)
-        check(rt.check_transition, session.status, target or default_status)
+        next_status = lc.run_end_status(run_state, session.status, target)
+        check(rt.check_transition, session.status, next_status)
         if runtime_id is not None:
             fence_runtime(caller, session, runtime_id)  # the named runtime is the live one
         else:
             require_live_runtime(caller, session)
         if run_state is rt.RunState.COMPLETED:
-            refuse_held(session, run, target or default_status)
+            refuse_held(session, run, next_status)
         outbox = Outbox(caller.label)
         apply_transition(
-            session, target or default_status, reason=reason or f"run {outcome}", outbox=outbox,
+            session, next_status, reason=reason or f"run {outcome}", outbox=outbox,
             run_end_state=run_state, current_run=run,
         )
         outbox.flush()

@@ -9,6 +9,11 @@ events — the runtime ends ``lost`` and, if the session was ``running``, the se
 ``failed`` with reason ``runtime_lost`` (resumable, ``failed → running``). The reconciler calls
 it for every expired lease; resume, attach and forget call it inline for the session they
 lock, so the one-live-runtime index never makes an expired record block them.
+
+``wake_waiting_session`` is the same rule for a wait that settles: a waiting session whose
+results or verdicts are bound (or whose wait is cancelled) continues ``running`` only if a
+runtime is live to run it; else it goes ``failed / runtime_lost`` as a running session whose
+runtime is gone would — whether or not a reconciler pass ran first.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from novelforge_sessions.actions.lifecycle import (
     Outbox,
     apply_transition,
     check,
+    live_runtime,
     lock_session,
     move_rows,
     recorded_runtime,
@@ -40,6 +46,8 @@ from novelforge_sessions.models import Run, RuntimeAttachment, Session
 log = logging.getLogger("novelforge.runtimes")
 
 MAX_LEASE_SECONDS = 3600
+#: The status reason (and the lost runtime's end reason) when a session's runtime is gone.
+RUNTIME_LOST = "runtime_lost"
 
 #: States in which a runtime may serve the session (it could run, or is waiting).
 _ATTACHABLE = frozenset(s for s in rt.SessionStatus if lc.resumable(s) or lc.holds_run(s))
@@ -100,18 +108,60 @@ def expire_runtime(
     now = now or timezone.now()
     claimed = move_rows(
         RuntimeAttachment.objects.lease_expired(now).filter(id=attachment.id), lc.RUNTIME, rt.RuntimeState.LOST,
-        end_reason="runtime_lost", ended_at=now,
+        end_reason=RUNTIME_LOST, ended_at=now,
     )
     if claimed != 1:
         return False
-    attachment.state, attachment.end_reason, attachment.ended_at = rt.RuntimeState.LOST.value, "runtime_lost", now
-    outbox.add(session, ev.RUNTIME_LOST, runtime_id=attachment.id, generation=attachment.generation, reason="runtime_lost")
+    attachment.state, attachment.end_reason, attachment.ended_at = rt.RuntimeState.LOST.value, RUNTIME_LOST, now
+    outbox.add(
+        session, ev.RUNTIME_LOST, runtime_id=attachment.id, generation=attachment.generation, reason=RUNTIME_LOST,
+    )
     after = lc.status_after_runtime_loss(session.status)
     if after != session.status:
         apply_transition(
-            session, after, reason="runtime_lost", outbox=outbox, run_end_state=rt.RunState.INTERRUPTED,
+            session, after, reason=RUNTIME_LOST, outbox=outbox, run_end_state=rt.RunState.INTERRUPTED,
         )
     return True
+
+
+def fail_without_runtime(session: Session, outbox: Outbox, *, now: datetime | None = None) -> None:
+    """Record that nothing runs a locked session that holds a run and has no live runtime (the
+    caller established that, by the lease): a record still saying live whose lease ran out is
+    recorded ``lost`` (:func:`expire_runtime`), and the session goes where the reconciler puts a
+    ``running`` session whose runtime is gone — ``failed`` with reason ``runtime_lost``, its run
+    interrupted (resumable). What its run bound (results, verdicts) stays bound: resume carries it."""
+    record = recorded_runtime(session, lock=False)
+    if record is not None:
+        expire_runtime(session, record, outbox, now=now)  # a running session fails here already
+    after = lc.status_after_runtime_loss(rt.SessionStatus.RUNNING)
+    if session.status != after:
+        apply_transition(session, after, reason=RUNTIME_LOST, outbox=outbox, run_end_state=rt.RunState.INTERRUPTED)
+
+
+def wake_waiting_session(
+    session: Session, outbox: Outbox, *, reason: str, current_run: Run | None | bool = True,
+    runtime_live: bool | None = None, now: datetime | None = None,
+) -> rt.SessionStatus:
+    """A locked ``awaiting_*`` session's wait was settled (its results or verdicts bound, or what
+    it waited on cancelled) and nothing else holds its run: the run continues (``→ running``,
+    ``reason``) — if a runtime is live to run it, by its lease (DESIGN §13). Otherwise nothing
+    would run it, and no lease could ever run out to tidy it: :func:`fail_without_runtime`
+    (``failed / runtime_lost``, its run interrupted, an expired record recorded lost), the same
+    end state whether or not a reconciler pass recorded the runtime lost first. Resume is then the
+    way back, carrying what was bound.
+
+    ``runtime_live``: whether the session has a live runtime, if the caller's locking statement
+    already read it; ``current_run``: as :func:`apply_transition` takes it. Returns the new status.
+    """
+    now = now or timezone.now()
+    if runtime_live is None:
+        runtime_live = live_runtime(session, lock=False, now=now) is not None
+    if runtime_live:
+        return apply_transition(
+            session, rt.SessionStatus.RUNNING, reason=reason, outbox=outbox, current_run=current_run,
+        )
+    fail_without_runtime(session, outbox, now=now)
+    return rt.SessionStatus(session.status)
 
 
 def refuse_live_runtime(session: Session, outbox: Outbox, message: str, *, now: datetime | None = None) -> None:

@@ -289,7 +289,9 @@ def get_handoff(request: HttpRequest, handoff_id: int) -> dict:
 @handoffs_router.post(
     "/handoffs/{handoff_id}/heartbeat", response={200: LeaseOut, **errors(403, 404, 409)},
     summary="Extend your lease (409 `stale_lease` if your fencing token was superseded)",
-    description="409 `review_route_required` for an agent-review slot (renew it with `POST /review-packets/{id}/heartbeat`).",
+    description="409 `review_route_required` for an agent-review slot (renew it with `POST /review-packets/{id}/heartbeat`). "
+    "409 `handoff_closed` once the handoff is bound, conflicted or cancelled — also when its session was terminated or "
+    "went stale, which withdraws the session's unbound handoffs.",
 )
 def heartbeat(request: HttpRequest, handoff_id: int, body: LeaseIn) -> dict:
     lease = handoff_actions.heartbeat_handoff(caller(request), handoff_id, fencing_token=body.fencing_token)
@@ -303,7 +305,8 @@ def heartbeat(request: HttpRequest, handoff_id: int, body: LeaseIn) -> dict:
     description="Every arrival is logged. 200 `consumed` (this one was consumed) or `already_consumed` (same "
     "logical id, same hash: the original outcome, nothing new). 409 `conflicting_result` (different hash: hard "
     "stop, the session fails or carries `open_conflict`), `stale_lease` (superseded token), "
-    "`handoff_not_claimable`/`handoff_closed`, `review_route_required` (an agent-review slot takes a typed verdict "
+    "`handoff_not_claimable`/`handoff_closed` (also for a session terminated or stale: nothing is consumed into it), "
+    "`review_route_required` (an agent-review slot takes a typed verdict "
     "through `POST /review-packets/{id}/verdicts`; nothing is logged). 422 `invalid_result` (logged; does not fit the "
     "result schema or does not cite the job fingerprint), `result_hash_mismatch`.",
 )

@@ -61,7 +61,9 @@ def advance_cursor(request: HttpRequest, run_id: int, body: CursorIn):
     "/runs/{run_id}/end", response={200: RunOut, **errors(403, 404, 409)},
     summary="End the open run (the session goes idle, completed or failed)",
     description="409 `wait_outstanding` (`details.waiting_on`) for outcome `completed` while the run still waits "
-    "on a pending review gate; it may still fail or be aborted. " + RUNTIME_GONE,
+    "on a pending review gate; it may still fail or be aborted. An aborted run leaves a `running` session `idle` "
+    "and a waiting one (`awaiting_user`, `awaiting_external`) `failed` (the table has no `awaiting_* → idle`). "
+    + RUNTIME_GONE,
 )
 def end_run(request: HttpRequest, run_id: int, body: RunEndIn):
     return actions.end_run(

@@ -87,7 +87,8 @@ def get_session(request: HttpRequest, session_id: int):
     description="409 `illegal_transition` off the table; 409 `wait_outstanding` (`details.waiting_on`) when the "
     "move would take the open run past a pending review gate (→ `running`, or ending the run completed): the "
     "verdicts, or cancelling the gate, continue it. A move out of `running` to `idle`, a wait, `completed` or "
-    "`failed` is the runtime's own work: " + RUNTIME_GONE + " `terminated` and `stale` need no runtime.",
+    "`failed` is the runtime's own work: " + RUNTIME_GONE + " `terminated` and `stale` need no runtime; entering "
+    "either cancels the session's unbound handoffs and pending review gates in the same transaction.",
 )
 def transition(request: HttpRequest, session_id: int, body: TransitionIn):
     return actions.transition_session(
@@ -124,7 +125,10 @@ def abort(request: HttpRequest, session_id: int, body: AbortIn | None = None):
     "/sessions/{session_id}/resume", response={200: ResumeReportOut, **errors(403, 404, 409)},
     summary="Resume: revalidate, then runtime generation N+1 and a new run at the saved cursor",
     description="Any failed step → 409 `resume_refused` with the report in `details.report`; nothing changes. "
-    "`dry_run` returns the report without acting.",
+    "`dry_run` returns the report without acting. A session that can never run again (`completed`, `stale`, "
+    "`terminated`) is 409 `illegal_transition` first, whatever its runtimes; then 409 `live_runtime_exists` while a "
+    "runtime is live (an expired one is recorded lost instead, and a `running` session with no live runtime becomes "
+    "`failed / runtime_lost` before the steps run).",
 )
 def resume(request: HttpRequest, session_id: int, body: ResumeIn):
     outcome = resume_actions.resume_session(

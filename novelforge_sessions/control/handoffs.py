@@ -30,7 +30,7 @@ from collections.abc import Collection, Iterable
 from typing import Any, NoReturn
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from novelforge_sessions import events
@@ -43,6 +43,7 @@ from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import (
     BIGINT_MAX, Outbox, apply_transition, check, lock_session, move, require_live_runtime,
 )
+from novelforge_sessions.actions.runtimes import wake_waiting_session
 from novelforge_sessions.control import result_schema as result_schemas
 from novelforge_sessions.control.fingerprints import job_fingerprint
 from novelforge_sessions.control.models import UNBOUND_STATES, ConsumeReceipt, Handoff, HandoffPurpose, HandoffState
@@ -59,7 +60,7 @@ from novelforge_sessions.errors import (
     StaleLease,
     ValidationFailed,
 )
-from novelforge_sessions.models import Run, Session
+from novelforge_sessions.models import Run, RuntimeAttachment, Session
 
 LOGICAL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@#+=-]{0,199}$")
 RESULT_TYPES = result_schemas.SHORT_TYPES
@@ -138,19 +139,26 @@ def cancelled_reason(handoff: Handoff) -> str:
 
 def settle_waiting_run(session: Session, run_id: int, outbox: Outbox, *, reason: str = RESULTS_BOUND_REASON) -> list[str]:
     """After a handoff of ``run_id`` stopped waiting (bound or cancelled): refresh the run's
-    ``pending_external`` and, if nothing of the open run is pending any more, move a session
-    that was ``awaiting_external`` back to ``running`` (its run continues) with ``reason``
-    as its status reason — say why the wait ended ("external results bound", "handoff X
-    cancelled"). Expects the session row lock."""
+    ``pending_external`` and, if nothing of the open run is pending any more, wake a session
+    that was ``awaiting_external`` (``wake_waiting_session``): back to ``running`` (its run
+    continues) with ``reason`` as its status reason — say why the wait ended ("external results
+    bound", "handoff X cancelled") — if a runtime is live to run it; else ``failed /
+    runtime_lost``, resumable. Expects the session row lock."""
     remaining = list(
         Handoff.objects.filter(run_id=run_id, state__in=UNBOUND_STATES).order_by("id").values_list("logical_id", flat=True)
     )
     Run.objects.filter(id=run_id).update(pending_external=remaining)
     if not remaining and session.status == rt.SessionStatus.AWAITING_EXTERNAL:
-        waiting_run = Run.objects.filter(id=run_id, state=rt.RunState.OPEN).only("id").first()
+        now = timezone.now()
+        # The session's liveness rides along with the run (no statement of its own).
+        live = Exists(RuntimeAttachment.objects.live(now).filter(session_id=OuterRef("session_id")))
+        waiting_run = (
+            Run.objects.filter(id=run_id, state=rt.RunState.OPEN).only("id").annotate(runtime_live=live).first()
+        )
         if waiting_run is not None:
-            apply_transition(
-                session, rt.SessionStatus.RUNNING, reason=reason[:200], outbox=outbox, current_run=waiting_run,
+            wake_waiting_session(
+                session, outbox, reason=reason[:200], current_run=waiting_run, runtime_live=waiting_run.runtime_live,
+                now=now,
             )
     return remaining
 
@@ -259,7 +267,7 @@ _LEASE_PARAMS = {
     # The states a claim may move (lifecycles.HANDOFF): pending, or claimed with its lease run out.
     "claim_from": lc.HANDOFF.sources(HandoffState.CLAIMED),
     # A job of a session that can never run again is not worth a worker's time.
-    "closed_statuses": [rt.SessionStatus.TERMINATED.value, rt.SessionStatus.STALE.value],
+    "closed_statuses": sorted(s.value for s in lc.WORK_CLOSED_STATUSES),
 }
 
 # Private: the review app claims its slots through ``control.service.claim``, which runs it.
@@ -410,6 +418,7 @@ UPDATE {_H}
  WHERE id = %(id)s AND project_id = ANY(%(projects)s)
    AND (%(bound)s::bigint IS NULL OR session_id = %(bound)s::bigint)
    AND purpose = %(purpose)s AND state = %(claimed)s AND fencing_token = %(token)s
+   AND NOT EXISTS (SELECT 1 FROM {_S} s WHERE s.id = session_id AND s.status = ANY(%(closed_statuses)s))
 RETURNING lease_expires_at, attempt
 """
 
@@ -436,7 +445,8 @@ def renew_lease(
         cur.execute(
             _HEARTBEAT_SQL,
             {"now": timezone.now(), "id": handoff_id, "projects": list(project_ids), "bound": session_id,
-             "purpose": HandoffPurpose(purpose).value, "claimed": HandoffState.CLAIMED.value, "token": fencing_token},
+             "purpose": HandoffPurpose(purpose).value, "claimed": HandoffState.CLAIMED.value, "token": fencing_token,
+             "closed_statuses": _LEASE_PARAMS["closed_statuses"]},
         )
         row = cur.fetchone()
     if row is None:
@@ -458,8 +468,12 @@ def lease_refusal(
 ) -> ServiceError:
     """Why a lease write matched nothing, most fundamental reason first: unknown (404), the
     wrong route for its purpose (409 ``review_route_required``), a superseded token (409
-    ``stale_lease``), not claimed (``handoff_not_claimable``) or closed (``handoff_closed``)."""
-    handoff = _scoped(project_ids, session_id).filter(id=handoff_id).first() if 0 < handoff_id <= BIGINT_MAX else None
+    ``stale_lease``), not claimed (``handoff_not_claimable``) or closed (``handoff_closed``: bound,
+    conflicted, cancelled — or its session is terminated or stale, ``details.session_status``)."""
+    handoff = (
+        _scoped(project_ids, session_id).select_related("session").filter(id=handoff_id).first()
+        if 0 < handoff_id <= BIGINT_MAX else None
+    )
     if handoff is None:
         return NotFound("handoff not found", handoff_id=handoff_id)
     if handoff.purpose != purpose:
@@ -473,7 +487,20 @@ def lease_refusal(
         )
     if handoff.state == HandoffState.PENDING:
         return HandoffNotClaimable("this handoff is not claimed", handoff_id=handoff.id, state=handoff.state)
+    if handoff.state == HandoffState.CLAIMED and handoff.session.status in lc.WORK_CLOSED_STATUSES:
+        return session_closed_to_work(handoff, handoff.session.status)
     return HandoffClosed("this handoff takes no more lease traffic", handoff_id=handoff.id, state=handoff.state)
+
+
+def session_closed_to_work(handoff: Handoff, session_status: str) -> HandoffClosed:
+    """The refusal of a result or lease renewal for a handoff whose session takes no more work
+    (terminated, stale: ``lifecycles.WORK_CLOSED_STATUSES``): nothing is consumed into it.
+    Entering those statuses cancels the session's unbound handoffs (then their state refuses);
+    this answers the same for one such a session left open before it did."""
+    return HandoffClosed(
+        f"this handoff's session is {session_status}: it takes no more results or lease traffic",
+        handoff_id=handoff.id, state=handoff.state, session_status=session_status,
+    )
 
 
 def raise_lease_refusal(caller: Caller, handoff_id: int, fencing_token: int) -> NoReturn:

@@ -43,6 +43,7 @@ from novelforge_sessions.control.handoffs import (
     RESULTS_BOUND_REASON,
     lock_handoff,
     review_route_required,
+    session_closed_to_work,
     settle_waiting_run,
     visible_handoffs,
 )
@@ -180,6 +181,12 @@ def deliver_result(
         elif handoff.state != HandoffState.CLAIMED:
             _log(handoff, fencing_token, digest, DeliveryOutcome.NOT_CLAIMABLE, caller.label)
             refusal = _not_claimable(handoff)
+        elif handoff.session.status in lc.WORK_CLOSED_STATUSES:
+            # Entering terminated/stale cancels the session's unbound handoffs (a racing delivery
+            # finds its handoff cancelled under the session lock); this answers the same for a
+            # handoff such a session left open before it did. Terminal for work: no lock needed.
+            _log(handoff, fencing_token, digest, DeliveryOutcome.NOT_CLAIMABLE, caller.label)
+            refusal = session_closed_to_work(handoff, handoff.session.status)
         else:
             problems = check_against_job(handoff, result, job_fingerprint)
             if problems:

@@ -45,13 +45,16 @@ from typing import Any
 from django.db import transaction
 
 from novelforge_sessions import event_types as ev
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import Outbox, apply_transition, check, end_run, lock_session, open_run
 from novelforge_sessions.control.intents import approval_problem, target_state
 from novelforge_sessions.control.routing import live_runtimes_for
 from novelforge_sessions.actions.runs import create_run
-from novelforge_sessions.actions.runtimes import RuntimeSpec, insert_attachment, refuse_live_runtime
+from novelforge_sessions.actions.runtimes import (
+    RuntimeSpec, fail_without_runtime, insert_attachment, refuse_live_runtime,
+)
 from novelforge_sessions.errors import NotFound, ResumeRefused
 from novelforge_sessions.models import Artifact, Checkpoint, Project, RuntimeAttachment, Session
 from novelforge_sessions.control import waits
@@ -413,10 +416,18 @@ def resume_session(
     check(rt.validate_name, runtime.runtime_family, "runtime_family")
     with transaction.atomic():
         session = lock_session(caller, session_id)
+        if not lc.can_run_again(session.status):
+            # The lifecycle refuses first (as attach does): this session can never run again
+            # (completed, stale, terminated), whatever its runtimes say.
+            check(rt.check_transition, session.status, rt.SessionStatus.RUNNING)
         # Liveness is the lease: an expired record is tidied first (a running session becomes
         # failed / runtime_lost, as the reconciler would make it), then resume proceeds.
         tidied = Outbox(caller.label)
         refuse_live_runtime(session, tidied, "a runtime is live for this session; close it before resuming")
+        if session.status == rt.SessionStatus.RUNNING:
+            # Running with no live runtime (and no record left to expire): nothing runs it — a
+            # wait settled that way before such a session failed instead. Tidied the same way.
+            fail_without_runtime(session, tidied)
         tidied.flush()
         check(rt.check_transition, session.status, rt.SessionStatus.RUNNING)
         checkpoints = Checkpoint.objects.filter(session=session)

@@ -68,6 +68,7 @@ from novelforge_sessions.control.waits import (
 from novelforge_sessions.control.waits import register as register_wait_kind
 from novelforge_sessions.errors import ServiceError, StaleLease
 from novelforge_sessions.models import Run, Session
+from novelforge_sessions.session_runtime import SessionStatus
 
 __all__ = [
     "RESULTS_BOUND_REASON", "Bound", "Cancelled", "Claimed", "HandoffPurpose", "Job", "Lease", "Settled",
@@ -145,7 +146,8 @@ class Cancelled:
 @dataclass(frozen=True)
 class Settled:
     """A run after :func:`settle`: what it still waits on, and whether the session moved
-    ``awaiting_external → running``."""
+    ``awaiting_external → running`` (with no live runtime it goes ``failed`` instead:
+    ``session_status`` says so)."""
 
     run_id: int
     pending: tuple[str, ...]
@@ -268,7 +270,10 @@ def settle(*, session: Session, run_id: int, reason: str, outbox: Outbox) -> Set
     ``pending_external``; when nothing of the open run is pending any more, a session that
     was ``awaiting_external`` returns to ``running`` with ``reason`` as its status reason
     (and in the ``session.transitioned`` event) — say why: :data:`RESULTS_BOUND_REASON`,
-    ``"handoff X cancelled"``, ``"review gate N bound"``…"""
+    ``"handoff X cancelled"``, ``"review gate N bound"``… — if a runtime is live to run it;
+    with none (closed, lost, or its lease ran out) it goes ``failed / runtime_lost``, its run
+    interrupted, and resume is the way back."""
     before = session.status
     remaining = _handoffs.settle_waiting_run(session, run_id, outbox, reason=reason)
-    return Settled(run_id, tuple(remaining), session.status, before != session.status)
+    resumed = before != session.status and session.status == SessionStatus.RUNNING
+    return Settled(run_id, tuple(remaining), session.status, resumed)

@@ -28,10 +28,16 @@ A :class:`WaitKind` has
   Review gates hold (DESIGN §9, §13: a person's gate keeps the session ``awaiting_user``);
   handoffs do not: a run may go on with other work while a worker has its job, and a result
   bound later settles whichever run waits on it.
+* ``withdraw(session, outbox, reason)`` — optional: cancel everything of this kind the session
+  still waits on, each through the kind's own cancel mechanism (its rows, its events into
+  ``outbox``). Called when the session enters a status that takes no more external work
+  (``lifecycles.WORK_CLOSED_STATUSES``: terminated, stale), through the hook the control app
+  installs at start-up (``actions.lifecycle.withdraw_waits``).
 
 Every function runs inside the caller's transaction: ``resolve`` with the writing run locked
 (``record_checkpoint``), ``revalidate`` and ``carry_over`` with the session row locked (``resume_session``),
-``holds`` with the session row locked (``transition_session``, ``end_run``, ``resume_session``).
+``holds`` with the session row locked (``transition_session``, ``end_run``, ``resume_session``),
+``withdraw`` with the session row locked, after its move (``apply_transition``).
 """
 from __future__ import annotations
 
@@ -42,7 +48,8 @@ from typing import Any
 from django.db.models import Q
 
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.actions.lifecycle import Hold
+from novelforge_sessions.actions.lifecycle import Hold, Outbox
+from novelforge_sessions.control.handoffs import cancel_locked
 from novelforge_sessions.control.models import UNBOUND_STATES, Handoff
 from novelforge_sessions.errors import ValidationFailed
 from novelforge_sessions.models import Checkpoint, Project, Run, Session
@@ -93,6 +100,7 @@ WaitingMany = Callable[[Sequence[int]], dict[int, list[dict[str, Any]]]]
 Revalidate = Callable[[ResumeScope], WaitCheck]
 CarryOver = Callable[[Session, Run], list[Any]]
 Holds = Callable[[Session, Run], list[Hold]]
+Withdraw = Callable[[Session, Outbox, str], None]
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,8 @@ class WaitKind:
     waiting_many: WaitingMany | None = None
     #: what of the run's waits holds the session (None: this kind never holds it)
     holds: Holds | None = None
+    #: cancel what the session still waits on of this kind (None: nothing to withdraw)
+    withdraw: Withdraw | None = None
 
     def __post_init__(self) -> None:
         if (self.revalidate is None) != (self.step is None):
@@ -198,6 +208,16 @@ def waiting_for_sessions(session_ids: Sequence[int]) -> dict[int, list[Waited]]:
     return found
 
 
+def withdraw(session: Session, outbox: Outbox, reason: str) -> None:
+    """Cancel everything ``session`` still waits on, kind by kind, newest registration first:
+    an app's kind withdraws its own records together with the handoffs they made (a review gate
+    its review slots), then the control plane's own kind cancels whatever is still unbound.
+    Installed into the session actions at start-up (``apps.py``)."""
+    for kind in reversed(_KINDS.values()):
+        if kind.withdraw is not None:
+            kind.withdraw(session, outbox, reason)
+
+
 def carry_over(session: Session, run: Run) -> dict[str, list[Any]]:
     """Hand everything the session still waits on to ``run`` (resume's new run)."""
     moved = {k.pending_key: k.carry_over(session, run) for k in _KINDS.values()}
@@ -275,12 +295,23 @@ def _carry_handoffs(session: Session, run: Run) -> list[str]:
     return waiting_for
 
 
+def _withdraw_handoffs(session: Session, outbox: Outbox, reason: str) -> None:
+    """Cancel every still-unbound handoff of the session, whichever run it belongs to (a job
+    outlives the run that completed while a worker had it), as ``cancel_handoff`` does."""
+    # Locked after the session (the global lock order): a racing claim, renewal or delivery
+    # waits here and then finds the handoff cancelled.
+    unbound = list(
+        Handoff.objects.select_for_update(of=("self",)).filter(session=session, state__in=UNBOUND_STATES).order_by("id")
+    )
+    cancel_locked(session, unbound, reason=reason, outbox=outbox, settle_reason=reason)
+
+
 HANDOFFS = register(WaitKind(
     name="handoff", pending_key="handoffs", resolve=_resolve_handoffs, waiting=_waiting_handoffs,
-    carry_over=_carry_handoffs, waiting_many=_waiting_handoffs_many,
+    carry_over=_carry_handoffs, waiting_many=_waiting_handoffs_many, withdraw=_withdraw_handoffs,
 ))
 
 __all__ = [
     "HANDOFFS", "Hold", "awaiting_status", "holding", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope", "carry_over", "kind_for", "kinds",
-    "pending_keys", "register", "resolve_pending", "waiting_on", "Waited", "waiting_for_sessions",
+    "pending_keys", "register", "resolve_pending", "waiting_on", "Waited", "waiting_for_sessions", "withdraw",
 ]

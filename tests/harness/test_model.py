@@ -50,6 +50,7 @@ LEGAL = {
 STATUSES = sorted(LEGAL)
 HOLDS_RUN = {"running", "awaiting_user", "awaiting_external"}
 NEVER_AGAIN = {"completed", "stale", "terminated"}  # can never run again
+WORK_CLOSED = {"terminated", "stale"}  # take no more external work: their unbound handoffs are cancelled
 #: the run's end when a transition leaves the run-holding states
 RUN_END = {"idle": "completed", "completed": "completed", "failed": "failed", "terminated": "terminated",
            "stale": "interrupted"}
@@ -114,13 +115,21 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.leave_run(s, target, end)
         if target == "terminated":
             s.runtime = None
+        if target in WORK_CLOSED:  # what the session waits on is withdrawn with the move
+            for h in self.handoffs:
+                if h.session == s.id and h.state in ("pending", "claimed"):
+                    h.state = "cancelled"
         s.status = target
 
     def settle(self, s: MSession, h: MHandoff) -> None:
-        """A handoff stopped waiting: a session awaiting it on its open run runs again."""
+        """A handoff stopped waiting: a session awaiting it on its open run runs again — if a
+        runtime is live to run it; else it fails as a running session whose runtime is gone."""
         waiting = [x for x in self.handoffs if x.run == h.run and x.state in ("pending", "claimed")]
         if not waiting and s.status == "awaiting_external" and s.open_run == h.run:
-            s.status = "running"
+            if s.runtime:
+                s.status = "running"
+            else:
+                self.move(s, "failed", end="interrupted")
 
     def session_of(self, h: MHandoff) -> MSession:
         self.touched.add(h.session)
@@ -296,6 +305,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert self.expect(resp, 200)["outcome"] == "already_consumed"
         elif token != h.token:
             self.expect(resp, 409, "stale_lease")
+        elif h.state == "cancelled":  # withdrawn when its session was terminated or went stale
+            self.expect(resp, 409, "handoff_closed")
         elif h.consumed is not None:
             self.expect(resp, 409, "conflicting_result")
             if h.state != "conflicted":

@@ -147,3 +147,27 @@ def test_starting_a_run_where_running_cannot_be_entered_names_the_allowed_target
     assert err["code"] == "illegal_transition"
     allowed = {"completed": ["stale"], "stale": ["terminated"], "terminated": []}[status]
     assert err["details"] == {"from": status, "to": "running", "allowed": allowed}
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+@pytest.mark.parametrize(("state", "code"), [
+    # can never run again: the lifecycle answers first, whatever its runtime (as attach does)
+    ("completed", "illegal_transition"), ("stale", "illegal_transition"),
+    ("completed_closed", "illegal_transition"), ("stale_closed", "illegal_transition"),
+    ("terminated", "illegal_transition"),
+    # may run again: closing the live runtime is the repair
+    ("running", "live_runtime_exists"), ("idle", "live_runtime_exists"), ("awaiting_user", "live_runtime_exists"),
+])
+def test_resume_refuses_a_session_that_can_never_run_again_with_illegal_transition_first(
+    owner, new_session, state, code, dry_run,
+):
+    """Lifecycle audit F6: a completed or stale session whose runtime is still live was answered
+    ``live_runtime_exists`` ("close it before resuming"), a repair that could not help."""
+    session = build(owner, new_session, state)
+    before = snapshot(session["id"])
+    resp = owner.post(f"/sessions/{session['id']}/resume", {"runtime": RUNTIME, "dry_run": dry_run})
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == code, resp.content
+    if code == "illegal_transition":
+        status = Session.objects.get(id=session["id"]).status
+        assert resp.json()["error"]["details"]["from"] == status
+    assert snapshot(session["id"]) == before
