@@ -117,7 +117,8 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
     Every artifact ref must name a real version of an artifact in this project within the
     caller's reach (``require_versions``: out of reach answers as missing; ``refs_in_reach``:
     the calling action resolved them in the caller's reach itself, a graph thread's own state
-    blobs). Approval and pending refs are typed (pure core) and resolved here, then stored normalized
+    blobs); each is stored with its artifact's head at that moment (``artifact_refs``), read by
+    the same statement. Approval and pending refs are typed (pure core) and resolved here, then stored normalized
     (``_resolve_approvals``, the wait kinds of ``control/waits.py``): a ref that does not
     resolve is a 422 naming its field, and nothing is written. A checkpoint without refs runs
     no query for them.
@@ -194,11 +195,15 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
 
 def artifact_refs(reach: Caller | None, project_id: int, refs: tuple[rt.ArtifactRef, ...]) -> list[dict[str, Any]]:
     """Resolve a checkpoint's artifact refs (``require_versions``: within ``reach``, one
-    statement; none without refs), stored as given."""
+    statement; none without refs) and store each as ``{"artifact_id", "fingerprint",
+    "head_version_id"}``: the version the checkpoint froze, and its artifact's head (current
+    version) when it froze it. A frozen candidate is often not its artifact's head (making it
+    current is a write intent): resume fails the ref only when the head moved since."""
     if not refs:
         return []
-    require_versions(reach, project_id, ((r.artifact_id, r.fingerprint) for r in refs), what="artifact refs")
-    return [{"artifact_id": r.artifact_id, "fingerprint": r.fingerprint} for r in refs]
+    heads = require_versions(reach, project_id, ((r.artifact_id, r.fingerprint) for r in refs), what="artifact refs")
+    return [{"artifact_id": r.artifact_id, "fingerprint": r.fingerprint,
+             "head_version_id": heads[(r.artifact_id, r.fingerprint)]} for r in refs]
 
 
 def _resolve_approvals(caller: Caller, project_id: int, refs: tuple[rt.ApprovalRef, ...]) -> list[dict[str, Any]]:
