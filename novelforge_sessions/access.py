@@ -93,8 +93,9 @@ def artifact_ids_in(refs: Any) -> set[int]:
 
 
 def _cited_ids_sql(table: str, column: str) -> str:
-    """Artifact ids the ``column`` ref lists of ``table``'s rows of one session cite (as
-    :func:`artifact_ids_in` reads them: list items with a non-negative integer ``artifact_id``)."""
+    """Artifact ids the ``column`` ref lists of ``table``'s rows of one session cite: list items
+    whose ``artifact_id`` is an integer, as :func:`artifact_ids_in` reads them (no artifact has a
+    negative id; the pattern keeps the cast from failing on anything else)."""
     return f"""
 SELECT (e.ref ->> 'artifact_id')::bigint
   FROM {table} AS x
@@ -106,7 +107,9 @@ SELECT (e.ref ->> 'artifact_id')::bigint
 
 @cache
 def _given_sql() -> str:
-    """:func:`artifacts_given_to` in SQL: one SELECT of artifact ids, its five ``%s`` the session id."""
+    """:func:`artifacts_given_to` in SQL: one SELECT of artifact ids, its five ``%s`` the session
+    id. Used as ``artifact_id IN (…)``, PostgreSQL pushes the outer lookup's artifact ids into
+    each branch (a semi-join), so a citation's check stays index lookups."""
     from novelforge_sessions.models import ApiToken, ArtifactVersion, Checkpoint, Run
 
     # the control plane's handoffs and the review gates by their reverse names (no upward import)

@@ -544,3 +544,33 @@ def test_a_blind_reviewer_cannot_cite_its_packets_fingerprint_into_a_grant(proje
     for ref in ({"artifact_id": own["id"], "fingerprint": own["current_fingerprint"]}, *cite(draft.artifact_id)):
         ok(reviewer.post(f"/runs/{run_id}/checkpoints", {"boundary": "context_freeze", "cursor": {"step": 1},
                                                         "artifacts": [ref]}), 201)
+
+
+def test_each_citation_gives_its_artifact_and_odd_refs_give_nothing(project):
+    """The reach is one SQL subquery (``access.artifacts_given_to``) over every source the matrix
+    names: versions written under the session's token, and the artifacts its runs' frozen inputs,
+    its checkpoints, its handoffs' inputs and its review gates' candidates cite. A ref list that
+    holds odd JSON (hand-written rows) gives nothing and breaks nothing."""
+    world = build(project)
+    o = Session.objects.get(tokens__name="other-writer")
+    made = {k: ok(world.owner.post("/artifacts", {"name": f"given-{k}", "content": k}), 201)
+            for k in ("run", "checkpoint", "handoff", "gate", "none")}
+
+    def ref(key: str) -> dict[str, Any]:
+        return {"artifact_id": made[key]["id"], "fingerprint": made[key]["current_fingerprint"]}
+
+    ok(world.owner.post(f"/runs/{_other_run(world)}/end", {"outcome": "completed"}))
+    run_id = ok(world.owner.post(f"/sessions/{o.id}/runs", {"frozen_inputs": [{"kind": "note"}, ref("run")]}), 201)["id"]
+    cp = ok(world.owner.post(f"/runs/{run_id}/checkpoints", {"boundary": "context_freeze", "cursor": {"a": 1},
+                                                             "artifacts": [ref("checkpoint")]}), 201)
+    ok(world.owner.post(f"/sessions/{o.id}/review-gates", {"candidate_version_id": made["gate"]["current_version_id"],
+                                                          "rubric": RUBRIC, "route": "agent"}), 201)
+    ok(world.owner.post(f"/runs/{run_id}/handoffs", {"logical_id": "given-job", "inputs": [ref("handoff")]}), 201)
+    mine = ok(world.other.post("/artifacts", {"name": "own", "content": "own"}), 201)
+    expected = {mine["id"], *(made[k]["id"] for k in ("run", "checkpoint", "handoff", "gate"))}
+    assert {a["id"] for a in ok(world.other.get("/artifacts"))["items"]} == expected
+    Checkpoint.objects.filter(id=cp["id"]).update(artifacts=[
+        {"artifact_id": str(made["none"]["id"])}, {"artifact_id": made["none"]["id"] + 0.5}, made["none"]["id"], None,
+        {"artifact_id": [made["none"]["id"]]}, {"artifact_id": 10**30}, {"artifact_id": -1}, ref("checkpoint")])
+    assert {a["id"] for a in ok(world.other.get("/artifacts"))["items"]} == expected
+    assert world.other.get(f"/artifacts/{made['none']['id']}").status_code == 404
