@@ -15,10 +15,12 @@ authority history); the session-level kinds stay the session's own whatever the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from enum import StrEnum
 from typing import Any
 
 from django.db.models import QuerySet
+from django.db.models.expressions import RawSQL
 
 from novelforge_sessions.errors import Forbidden, NotFound
 from novelforge_sessions.models import Membership, Project, Session
@@ -75,7 +77,8 @@ BOUND_TOKEN_MATRIX: dict[str, Rule] = {
 
 
 def token_label(name: str, token_id: int) -> str:
-    """A token's actor label (every event, ``created_by``): fits every actor column."""
+    """A token's actor label (every event, ``created_by``): fits every actor column. The reach
+    of a bound token (``_given_sql``) builds the same label in SQL."""
     return f"token:{name[:100]}#{token_id}"
 
 
@@ -89,24 +92,50 @@ def artifact_ids_in(refs: Any) -> set[int]:
     return found
 
 
-def artifacts_given_to(session_id: int) -> set[int]:
-    """Artifacts a session owns or was given: versions written under a token bound to it, and the
-    artifacts its runs' frozen inputs, checkpoints, handoffs and review gates cite. A reviewer's
-    packets are not a grant: a blind packet carries what the reviewer may read, nothing more."""
+def _cited_ids_sql(table: str, column: str) -> str:
+    """Artifact ids the ``column`` ref lists of ``table``'s rows of one session cite: list items
+    whose ``artifact_id`` is an integer, as :func:`artifact_ids_in` reads them (no artifact has a
+    negative id; the pattern keeps the cast from failing on anything else)."""
+    return f"""
+SELECT (e.ref ->> 'artifact_id')::bigint
+  FROM {table} AS x
+ CROSS JOIN LATERAL jsonb_array_elements(
+       CASE WHEN jsonb_typeof(x.{column}) = 'array' THEN x.{column} ELSE '[]'::jsonb END) AS e(ref)
+ WHERE x.session_id = %s AND jsonb_typeof(e.ref -> 'artifact_id') = 'number'
+   AND (e.ref ->> 'artifact_id') ~ '^[0-9]{{1,18}}$'"""
+
+
+@cache
+def _given_sql() -> str:
+    """:func:`artifacts_given_to` in SQL: one SELECT of artifact ids, its five ``%s`` the session
+    id. Used as ``artifact_id IN (…)``, PostgreSQL pushes the outer lookup's artifact ids into
+    each branch (a semi-join), so a citation's check stays index lookups."""
     from novelforge_sessions.models import ApiToken, ArtifactVersion, Checkpoint, Run
 
-    labels = [token_label(name, tid) for tid, name in ApiToken.objects.filter(session_id=session_id).values_list("id", "name")]
-    ids = set(ArtifactVersion.objects.filter(created_by__in=labels).values_list("artifact_id", flat=True)) if labels else set()
-    for refs in Run.objects.filter(session_id=session_id).values_list("frozen_inputs", flat=True):
-        ids |= artifact_ids_in(refs)
-    for refs in Checkpoint.objects.filter(session_id=session_id).values_list("artifacts", flat=True):
-        ids |= artifact_ids_in(refs)
     # the control plane's handoffs and the review gates by their reverse names (no upward import)
-    sessions = Session.objects.filter(id=session_id)
-    for refs in sessions.filter(handoffs__isnull=False).values_list("handoffs__inputs", flat=True):
-        ids |= artifact_ids_in(refs)
-    ids |= {a for a in sessions.values_list("review_gates__candidate__artifact_id", flat=True) if a is not None}
-    return ids
+    handoff = Session._meta.get_field("handoffs").related_model._meta
+    gate = Session._meta.get_field("review_gates").related_model._meta
+    versions, tokens = ArtifactVersion._meta.db_table, ApiToken._meta.db_table
+    return f"""
+SELECT v.artifact_id FROM {versions} AS v JOIN {tokens} AS t
+    ON v.created_by = 'token:' || left(t.name, 100) || '#' || t.id::text
+ WHERE t.session_id = %s
+UNION ALL {_cited_ids_sql(Run._meta.db_table, "frozen_inputs")}
+UNION ALL {_cited_ids_sql(Checkpoint._meta.db_table, "artifacts")}
+UNION ALL {_cited_ids_sql(handoff.db_table, handoff.get_field("inputs").column)}
+UNION ALL
+SELECT v.artifact_id FROM {gate.db_table} AS g JOIN {versions} AS v ON v.id = g.{gate.get_field("candidate").column}
+ WHERE g.session_id = %s"""
+
+
+def artifacts_given_to(session_id: int) -> RawSQL:
+    """Artifacts a session owns or was given, as a subquery of artifact ids (so a scoped lookup
+    stays one statement): versions written under a token bound to it (``token_label``), and the
+    artifacts its runs' frozen inputs, checkpoints, handoffs and review gates cite. A reviewer's
+    packets are not a grant: a blind packet carries what the reviewer may read, nothing more.
+    Nor is citing one: every citation is resolved within the citing caller's reach
+    (``actions.artifacts.require_versions``), so a bound token cites only what it already reads."""
+    return RawSQL(_given_sql(), [session_id] * 5)
 
 
 @dataclass(frozen=True)
@@ -148,7 +177,7 @@ class Caller:
                 return qs.filter(**{f"{rule.path}__any": [self.session_id]})
             return qs.filter(**{rule.path: self.session_id})
         if rule.bound == Reach.GIVEN_ARTIFACTS:
-            return qs.filter(**{f"{rule.path}__in": artifacts_given_to(self.session_id)})
+            return qs.filter(**{f"{rule.path}__in": artifacts_given_to(self.session_id)})  # a subquery: no extra statement
         if rule.bound == Reach.NOTHING:
             return qs.none()
         raise ValueError(f"{kind}: {rule.bound} is applied by its own module")  # review packets: reviews.access

@@ -18,25 +18,40 @@ from novelforge_sessions.models import Artifact, ArtifactVersion, content_finger
 MAX_ARTIFACT_BYTES = 1024 * 1024
 
 
-def require_versions(project_id: int, refs: Iterable[tuple[int, str]], *, what: str) -> None:
+def require_versions(
+    reach: Caller | None, project_id: int, refs: Iterable[tuple[int, str]], *, what: str,
+) -> dict[tuple[int, str], int | None]:
     """Refuse (422 ``unknown_artifact_version``) unless every (artifact id, fingerprint) names
-    an existing version of an artifact of this project. One query."""
+    an existing version of an artifact of this project within ``reach``'s reach
+    (``Caller.scope("artifact_version")``). Returns each pair's artifact head (its current
+    version id) as of now. One statement, the reach a subquery in it.
+
+    Citing a version gives its artifact to the citing session (``access.artifacts_given_to``),
+    so a citation may only name what the caller can already read: a version outside a
+    session-bound token's reach is refused exactly as a missing one (same code, message and
+    details: ids are not an oracle), and an unbound token, which reaches the whole project, is
+    how an orchestrator gives a session an artifact. ``reach`` None: the calling action has
+    resolved the refs within its caller's reach itself (a review gate's candidate, a graph
+    thread's own state blobs).
+    """
     wanted = set(refs)
     if not wanted:
-        return
-    found = set(
-        ArtifactVersion.objects.filter(
-            artifact__project_id=project_id,
-            artifact_id__in={a for a, _ in wanted},
-            fingerprint__in={f for _, f in wanted},
-        ).values_list("artifact_id", "fingerprint")
+        return {}
+    versions = ArtifactVersion.objects.filter(
+        artifact__project_id=project_id,
+        artifact_id__in={a for a, _ in wanted},
+        fingerprint__in={f for _, f in wanted},
     )
-    missing = sorted(wanted - found)
+    if reach is not None:
+        versions = reach.scope("artifact_version", versions)
+    found = {(a, f): head for a, f, head in versions.values_list("artifact_id", "fingerprint", "artifact__current_version_id")}
+    missing = sorted(wanted - set(found))
     if missing:
         raise UnknownArtifactVersion(
             f"{what} must name existing versions of this project's artifacts",
             missing=[{"artifact_id": a, "fingerprint": f} for a, f in missing],
         )
+    return found
 
 
 def _check_content(content: str) -> bytes:

@@ -83,7 +83,7 @@ def start_run(
             # A conflicting result is a hard stop (contract §08): no new work until a manager resolves it.
             raise OpenConflict("the session has an open conflict; a manager must resolve it first",
                                reason=session.open_conflict)
-        require_versions(session.project_id, cited, what="frozen_inputs")
+        require_versions(caller, session.project_id, cited, what="frozen_inputs")
         outbox = Outbox(caller.label)
         run = create_run(
             session, outbox, task_mode=task_mode or session.task_mode, target=target, cursor=cursor,
@@ -96,9 +96,10 @@ def start_run(
 def _cited_versions(frozen_inputs: list | None) -> list[tuple[int, str]]:
     """The artifact versions ``frozen_inputs`` cite. The list is free-form, but an item with an
     ``artifact_id`` is an artifact ref: it needs the version's ``fingerprint`` too (422 naming
-    the item otherwise), and the pair must name a real version (``require_versions``). A cited
-    artifact is one the session was given (``access.artifacts_given_to``), so an id alone
-    would let a bound token give itself any artifact of its project."""
+    the item otherwise), and the pair must name a real version within the caller's reach
+    (``require_versions``). A cited artifact is one the session was given
+    (``access.artifacts_given_to``), so an id alone, or a fingerprint learnt elsewhere (a blind
+    review packet carries its candidate's), would let a bound token give itself an artifact."""
     cited = []
     for index, item in enumerate(frozen_inputs or []):
         if not isinstance(item, dict) or "artifact_id" not in item:

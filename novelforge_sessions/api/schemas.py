@@ -680,7 +680,11 @@ class CheckpointIn(Input):
 
     boundary: Boundary
     cursor: dict[str, Any] = Field(..., json_schema_extra=NON_EMPTY_OBJECT)
-    artifacts: list[ArtifactRefIn] = Field(default_factory=list)
+    artifacts: list[ArtifactRefIn] = Field(
+        default_factory=list,
+        description="the artifact versions the checkpoint froze: each a version of this project within your reach "
+                    "(else 422 unknown_artifact_version, the same answer as for a version that does not exist)",
+    )
     authority: Annotated[dict[str, Any] | None, WithJsonSchema(AUTHORITY_REFS)] = Field(
         None, description="the refs you froze against (any of them); each must equal the project's current one",
     )
@@ -741,7 +745,11 @@ class CheckpointOut(Schema):
     seq: int
     boundary: str
     cursor: dict[str, Any]
-    artifacts: list[dict[str, Any]]
+    artifacts: list[dict[str, Any]] = Field(
+        ..., description="as given, each with head_version_id: its artifact's current version when the checkpoint was "
+                         "written (resume fails a ref only if that head moved since, other than to the cited version "
+                         "or by a write intent the checkpoint cites)",
+    )
     authority: dict[str, Any]
     pending: dict[str, Any]
     approvals: list[Any]

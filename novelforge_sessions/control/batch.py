@@ -10,7 +10,8 @@ result is its own typed object (the checkpoint written, or the cursor it set), i
 
 Same rules as the single writes (``control.checkpoints.record_checkpoint``,
 ``actions.runs.advance_cursor`` without ``runtime_id`` fencing): an open run, a live runtime
-(for a write on a runtime's behalf), current authority, resolvable refs; checkpoints are numbered consecutively in item order.
+(for a write on a runtime's behalf), current authority, resolvable refs (artifact refs within the
+caller's reach); checkpoints are numbered consecutively in item order.
 """
 from __future__ import annotations
 
@@ -27,11 +28,10 @@ from novelforge_sessions import events
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, acts_for_runtime, check, runtime_gone
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.checkpoints import (
-    _AUTHORITY_FIELDS, _resolve_approvals, check_authority, lock_params, lock_run_sql,
+    _AUTHORITY_FIELDS, _resolve_approvals, artifact_refs, check_authority, lock_params, lock_run_sql,
 )
 from novelforge_sessions.errors import NotFound, RunNotOpen, ServiceError, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Run
@@ -139,8 +139,7 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
                     plan.append((kind, spec))
                     continue
                 check_authority(spec.authority, current)
-                if spec.artifacts:
-                    require_versions(project_id, ((r.artifact_id, r.fingerprint) for r in spec.artifacts), what="artifact refs")
+                artifacts = artifact_refs(caller, project_id, spec.artifacts)
                 approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
                 pending = (waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending)
                            if spec.pending else {})
@@ -152,8 +151,7 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
             cols["seq"].append(count)
             cols["boundary"].append(spec.boundary.value)
             cols["cursor"].append(_dumps(spec.cursor))
-            cols["artifacts"].append(_dumps([{"artifact_id": r.artifact_id, "fingerprint": r.fingerprint}
-                                             for r in spec.artifacts]))
+            cols["artifacts"].append(_dumps(artifacts))
             cols["pending"].append(_dumps(pending))
             cols["approvals"].append(_dumps(approvals))
             cols["resume_policy"].append(spec.resume_policy)

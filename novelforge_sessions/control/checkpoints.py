@@ -100,7 +100,7 @@ def request_digest(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":"), cls=DjangoJSONEncoder).encode()).hexdigest()
 
 
-def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> Checkpoint:
+def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, refs_in_reach: bool = False) -> Checkpoint:
     """Validate (pure) then write checkpoint N+1 of an open run, in one transaction.
 
     With an ``idempotency_key``, a retry (same key, same body) returns the checkpoint the first
@@ -114,8 +114,11 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
 
     The authority refs are the project's *current* ones, read by the server; a client that
     states other refs is refused with ``stale_authority`` (it froze against an old Canon).
-    Every artifact ref must name a real version of an artifact in this project. Approval and
-    pending refs are typed (pure core) and resolved here, then stored normalized
+    Every artifact ref must name a real version of an artifact in this project within the
+    caller's reach (``require_versions``: out of reach answers as missing; ``refs_in_reach``:
+    the calling action resolved them in the caller's reach itself, a graph thread's own state
+    blobs); each is stored with its artifact's head at that moment (``artifact_refs``), read by
+    the same statement. Approval and pending refs are typed (pure core) and resolved here, then stored normalized
     (``_resolve_approvals``, the wait kinds of ``control/waits.py``): a ref that does not
     resolve is a 422 naming its field, and nothing is written. A checkpoint without refs runs
     no query for them.
@@ -151,7 +154,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
             raise runtime_gone(session_id, status)
         current = dict(zip(_AUTHORITY_FIELDS, authority))
         check_authority(spec.authority, current)
-        require_versions(project_id, ((r.artifact_id, r.fingerprint) for r in spec.artifacts), what="artifact refs")
+        artifacts = artifact_refs(None if refs_in_reach else caller, project_id, spec.artifacts)
         approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
         pending = waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending) if spec.pending else {}
         checkpoint = Checkpoint(
@@ -160,7 +163,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
             seq=count + 1,
             boundary=spec.boundary.value,
             cursor=spec.cursor,
-            artifacts=[{"artifact_id": r.artifact_id, "fingerprint": r.fingerprint} for r in spec.artifacts],
+            artifacts=artifacts,
             authority=current,
             pending=pending,
             approvals=approvals,
@@ -188,6 +191,19 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> C
         checkpoint.idempotency_key, checkpoint.request_digest = spec.idempotency_key, digest
         checkpoint.replayed = False
     return checkpoint
+
+
+def artifact_refs(reach: Caller | None, project_id: int, refs: tuple[rt.ArtifactRef, ...]) -> list[dict[str, Any]]:
+    """Resolve a checkpoint's artifact refs (``require_versions``: within ``reach``, one
+    statement; none without refs) and store each as ``{"artifact_id", "fingerprint",
+    "head_version_id"}``: the version the checkpoint froze, and its artifact's head (current
+    version) when it froze it. A frozen candidate is often not its artifact's head (making it
+    current is a write intent): resume fails the ref only when the head moved since."""
+    if not refs:
+        return []
+    heads = require_versions(reach, project_id, ((r.artifact_id, r.fingerprint) for r in refs), what="artifact refs")
+    return [{"artifact_id": r.artifact_id, "fingerprint": r.fingerprint,
+             "head_version_id": heads[(r.artifact_id, r.fingerprint)]} for r in refs]
 
 
 def _resolve_approvals(caller: Caller, project_id: int, refs: tuple[rt.ApprovalRef, ...]) -> list[dict[str, Any]]:

@@ -308,10 +308,13 @@ def put_checkpoint(
         cursor: dict[str, Any] = {"graph": {"checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}}
         if isinstance(meta.get("step"), int):
             cursor["graph"]["step"] = meta["step"]
+        # The refs are this thread's own state blobs (their content came in this thread's puts,
+        # which the caller reaches), not a citation of what another session holds: a blob stored
+        # once per project may have been written first by another thread's token.
         record = record_checkpoint(caller, run.id, {
             "boundary": rt.CheckpointBoundary.CONTEXT_FREEZE.value, "cursor": cursor,
             "artifacts": [{"artifact_id": a, "fingerprint": fp} for a, fp in refs],
-        })
+        }, refs_in_reach=True)
         graph = GraphCheckpoint.objects.create(
             thread=thread, record=record, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id,
             parent_checkpoint_id=parent, metadata=meta, document=document,

@@ -211,25 +211,27 @@ def create_handoff(
             )
         require_live_runtime(caller, session)  # a runtime whose lease ran out hands nothing off
         outbox = Outbox(caller.label)
-        handoff = insert_handoff(session, run, spec, actor=caller.label, outbox=outbox)
+        handoff = insert_handoff(session, run, spec, actor=caller.label, outbox=outbox, reach=caller)
         outbox.flush()
     return CreatedHandoff(handoff, True)
 
 
 def insert_handoff(
-    session: Session, run: Run, spec: JobSpec, *, actor: str, outbox: Outbox,
+    session: Session, run: Run, spec: JobSpec, *, actor: str, outbox: Outbox, reach: Caller | None,
     purpose: HandoffPurpose = HandoffPurpose.JOB,
 ) -> Handoff:
     """Insert one handoff for an already-locked ``running``/``awaiting_external`` session and
     its open run (the caller holds both locks and owns the transaction): the run lists the
     logical id as pending, ``handoff.created`` goes to the caller's outbox and a ``running``
-    session moves to ``awaiting_external``. The caller flushes the outbox."""
+    session moves to ``awaiting_external``. The caller flushes the outbox. The inputs must name
+    versions within ``reach``'s reach (``require_versions``; None: the caller resolved them in
+    its own caller's reach, as a review gate's candidate is)."""
     if ConsumeReceipt.objects.filter(project_id=session.project_id, logical_id=spec.logical_id).exists():
         raise AlreadyConsumed(
             "a result for this logical id was already consumed; it is not handed off again",
             logical_id=spec.logical_id,
         )
-    require_versions(session.project_id, ((r["artifact_id"], r["fingerprint"]) for r in spec.inputs), what="inputs")
+    require_versions(reach, session.project_id, ((r["artifact_id"], r["fingerprint"]) for r in spec.inputs), what="inputs")
     try:
         # A savepoint: another session of the project may race us to the same logical id.
         with transaction.atomic():

@@ -26,10 +26,16 @@ for the control-plane steps:
   still be bound to its frozen job (no named handoff missing, no invalid delivery waiting).
 * other ``pending`` keys — each is a wait kind registered in ``control/waits.py`` (``gates``:
   review gates, registered by ``reviews``), revalidated by the kind's own step.
-* *consumed* — the saved cursor must not repeat an effect that already happened: a write
-  intent it names was executed after the checkpoint; a result it names was consumed and the
-  session checkpointed past it since; a ``before_long_handoff`` cursor names a handoff whose
-  result is already consumed. Repair: re-freeze (resume from, or record, a later checkpoint).
+* ``artifacts`` — stored as ``{"artifact_id", "fingerprint", "head_version_id"}``: the version
+  frozen and its artifact's head at checkpoint time. *artifacts* fails a ref only if the head
+  moved since, other than to the cited version or by the checkpoint's own executed write
+  intents (re-freeze).
+* *consumed* — the saved cursor must not repeat an effect that already happened: a result it
+  names was consumed and the session checkpointed past it since; a ``before_long_handoff``
+  cursor names a handoff whose result is already consumed. Repair: re-freeze (resume from, or
+  record, a later checkpoint). A write intent it names that was executed after the checkpoint
+  (a crash right after the session's own write) is reported and carried past, not refused:
+  executing it again answers with its recorded outcome, so nothing is repeated.
 
 On success, everything the session still waits on (every wait kind's ``carry_over``) moves to
 the new run; if any of it holds the run (``waits.holding``: a pending review gate), the session
@@ -67,6 +73,7 @@ from novelforge_sessions.control.models import (
     DeliveryOutcome,
     Handoff,
     HandoffState,
+    IntentKind,
     IntentState,
     ResultDelivery,
     WriteIntent,
@@ -132,25 +139,89 @@ def step_context(ctx: ResumeContext) -> StepResult:
     """Sparse context from current state: the artifacts the checkpoint names, as they are now."""
     refs = ctx.checkpoint.artifacts if ctx.checkpoint else []
     ids = [r["artifact_id"] for r in refs]
-    current = dict(
-        Artifact.objects.filter(id__in=ids, project=ctx.project).values_list("id", "current_version__fingerprint")
-    )
-    ctx.facts["current_fingerprints"] = current
-    return StepResult("context", True, f"rebuilt from current state ({len(current)} artifacts); transcript not read",
-                      {"artifacts": len(current)})
+    heads = {
+        artifact_id: (version_id, fp) for artifact_id, version_id, fp in Artifact.objects.filter(
+            id__in=ids, project=ctx.project).values_list("id", "current_version_id", "current_version__fingerprint")
+    }
+    ctx.facts["heads"] = heads
+    return StepResult("context", True, f"rebuilt from current state ({len(heads)} artifacts); transcript not read",
+                      {"artifacts": len(heads)})
 
 
 def step_artifacts(ctx: ResumeContext) -> StepResult:
+    """Every artifact ref still stands: a checkpoint froze a version (immutable, by fingerprint),
+    and fails only if the artifact's head moved since. A ref holds when
+
+    * the cited version is the head now (whatever happened in between), or
+    * the head is still the one the checkpoint recorded (``head_version_id``, stored since refs
+      carry it): a frozen candidate need not be current, making it current is a write intent; or
+    * the head moved only by write intents the checkpoint itself cites (its own consequential
+      write, executed since: the *consumed* step reports it), each starting from the head it
+      left or the cited version.
+
+    A ref stored before refs recorded the head (no ``head_version_id``) keeps the earlier rule,
+    the cited version must be the head, widened only by the checkpoint's own writes starting
+    from the cited version. A ref that does not hold is ``changed`` (re-freeze).
+    """
     refs = ctx.checkpoint.artifacts if ctx.checkpoint else []
-    current = ctx.facts.get("current_fingerprints", {})
-    changed = [
-        {"artifact_id": r["artifact_id"], "bound": r["fingerprint"], "current": current.get(r["artifact_id"])}
-        for r in refs if current.get(r["artifact_id"]) != r["fingerprint"]
-    ]
+    heads = ctx.facts.get("heads", {})
+    current: list[int] = []
+    unmoved: list[dict[str, Any]] = []
+    written: list[dict[str, Any]] = []
+    changed: list[dict[str, Any]] = []
+    for r in refs:
+        head_id, head_fp = heads.get(r["artifact_id"], (None, None))
+        if head_fp == r["fingerprint"]:
+            current.append(r["artifact_id"])
+        elif head_id is not None and head_id == r.get("head_version_id"):
+            unmoved.append({"artifact_id": r["artifact_id"], "bound": r["fingerprint"], "current": head_fp})
+        elif (by := _moved_by_own_writes(ctx, r, head_id)):
+            written.append({"artifact_id": r["artifact_id"], "bound": r["fingerprint"], "current": head_fp,
+                            "write_intent_ids": by})
+        else:
+            changed.append({"artifact_id": r["artifact_id"], "bound": r["fingerprint"], "current": head_fp})
     if changed:
         return StepResult("artifacts", False, f"{len(changed)} artifact(s) changed since the checkpoint",
                           {"changed": changed}, Repair.REFREEZE)
-    return StepResult("artifacts", True, f"{len(refs)} artifact fingerprint(s) still current")
+    if not unmoved and not written:
+        return StepResult("artifacts", True, f"{len(refs)} artifact fingerprint(s) still current")
+    parts = [f"{len(current)} still current"] if current else []
+    if unmoved:
+        parts.append(f"{len(unmoved)} frozen at a version that is not current, and nothing made another version "
+                     "current since")
+    if written:
+        ids = sorted({i for w in written for i in w["write_intent_ids"]})
+        parts.append(f"{len(written)} made current since by the checkpoint's own write "
+                     f"{', '.join(f'intent #{i}' for i in ids)}, already executed")
+    return StepResult("artifacts", True, f"{len(refs)} artifact fingerprint(s) hold: {'; '.join(parts)}",
+                      {"current": current, "unmoved": unmoved, "written": written})
+
+
+def _moved_by_own_writes(ctx: ResumeContext, ref: dict[str, Any], head_id: int | None) -> list[int]:
+    """The executed ``artifact.make_current`` intents the checkpoint cites that carry the
+    artifact's head, one after the other from the head the ref recorded (or the cited version),
+    to ``head_id``; empty when the head got there any other way. Reads the cited intents only
+    when a head moved (``_intents``, one query, shared with the approvals step)."""
+    if head_id is None or not _intent_refs(ctx):
+        return []
+    cp = ctx.checkpoint
+    writes = sorted(
+        (i for i in _intents(ctx).values()
+         if i.kind == IntentKind.ARTIFACT_MAKE_CURRENT and i.artifact_id == ref["artifact_id"]
+         and i.state == IntentState.EXECUTED and i.executed_at > cp.created_at and isinstance(i.outcome, dict)),
+        key=lambda i: (i.executed_at, i.id),
+    )
+    reached: dict[Any, list[int]] = {ref.get("head_version_id"): []} if ref.get("head_version_id") else {}
+    for intent in writes:
+        before, after = intent.outcome.get("before") or {}, intent.outcome.get("after") or {}
+        if before.get("current_version_id") in reached:
+            via = reached[before["current_version_id"]]
+        elif before.get("fingerprint") == ref["fingerprint"]:
+            via = []
+        else:
+            continue
+        reached[after.get("current_version_id")] = [*via, intent.id]
+    return reached.get(head_id) or []
 
 
 # ---- control-plane steps ------------------------------------------------------------------------
@@ -325,16 +396,26 @@ def _receipt(handoff: Handoff) -> ConsumeReceipt | None:
 
 
 def step_consumed(ctx: ResumeContext) -> StepResult:
-    """The saved cursor would not repeat an effect that has already happened."""
+    """The saved cursor would not repeat an effect that has already happened.
+
+    A write intent the checkpoint cites that was executed after it (the session's own
+    consequential write, then a crash before the next checkpoint) is not repeated by
+    continuing: executing it again answers with its recorded outcome. It is reported as
+    consumed and the cursor continues (contract §07, §13.5); its change of an artifact's head is
+    accepted by the *artifacts* step. A consumed result the cursor would wait on again fails.
+    """
     cp = ctx.checkpoint
     if cp is None:
         return StepResult("consumed", True, "nothing bound yet")
+    done: list[dict[str, Any]] = []
     repeated: list[dict[str, Any]] = []
     for ref in _intent_refs(ctx):
         intent = _intents(ctx).get(ref["write_intent_id"])
         if intent is not None and intent.state == IntentState.EXECUTED and intent.executed_at > cp.created_at:
-            repeated.append({"write_intent_id": intent.id, "executed_at": intent.executed_at.isoformat(),
-                             "outcome": intent.outcome})
+            item = {"write_intent_id": intent.id, "kind": intent.kind, "executed_at": intent.executed_at.isoformat(),
+                    "outcome": intent.outcome}
+            # Its recorded outcome is what a repeat answers; without one it could not be told.
+            (done if isinstance(intent.outcome, dict) and "after" in intent.outcome else repeated).append(item)
     refs = set(_handoff_refs(ctx))
     if refs:
         receipts = {r.logical_id: r for r in ConsumeReceipt.objects.filter(project=ctx.project, logical_id__in=refs)}
@@ -346,7 +427,14 @@ def step_consumed(ctx: ResumeContext) -> StepResult:
                                  "consumed_at": receipt.consumed_at.isoformat(), "result_hash": receipt.result_hash})
     if repeated:
         return StepResult("consumed", False, "the saved cursor would repeat effects that were already consumed",
-                          {"already_consumed": repeated}, Repair.REFREEZE)
+                          {"already_consumed": repeated, **({"executed_writes": done} if done else {})}, Repair.REFREEZE)
+    if done:
+        names = ", ".join(f"write intent #{d['write_intent_id']} ({d['kind']})" for d in done)
+        return StepResult(
+            "consumed", True,
+            f"{names} already executed after the checkpoint: the write is done and is not made again "
+            "(executing it again returns its recorded outcome); the cursor continues past it",
+            {"executed_writes": done})
     return StepResult("consumed", True, "no logical result or side effect would be repeated")
 
 

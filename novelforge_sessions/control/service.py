@@ -173,7 +173,9 @@ def create_job(
         logical_id=logical_id, inputs=inputs, params=params, result_schema=result_schema,
         required_capabilities=required_capabilities, timeout_seconds=timeout_seconds,
     )
-    return Job(_handoffs.insert_handoff(session, run, spec, actor=actor, outbox=outbox, purpose=purpose))
+    # Its callers resolve the inputs in their own caller's reach (a review gate's candidate:
+    # ``reviews.actions.open_gate``), so the inputs are checked to exist, not reach (``reach=None``).
+    return Job(_handoffs.insert_handoff(session, run, spec, actor=actor, outbox=outbox, reach=None, purpose=purpose))
 
 
 # ---- leases -------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ carries W's markers), and a refusal writes nothing. The unbound token reaches W'
 """
 from __future__ import annotations
 
+import json
 import re
 from urllib.parse import urlencode
 from dataclasses import dataclass
@@ -31,11 +32,11 @@ from novelforge_sessions.api import api
 from novelforge_sessions.lifecycles import IntentState
 from novelforge_sessions.api.auth import caller_for_token
 from novelforge_sessions.control import graphs
-from novelforge_sessions.control.models import AuthorityChange, GraphThread, WriteIntent
-from novelforge_sessions.models import ApiToken, Artifact, Event, RuntimeAttachment, Session
+from novelforge_sessions.control.models import AuthorityChange, GraphThread, Handoff, WriteIntent
+from novelforge_sessions.models import ApiToken, Artifact, Checkpoint, Event, Run, RuntimeAttachment, Session
 from reviews import actions as review_actions
 from tests.conftest import Api
-from tests.reviews.factories import RUBRIC, make_user
+from tests.reviews.factories import RUBRIC, agent_reviewer, make_user, make_world
 
 pytestmark = pytest.mark.django_db
 
@@ -318,7 +319,10 @@ def test_a_writer_session_token_cannot_execute_another_sessions_approved_intent(
     given = [{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}]
     o = Session.objects.get(tokens__name="other-writer")
     ok(world.other.post(f"/runs/{o.runs.get().id}/end", {"outcome": "completed"}))
-    ok(world.other.post(f"/sessions/{o.id}/runs", {"frozen_inputs": given}), 201)  # now O may see the artifact
+    # an unbound token gives O the artifact (O cannot cite what it does not reach: 422, as missing)
+    refused = world.other.post(f"/sessions/{o.id}/runs", {"frozen_inputs": given})
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "unknown_artifact_version", refused.content
+    ok(world.owner.post(f"/sessions/{o.id}/runs", {"frozen_inputs": given}), 201)  # now O may see the artifact
     state = ok(world.other.get("/write-intents/before-state", kind="artifact.make_current", artifact_id=art["id"]))
     taken = world.other.post("/write-intents", {
         "kind": "artifact.make_current", "idempotency_key": "victim-intent", "artifact_id": art["id"],
@@ -474,3 +478,99 @@ def test_a_bound_token_cites_only_its_own_sessions_write_intents_in_approvals(pr
         "params": {"version_id": v2["id"]}, "before_fingerprint": state["before_fingerprint"]}), 201)
     cp["approvals"] = [{"write_intent_id": mine["id"]}]
     ok(world.other.post(f"/runs/{run_id}/{path}", body), 201)
+
+
+
+def test_a_blind_reviewer_cannot_cite_its_packets_fingerprint_into_a_grant(project):
+    """Outside audit (security F1): an agent reviewer's packet carries the candidate's
+    fingerprint, not its artifact id. Citing ``(id, fingerprint)`` for guessed ids in its own
+    run's checkpoints (or frozen inputs, batch items, handoff inputs) answered 422 for a wrong id
+    and 201 for the right one, and the citation then gave the reviewer the whole artifact: its
+    private name and every version, earlier drafts included. A citation names only what the
+    caller already reads: out of reach answers exactly as a missing id, and nothing is cited."""
+    world = make_world(project)  # the writer's artifact: v1 an early private draft
+    draft = world.version
+    candidate = ok(world.writer_api.post(f"/artifacts/{draft.artifact_id}/versions", {"content": "The lamp turned."}), 201)
+    world.gate(route="agent", candidate_version_id=candidate["id"], required_verdicts=1)
+    r, reviewer = agent_reviewer(project, permissions=("read", "write", "review"))
+    packet = ok(reviewer.post("/review-packets/claim"))["packet"]
+    fp = packet["content"]["candidate"]["fingerprint"]
+    assert fp == candidate["fingerprint"] and "artifact_id" not in json.dumps(packet)
+
+    def cite(artifact_id: int) -> list[dict[str, Any]]:
+        return [{"artifact_id": artifact_id, "fingerprint": fp}]
+
+    def answers(artifact_id: int) -> list[dict[str, Any]]:
+        """Every citing route, for one guessed artifact id: its status and error body."""
+        sent = [reviewer.post(f"/sessions/{r.id}/runs", {"cursor": {"step": "review"}, "frozen_inputs": cite(artifact_id)})]
+        if sent[0].status_code == 201:  # (before the fix) the citation landed: end that run, the asserts say why
+            ok(reviewer.post(f"/runs/{sent[0].json()['id']}/end", {"outcome": "completed"}))
+        run_id = ok(reviewer.post(f"/sessions/{r.id}/runs", {"cursor": {"step": "review"}}), 201)["id"]
+        checkpoint = {"boundary": "context_freeze", "cursor": {"step": "review"}, "artifacts": cite(artifact_id)}
+        sent += [
+            reviewer.post(f"/runs/{run_id}/checkpoints", checkpoint),
+            reviewer.post(f"/runs/{run_id}/batch", {"items": [{"kind": "checkpoint", "checkpoint": checkpoint}]}),
+            reviewer.post(f"/runs/{run_id}/handoffs", {"logical_id": "peek", "inputs": cite(artifact_id)}),
+        ]
+        ok(reviewer.post(f"/runs/{run_id}/end", {"outcome": "completed"}))
+        return [{"status": resp.status_code, **resp.json()} for resp in sent]
+
+    def citations() -> tuple[int, ...]:
+        """Rows and events a citation would write (runs are started and ended by the probes)."""
+        return (Checkpoint.objects.count(), Handoff.objects.count(), Artifact.objects.count(),
+                Event.objects.filter(type__in=["checkpoint.recorded", "handoff.created"]).count(),
+                Run.objects.exclude(frozen_inputs=[]).count())
+
+    before = citations()
+    theirs, nowhere = answers(draft.artifact_id), answers(MISSING)
+    for mine, missing in zip(theirs, nowhere):
+        assert mine["status"] == 422 and mine["error"]["code"] == "unknown_artifact_version", mine
+        # word for word the answer for an id no row has, but for the id the caller itself sent
+        assert json.dumps(mine) == json.dumps(missing).replace(str(MISSING), str(draft.artifact_id)), (mine, missing)
+    assert citations() == before
+    assert ok(reviewer.get("/artifacts"))["items"] == []
+    assert reviewer.get(f"/artifacts/{draft.artifact_id}").status_code == 404
+    for version_id in (draft.id, candidate["id"]):
+        assert reviewer.get(f"/artifact-versions/{version_id}").status_code == 404
+
+    # It cites what it reaches: an artifact it wrote, and one an unbound token (an orchestrator)
+    # gave its session by citing it, which the orchestrator can because it reaches everything.
+    orchestrator = Api(_token(project, "orchestrator", ALL_PERMISSIONS))
+    run_id = ok(reviewer.post(f"/sessions/{r.id}/runs", {"cursor": {"step": "review"}}), 201)["id"]
+    ok(orchestrator.post(f"/runs/{run_id}/checkpoints", {"boundary": "context_freeze", "cursor": {"step": "given"},
+                                                        "artifacts": cite(draft.artifact_id)}), 201)
+    assert [a["id"] for a in ok(reviewer.get("/artifacts"))["items"]] == [draft.artifact_id]
+    own = ok(reviewer.post("/artifacts", {"name": "notes", "content": "my notes"}), 201)
+    for ref in ({"artifact_id": own["id"], "fingerprint": own["current_fingerprint"]}, *cite(draft.artifact_id)):
+        ok(reviewer.post(f"/runs/{run_id}/checkpoints", {"boundary": "context_freeze", "cursor": {"step": 1},
+                                                        "artifacts": [ref]}), 201)
+
+
+def test_each_citation_gives_its_artifact_and_odd_refs_give_nothing(project):
+    """The reach is one SQL subquery (``access.artifacts_given_to``) over every source the matrix
+    names: versions written under the session's token, and the artifacts its runs' frozen inputs,
+    its checkpoints, its handoffs' inputs and its review gates' candidates cite. A ref list that
+    holds odd JSON (hand-written rows) gives nothing and breaks nothing."""
+    world = build(project)
+    o = Session.objects.get(tokens__name="other-writer")
+    made = {k: ok(world.owner.post("/artifacts", {"name": f"given-{k}", "content": k}), 201)
+            for k in ("run", "checkpoint", "handoff", "gate", "none")}
+
+    def ref(key: str) -> dict[str, Any]:
+        return {"artifact_id": made[key]["id"], "fingerprint": made[key]["current_fingerprint"]}
+
+    ok(world.owner.post(f"/runs/{_other_run(world)}/end", {"outcome": "completed"}))
+    run_id = ok(world.owner.post(f"/sessions/{o.id}/runs", {"frozen_inputs": [{"kind": "note"}, ref("run")]}), 201)["id"]
+    cp = ok(world.owner.post(f"/runs/{run_id}/checkpoints", {"boundary": "context_freeze", "cursor": {"a": 1},
+                                                             "artifacts": [ref("checkpoint")]}), 201)
+    ok(world.owner.post(f"/sessions/{o.id}/review-gates", {"candidate_version_id": made["gate"]["current_version_id"],
+                                                          "rubric": RUBRIC, "route": "agent"}), 201)
+    ok(world.owner.post(f"/runs/{run_id}/handoffs", {"logical_id": "given-job", "inputs": [ref("handoff")]}), 201)
+    mine = ok(world.other.post("/artifacts", {"name": "own", "content": "own"}), 201)
+    expected = {mine["id"], *(made[k]["id"] for k in ("run", "checkpoint", "handoff", "gate"))}
+    assert {a["id"] for a in ok(world.other.get("/artifacts"))["items"]} == expected
+    Checkpoint.objects.filter(id=cp["id"]).update(artifacts=[
+        {"artifact_id": str(made["none"]["id"])}, {"artifact_id": made["none"]["id"] + 0.5}, made["none"]["id"], None,
+        {"artifact_id": [made["none"]["id"]]}, {"artifact_id": 10**30}, {"artifact_id": -1}, ref("checkpoint")])
+    assert {a["id"] for a in ok(world.other.get("/artifacts"))["items"]} == expected
+    assert world.other.get(f"/artifacts/{made['none']['id']}").status_code == 404

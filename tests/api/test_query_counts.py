@@ -26,6 +26,28 @@ def test_checkpoint_write_queries(owner, new_session, django_assert_max_num_quer
         assert owner.post(f"/runs/{s['run']['id']}/checkpoints", body).status_code == 201
 
 
+def test_a_session_bound_checkpoint_resolves_its_refs_within_its_reach_in_the_same_statement(
+    project, new_session, django_assert_max_num_queries,
+):
+    """A bound token's artifact refs are resolved within its reach (security F1): the reach is a
+    subquery of the one artifact check, so the count is the unbound token's."""
+    from novelforge_sessions.actions.tokens import create_token
+    from novelforge_sessions.models import Session
+    from tests.conftest import Api
+
+    s = new_session(run=True)
+    bound = Api(create_token(project, name="bound", permissions=["read", "write"], session=Session.objects.get(id=s["id"]))[1])
+    art = bound.post("/artifacts", {"name": "ch", "content": "text"}).json()
+    body = {"boundary": "context_freeze", "cursor": {"step": 1},
+            "artifacts": [{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}]}
+    bound.post(f"/runs/{s['run']['id']}/checkpoints", body)  # warm: token last_used_at write
+    with django_assert_max_num_queries(6):
+        assert bound.post(f"/runs/{s['run']['id']}/checkpoints", body).status_code == 201
+    # without refs there is no artifact check at all
+    with django_assert_max_num_queries(5):
+        assert bound.post(f"/runs/{s['run']['id']}/checkpoints", {**body, "artifacts": []}).status_code == 201
+
+
 def test_heartbeat_queries(owner, new_session, django_assert_max_num_queries):
     s = new_session(run=True)
     runtime_id = RuntimeAttachment.objects.get(session_id=s["id"]).id

@@ -21,7 +21,7 @@ from reviews.actions import GateSpec, open_gate
 from reviews.models import Verdict
 from tests.browser.a11y import assert_no_serious_a11y_violations
 from tests.browser.conftest import login, screenshot
-from tests.reviews.factories import PASSWORD, RUBRIC, add_writer, citing, make_world
+from tests.reviews.factories import PASSWORD, RUBRIC, add_writer, citing, make_world, orchestrator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,7 +43,7 @@ def posts(page) -> list[str]:
 def second_gate(world, *, route: str = "page", reviewers=("alice",)):
     """A gate of another writer session of the project (a session waits on one gate at a time)."""
     writer2, raw = add_writer(world.project)
-    start_run(caller_for_token(raw), writer2.id, frozen_inputs=citing(world.version))
+    start_run(orchestrator(world.project), writer2.id, frozen_inputs=citing(world.version))
     return open_gate(caller_for_token(raw), writer2.id,
                      GateSpec(candidate_version_id=world.version.id, rubric=RUBRIC, route=route, reviewers=list(reviewers)))
 

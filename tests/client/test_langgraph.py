@@ -126,7 +126,8 @@ def test_an_interrupt_pauses_as_a_review_gate_and_the_graph_resumes_through_reva
     wait = Checkpoint.objects.filter(session=session).order_by("id").last()
     assert wait.boundary == "external_wait" and wait.pending["gates"][0]["gate_id"] == gate.id
     assert wait.cursor["graph"]["interrupted"] is True
-    assert {"artifact_id": candidate["id"], "fingerprint": candidate["current_fingerprint"]} in wait.artifacts
+    assert {"artifact_id": candidate["id"], "fingerprint": candidate["current_fingerprint"],
+            "head_version_id": candidate["current_version_id"]} in wait.artifacts
     # The first process goes away: its lease runs out (in the database).
     RuntimeAttachment.objects.filter(session=session).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     saver.close()

@@ -31,7 +31,7 @@ from reviews import actions as review_actions
 from reviews.models import ReviewAssignment
 from tests.conftest import caller_for, make_project
 from tests.live import database_url
-from tests.reviews.factories import RUBRIC, add_writer, agent_reviewer, citing, make_world
+from tests.reviews.factories import RUBRIC, add_writer, agent_reviewer, citing, make_world, orchestrator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -121,7 +121,7 @@ def test_a_review_claim_that_lost_its_session_takes_the_next_sessions_slot(proje
     first = world.gate(route="agent", required_verdicts=1)
     writer2, raw2 = add_writer(project)
     caller2 = caller_for_token(raw2)
-    start_run(caller2, writer2.id, cursor={"step": "draft"}, frozen_inputs=citing(world.version))
+    start_run(orchestrator(project), writer2.id, cursor={"step": "draft"}, frozen_inputs=citing(world.version))
     second = review_actions.open_gate(caller2, writer2.id, review_actions.GateSpec(
         candidate_version_id=world.version.id, rubric=RUBRIC, route="agent", reviewers=[], required_verdicts=1))
     agents = [agent_reviewer(project)[1] for _ in range(2)]

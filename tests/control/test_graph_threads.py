@@ -244,3 +244,20 @@ def test_a_write_index_beyond_a_database_integer_is_422(writer):
         "writes": [{"idx": 2**40, "channel": "c", "value": blob("w")}]}), 422, "validation_error")
     assert "idx" in str(err)
     assert counts() == before
+
+
+
+def test_a_thread_s_bound_token_cites_a_blob_another_thread_stored_first(project, writer):
+    """Blobs are stored once per project, so a value another thread stored first is a version
+    written by that thread's token. A token bound to this thread's session still cites it: the
+    refs are the thread's own state (other citations are resolved within the caller's reach)."""
+    ok(writer.post("/graph-threads/checkpoints", put_body("t-1", blobs={"shared": "the same value"})), 201)
+    shared = Artifact.objects.get(kind="graph-blob")
+    mine = ok(writer.post("/graph-threads/checkpoints", put_body("t-2", blobs={"x": "x"})), 201)
+    bound = token_api(project, "thread-2", ["read", "write"], mine["session_id"])
+    assert bound.get(f"/artifacts/{shared.id}").status_code == 404  # not its session's until its thread cites it
+    ok(bound.post("/graph-threads/checkpoints", put_body("t-2", "0002", "0001", versions={"x": 1, "shared": 1},
+                                                         blobs={"shared": "the same value"}, open_=False)), 201)
+    newest = get(bound, thread_id="t-2")[0]
+    assert base64.b64decode(newest["blobs"]["shared"]["data"]).decode() == "the same value"
+    assert Artifact.objects.filter(kind="graph-blob").count() == 2  # stored once

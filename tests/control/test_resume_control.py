@@ -1,8 +1,12 @@
 """Resume as revalidation (contract §07, §12): every failing step, the success path, dry run."""
 from __future__ import annotations
 
-import pytest
+from datetime import timedelta
 
+import pytest
+from django.utils import timezone
+
+from novelforge_sessions.actions.runtimes import reconcile_expired_runtimes
 from novelforge_sessions.control.models import (
     Approval,
     AuthorityChange,
@@ -159,6 +163,51 @@ def test_artifact_changed(owner, manager, running):
     assert failed["data"]["changed"] == [{"artifact_id": art["id"], "bound": art["current_fingerprint"], "current": v2["fingerprint"]}]
 
 
+def test_a_frozen_candidate_that_is_not_current_resumes_while_the_head_stays(owner, manager, running):
+    """Outside audit (lifecycle F4): a checkpoint citing a frozen candidate that is not (yet) its
+    artifact's current version (the contract's "frozen candidate before review" boundary) was
+    refused on resume as "changed" although nothing changed. Each ref records the head at
+    checkpoint time; only a head that moved since (to anything but the cited version) fails."""
+    art = make_artifact(owner, "candidate")
+    v2 = ok(owner.post(f"/artifacts/{art['id']}/versions", {"content": "draft two, better"}), 201)
+    cp = checkpoint(owner, running["run"]["id"], boundary="candidate_frozen", cursor={"step": "await-review"},
+                    artifacts=[{"artifact_id": art["id"], "fingerprint": v2["fingerprint"]}])
+    assert cp["artifacts"] == [{"artifact_id": art["id"], "fingerprint": v2["fingerprint"],
+                                "head_version_id": art["current_version_id"]}]
+    close(owner, running["id"])
+    steps = {s["step"]: s for s in ok(resume(owner, running["id"], dry_run=True))["steps"]}
+    assert steps["artifacts"]["ok"] and steps["artifacts"]["data"]["unmoved"] == [
+        {"artifact_id": art["id"], "bound": v2["fingerprint"], "current": art["current_fingerprint"]}]
+    assert steps["artifacts"]["detail"] == ("1 artifact fingerprint(s) hold: 1 frozen at a version that is not current, "
+                                            "and nothing made another version current since")
+    # the candidate made current is the cited version: it holds
+    approve_and_execute(owner, manager, {
+        "kind": "artifact.make_current", "idempotency_key": "v2", "artifact_id": art["id"], "params": {"version_id": v2["id"]},
+        "before_fingerprint": before(owner, "artifact.make_current", art["id"])})
+    steps = {s["step"]: s for s in ok(resume(owner, running["id"], dry_run=True))["steps"]}
+    assert steps["artifacts"]["detail"] == "1 artifact fingerprint(s) still current"
+    # a head moved to anything else: changed, as before (same shape and repair), and nothing is written
+    v3 = ok(owner.post(f"/artifacts/{art['id']}/versions", {"content": "draft three"}), 201)
+    approve_and_execute(owner, manager, {
+        "kind": "artifact.make_current", "idempotency_key": "v3", "artifact_id": art["id"], "params": {"version_id": v3["id"]},
+        "before_fingerprint": before(owner, "artifact.make_current", art["id"])})
+    failed = refused_at(owner, running["id"], "artifacts", "re-freeze")
+    assert failed["detail"] == "1 artifact(s) changed since the checkpoint"
+    assert failed["data"] == {"changed": [{"artifact_id": art["id"], "bound": v2["fingerprint"], "current": v3["fingerprint"]}]}
+
+
+def test_a_ref_stored_before_refs_recorded_the_head_keeps_the_earlier_rule(owner, running):
+    """A checkpoint written before refs carried ``head_version_id``: its cited version must be
+    the head (nothing tells a head that stayed from one that moved and came back)."""
+    art = make_artifact(owner, "old-ref")
+    v2 = ok(owner.post(f"/artifacts/{art['id']}/versions", {"content": "v2"}), 201)
+    cp = checkpoint(owner, running["run"]["id"], artifacts=[{"artifact_id": art["id"], "fingerprint": v2["fingerprint"]}])
+    Checkpoint.objects.filter(id=cp["id"]).update(artifacts=[{"artifact_id": art["id"], "fingerprint": v2["fingerprint"]}])
+    close(owner, running["id"])
+    failed = refused_at(owner, running["id"], "artifacts", "re-freeze")
+    assert failed["data"] == {"changed": [{"artifact_id": art["id"], "bound": v2["fingerprint"], "current": art["current_fingerprint"]}]}
+
+
 def _approved_intent(owner, manager) -> tuple[dict, dict]:
     art = make_artifact(owner, "to-publish")
     v2 = ok(owner.post(f"/artifacts/{art['id']}/versions", {"content": "final"}), 201)
@@ -232,14 +281,62 @@ def test_an_unbound_invalid_delivery_stops_resume(owner, worker, running):
     assert failed["data"]["invalid_deliveries_for"] == ["review-2"]
 
 
-def test_already_consumed_side_effect(owner, manager, running):
-    _, intent = _approved_intent(owner, manager)
+def test_the_sessions_own_write_executed_after_the_checkpoint_is_reported_and_carried_past(owner, manager, running):
+    """Outside audit (lifecycle F8): the canonical crash right after a write. The checkpoint at
+    ``before_consequential_write`` cites the approved intent and the artifact; the intent is
+    executed; the runtime's lease runs out before the next checkpoint (reconciled: failed /
+    runtime_lost). Resume refused on ``artifacts`` and ``consumed`` with repair re-freeze, which
+    cannot be taken (no open run, no live runtime). Executing again replays the recorded outcome,
+    so continuing repeats nothing: the report says the write is done, and the cursor continues."""
+    art, intent = _approved_intent(owner, manager)
+    cursor = {"step": "make-current"}
+    cp = checkpoint(owner, running["run"]["id"], boundary="before_consequential_write", cursor=cursor,
+                    artifacts=[{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}],
+                    approvals=[{"write_intent_id": intent["id"], "approval_id": intent["approval"]["id"]}])
+    executed = ok(owner.post(f"/write-intents/{intent['id']}/execute"))  # the write happened after the checkpoint
+    head = Artifact.objects.get(id=art["id"]).current_version
+    assert head.id == intent["params"]["version_id"]
+    RuntimeAttachment.objects.filter(session_id=running["id"]).update(lease_expires_at=timezone.now() - timedelta(minutes=1))
+    assert [r.session_status for r in reconcile_expired_runtimes()] == ["failed"]
+
+    report = ok(resume(owner, running["id"]))
+    steps = {s["step"]: s for s in report["steps"]}
+    assert all(s["ok"] for s in report["steps"]) and report["repairs"] == []
+    assert steps["artifacts"]["data"]["written"] == [{
+        "artifact_id": art["id"], "bound": art["current_fingerprint"], "current": head.fingerprint,
+        "write_intent_ids": [intent["id"]]}]
+    assert steps["artifacts"]["detail"] == (
+        f"1 artifact fingerprint(s) hold: 1 made current since by the checkpoint's own write intent #{intent['id']}, "
+        "already executed")
+    [done] = steps["consumed"]["data"]["executed_writes"]
+    assert done["write_intent_id"] == intent["id"] and done["outcome"] == executed["outcome"]
+    assert steps["consumed"]["detail"].startswith(
+        f"write intent #{intent['id']} (artifact.make_current) already executed after the checkpoint: the write is done")
+    run = Run.objects.get(id=report["run_id"])
+    assert run.cursor == cursor and run.resumed_from_id == cp["id"] and run.state == "open"
+    assert Session.objects.get(id=running["id"]).status == "running"
+    # the continued cursor executes again: the recorded outcome, nothing written
+    events = Event.objects.count()
+    again = ok(owner.post(f"/write-intents/{intent['id']}/execute"))
+    assert again["outcome"] == executed["outcome"] and Event.objects.count() == events
+    assert Artifact.objects.get(id=art["id"]).current_version_id == head.id
+
+
+def test_a_change_after_the_sessions_own_write_still_stops_resume(owner, manager, running):
+    """Only the head the checkpoint's own write produced is accepted: another write after it is a change."""
+    art, intent = _approved_intent(owner, manager)
     checkpoint(owner, running["run"]["id"], boundary="before_consequential_write",
-               approvals=[{"write_intent_id": intent["id"], "approval_id": intent["approval"]["id"]}])
-    ok(owner.post(f"/write-intents/{intent['id']}/execute"))  # the write happened after the checkpoint
+               artifacts=[{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}],
+               approvals=[{"write_intent_id": intent["id"]}])
+    ok(owner.post(f"/write-intents/{intent['id']}/execute"))
+    v3 = ok(owner.post(f"/artifacts/{art['id']}/versions", {"content": "someone else's"}), 201)
+    approve_and_execute(owner, manager, {
+        "kind": "artifact.make_current", "idempotency_key": "v3", "artifact_id": art["id"], "params": {"version_id": v3["id"]},
+        "before_fingerprint": before(owner, "artifact.make_current", art["id"])})
     close(owner, running["id"])
-    failed = refused_at(owner, running["id"], "consumed", "re-freeze")
-    assert failed["data"]["already_consumed"][0]["write_intent_id"] == intent["id"]
+    failed = refused_at(owner, running["id"], "artifacts", "re-freeze")
+    assert failed["data"] == {"changed": [{"artifact_id": art["id"], "bound": art["current_fingerprint"],
+                                           "current": v3["fingerprint"]}]}
 
 
 def test_already_consumed_result_from_an_older_checkpoint(owner, worker, running):

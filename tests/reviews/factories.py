@@ -77,14 +77,21 @@ def make_user(project: Project, username: str, role: str) -> Any:
 
 def citing(version) -> list[dict[str, Any]]:
     """Frozen inputs that give a run's session ``version``'s artifact (id and fingerprint): a
-    session-bound token opens a gate only on a version within its reach."""
+    session-bound token opens a gate only on a version within its reach. Only a caller that
+    already reaches the version may cite it (:func:`orchestrator`, the artifact's own session)."""
     return [{"artifact_id": version.artifact_id, "fingerprint": version.fingerprint}]
+
+
+def orchestrator(project: Project) -> Caller:
+    """An unbound caller of the project: it reaches every artifact, so it gives a session one by
+    citing it (e.g. ``start_run(orchestrator(p), s.id, frozen_inputs=citing(v))``)."""
+    return Caller(label="test:setup", project_ids=frozenset({project.id}), permissions=frozenset({"read", "write"}),
+                  project=project)
 
 
 def add_writer(project: Project) -> tuple[Session, str]:
     """A writer session with a live runtime and a token bound to it."""
-    setup = Caller(label="test:setup", project_ids=frozenset({project.id}), permissions=frozenset({"read", "write"}),
-                   project=project)
+    setup = orchestrator(project)
     writer = sessions.create_session(
         setup,
         sessions.NewSession(role="writer", memory_policy="session", task_mode="drafting", runtime_family="claude-code"),

@@ -23,7 +23,7 @@ from novelforge_sessions.models import Event
 from reviews.actions import GateSpec, bind_verdict, open_gate
 from reviews.access import reviewer_for_user
 from tests.conftest import Api
-from tests.reviews.factories import RUBRIC, add_writer, agent_reviewer, agent_verdict, citing, make_world, verdict_for
+from tests.reviews.factories import RUBRIC, add_writer, agent_reviewer, agent_verdict, citing, make_world, orchestrator, verdict_for
 
 pytestmark = pytest.mark.django_db
 
@@ -59,7 +59,7 @@ def test_no_private_material_reaches_any_reviewer_facing_response(project):
     # awaiting_external, which cannot also await a person. Both carry the private markers.
     raw2 = add_writer(project)[1]
     writer2 = caller_for_token(raw2)
-    run2 = start_run(writer2, writer2.session_id, cursor={"step": "draft", "note": MARKERS["reasoning_cursor"]},
+    run2 = start_run(orchestrator(project), writer2.session_id, cursor={"step": "draft", "note": MARKERS["reasoning_cursor"]},
                      frozen_inputs=[{"kind": "scratch", "text": MARKERS["reasoning_inputs"]}, *citing(world.version)])
     for who, session_id, run_id in ((world.writer_caller, world.writer.id, world.run.id), (writer2, writer2.session_id, run2.id)):
         append_transcript(who, session_id, role="assistant",

@@ -13,7 +13,7 @@ from novelforge_sessions.api.auth import caller_for_token
 from novelforge_sessions.models import Event, Project
 from reviews.actions import GateSpec, open_gate
 from reviews.models import ReviewGate, Verdict
-from tests.reviews.factories import RUBRIC, add_writer, citing
+from tests.reviews.factories import RUBRIC, add_writer, citing, orchestrator
 
 pytestmark = pytest.mark.django_db
 
@@ -50,7 +50,7 @@ def test_queue_lists_my_packets_oldest_first_and_nothing_about_the_project(world
     # A second writer session of the project opens a page gate on the same draft.
     writer2, raw = add_writer(world.project)
     caller2 = caller_for_token(raw)
-    start_run(caller2, writer2.id, frozen_inputs=citing(world.version))
+    start_run(orchestrator(world.project), writer2.id, frozen_inputs=citing(world.version))
     second = open_gate(caller2, writer2.id, GateSpec(candidate_version_id=world.version.id, rubric=RUBRIC, route="page",
                                                      reviewers=["bob", "alice"]))
     html = as_user("alice").get("/reviews/").content.decode()

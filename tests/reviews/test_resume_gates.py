@@ -23,7 +23,7 @@ from reviews.access import reviewer_for_user
 from reviews.actions import GateSpec, bind_verdict, cancel_gate, open_gate
 from reviews.models import ReviewGate, Verdict
 from tests.conftest import caller_for
-from tests.reviews.factories import RUBRIC, add_writer, agent_reviewer, agent_verdict, citing, verdict_for, World
+from tests.reviews.factories import RUBRIC, add_writer, agent_reviewer, agent_verdict, citing, orchestrator, verdict_for, World
 
 pytestmark = pytest.mark.django_db
 
@@ -284,7 +284,8 @@ def test_gate_refs_are_resolved_at_write_time(world: World):
                                      "candidate_fingerprint": world.version.fingerprint}]}
     # a gate of another session of the project is not this run's to wait on
     writer2 = caller_for_token(add_writer(world.project)[1])
-    run2 = start_run(writer2, writer2.session_id, cursor={"step": "draft"}, frozen_inputs=citing(world.version))
+    run2 = start_run(orchestrator(world.project), writer2.session_id, cursor={"step": "draft"},
+                     frozen_inputs=citing(world.version))
     theirs = open_gate(writer2, writer2.session_id, GateSpec(
         candidate_version_id=world.version.id, rubric=RUBRIC, route="page", reviewers=["bob"]))
     count = (Checkpoint.objects.count(), Event.objects.count())

@@ -18,7 +18,7 @@ from novelforge_sessions.session_runtime import InvalidPayload
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
 from reviews.packets import build_packet, relay_prompt, sha256_fingerprint, validate_rubric
 from reviews.verdicts import location_error, parse_location, validate_verdict
-from tests.reviews.factories import CHAPTER, RUBRIC, add_writer, agent_reviewer, agent_verdict, citing, verdict_for
+from tests.reviews.factories import CHAPTER, RUBRIC, add_writer, agent_reviewer, agent_verdict, citing, orchestrator, verdict_for
 
 pytestmark = pytest.mark.django_db
 
@@ -293,7 +293,7 @@ def test_nan_in_a_fenced_answer_is_named_by_the_api_parser(world, as_user):
 def test_after_a_review_the_way_back_to_the_queue_and_to_the_next_packet(world, as_user):
     first = world.gate(reviewers=["alice"])
     writer2, raw = add_writer(world.project)  # a second writer session's gate (the first one now waits)
-    start_run(caller_for_token(raw), writer2.id, frozen_inputs=citing(world.version))
+    start_run(orchestrator(world.project), writer2.id, frozen_inputs=citing(world.version))
     second = open_gate(caller_for_token(raw), writer2.id,
                        GateSpec(candidate_version_id=world.version.id, rubric=RUBRIC, route="relay", reviewers=["alice"]))
     alice = as_user("alice")
