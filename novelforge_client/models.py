@@ -55,7 +55,7 @@ class ApprovalOut(ResponseModel):
 class ArtifactIn(RequestModel):
     """ArtifactIn"""
 
-    name: str
+    name: str = Field(description='1–200 characters, not all of them whitespace')
     kind: str = Field(default='document')
     content: str
 
@@ -124,18 +124,30 @@ class AuthorityChangeOut(ResponseModel):
     created_at: datetime
 
 
+class BatchCheckpointIn(RequestModel):
+    """A checkpoint inside a batch: the single write's fields but `idempotency_key` (the batch is one transaction; retry it whole). The whole checkpoint is at most 65536 bytes as compact UTF-8 JSON (`x-max-bytes`; the server's CHECKPOINT_MAX_BYTES): over it, 422 `checkpoint_not_bounded`."""
+
+    boundary: Literal["context_freeze", "candidate_frozen", "user_wait", "external_wait", "before_consequential_write", "after_external_result", "before_canon_settlement", "before_long_handoff"]
+    cursor: dict[str, Any]
+    artifacts: list[ArtifactRefIn] | None = Field(default=None)
+    authority: dict[str, Any] | None = Field(default=None, description="the refs you froze against (any of them); each must equal the project's current one")
+    pending: dict[str, Any] | None = Field(default=None, description='typed references to what the run waits on, resolved when written (422 naming the field when unknown or unresolvable): "handoffs": [logical id | {"logical_id"} | {"handoff_id"}] of this session, "gates": [{"gate_id"}] review gates of this session. Stored normalised; resume revalidates each.')
+    approvals: list[Any] | None = Field(default=None, description='write intents the cursor is about to execute: [{"write_intent_id", "approval_id"?}] of this project, resolved when written (the standing approval and before-state are recorded); resume fails the approvals step when an approval was revoked or went stale, or the before-state moved.')
+    resume_policy: str = Field(default='revalidate')
+
+
 class BatchCheckpointItem(ResponseModel):
     """BatchCheckpointItem"""
 
     kind: str
-    checkpoint: CheckpointIn
+    checkpoint: BatchCheckpointIn
 
 
 class BatchCursorItem(ResponseModel):
     """BatchCursorItem"""
 
     kind: str
-    cursor: dict[str, StorableJson]
+    cursor: dict[str, StorableJson] = Field(description="at most 8192 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
 
 
 class BatchIn(RequestModel):
@@ -189,7 +201,7 @@ class CalibrationIn(RequestModel):
 
 
 class CheckpointIn(RequestModel):
-    """Validated by the pure core; unknown keys are checked for transcript content, then refused."""
+    """Validated by the pure core; unknown keys are checked for transcript content, then refused. The whole checkpoint is at most 65536 bytes as compact UTF-8 JSON (`x-max-bytes`; the server's CHECKPOINT_MAX_BYTES): over it, 422 `checkpoint_not_bounded`."""
 
     boundary: Literal["context_freeze", "candidate_frozen", "user_wait", "external_wait", "before_consequential_write", "after_external_result", "before_canon_settlement", "before_long_handoff"]
     cursor: dict[str, Any]
@@ -223,7 +235,7 @@ class CheckpointOut(ResponseModel):
 class ClaimIn(RequestModel):
     """ClaimIn"""
 
-    worker: str = Field(description="the claiming worker's name (lease holder)")
+    worker: str = Field(description="the claiming worker's name (lease holder), not blank")
     capabilities: list[str] | None = Field(default=None, description='what this worker can do')
     handoff_id: int | None = Field(default=None, description='claim this handoff only (409 if it cannot be claimed)')
 
@@ -253,16 +265,16 @@ class CriterionIn(RequestModel):
     """CriterionIn"""
 
     key: str
-    label: str
+    label: str = Field(description='not blank')
     scale: ScaleIn
     description: str = Field(default='')
-    anchors: dict[str, str] | None = Field(default=None, description='optional: what scores mean, for some or all scores of the scale (e.g. its ends). Keys are scores written as integers (JSON keys are strings), within the scale; labels are 1–80 characters. Shown to reviewers beside the score buttons and in the relay prompt; 422 names the anchor (`rubric.criteria[i].anchors.<score>`).')
+    anchors: dict[str, str] | None = Field(default=None, description='optional: what scores mean, for some or all scores of the scale (e.g. its ends). Keys are scores written as integers (JSON keys are strings), within the scale; labels are 1–80 characters, not blank. Shown to reviewers beside the score buttons and in the relay prompt; 422 names the anchor (`rubric.criteria[i].anchors.<score>`).')
 
 
 class CursorIn(RequestModel):
     """CursorIn"""
 
-    cursor: dict[str, StorableJson]
+    cursor: dict[str, StorableJson] = Field(description="at most 8192 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     runtime_id: int | None = Field(default=None, description="optional: the runtime this write comes from; refused 409 `stale_runtime` unless it is the session's live runtime")
 
 
@@ -326,8 +338,8 @@ class EvidenceIn(RequestModel):
     """EvidenceIn"""
 
     key: str = Field(description="must be one of the rubric's evidence keys")
-    label: str
-    content: str = Field(description='bounded in bytes as UTF-8 (`maxLength` states the bound in characters)')
+    label: str = Field(description='not blank')
+    content: str = Field(description="not blank; `maxLength` states the byte bound in characters; at most 32768 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
 
 
 class FindingOut(ResponseModel):
@@ -343,11 +355,11 @@ class GateIn(RequestModel):
 
     candidate_version_id: int = Field(description='an artifact version of this project; its server fingerprint is frozen')
     rubric: RubricIn
-    evidence: list[EvidenceIn] | None = Field(default=None)
+    evidence: list[EvidenceIn] | None = Field(default=None, description='the evidence the rubric declares, each item at most 32768 bytes; all of it travels in this one body, which is bounded as a whole (`x-max-body-bytes`): items at their maximum do not all fit (413 `payload_too_large`)')
     route: Literal["page", "relay", "agent"]
-    required_verdicts: int | None = Field(default=None)
+    required_verdicts: int | None = Field(default=None, description='default: every named reviewer (page, relay) or reviewer session (agent, at least 1). Page and relay: at most the number of `reviewers`; agent: from the number of `reviewer_session_ids` to 10')
     reviewers: list[str] | None = Field(default=None, description='usernames with the reviewer role (page/relay)')
-    reviewer_session_ids: list[int] | None = Field(default=None, description='agent route: semantic_reviewer sessions to assign; other slots are claimable')
+    reviewer_session_ids: list[int] | None = Field(default=None, description='agent route: semantic_reviewer sessions to assign (one verdict each, at most 10); other slots are claimable')
     calibration: CalibrationIn | None = Field(default=None, description='hidden: scores reviewers afterwards; never in a packet, a page for reviewers or an event')
     runtime_id: int | None = Field(default=None, description='the opening runtime (generation fencing): required once the session has had a second runtime generation; 409 stale_runtime when it is not the live one')
 
@@ -394,7 +406,7 @@ class GraphChannelBlobIn(RequestModel):
     """GraphChannelBlobIn"""
 
     channel: str
-    version: int | float | str = Field(description="the channel's new version (LangGraph `new_versions`)")
+    version: int | float | str = Field(description='the channel\'s new version (LangGraph `new_versions`): a number from -9223372036854775808 to 9223372036854775807 (kept as sent: `7.0` is not `7`), or a string of at most 98 printable ASCII characters other than `"` and `\\`')
     value: GraphBlobIn
 
 
@@ -447,8 +459,8 @@ class GraphPutIn(RequestModel):
     checkpoint_ns: str = Field(default='')
     checkpoint_id: str
     parent_checkpoint_id: str | None = Field(default=None)
-    checkpoint: dict[str, StorableJson] = Field(description='the graph checkpoint without `channel_values` (versions, versions seen, ts, …)')
-    metadata: dict[str, StorableJson] | None = Field(default=None, description="the graph's checkpoint metadata (filterable)")
+    checkpoint: dict[str, StorableJson] = Field(description='the graph checkpoint without `channel_values` (versions, versions seen, ts, …); `channel_versions` maps channel names (1–200 characters) to versions: a number from -9223372036854775808 to 9223372036854775807 (kept as sent: `7.0` is not `7`), or a string of at most 98 printable ASCII characters other than `"` and `\\`; at most 65536 bytes as UTF-8 (`x-max-bytes`; a string\'s own bytes, any other value\'s compact JSON): over it, 422 naming the field')
+    metadata: dict[str, StorableJson] | None = Field(default=None, description="the graph's checkpoint metadata (filterable); at most 16384 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     blobs: list[GraphChannelBlobIn] | None = Field(default=None, description='the channels that changed: their values at their new versions, stored as content-addressed artifacts; unchanged channels are found at the versions `checkpoint.channel_versions` names')
     open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; without it an unknown thread is 404")
 
@@ -516,8 +528,8 @@ class HandoffIn(RequestModel):
 
     logical_id: str = Field(description='unique per project: names the logical result')
     inputs: list[InputRefIn] | None = Field(default=None, description='frozen input artifact versions')
-    params: dict[str, StorableJson] | None = Field(default=None, description="the job's instructions (bounded)")
-    result_schema: dict[str, Literal["any", "array", "boolean", "integer", "number", "object", "string"]] | dict[str, Any] | None = Field(default=None, description='the result\'s shape, part of the frozen job: either the short form (required result keys → string|integer|number|boolean|object|array|any) or a full JSON Schema (Draft 2020-12, with "$schema": "https://json-schema.org/draft/2020-12/schema"). Results are validated with jsonschema; each problem is reported with its path (422 invalid_result). At most 4096 bytes.')
+    params: dict[str, StorableJson] | None = Field(default=None, description="the job's instructions; at most 16384 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
+    result_schema: dict[str, Literal["any", "array", "boolean", "integer", "number", "object", "string"]] | dict[str, Any] | None = Field(default=None, description='the result\'s shape, part of the frozen job: either the short form (required result keys → string|integer|number|boolean|object|array|any) or a full JSON Schema (Draft 2020-12, with "$schema": "https://json-schema.org/draft/2020-12/schema"). Results are validated with jsonschema; each problem is reported with its path (422 invalid_result).; at most 4096 bytes as UTF-8 (`x-max-bytes`; a string\'s own bytes, any other value\'s compact JSON): over it, 422 naming the field')
     required_capabilities: list[str] | None = Field(default=None)
     timeout_seconds: int | None = Field(default=None, description='lease length of one attempt (default 300)')
 
@@ -798,7 +810,7 @@ class ReceiptOut(ResponseModel):
 class ResolveIn(RequestModel):
     """ResolveIn"""
 
-    resolution: str
+    resolution: str = Field(description='what was decided, not blank')
 
 
 class ResultIn(RequestModel):
@@ -806,7 +818,7 @@ class ResultIn(RequestModel):
 
     fencing_token: int = Field(description='the token of your claim')
     job_fingerprint: str = Field(description="must cite the frozen job's fingerprint")
-    result: dict[str, StorableJson]
+    result: dict[str, StorableJson] = Field(description="at most 131072 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     result_hash: str | None = Field(default=None, description='optional: sha256 of the canonical result, checked')
 
 
@@ -876,8 +888,8 @@ class RunIn(RequestModel):
 
     task_mode: str | None = Field(default=None)
     target: str = Field(default='')
-    cursor: dict[str, StorableJson] | None = Field(default=None)
-    frozen_inputs: list[StorableJson] | None = Field(default=None)
+    cursor: dict[str, StorableJson] | None = Field(default=None, description="at most 8192 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
+    frozen_inputs: list[StorableJson] | None = Field(default=None, description="at most 16384 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     runtime_id: int | None = Field(default=None, description="the runtime this write comes from (the id create-with-runtime, attach and resume return): refused 409 `stale_runtime` unless it is the session's live runtime. Token writes to a session that has had more than one generation must name it (409 `runtime_required`)")
 
 
@@ -906,7 +918,7 @@ class RuntimeIn(RequestModel):
 
     runtime_family: str
     capabilities: list[str] | None = Field(default=None)
-    provider_metadata: dict[str, StorableJson] | None = Field(default=None, description='metadata only; never a key, never authority')
+    provider_metadata: dict[str, StorableJson] | None = Field(default=None, description="metadata only; never a key, never authority; at most 8192 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     lease_seconds: int | None = Field(default=None)
 
 
@@ -931,7 +943,7 @@ class RuntimeOut(ResponseModel):
 
 
 class ScaleIn(RequestModel):
-    """ScaleIn"""
+    """An integer scale: `min < max` and `max - min <= 100` (at most 101 scores); else 422 naming `rubric.criteria[i].scale.max`."""
 
     min: int
     max: int
@@ -968,7 +980,7 @@ class SessionFilters(ResponseModel):
     role: Literal["manager", "writer", "specialist", "semantic_reviewer", "human_reviewer", "other"] | None = Field(default=None)
     runtime_family: str | None = Field(default=None)
     task_mode: str | None = Field(default=None)
-    after: int | None = Field(default=None)
+    after: int | None = Field(default=None, description="keyset cursor: the previous page's `next_after`; items with a larger id, in id order. Ids are given when a row is inserted, not when it commits, so a row whose transaction commits after one with a larger id can appear below a cursor already passed and be skipped by a reader following new rows: a walk of rows that are no longer being created is complete, a poll for new ones is not. To follow new objects without gaps, read `GET /events?after=` (every creation is an event; its ids are visible in commit order)")
     limit: int = Field(default=50, description='page size, 1..200 (out of range: 422 `validation_error`, field `limit`)')
 
 
@@ -980,7 +992,7 @@ class SessionIn(RequestModel):
     memory_policy: Literal["none", "bounded", "session", "external", "checkpoint_only"]
     task_mode: str
     runtime_family: str
-    provider_metadata: dict[str, StorableJson] | None = Field(default=None, description='provider thread ids etc.: metadata only')
+    provider_metadata: dict[str, StorableJson] | None = Field(default=None, description="provider thread ids etc.: metadata only; at most 8192 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     runtime: RuntimeIn | None = Field(default=None, description='attach runtime generation 1 in the same transaction')
 
 
@@ -1014,7 +1026,7 @@ class TranscriptIn(RequestModel):
     """TranscriptIn"""
 
     role: Literal["user", "assistant", "system", "tool"]
-    content: str = Field(description="bounded in bytes as UTF-8 (the server's TRANSCRIPT_ENTRY_MAX_BYTES; `maxLength` states it in characters): 422 `validation_error`, field `content`")
+    content: str = Field(description="the server's TRANSCRIPT_ENTRY_MAX_BYTES; `maxLength` states the same number in characters; at most 32768 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     runtime_id: int | None = Field(default=None, description="the runtime this write comes from (the id create-with-runtime, attach and resume return): refused 409 `stale_runtime` unless it is the session's live runtime. Token writes to a session that has had more than one generation must name it (409 `runtime_required`)")
 
 
@@ -1069,7 +1081,7 @@ class WriteIntentIn(RequestModel):
     idempotency_key: str = Field(description='1–200 printable ASCII characters, no spaces')
     before_fingerprint: str = Field(description='from GET /write-intents/before-state')
     artifact_id: int | None = Field(default=None, description='artifact.make_current: the artifact')
-    params: dict[str, StorableJson] | None = Field(default=None, description='artifact.make_current: {"version_id"}; authority.settle: {"artifacts": [{"artifact_id", "fingerprint"}], "note"}; framework.change: {"framework_version"}')
+    params: dict[str, StorableJson] | None = Field(default=None, description='artifact.make_current: {"version_id"}; authority.settle: {"artifacts": [{"artifact_id", "fingerprint"}], "note"}; framework.change: {"framework_version"}; at most 16384 bytes as UTF-8 (`x-max-bytes`; a string\'s own bytes, any other value\'s compact JSON): over it, 422 naming the field')
     session_id: int | None = Field(default=None, description='provenance only: grants nothing')
     run_id: int | None = Field(default=None)
 

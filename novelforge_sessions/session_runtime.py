@@ -258,20 +258,36 @@ def validate_capabilities(capabilities: Iterable[str], field_name: str = "capabi
 
 
 def json_size(value: Any) -> int:
+    """A value's size as the byte bounds count it: UTF-8 bytes of its compact JSON (the API
+    schema states these bounds as ``x-max-bytes``)."""
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
 
 
-def validate_metadata(value: Mapping[str, Any] | None, field_name: str, max_bytes: int = 8 * 1024) -> dict:
-    """Provider metadata and similar free-form maps: bounded, JSON objects, stored as-is."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise InvalidPayload(f"{field_name} must be a JSON object", field=field_name)
+#: Byte bounds of free-form values (``json_size``), declared in the API schema from these names.
+#: Provider metadata (sessions, runtimes): execution metadata, never a document.
+MAX_METADATA_BYTES = 8 * 1024
+#: A run's workflow cursor, however it is set (start, advance, batch).
+MAX_CURSOR_BYTES = 8 * 1024
+#: What a run starts from (``frozen_inputs``): references and small values, not documents.
+MAX_FROZEN_INPUTS_BYTES = 16 * 1024
+
+
+def validate_size(value: Any, field_name: str, max_bytes: int) -> None:
+    """Refuse a value over ``max_bytes`` as ``json_size`` counts it, naming ``field_name``."""
     size = json_size(value)
     if size > max_bytes:
         raise InvalidPayload(
             f"{field_name} is {size} bytes; at most {max_bytes}", field=field_name, size=size, limit=max_bytes
         )
+
+
+def validate_metadata(value: Mapping[str, Any] | None, field_name: str, max_bytes: int = MAX_METADATA_BYTES) -> dict:
+    """Provider metadata and similar free-form maps: bounded, JSON objects, stored as-is."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidPayload(f"{field_name} must be a JSON object", field=field_name)
+    validate_size(value, field_name, max_bytes)
     return dict(value)
 
 

@@ -135,6 +135,11 @@ def validate_gate_spec(spec: GateSpec) -> _ValidGate:
     if spec.route == ReviewGate.Route.AGENT:
         if reviewers:
             raise ValidationFailed("the agent route takes reviewer sessions, not users", field="reviewers")
+        if len(sessions) > MAX_AGENT_VERDICTS:
+            raise ValidationFailed(
+                f"at most {MAX_AGENT_VERDICTS} reviewer sessions (one verdict each; an agent gate takes at most "
+                f"{MAX_AGENT_VERDICTS} verdicts)", field="reviewer_session_ids", limit=MAX_AGENT_VERDICTS,
+            )
         required = spec.required_verdicts or max(1, len(sessions))
         if not max(1, len(sessions)) <= required <= MAX_AGENT_VERDICTS:
             raise ValidationFailed(

@@ -13,7 +13,7 @@ calibration material and other reviewers' verdicts have no field to travel in.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest
@@ -22,7 +22,8 @@ from ninja import Field, Router, Schema, Status
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX
 from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset, require_json_media_type
 from novelforge_sessions.api.schemas import (
-    MAX_BODY_DEPTH, Page, Strict, loads_json, nested_deeper_than, page_limit, refuse_unstorable_text,
+    MAX_BODY_DEPTH, NON_BLANK_TEXT, Page, Strict, loads_json, max_bytes, nested_deeper_than, page_after, page_limit,
+    refuse_unstorable_text,
 )
 from novelforge_sessions.errors import MalformedBody
 from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN
@@ -39,20 +40,30 @@ QueueState = Literal[tuple(s.value for s in ReviewAssignment.State if s != Revie
 
 # ---- schemas ---------------------------------------------------------------------------
 class ScaleIn(Strict):
+    # min < max and max - min <= MAX_SCALE_SPAN compare the two fields: JSON Schema cannot state
+    # it, so the description does (422 names `rubric.criteria[i].scale.max`).
+    __doc__ = (f"An integer scale: `min < max` and `max - min <= {packets.MAX_SCALE_SPAN}` (at most "
+               f"{packets.MAX_SCALE_SPAN + 1} scores); else 422 naming `rubric.criteria[i].scale.max`.")
+
     min: int
     max: int
 
 
 class CriterionIn(Strict):
     key: str = Field(..., examples=["clarity"], json_schema_extra={"pattern": packets.KEY_PATTERN})
-    label: str = Field(..., examples=["Clarity"], json_schema_extra={"minLength": 1, "maxLength": packets.MAX_LABEL})
+    label: str = Field(..., examples=["Clarity"], description="not blank",
+                       json_schema_extra={"minLength": 1, "maxLength": packets.MAX_LABEL, "pattern": NON_BLANK_TEXT})
     scale: ScaleIn
     description: str = Field("", json_schema_extra={"maxLength": packets.MAX_DESCRIPTION})
     anchors: dict[str, str] = Field(
         default_factory=dict, examples=[{"1": "Confusing", "5": "Crystal clear"}],
-        json_schema_extra={"additionalProperties": {"type": "string", "minLength": 1, "maxLength": packets.MAX_ANCHOR}},
+        json_schema_extra={
+            "propertyNames": {"pattern": packets.SCORE_KEY_PATTERN},
+            "additionalProperties": {"type": "string", "minLength": 1, "maxLength": packets.MAX_ANCHOR,
+                                     "pattern": NON_BLANK_TEXT},
+        },
         description="optional: what scores mean, for some or all scores of the scale (e.g. its ends). Keys are scores "
-        "written as integers (JSON keys are strings), within the scale; labels are 1–80 characters. Shown to reviewers "
+        "written as integers (JSON keys are strings), within the scale; labels are 1–80 characters, not blank. Shown to reviewers "
         "beside the score buttons and in the relay prompt; 422 names the anchor (`rubric.criteria[i].anchors.<score>`).",
     )
 
@@ -66,10 +77,12 @@ class RubricIn(Strict):
 
 class EvidenceIn(Strict):
     key: str = Field(..., description="must be one of the rubric's evidence keys")
-    label: str = Field(..., json_schema_extra={"maxLength": packets.MAX_EVIDENCE_LABEL})
-    # Bounded in bytes (UTF-8); maxLength states it in characters, the most that many bytes hold.
-    content: str = Field(..., json_schema_extra={"maxLength": packets.MAX_EVIDENCE_BYTES},
-                         description="bounded in bytes as UTF-8 (`maxLength` states the bound in characters)")
+    label: str = Field(..., description="not blank", json_schema_extra={
+        "minLength": 1, "maxLength": packets.MAX_EVIDENCE_LABEL, "pattern": NON_BLANK_TEXT})
+    # Bounded in bytes (UTF-8); maxLength states the same number in characters, the most that many bytes hold.
+    content: str = Field(..., description="not blank; `maxLength` states the byte bound in characters",
+                         json_schema_extra=max_bytes(packets.MAX_EVIDENCE_BYTES, maxLength=packets.MAX_EVIDENCE_BYTES,
+                                                     minLength=1, pattern=NON_BLANK_TEXT))
 
 
 class CalibrationIn(Strict):
@@ -81,13 +94,25 @@ class CalibrationIn(Strict):
 class GateIn(Strict):
     candidate_version_id: int = Field(..., description="an artifact version of this project; its server fingerprint is frozen")
     rubric: RubricIn
-    evidence: list[EvidenceIn] = Field(default_factory=list, json_schema_extra={"maxItems": packets.MAX_EVIDENCE_ITEMS})
+    evidence: list[EvidenceIn] = Field(
+        default_factory=list, json_schema_extra={"maxItems": packets.MAX_EVIDENCE_ITEMS},
+        description=f"the evidence the rubric declares, each item at most {packets.MAX_EVIDENCE_BYTES} bytes; all of it "
+        "travels in this one body, which is bounded as a whole (`x-max-body-bytes`): items at their maximum do not "
+        "all fit (413 `payload_too_large`)",
+    )
     route: Literal["page", "relay", "agent"]
-    required_verdicts: int | None = Field(None, ge=1, le=actions.MAX_REVIEWERS)
+    required_verdicts: int | None = Field(
+        None, ge=1, le=actions.MAX_REVIEWERS,
+        description=f"default: every named reviewer (page, relay) or reviewer session (agent, at least 1). Page and "
+        f"relay: at most the number of `reviewers`; agent: from the number of `reviewer_session_ids` to "
+        f"{actions.MAX_AGENT_VERDICTS}",
+    )
     reviewers: list[str] = Field(default_factory=list, description="usernames with the reviewer role (page/relay)",
                                  json_schema_extra={"maxItems": actions.MAX_REVIEWERS, "uniqueItems": True})
     reviewer_session_ids: list[int] = Field(
-        default_factory=list, description="agent route: semantic_reviewer sessions to assign; other slots are claimable"
+        default_factory=list, description="agent route: semantic_reviewer sessions to assign (one verdict each, at "
+        f"most {actions.MAX_AGENT_VERDICTS}); other slots are claimable",
+        json_schema_extra={"maxItems": actions.MAX_AGENT_VERDICTS, "uniqueItems": True},
     )
     calibration: CalibrationIn | None = Field(
         None, description="hidden: scores reviewers afterwards; never in a packet, a page for reviewers or an event"
@@ -96,6 +121,19 @@ class GateIn(Strict):
         None, ge=1, description="the opening runtime (generation fencing): required once the session has had a "
         "second runtime generation; 409 stale_runtime when it is not the live one",
     )
+
+    # Each route takes its own reviewers: page and relay name users (at least one), the agent
+    # route reviewer sessions and at most MAX_AGENT_VERDICTS verdicts (actions.validate_gate_spec).
+    json_schema_rules: ClassVar[dict[str, Any]] = {
+        "if": {"properties": {"route": {"const": "agent"}}, "required": ["route"]},
+        "then": {"properties": {
+            "required_verdicts": {"maximum": actions.MAX_AGENT_VERDICTS},
+            "reviewer_session_ids": {"maxItems": actions.MAX_AGENT_VERDICTS},
+            "reviewers": {"maxItems": 0},
+        }},
+        "else": {"properties": {"reviewer_session_ids": {"maxItems": 0}, "reviewers": {"minItems": 1}},
+                 "required": ["reviewers"]},
+    }
 
 
 class AssignmentOut(Schema):
@@ -201,14 +239,19 @@ _VERDICT_BODY = {
                     "findings": {
                         "type": "array",
                         "maxItems": packets.MAX_FINDINGS,
+                        "description": "the body is bounded as a whole (`x-max-body-bytes`): "
+                        f"{packets.MAX_FINDINGS} findings with notes at their maximum do not all fit "
+                        "(413 `payload_too_large`)",
                         "items": {
                             "type": "object",
                             "properties": {
                                 "location": {"type": "string", "minLength": 1, "maxLength": packets.MAX_LOCATION,
+                                             "pattern": NON_BLANK_TEXT,
                                              "description": "line(s) of the candidate: `L3`, `L3-5` "
                                              "or `L3, L7`; 422 `findings[i].location` when a line is outside the candidate"},
                                 "severity": {"enum": list(SEVERITIES)},
-                                "note": {"type": "string", "minLength": 1, "maxLength": packets.MAX_NOTE},
+                                "note": {"type": "string", "minLength": 1, "maxLength": packets.MAX_NOTE,
+                                         "pattern": NON_BLANK_TEXT},
                             },
                         },
                     },
@@ -283,7 +326,7 @@ def open_gate(request: HttpRequest, session_id: int, body: GateIn):
     "/sessions/{session_id}/review-gates", response={200: Page[GateOut], **errors(403, 404)},
     summary="A session's review gates, with their bound verdicts",
 )
-def list_gates(request: HttpRequest, session_id: int, after: int | None = None, limit: int = page_limit()):
+def list_gates(request: HttpRequest, session_id: int, after: int | None = page_after(), limit: int = page_limit()):
     who = caller(request)
     who.require("read")
     session = get_or_404(who.sessions(), "session", id=session_id)
@@ -350,7 +393,7 @@ def heartbeat_packet(request: HttpRequest, packet_id: int, body: PacketHeartbeat
     summary="Packets assigned to you (oldest first)",
 )
 def list_packets(request: HttpRequest, state: QueueState | None = None,
-                 after: int | None = None, limit: int = page_limit()):
+                 after: int | None = page_after(), limit: int = page_limit()):
     identity = reviewer_for_caller(caller(request))
     qs = assignments_for(identity).select_related("packet__gate")
     if state:

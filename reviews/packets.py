@@ -181,7 +181,9 @@ def validate_rubric(value: Any, field: str = "rubric") -> Rubric:
     return Rubric(tuple(criteria), tuple(allowed))
 
 
-_SCORE_KEY_RE = re.compile(r"^-?\d{1,4}$")
+#: An anchor's key: a score of the scale written as an integer (the API schema declares this pattern).
+SCORE_KEY_PATTERN = r"^-?\d{1,4}$"
+_SCORE_KEY_RE = re.compile(SCORE_KEY_PATTERN)
 
 
 def _validate_anchors(value: Any, lo: int, hi: int, field: str) -> tuple[tuple[int, str], ...]:

@@ -16,6 +16,7 @@ from novelforge_sessions.errors import ArtifactExists, NotFound, UnknownArtifact
 from novelforge_sessions.models import Artifact, ArtifactVersion, content_fingerprint
 
 MAX_ARTIFACT_BYTES = 1024 * 1024
+MAX_NAME_LENGTH = 200
 
 
 def require_versions(
@@ -63,8 +64,11 @@ def _check_content(content: str) -> bytes:
 
 def create_artifact(caller: Caller, *, name: str, kind: str, content: str) -> Artifact:
     caller.require("write")
-    if not name.strip() or len(name) > 200:
-        raise ValidationFailed("name must be 1–200 characters", field="name")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValidationFailed(f"name is {len(name)} characters; at most {MAX_NAME_LENGTH}", field="name",
+                               limit=MAX_NAME_LENGTH)
+    if not name.strip():
+        raise ValidationFailed("name must not be blank (empty or only whitespace)", field="name")
     data = _check_content(content)
     project = caller.single_project()
     try:

@@ -64,7 +64,8 @@ def start_run(
         check(rt.validate_name, task_mode, "task_mode")
     if cursor is not None and not isinstance(cursor, dict):
         raise ValidationFailed("cursor must be a JSON object", field="cursor")
-    check(rt.validate_metadata, {"cursor": cursor, "frozen_inputs": frozen_inputs}, "run", 16 * 1024)
+    check(rt.validate_metadata, cursor, "cursor", rt.MAX_CURSOR_BYTES)
+    check(rt.validate_size, frozen_inputs, "frozen_inputs", rt.MAX_FROZEN_INPUTS_BYTES)
     cited = _cited_versions(frozen_inputs)
     with transaction.atomic():
         session = lock_session(caller, session_id)
@@ -129,7 +130,7 @@ def advance_cursor(caller: Caller, run_id: int, cursor: dict[str, Any], *, runti
     caller.require("write")
     if not isinstance(cursor, dict) or not cursor:
         raise ValidationFailed("cursor must be a non-empty JSON object", field="cursor")
-    check(rt.validate_metadata, cursor, "cursor", 8 * 1024)
+    check(rt.validate_metadata, cursor, "cursor", rt.MAX_CURSOR_BYTES)
     with transaction.atomic():
         if runtime_id is not None:
             # Fencing reads the session's live runtime: hold the session lock first (lock order).

@@ -90,13 +90,43 @@ class _Parser(Parser):
         return values
 
 
+def body_limit_doc(limit: int) -> str:
+    """The body limit in words (``info.description``, every 413): one sentence, from the setting."""
+    return (
+        f"A request body is at most {limit} bytes as sent (`API_MAX_BODY_BYTES`, {limit / 1024:g} KiB; "
+        "`x-max-body-bytes` on every request body): a larger one is `413 payload_too_large` (`details`: "
+        "`limit`, `size`), whatever its fields. The field limits (`maxLength`, `maxItems`, `x-max-bytes`) bound "
+        "each field; the body limit bounds them together, so a body at several fields' maxima at once can be "
+        "over it (a review gate with 10 evidence items of 32 KiB)."
+    )
+
+
+def _declare_query_text(param: dict[str, Any], pattern: str) -> None:
+    """A text query parameter refuses U+0000 (``_Parser.parse_querydict``): declared on every one."""
+    def storable(node: dict[str, Any]) -> None:
+        if node.get("type") == "string" and not {"pattern", "enum", "const", "format"} & set(node):
+            node["pattern"] = pattern
+        for option in node.get("anyOf", []):
+            storable(option)
+        if isinstance(node.get("items"), dict):
+            storable(node["items"])
+
+    if param.get("in") == "query":
+        storable(param.get("schema", {}))
+
+
 class _Api(NinjaAPI):
     def get_openapi_schema(self, **kwargs: Any) -> dict[str, Any]:
-        """Declare the statuses ``errors(...)`` cannot know per route: any operation that reads a
-        JSON body answers an unparseable one with ``400 malformed_body`` (see ``_http_error``),
-        and one sent as another media type with ``415 unsupported_media_type``."""
+        """Declare what ``errors(...)`` cannot know per route, in one place: any operation that
+        reads a JSON body answers an unparseable one with ``400 malformed_body`` (see
+        ``_http_error``), one sent as another media type with ``415 unsupported_media_type``, and
+        one over ``API_MAX_BODY_BYTES`` with ``413 payload_too_large`` (``bodylimit``: before any
+        route runs), stated on the body as ``x-max-body-bytes``; every text query parameter
+        refuses U+0000."""
         schema = super().get_openapi_schema(**kwargs)
-        from novelforge_sessions.api.schemas import STORABLE_JSON, STORABLE_JSON_MARK, STORABLE_JSON_REF
+        from novelforge_sessions.api.schemas import (
+            STORABLE_JSON, STORABLE_JSON_MARK, STORABLE_JSON_REF, STORABLE_TEXT, X_MAX_BODY_BYTES,
+        )
 
         def refer(node: Any) -> Any:
             if isinstance(node, dict):
@@ -109,13 +139,24 @@ class _Api(NinjaAPI):
 
         schema = refer(schema)
         schema.setdefault("components", {}).setdefault("schemas", {})["StorableJson"] = STORABLE_JSON
+        limit = settings.API_MAX_BODY_BYTES
+        schema["info"]["description"] = f"{schema['info'].get('description', '')} {body_limit_doc(limit)}".strip()
         for item in schema["paths"].values():
             for op in item.values():
-                if "requestBody" in op and 400 not in op["responses"]:  # ninja keys statuses by int
-                    op["responses"][400] = {"description": "Bad Request", "content": op["responses"][422]["content"]}
-                if "requestBody" in op and 415 not in op["responses"]:  # require_json_media_type
-                    op["responses"][415] = {"description": "Unsupported Media Type",
-                                            "content": op["responses"][422]["content"]}
+                for param in op.get("parameters", []):
+                    _declare_query_text(param, STORABLE_TEXT)
+                if "requestBody" not in op:
+                    continue
+                error = op["responses"][422]["content"]
+                if 400 not in op["responses"]:  # ninja keys statuses by int
+                    op["responses"][400] = {"description": "Bad Request", "content": error}
+                if 415 not in op["responses"]:  # require_json_media_type
+                    op["responses"][415] = {"description": "Unsupported Media Type", "content": error}
+                op["responses"][413] = {  # bodylimit: every /api/ body, so every operation that takes one
+                    "description": f"Payload Too Large: the body is over {limit} bytes (`payload_too_large`)",
+                    "content": error,
+                }
+                op["requestBody"][X_MAX_BODY_BYTES] = limit
         return schema
 
     @property

@@ -13,6 +13,7 @@ from novelforge_sessions.api.schemas import (
     ArtifactVersionIn,
     ArtifactVersionOut,
     Page,
+    page_after,
     page_limit,
 )
 from novelforge_sessions.models import Artifact, ArtifactVersion
@@ -35,7 +36,7 @@ def create_artifact(request: HttpRequest, body: ArtifactIn):
 
 
 @router.get("/artifacts", response={200: Page[ArtifactOut], **errors(403)}, summary="List artifacts")
-def list_artifacts(request: HttpRequest, after: int | None = None, limit: int = page_limit()):
+def list_artifacts(request: HttpRequest, after: int | None = page_after(), limit: int = page_limit()):
     who = caller(request)
     who.require("read")
     qs = who.scope("artifact", Artifact.objects.filter(project_id__in=who.project_ids))

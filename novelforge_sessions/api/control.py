@@ -21,7 +21,8 @@ from novelforge_sessions.control import results as result_actions
 from novelforge_sessions.control import routing as routing_actions
 from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import (
-    CAPABILITIES, HandoffStateName, IntentStateName, Page, ShortNameDeclared, Strict, page_limit,
+    CAPABILITIES, HandoffStateName, IntentStateName, Page, NON_BLANK_TEXT, ShortNameDeclared, Strict, X_MAX_BYTES, max_bytes, page_after,
+    page_limit,
 )
 from novelforge_sessions.control.models import (
     AuthorityChange,
@@ -59,10 +60,11 @@ class HandoffIn(Strict):
                             examples=["chapter-3/continuity-check"])
     inputs: list[InputRefIn] = Field(default_factory=list, description="frozen input artifact versions",
                                      json_schema_extra={"maxItems": handoff_actions.MAX_INPUTS})
-    params: dict[str, Any] = Field(default_factory=dict, description="the job's instructions (bounded)")
+    params: dict[str, Any] = Field(default_factory=dict, description="the job's instructions",
+                                   json_schema_extra=max_bytes(handoff_actions.MAX_PARAMS_BYTES))
     result_schema: dict[str, Any] = Field(
         default_factory=dict,
-        json_schema_extra={"anyOf": [
+        json_schema_extra={X_MAX_BYTES: handoff_actions.MAX_RESULT_SCHEMA_BYTES, "anyOf": [
             {"type": "object", "not": {"required": ["$schema"]},
              "additionalProperties": {"enum": sorted(result_schemas.SHORT_TYPES)}},
             {"type": "object", "required": ["$schema"], "properties": {"$schema": {"const": result_schemas.DIALECT}}},
@@ -71,7 +73,7 @@ class HandoffIn(Strict):
             "the result's shape, part of the frozen job: either the short form (required result keys → "
             "string|integer|number|boolean|object|array|any) or a full JSON Schema (Draft 2020-12, with "
             '"$schema": "https://json-schema.org/draft/2020-12/schema"). Results are validated with jsonschema; '
-            "each problem is reported with its path (422 invalid_result). At most 4096 bytes."
+            "each problem is reported with its path (422 invalid_result)."
         ),
         examples=[{"verdict": "string", "issues": "array"},
                   {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
@@ -127,7 +129,8 @@ class HandoffOut(Schema):
 
 
 class ClaimIn(Strict):
-    worker: str = Field(..., max_length=200, json_schema_extra={"minLength": 1}, description="the claiming worker's name (lease holder)")
+    worker: str = Field(..., max_length=200, json_schema_extra={"minLength": 1, "pattern": NON_BLANK_TEXT},
+                        description="the claiming worker's name (lease holder), not blank")
     capabilities: list[str] = Field(default_factory=list, description="what this worker can do",
                                     json_schema_extra=CAPABILITIES)
     handoff_id: int | None = Field(None, description="claim this handoff only (409 if it cannot be claimed)")
@@ -152,7 +155,7 @@ class ResultIn(Strict):
     fencing_token: int = Field(..., ge=1, description="the token of your claim", json_schema_extra=FENCING_TOKEN)
     job_fingerprint: str = Field(..., max_length=80, description="must cite the frozen job's fingerprint",
                                  json_schema_extra={"pattern": rt.FINGERPRINT_PATTERN})
-    result: dict[str, Any]
+    result: dict[str, Any] = Field(..., json_schema_extra=max_bytes(result_actions.MAX_RESULT_BYTES))
     result_hash: str | None = Field(None, max_length=80, description="optional: sha256 of the canonical result, checked",
                                     json_schema_extra={"pattern": rt.FINGERPRINT_PATTERN})
 
@@ -199,7 +202,8 @@ class ReasonIn(Strict):
 
 
 class ResolveIn(Strict):
-    resolution: str = Field(..., min_length=1, max_length=200)
+    resolution: str = Field(..., min_length=1, max_length=200, json_schema_extra={"pattern": NON_BLANK_TEXT},
+                            description="what was decided, not blank")
 
 
 def _receipt_out(receipt: ConsumeReceipt | None) -> dict | None:
@@ -264,7 +268,7 @@ def claim(request: HttpRequest, body: ClaimIn) -> dict:
 @handoffs_router.get("/handoffs", response={200: Page[HandoffOut], **errors(403)}, summary="List handoffs")
 def list_handoffs(
     request: HttpRequest, session_id: int | None = None, state: HandoffStateName | None = None,
-    logical_id: str | None = None, after: int | None = None, limit: int = page_limit(),
+    logical_id: str | None = None, after: int | None = page_after(), limit: int = page_limit(),
 ) -> dict:
     who = caller(request)
     who.require("read")
@@ -328,7 +332,7 @@ def deliver(request: HttpRequest, handoff_id: int, body: ResultIn) -> dict:
     "/handoffs/{handoff_id}/deliveries", response={200: Page[DeliveryLogOut], **errors(403, 404)},
     summary="The delivery log of a handoff (every arrival, with its validation)",
 )
-def list_deliveries(request: HttpRequest, handoff_id: int, after: int | None = None,
+def list_deliveries(request: HttpRequest, handoff_id: int, after: int | None = page_after(),
                     limit: int = page_limit()) -> dict:
     who = caller(request)
     who.require("read")
@@ -372,7 +376,7 @@ def resolve_conflict(request: HttpRequest, handoff_id: int, body: ResolveIn) -> 
     "/receipts", response={200: Page[ReceiptOut], **errors(403)},
     summary="Consume-once receipts (one per logical id)",
 )
-def list_receipts(request: HttpRequest, logical_id: str | None = None, after: int | None = None,
+def list_receipts(request: HttpRequest, logical_id: str | None = None, after: int | None = page_after(),
                   limit: int = page_limit()) -> dict:
     who = caller(request)
     who.require("read")
@@ -404,6 +408,7 @@ class WriteIntentIn(Strict):
         default_factory=dict,
         description='artifact.make_current: {"version_id"}; authority.settle: {"artifacts": [{"artifact_id", '
         '"fingerprint"}], "note"}; framework.change: {"framework_version"}',
+        json_schema_extra=max_bytes(intent_actions.MAX_PARAMS_BYTES),
     )
     session_id: int | None = Field(None, description="provenance only: grants nothing")
     run_id: int | None = None
@@ -527,7 +532,7 @@ def create_intent(request: HttpRequest, body: WriteIntentIn) -> Status:
 
 @intents_router.get("/write-intents", response={200: Page[WriteIntentOut], **errors(403)}, summary="List write intents")
 def list_intents(request: HttpRequest, state: IntentStateName | None = None, session_id: int | None = None,
-                 after: int | None = None, limit: int = page_limit()) -> dict:
+                 after: int | None = page_after(), limit: int = page_limit()) -> dict:
     who = caller(request)
     who.require("read")
     qs = who.scope("write_intent", WriteIntent.objects.filter(project_id__in=who.project_ids))
@@ -588,7 +593,7 @@ def execute(request: HttpRequest, intent_id: int) -> dict:
     "/authority/changes", response={200: Page[AuthorityChangeOut], **errors(403)},
     summary="History of the project's authority and framework changes",
 )
-def authority_changes(request: HttpRequest, after: int | None = None, limit: int = page_limit()) -> dict:
+def authority_changes(request: HttpRequest, after: int | None = page_after(), limit: int = page_limit()) -> dict:
     who = caller(request)
     who.require("read")
     qs = who.scope("authority_change", AuthorityChange.objects.filter(project_id__in=who.project_ids))

@@ -6,7 +6,7 @@ from ninja import Router
 
 from novelforge_sessions import events
 from novelforge_sessions.api.common import caller, errors, keyset
-from novelforge_sessions.api.schemas import EventOut, EventTypeName, Page, page_limit
+from novelforge_sessions.api.schemas import EVENTS_AFTER_DOC, EventOut, EventTypeName, Page, page_after, page_limit
 from novelforge_sessions.models import Event
 
 router = Router(tags=["events"])
@@ -17,7 +17,7 @@ router = Router(tags=["events"])
     summary="Events after an id, oldest first (filter by session or type)",
 )
 def list_events(
-    request: HttpRequest, after: int | None = None, session_id: int | None = None, type: EventTypeName | None = None,
+    request: HttpRequest, after: int | None = page_after(EVENTS_AFTER_DOC), session_id: int | None = None, type: EventTypeName | None = None,
     limit: int = page_limit(100),
 ):
     who = caller(request)

@@ -5,13 +5,15 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
+from django.conf import settings
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 
 from novelforge_sessions.api.common import caller, errors
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.api.schemas import (
-    CAPABILITIES, SHORT_NAME, Memory, Strict, loads_json, page_limit, refuse_unstorable_text,
+    CAPABILITIES, SHORT_NAME, STORABLE_JSON_MARK, STORABLE_TEXT, X_MAX_BYTES, Memory, Strict, loads_json, max_bytes,
+    page_limit, refuse_unstorable_text,
 )
 from novelforge_sessions.control import graphs as actions
 from novelforge_sessions.control.models import GraphCheckpoint
@@ -32,9 +34,22 @@ class GraphBlobIn(Strict):
     })
 
 
+#: A channel version as ``control/graphs.py`` measures it (``_version_key``).
+VERSION: dict[str, Any] = {"anyOf": [
+    {"type": "integer", "minimum": actions.MIN_VERSION_NUMBER, "maximum": actions.MAX_VERSION_NUMBER},
+    {"type": "number", "minimum": actions.MIN_VERSION_NUMBER, "maximum": actions.MAX_VERSION_NUMBER},
+    {"type": "string", "maxLength": actions.MAX_VERSION_LENGTH, "pattern": actions.VERSION_TEXT_PATTERN},
+]}
+VERSION_DOC = (
+    f"a number from {actions.MIN_VERSION_NUMBER} to {actions.MAX_VERSION_NUMBER} (kept as sent: `7.0` is not `7`), or "
+    f'a string of at most {actions.MAX_VERSION_LENGTH} printable ASCII characters other than `"` and `\\`'
+)
+
+
 class GraphChannelBlobIn(Strict):
     channel: str = Field(..., min_length=1, max_length=200)
-    version: int | float | str = Field(..., description="the channel's new version (LangGraph `new_versions`)")
+    version: int | float | str = Field(..., json_schema_extra=VERSION,
+                                       description="the channel's new version (LangGraph `new_versions`): " + VERSION_DOC)
     value: GraphBlobIn
 
 
@@ -53,8 +68,20 @@ class GraphPutIn(Strict):
     checkpoint_id: str = Field(..., min_length=1, max_length=64)
     parent_checkpoint_id: str | None = Field(None, max_length=64)
     checkpoint: dict[str, Any] = Field(
-        ..., description="the graph checkpoint without `channel_values` (versions, versions seen, ts, …)")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="the graph's checkpoint metadata (filterable)")
+        ..., description="the graph checkpoint without `channel_values` (versions, versions seen, ts, …); "
+        "`channel_versions` maps channel names (1–200 characters) to versions: " + VERSION_DOC,
+        json_schema_extra={
+            X_MAX_BYTES: settings.CHECKPOINT_MAX_BYTES,
+            "properties": {"channel_versions": {
+                "type": "object", "additionalProperties": VERSION,
+                "propertyNames": {"minLength": 1, "maxLength": actions.MAX_NAME_LENGTH, "pattern": STORABLE_TEXT},
+            }},
+            "not": {"required": ["channel_values"]},
+            "propertyNames": {"pattern": STORABLE_TEXT},
+            "additionalProperties": {STORABLE_JSON_MARK: True},
+        })
+    metadata: dict[str, Any] = Field(default_factory=dict, description="the graph's checkpoint metadata (filterable)",
+                                     json_schema_extra=max_bytes(actions.MAX_METADATA_BYTES))
     blobs: list[GraphChannelBlobIn] = Field(
         default_factory=list, max_length=500,
         description="the channels that changed: their values at their new versions, stored as content-addressed "

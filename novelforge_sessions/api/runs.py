@@ -11,7 +11,8 @@ from novelforge_sessions.control.batch import record_batch
 from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import (
-    BatchIn, BatchOut, CheckpointIn, CheckpointOut, CursorIn, Page, RunEndIn, RunIn, RunOut, RunStateName, page_limit,
+    BatchIn, BatchOut, CheckpointIn, CheckpointOut, CursorIn, Page, RunEndIn, RunIn, RunOut, RunStateName, page_after,
+    page_limit,
 )
 from novelforge_sessions.models import Checkpoint, Run
 
@@ -31,7 +32,7 @@ def start_run(request: HttpRequest, session_id: int, body: RunIn):
 
 
 @router.get("/sessions/{session_id}/runs", response={200: Page[RunOut], **errors(403, 404)}, summary="List a session's runs")
-def list_runs(request: HttpRequest, session_id: int, state: RunStateName | None = None, after: int | None = None,
+def list_runs(request: HttpRequest, session_id: int, state: RunStateName | None = None, after: int | None = page_after(),
               limit: int = page_limit()):
     who = caller(request)
     who.require("read")
@@ -108,7 +109,7 @@ def create_batch(request: HttpRequest, run_id: int, body: BatchIn):
 
 
 @router.get("/runs/{run_id}/checkpoints", response={200: Page[CheckpointOut], **errors(403, 404)}, summary="List a run's checkpoints")
-def list_checkpoints(request: HttpRequest, run_id: int, after: int | None = None, limit: int = page_limit()):
+def list_checkpoints(request: HttpRequest, run_id: int, after: int | None = page_after(), limit: int = page_limit()):
     who = caller(request)
     who.require("read")
     run = get_or_404(who.scope("run", Run.objects.filter(session__project_id__in=who.project_ids)), "run", id=run_id)

@@ -7,7 +7,7 @@ from ninja import Router, Status
 from novelforge_sessions.actions import runtimes as actions
 from novelforge_sessions.actions import sessions as session_actions
 from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
-from novelforge_sessions.api.schemas import HeartbeatIn, HeartbeatOut, Page, RuntimeIn, RuntimeOut, page_limit
+from novelforge_sessions.api.schemas import HeartbeatIn, HeartbeatOut, Page, RuntimeIn, RuntimeOut, page_after, page_limit
 from novelforge_sessions.api.sessions import runtime_spec
 from novelforge_sessions.models import RuntimeAttachment
 
@@ -24,7 +24,7 @@ def attach(request: HttpRequest, session_id: int, body: RuntimeIn):
 
 
 @router.get("/sessions/{session_id}/runtimes", response={200: Page[RuntimeOut], **errors(403, 404)}, summary="List a session's runtimes")
-def list_runtimes(request: HttpRequest, session_id: int, after: int | None = None, limit: int = page_limit()):
+def list_runtimes(request: HttpRequest, session_id: int, after: int | None = page_after(), limit: int = page_limit()):
     who = caller(request)
     who.require("read")
     session = get_or_404(who.sessions(), "session", id=session_id)

@@ -292,6 +292,30 @@ class Strict(Input):
 
 #: Text PostgreSQL can store: no U+0000 (``refuse_unstorable_text``), declared on every string field.
 STORABLE_TEXT = r"^[^\u0000]*$"
+#: Storable text that is not blank: at least one character that is not whitespace. Declared where
+#: the core strips a value and refuses what is left empty (names, labels, notes): ``minLength``
+#: alone would call ``"   "`` valid.
+NON_BLANK_TEXT = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+#: An OpenAPI extension for the byte bounds JSON Schema cannot count: the value's size in UTF-8
+#: bytes — of the text itself for a string, of its compact JSON (``session_runtime.json_size``: no
+#: spaces, non-ASCII written as itself) for anything else. Over it: 422 naming the field.
+X_MAX_BYTES = "x-max-bytes"
+#: On every request body (``novelforge_sessions.api._Api``): the whole body's bound, in bytes as sent.
+X_MAX_BODY_BYTES = "x-max-body-bytes"
+
+
+def max_bytes(limit: int, **extra: Any) -> dict[str, Any]:
+    """``json_schema_extra`` of a field the core bounds in bytes (``X_MAX_BYTES``); ``_declare``
+    states the bound in the field's description too."""
+    return {X_MAX_BYTES: limit, **extra}
+
+
+def bytes_doc(limit: int) -> str:
+    """The sentence every byte-bounded field's description carries."""
+    return (f"at most {limit} bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): "
+            "over it, 422 naming the field")
+
+
 #: Any JSON value whose strings and keys are storable text, at any depth: the schema of every
 #: free-form object or list of an input (cursor, params, metadata…). Added to the OpenAPI
 #: components by ``novelforge_sessions.api._Api``.
@@ -333,9 +357,16 @@ def _declare(schema: dict[str, Any], model: type) -> None:
             for option in node.get(key, []):
                 free_json(option)
 
+    def state_bytes(node: dict[str, Any]) -> None:
+        # A byte bound is stated in words as well as in the extension most tools ignore.
+        limit = node.get(X_MAX_BYTES)
+        if limit is not None and bytes_doc(limit) not in node.get("description", ""):
+            node["description"] = "; ".join(filter(None, [node.get("description"), bytes_doc(limit)]))
+
     for prop in schema.get("properties", {}).values():
         storable(prop)
         free_json(prop)
+        state_bytes(prop)
     schema.update(getattr(model, "json_schema_rules", {}))
 
 
@@ -343,13 +374,17 @@ _INTEGER_FIELDS: dict[type, frozenset[str]] = {}
 
 
 def _integer_fields(model: type) -> frozenset[str]:
-    """The model's fields typed int, int | None or list[int] (never bool: it is not an int here)."""
+    """The model's fields typed int, int | None or list[int] (never bool: it is not an int here).
+    A field that takes a float too (``int | float | str``: a graph channel version) keeps ``7.0``
+    as the number it was sent as: it is stored as written."""
     found = _INTEGER_FIELDS.get(model)
     if found is None:
         names = set()
         for name, info in model.model_fields.items():
             ann = info.annotation
             options = typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else (ann,)
+            if float in options:
+                continue
             if any(a is int or (typing.get_origin(a) is list and typing.get_args(a) == (int,)) for a in options):
                 names.add(name)
         found = _INTEGER_FIELDS[model] = frozenset(names)
@@ -387,6 +422,39 @@ def page_limit_field(default: int = 50) -> Any:
     return Field(default, ge=1, le=MAX_PAGE, description=LIMIT_DOC)
 
 
+#: Every list's cursor (``?after=``) but the event log's: what it does and does not promise.
+AFTER_DOC = (
+    "keyset cursor: the previous page's `next_after`; items with a larger id, in id order. Ids are given "
+    "when a row is inserted, not when it commits, so a row whose transaction commits after one with a "
+    "larger id can appear below a cursor already passed and be skipped by a reader following new rows: "
+    "a walk of rows that are no longer being created is complete, a poll for new ones is not. To follow "
+    "new objects without gaps, read `GET /events?after=` (every creation is an event; its ids are "
+    "visible in commit order)"
+)
+#: The event log's cursor: gap-free (``events.visible``: ids are visible in commit order).
+EVENTS_AFTER_DOC = (
+    "keyset cursor: the previous page's `next_after` (or the last event id you have); events with a "
+    "larger id, oldest first. Gap-free: an event is listed only once every event with a smaller id has "
+    "committed or rolled back, so following `next_after` never skips one, also while events are written"
+)
+
+#: A transcript's cursor: entries are numbered under the session's lock, so in commit order.
+TRANSCRIPT_AFTER_DOC = (
+    "the previous page's `next_after` (a `seq`); entries with a larger `seq`, in order. Gap-free: each "
+    "entry's `seq` is given under its session's lock, so entries become visible in `seq` order"
+)
+
+
+def page_after(description: str = AFTER_DOC) -> Any:
+    """The ``after`` query parameter of a list route (keyset on the primary key)."""
+    return Query(None, description=description)
+
+
+def page_after_field() -> Any:
+    """The same, as a field of a query schema (``Query[SessionFilters]``)."""
+    return Field(None, description=AFTER_DOC)
+
+
 class ErrorBody(Schema):
     code: str
     message: str
@@ -414,7 +482,8 @@ class ProjectOut(Schema):
 
 
 class ArtifactIn(Strict):
-    name: str = Field(..., max_length=200, json_schema_extra={"minLength": 1})
+    name: str = Field(..., max_length=200, json_schema_extra={"minLength": 1, "pattern": NON_BLANK_TEXT},
+                      description="1–200 characters, not all of them whitespace")
     kind: str = Field("document", max_length=64)
     content: str
 
@@ -454,7 +523,8 @@ RUNTIME_ID_DOC = (
 class RuntimeIn(Strict):
     runtime_family: str = Field(..., max_length=64, json_schema_extra=SHORT_NAME, examples=["claude-code"])
     capabilities: list[str] = Field(default_factory=list, json_schema_extra=CAPABILITIES, examples=[["draft", "review"]])
-    provider_metadata: dict[str, Any] | None = Field(None, description="metadata only; never a key, never authority")
+    provider_metadata: dict[str, Any] | None = Field(None, description="metadata only; never a key, never authority",
+                                                     json_schema_extra=max_bytes(rt.MAX_METADATA_BYTES))
     lease_seconds: int | None = Field(None, ge=1, le=3600)
 
 
@@ -464,7 +534,8 @@ class SessionIn(Strict):
     memory_policy: Memory
     task_mode: str = Field(..., max_length=64, json_schema_extra=SHORT_NAME, examples=["drafting"])
     runtime_family: str = Field(..., max_length=64, json_schema_extra=SHORT_NAME, examples=["claude-code"])
-    provider_metadata: dict[str, Any] | None = Field(None, description="provider thread ids etc.: metadata only")
+    provider_metadata: dict[str, Any] | None = Field(None, description="provider thread ids etc.: metadata only",
+                                                     json_schema_extra=max_bytes(rt.MAX_METADATA_BYTES))
     runtime: RuntimeIn | None = Field(None, description="attach runtime generation 1 in the same transaction")
 
     # role `other` needs a role_extension (a short name); every other role takes none.
@@ -606,8 +677,8 @@ class HeartbeatOut(Schema):
 class RunIn(Strict):
     task_mode: str | None = Field(None, max_length=64, json_schema_extra=SHORT_NAME)
     target: str = Field("", max_length=200)
-    cursor: dict[str, Any] | None = Field(None, json_schema_extra=NON_EMPTY_OBJECT)
-    frozen_inputs: list[Any] | None = None
+    cursor: dict[str, Any] | None = Field(None, json_schema_extra=max_bytes(rt.MAX_CURSOR_BYTES, **NON_EMPTY_OBJECT))
+    frozen_inputs: list[Any] | None = Field(None, json_schema_extra=max_bytes(rt.MAX_FROZEN_INPUTS_BYTES))
     runtime_id: int | None = Field(None, ge=1, description=RUNTIME_ID_DOC)
 
 
@@ -633,7 +704,7 @@ RUN_RUNTIME_ID_DOC = "optional: the runtime this write comes from; refused 409 `
 
 
 class CursorIn(Strict):
-    cursor: dict[str, Any] = Field(..., json_schema_extra=NON_EMPTY_OBJECT)
+    cursor: dict[str, Any] = Field(..., json_schema_extra=max_bytes(rt.MAX_CURSOR_BYTES, **NON_EMPTY_OBJECT))
     runtime_id: int | None = Field(None, ge=1, description=RUN_RUNTIME_ID_DOC)
 
 
@@ -675,8 +746,15 @@ AUTHORITY_REFS: dict[str, Any] = {
 assert set(AUTHORITY_REFS["anyOf"][0]["properties"]) == set(rt.AUTHORITY_REF_TYPES)
 
 
-class CheckpointIn(Input):
-    """Validated by the pure core; unknown keys are checked for transcript content, then refused."""
+#: A checkpoint is bounded as a whole (``rt.validate_checkpoint``: 422 ``checkpoint_not_bounded``).
+CHECKPOINT_BYTES_DOC = (
+    f"The whole checkpoint is at most {settings.CHECKPOINT_MAX_BYTES} bytes as compact UTF-8 JSON (`x-max-bytes`; "
+    "the server's CHECKPOINT_MAX_BYTES): over it, 422 `checkpoint_not_bounded`."
+)
+
+
+class _CheckpointBody(Input):
+    """A checkpoint's fields (``CheckpointIn`` and a batch's ``BatchCheckpointIn``)."""
 
     boundary: Boundary
     cursor: dict[str, Any] = Field(..., json_schema_extra=NON_EMPTY_OBJECT)
@@ -708,6 +786,18 @@ class CheckpointIn(Input):
         examples=[[{"write_intent_id": 7}]],
     )
     resume_policy: str = Field("revalidate", json_schema_extra=SHORT_NAME)
+
+    # Unknown keys reach the pure core (extra="allow"), which checks them for transcript content
+    # and then refuses them: so the schema declares none.
+    model_config = ConfigDict(extra="allow", json_schema_extra={
+        "additionalProperties": False, X_MAX_BYTES: settings.CHECKPOINT_MAX_BYTES,
+    })
+
+
+class CheckpointIn(_CheckpointBody):
+    __doc__ = "Validated by the pure core; unknown keys are checked for transcript content, then refused. " \
+        + CHECKPOINT_BYTES_DOC
+
     idempotency_key: str | None = Field(
         None, max_length=200, json_schema_extra={"pattern": rt.IDEMPOTENCY_KEY_PATTERN},
         description=(
@@ -716,17 +806,20 @@ class CheckpointIn(Input):
         ),
     )
 
-    model_config = ConfigDict(extra="allow")
+
+class BatchCheckpointIn(_CheckpointBody):
+    __doc__ = "A checkpoint inside a batch: the single write's fields but `idempotency_key` (the batch is one " \
+        "transaction; retry it whole). " + CHECKPOINT_BYTES_DOC
 
 
 class BatchCheckpointItem(Strict):
     kind: Literal["checkpoint"]
-    checkpoint: CheckpointIn
+    checkpoint: BatchCheckpointIn
 
 
 class BatchCursorItem(Strict):
     kind: Literal["cursor"]
-    cursor: dict[str, Any] = Field(..., json_schema_extra=NON_EMPTY_OBJECT)
+    cursor: dict[str, Any] = Field(..., json_schema_extra=max_bytes(rt.MAX_CURSOR_BYTES, **NON_EMPTY_OBJECT))
 
 
 class BatchIn(Strict):
@@ -775,10 +868,9 @@ class TranscriptIn(Strict):
     role: Literal["user", "assistant", "system", "tool"]
     # The bound is in bytes (UTF-8), which JSON Schema cannot count: maxLength declares it in
     # characters, the most a string of that many bytes can have (the core refuses by bytes).
-    content: str = Field(..., json_schema_extra={"maxLength": settings.TRANSCRIPT_ENTRY_MAX_BYTES}, description=(
-        "bounded in bytes as UTF-8 (the server's TRANSCRIPT_ENTRY_MAX_BYTES; `maxLength` states it in characters): "
-        "422 `validation_error`, field `content`"
-    ))
+    content: str = Field(..., json_schema_extra=max_bytes(
+        settings.TRANSCRIPT_ENTRY_MAX_BYTES, maxLength=settings.TRANSCRIPT_ENTRY_MAX_BYTES,
+    ), description="the server's TRANSCRIPT_ENTRY_MAX_BYTES; `maxLength` states the same number in characters")
     runtime_id: int | None = Field(None, ge=1, description=RUNTIME_ID_DOC)
 
 

@@ -25,7 +25,10 @@ from novelforge_sessions.api.schemas import (
     StatusName,
     TranscriptIn,
     TranscriptOut,
+    TRANSCRIPT_AFTER_DOC,
     TransitionIn,
+    page_after,
+    page_after_field,
     page_limit,
     page_limit_field,
 )
@@ -48,7 +51,7 @@ class SessionFilters(Schema):
     role: Role | None = None
     runtime_family: str | None = None
     task_mode: str | None = None
-    after: int | None = None
+    after: int | None = page_after_field()
     limit: int = page_limit_field()
 
 
@@ -161,7 +164,7 @@ def add_transcript(request: HttpRequest, session_id: int, body: TranscriptIn):
     "/sessions/{session_id}/transcript", response={200: Page[TranscriptOut], **errors(403, 404)},
     summary="Read a session's transcript (pages by seq)",
 )
-def list_transcript(request: HttpRequest, session_id: int, after: int | None = None, limit: int = page_limit(100)):
+def list_transcript(request: HttpRequest, session_id: int, after: int | None = page_after(TRANSCRIPT_AFTER_DOC), limit: int = page_limit(100)):
     who = caller(request)
     who.require("read")
     session = get_or_404(who.sessions(), "session", id=session_id)

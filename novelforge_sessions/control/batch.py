@@ -105,7 +105,7 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
                 cursor = body.get("cursor")
                 if not isinstance(cursor, dict) or not cursor:
                     raise ValidationFailed("cursor must be a non-empty JSON object", field="cursor")
-                check(rt.validate_metadata, cursor, "cursor", 8 * 1024)
+                check(rt.validate_metadata, cursor, "cursor", rt.MAX_CURSOR_BYTES)
                 spec = cursor
             else:  # the schema allows only these two; a direct caller gets the same refusal
                 raise ValidationFailed("kind must be checkpoint or cursor", field="kind")

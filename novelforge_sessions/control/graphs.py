@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,10 +40,10 @@ from novelforge_sessions.actions import runs as run_actions
 from novelforge_sessions.actions import sessions as session_actions
 from novelforge_sessions.actions.artifacts import MAX_ARTIFACT_BYTES
 from novelforge_sessions.actions.lifecycle import check, live_runtime, lock_session, open_run
-from novelforge_sessions.actions.runtimes import RuntimeSpec
+from novelforge_sessions.actions.runtimes import MAX_LEASE_SECONDS, RuntimeSpec
 from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.control.models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
-from novelforge_sessions.errors import GraphCheckpointConflict, NoOpenRun, NotFound, ValidationFailed
+from novelforge_sessions.errors import GraphCheckpointConflict, NoOpenRun, NotFound, ServiceError, ValidationFailed
 from novelforge_sessions.models import Artifact, ArtifactVersion, Project, content_fingerprint
 
 #: The artifact kind of state blobs, and the prefix of their names (``blob:<fingerprint>``).
@@ -52,6 +53,16 @@ BLOB_PREFIX = "blob:"
 MAX_METADATA_BYTES = 16 * 1024
 MAX_ID_LENGTH = 64
 MAX_NAME_LENGTH = 200
+#: A channel version (LangGraph's ``new_versions``) is stored as its JSON text in 100 characters
+#: (``GraphBlob.version``). Declared in the API schema from these, and measured as declared: a
+#: number (integer or not) within a bigint's range, whose JSON text is at most 24 characters; or
+#: a string of at most 98 printable ASCII characters other than ``"`` and ``\`` (which JSON would
+#: escape), so its JSON text is the string in quotes.
+MIN_VERSION_NUMBER = -(2**63)
+MAX_VERSION_NUMBER = 2**63 - 1
+MAX_VERSION_LENGTH = 98
+VERSION_TEXT_PATTERN = r"^[ !#-\[\]-~]*$"
+_VERSION_TEXT_RE = re.compile(VERSION_TEXT_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -131,12 +142,38 @@ def _blob(value: Blob, field_name: str) -> Blob:
 
 
 def _version_key(value: Any, field_name: str) -> str:
+    """The version's stored key (its JSON text), refused as the schema declares the version."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValidationFailed("a channel version is an integer, a number or a string", field=field_name)
-    key = json.dumps(value)
-    if len(key) > 100:
-        raise ValidationFailed("a channel version is at most 100 characters as JSON", field=field_name)
-    return key
+    if isinstance(value, str):
+        if len(value) > MAX_VERSION_LENGTH or not _VERSION_TEXT_RE.fullmatch(value):
+            raise ValidationFailed(
+                f'a channel version string is at most {MAX_VERSION_LENGTH} printable ASCII characters, without " or \\',
+                field=field_name, limit=MAX_VERSION_LENGTH,
+            )
+    elif not MIN_VERSION_NUMBER <= value <= MAX_VERSION_NUMBER:  # a float's JSON text is at most 24 characters
+        raise ValidationFailed(
+            f"a channel version number is from {MIN_VERSION_NUMBER} to {MAX_VERSION_NUMBER}", field=field_name,
+        )
+    return json.dumps(value)
+
+
+def _check_open(spec: ThreadSpec | None) -> None:
+    """The ``open`` spec is checked on every call, as declared, whether it opens the thread or the
+    thread exists already: a spec that could not open a thread is refused either way (422 naming
+    ``open.<field>``), before anything is written."""
+    if spec is None:
+        return
+    try:
+        check(rt.validate_session_spec, role=spec.role, role_extension="", memory_policy=spec.memory_policy,
+              task_mode=spec.task_mode, runtime_family=spec.runtime_family)
+        check(rt.validate_capabilities, spec.capabilities)
+        if spec.lease_seconds is not None and not 1 <= spec.lease_seconds <= MAX_LEASE_SECONDS:
+            raise ValidationFailed(f"lease_seconds must be between 1 and {MAX_LEASE_SECONDS}", field="lease_seconds")
+    except ServiceError as exc:
+        details = dict(exc.details)
+        details["field"] = f"open.{details['field']}" if details.get("field") else "open"
+        raise type(exc)(exc.message, **details) from None
 
 
 def _document(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
@@ -144,7 +181,7 @@ def _document(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
         raise ValidationFailed("checkpoint must be a JSON object", field="checkpoint")
     if "channel_values" in checkpoint:
         raise ValidationFailed("channel values travel as blobs, never inside the checkpoint", field="checkpoint.channel_values")
-    versions = checkpoint.get("channel_versions") or {}
+    versions = checkpoint.get("channel_versions", {})
     if not isinstance(versions, Mapping):
         raise ValidationFailed("checkpoint.channel_versions must be an object", field="checkpoint.channel_versions")
     for channel, version in versions.items():
@@ -242,6 +279,7 @@ def open_thread(caller: Caller, thread_id: str, spec: ThreadSpec) -> tuple[Graph
     when this call opened it."""
     caller.require("write")
     _name(thread_id, "thread_id")
+    _check_open(spec)
     with transaction.atomic():
         return _open_thread(caller, thread_id, spec)
 
@@ -270,6 +308,7 @@ def put_checkpoint(
         _blob(b.value, f"blobs[{i}]")
     document = _document(checkpoint)
     meta = check(rt.validate_metadata, dict(metadata or {}), "metadata", MAX_METADATA_BYTES)
+    _check_open(open_spec)
     if open_spec is not None:
         # Its own transaction, committed first: a loser of the race to open the thread has then
         # written nothing when it takes the winner's session ordering lock (events.order_lock).
@@ -338,6 +377,7 @@ def put_writes(
     for i, w in enumerate(writes):
         _name(w.channel, f"writes[{i}].channel")
         _blob(w.value, f"writes[{i}].value")
+    _check_open(open_spec)
     if open_spec is not None:
         thread, _ = _open_thread(caller, thread_id, open_spec)  # committed first, as in put_checkpoint
     with transaction.atomic():

@@ -68,6 +68,7 @@ DEFAULT_TIMEOUT_SECONDS = 300
 MAX_TIMEOUT_SECONDS = 24 * 3600
 MAX_INPUTS = 100
 MAX_PARAMS_BYTES = 16 * 1024
+MAX_RESULT_SCHEMA_BYTES = 4096
 
 
 # ---- pure validation ------------------------------------------------------------------------
@@ -108,7 +109,7 @@ def validate_job(
         refs.add((ref["artifact_id"], fp))
     frozen = [{"artifact_id": a, "fingerprint": f} for a, f in sorted(refs)]
     params = check(rt.validate_metadata, params, "params", MAX_PARAMS_BYTES)
-    schema = check(rt.validate_metadata, result_schema, "result_schema", 4096)
+    schema = check(rt.validate_metadata, result_schema, "result_schema", MAX_RESULT_SCHEMA_BYTES)
     try:
         result_schemas.as_json_schema(schema)  # the short form, or a full Draft 2020-12 JSON Schema
     except result_schemas.ResultSchemaError as exc:

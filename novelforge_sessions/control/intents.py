@@ -63,6 +63,7 @@ from novelforge_sessions.models import Artifact, ArtifactVersion, Project, Run
 
 KEY_RE = rt.IDEMPOTENCY_KEY_RE
 FRAMEWORK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+MAX_PARAMS_BYTES = 16 * 1024
 
 
 # ---- before-states ----------------------------------------------------------------------------
@@ -126,7 +127,7 @@ def read_before_state(caller: Caller, *, kind: str, artifact_id: int | None = No
 
 # ---- create -----------------------------------------------------------------------------------------
 def _params(project: Project, kind: str, artifact: Artifact | None, params: Any) -> dict[str, Any]:
-    params = check(rt.validate_metadata, params, "params", 16 * 1024)
+    params = check(rt.validate_metadata, params, "params", MAX_PARAMS_BYTES)
     if kind == IntentKind.ARTIFACT_MAKE_CURRENT:
         assert artifact is not None
         version_id = params.get("version_id")

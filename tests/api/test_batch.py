@@ -120,3 +120,38 @@ def test_openapi_declares_the_bound(owner):
     items = spec["components"]["schemas"]["BatchIn"]["properties"]["items"]
     assert (items["minItems"], items["maxItems"]) == (1, rt.MAX_BATCH_ITEMS)
     assert "201" in spec["paths"]["/api/v1/runs/{run_id}/batch"]["post"]["responses"]
+
+
+def test_a_batch_checkpoint_declares_no_idempotency_key_and_one_is_refused(owner, new_session):
+    """Audit finding 8: batch items reused CheckpointIn, which declares `idempotency_key`, and the
+    server refuses every batch item carrying one. A batch item has its own schema without it (no
+    other field either), the typed client's model likewise, and what the schema now calls invalid
+    is still refused, writing nothing."""
+    from pydantic import ValidationError
+
+    from novelforge_client import models
+    from tests.api.declared import declared_valid, served
+
+    components = served()["components"]["schemas"]
+    assert components["BatchCheckpointItem"]["properties"]["checkpoint"] == {
+        "$ref": "#/components/schemas/BatchCheckpointIn"}
+    batch_item, single = components["BatchCheckpointIn"], components["CheckpointIn"]
+    assert batch_item["additionalProperties"] is False
+    assert set(batch_item["properties"]) == set(single["properties"]) - {"idempotency_key"}
+
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    keyed = {"items": [{"kind": "checkpoint", "checkpoint": {**CP, "idempotency_key": "k-1"}}]}
+    assert declared_valid("BatchIn", {"items": [{"kind": "checkpoint", "checkpoint": CP}]})
+    assert not declared_valid("BatchIn", keyed)
+    before = _counts(run_id)
+    resp = owner.post(f"/runs/{run_id}/batch", keyed)
+    assert resp.status_code == 422, resp.content
+    error = resp.json()["error"]
+    assert (error["code"], error["details"]["field"]) == ("validation_error", "items[0].checkpoint.idempotency_key")
+    assert _counts(run_id) == before
+
+    assert models.BatchCheckpointItem.model_fields["checkpoint"].annotation is models.BatchCheckpointIn
+    assert "idempotency_key" not in models.BatchCheckpointIn.model_fields
+    with pytest.raises(ValidationError):
+        models.BatchCheckpointIn(**CP, idempotency_key="k-1")

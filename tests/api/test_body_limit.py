@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 from django.conf import settings
@@ -151,3 +152,23 @@ def test_the_served_app_still_parses_a_body_at_the_limit():
     run(application, scope, client)
     assert client.status == 201, client.body
     assert Session.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_operation_that_takes_a_body_answers_the_413_it_declares():
+    """Audit finding 6: the limit covers every ``/api/`` body, so every operation that takes one
+    answers 413 over it (the served application, before any route runs), and declares it."""
+    from tests.api.declared import served
+
+    limit = settings.API_MAX_BODY_BYTES
+    operations = [(method, path) for path, item in served()["paths"].items() for method, op in item.items()
+                  if "requestBody" in op]
+    assert len(operations) >= 30
+    for method, path in operations:
+        assert "413" in served()["paths"][path][method]["responses"], (method, path)
+        scope = http_scope(re.sub(r"\{[a-z_]+\}", "1", path), length=limit + 1)
+        scope["method"] = method.upper()
+        client = Client([b"x" * PIECE])
+        run(application, scope, client)
+        assert api_error(client)["details"] == {"size": limit + 1, "limit": limit}, (method, path)
+        assert client.asked == 0

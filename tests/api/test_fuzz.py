@@ -85,14 +85,17 @@ CONFIG = schemathesis.Config.from_dict({
             # the metadata filter is a JSON object carried in a query string: OpenAPI parameters
             # declare its type as a string, not the JSON inside it
             "GET /api/v1/graph-threads/checkpoints",
-            # a rubric scale needs min < max (a comparison of two fields), criterion keys are unique
-            # by key, reviewers must hold the reviewer role in this project
+            # a rubric scale needs min < max and max - min <= MAX_SCALE_SPAN (comparisons of two fields,
+            # stated in ScaleIn's description), anchor keys within the scale, criterion keys are
+            # unique by key, a page gate's required_verdicts at most its reviewers and an agent gate's
+            # at least its reviewer sessions, reviewers must hold the reviewer role in this project
             "POST /api/v1/sessions/{session_id}/review-gates",
             # artifact_id is required for kind artifact.make_current: a dependency between two query
             # parameters, which OpenAPI 3.1 parameters cannot express (a body can: WriteIntentIn)
             "GET /api/v1/write-intents/before-state",
-            # a transcript entry is bounded in UTF-8 bytes; JSON Schema counts characters, so its
-            # maxLength is the bound in characters and a shorter multi-byte entry can still be over it
+            # a transcript entry is bounded in UTF-8 bytes (x-max-bytes, which schemathesis does not
+            # read); JSON Schema counts characters, so its maxLength is the bound in characters and a
+            # shorter multi-byte entry can still be over it
             "POST /api/v1/sessions/{session_id}/transcript",
         )
     ],

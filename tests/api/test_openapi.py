@@ -52,3 +52,79 @@ def test_every_operation_that_reads_a_body_declares_400(schema):
             if declared:
                 ref = op["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
                 assert ref.endswith("/ErrorOut"), (method, path)
+
+
+def test_every_operation_that_reads_a_body_declares_413_and_the_body_limit(schema):
+    """Audit finding 6: the body limit (``bodylimit``: every ``/api/`` body) was declared nowhere and
+    21 operations did not declare the 413 they answer. Every operation with a body declares it, in
+    one place, and states the limit, from the setting, on the body and in the API's description."""
+    from django.conf import settings
+
+    from novelforge_sessions.api.schemas import X_MAX_BODY_BYTES
+
+    limit = settings.API_MAX_BODY_BYTES
+    body_ops = 0
+    for path, item in schema["paths"].items():
+        for method, op in item.items():
+            declared = "413" in op["responses"]
+            assert declared == ("requestBody" in op), (method, path)
+            if declared:
+                body_ops += 1
+                assert op["requestBody"][X_MAX_BODY_BYTES] == limit, (method, path)
+                assert op["responses"]["413"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorOut")
+                assert str(limit) in op["responses"]["413"]["description"], (method, path)
+    assert body_ops >= 30
+    assert f"at most {limit} bytes" in schema["info"]["description"]
+
+
+def test_the_declared_body_limit_follows_the_setting(settings):
+    from novelforge_sessions.api import api
+    from novelforge_sessions.api.schemas import X_MAX_BODY_BYTES
+
+    settings.API_MAX_BODY_BYTES = 4096
+    served = api.get_openapi_schema()
+    assert served["paths"]["/api/v1/sessions"]["post"]["requestBody"][X_MAX_BODY_BYTES] == 4096
+    assert "at most 4096 bytes" in served["info"]["description"]
+
+
+def test_every_text_query_parameter_declares_that_it_refuses_nul(schema, owner):
+    """Audit finding 10: U+0000 in any query string is refused (the API's query parser), so every
+    text query parameter declares a pattern that says so; a declared-invalid value is refused."""
+    import re
+
+    texts = []
+    for path, item in schema["paths"].items():
+        for method, op in item.items():
+            for param in op.get("parameters", []):
+                options = param["schema"].get("anyOf", [param["schema"]])
+                for option in options:
+                    text = option.get("items", option) if option.get("type") == "array" else option
+                    if text.get("type") == "string" and "enum" not in text:
+                        assert "pattern" in text, (method, path, param["name"])
+                        assert not re.search(text["pattern"], "a\x00b"), (method, path, param["name"])
+                        texts.append((method, path, param["name"]))
+    assert len(texts) >= 10
+    for method, path, name in texts:
+        if method == "get" and "{" not in path:
+            resp = owner.get(path.removeprefix("/api/v1"), **{name: "a\x00b"})
+            assert resp.status_code == 422, (path, name, resp.content)
+            assert resp.json()["error"]["code"] == "validation_error"
+
+
+def test_every_list_says_what_its_after_cursor_promises(schema):
+    """Audit finding 2 (its documentation): lists page on ``id > after``; a row that commits out of id
+    order can be skipped by a reader following new rows. Every list's ``after`` says so and points to
+    the event log, which is gap-free (and says that); the transcript pages by its gap-free ``seq``."""
+    from novelforge_sessions.api.schemas import AFTER_DOC, EVENTS_AFTER_DOC, TRANSCRIPT_AFTER_DOC
+
+    own = {"/api/v1/events": EVENTS_AFTER_DOC, "/api/v1/sessions/{session_id}/transcript": TRANSCRIPT_AFTER_DOC}
+    lists = 0
+    for path, item in schema["paths"].items():
+        for method, op in item.items():
+            for param in op.get("parameters", []):
+                if param["name"] == "after" and param["in"] == "query":
+                    lists += 1
+                    assert param["description"] == own.get(path, AFTER_DOC), path
+    assert lists >= 12
+    assert "GET /events?after=" in AFTER_DOC and "skipped" in AFTER_DOC
+    assert "Gap-free" in EVENTS_AFTER_DOC

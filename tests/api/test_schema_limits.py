@@ -97,3 +97,94 @@ def test_enforced_limits_are_declared_from_their_constants(schema):
     assert verdict["findings"]["maxItems"] == packets.MAX_FINDINGS
     item = verdict["findings"]["items"]["properties"]
     assert (item["note"]["maxLength"], item["location"]["maxLength"]) == (packets.MAX_NOTE, packets.MAX_LOCATION)
+
+
+def test_byte_bounds_are_declared_from_their_constants_and_in_words(schema):
+    """Audit finding 10: byte caps the core enforces (``rt.json_size``: UTF-8 bytes of compact JSON;
+    a string's own bytes) were declared nowhere. Each is an ``x-max-bytes`` from the validator's
+    constant, stated in its description too; every bound the schema declares is listed here, and
+    each is enforced as declared (tests/control/test_declared_limits.py, tests/reviews/…)."""
+    from django.conf import settings
+
+    from novelforge_sessions.api.schemas import bytes_doc
+    from novelforge_sessions.control import graphs, results
+    from tests.api.declared import byte_bounds
+
+    expected = {
+        "SessionIn.provider_metadata": rt.MAX_METADATA_BYTES,
+        "RuntimeIn.provider_metadata": rt.MAX_METADATA_BYTES,
+        "RunIn.cursor": rt.MAX_CURSOR_BYTES,
+        "RunIn.frozen_inputs": rt.MAX_FROZEN_INPUTS_BYTES,
+        "CursorIn.cursor": rt.MAX_CURSOR_BYTES,
+        "BatchCursorItem.cursor": rt.MAX_CURSOR_BYTES,
+        "CheckpointIn": settings.CHECKPOINT_MAX_BYTES,
+        "BatchCheckpointIn": settings.CHECKPOINT_MAX_BYTES,
+        "TranscriptIn.content": settings.TRANSCRIPT_ENTRY_MAX_BYTES,
+        "HandoffIn.params": handoffs.MAX_PARAMS_BYTES,
+        "HandoffIn.result_schema": handoffs.MAX_RESULT_SCHEMA_BYTES,
+        "ResultIn.result": results.MAX_RESULT_BYTES,
+        "WriteIntentIn.params": intents.MAX_PARAMS_BYTES,
+        "GraphPutIn.checkpoint": settings.CHECKPOINT_MAX_BYTES,
+        "GraphPutIn.metadata": graphs.MAX_METADATA_BYTES,
+        "EvidenceIn.content": packets.MAX_EVIDENCE_BYTES,
+    }
+    assert dict(byte_bounds()) == expected
+    for where, limit in expected.items():
+        name, _, field = where.partition(".")
+        node = component(schema, name)
+        node = node["properties"][field] if field else node
+        words = bytes_doc(limit) if field else f"at most {limit} bytes"
+        assert words in node["description"], where
+
+
+def test_non_blank_text_is_declared_where_the_core_strips_and_refuses_blanks(schema):
+    """Audit finding 10: the core strips these values and refuses what is left empty; ``minLength``
+    alone called ``"   "`` valid. Each declares NON_BLANK_TEXT (storable, one non-space character)."""
+    from novelforge_sessions.actions import artifacts
+    from novelforge_sessions.api.schemas import NON_BLANK_TEXT
+
+    props = lambda name: component(schema, name)["properties"]  # noqa: E731
+    fields = [props("ArtifactIn")["name"], props("ClaimIn")["worker"], props("ResolveIn")["resolution"],
+              props("CriterionIn")["label"], props("CriterionIn")["anchors"]["additionalProperties"],
+              props("EvidenceIn")["label"], props("EvidenceIn")["content"]]
+    verdict = schema["paths"]["/api/v1/review-packets/{packet_id}/verdicts"]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]["properties"]["findings"]["items"]["properties"]
+    fields += [verdict["note"], verdict["location"]]
+    for field in fields:
+        assert field["pattern"] == NON_BLANK_TEXT, field
+    for text, ok in (("x", True), (" x ", True), ("", False), ("   ", False), ("\n\t", False), ("a\x00", False)):
+        assert bool(re.search(NON_BLANK_TEXT, text)) is ok, text
+    assert props("ArtifactIn")["name"]["maxLength"] == artifacts.MAX_NAME_LENGTH
+    assert props("CriterionIn")["anchors"]["propertyNames"]["pattern"] == packets.SCORE_KEY_PATTERN
+
+
+def test_route_dependent_gate_limits_are_declared(schema):
+    """Audit finding 7: the agent route takes at most MAX_AGENT_VERDICTS verdicts and reviewer
+    sessions, and no users; page and relay take users only (if/then/else, as SessionIn does)."""
+    from reviews import actions as review_actions
+
+    gate = component(schema, "GateIn")
+    assert gate["if"]["properties"]["route"] == {"const": "agent"}
+    then = gate["then"]["properties"]
+    assert then["required_verdicts"]["maximum"] == review_actions.MAX_AGENT_VERDICTS
+    assert then["reviewer_session_ids"]["maxItems"] == review_actions.MAX_AGENT_VERDICTS
+    assert then["reviewers"]["maxItems"] == 0
+    assert gate["else"]["properties"]["reviewer_session_ids"]["maxItems"] == 0
+    ids = gate["properties"]["reviewer_session_ids"]
+    assert (ids["maxItems"], ids["uniqueItems"]) == (review_actions.MAX_AGENT_VERDICTS, True)
+
+
+def test_graph_channel_versions_are_declared_from_the_measure(schema):
+    from novelforge_sessions.control import graphs
+
+    version = component(schema, "GraphChannelBlobIn")["properties"]["version"]
+    integer, number, text = version["anyOf"]
+    for bounded in (integer, number):
+        assert (bounded["minimum"], bounded["maximum"]) == (graphs.MIN_VERSION_NUMBER, graphs.MAX_VERSION_NUMBER)
+    assert (text["maxLength"], text["pattern"]) == (graphs.MAX_VERSION_LENGTH, graphs.VERSION_TEXT_PATTERN)
+    checkpoint = component(schema, "GraphPutIn")["properties"]["checkpoint"]
+    assert checkpoint["properties"]["channel_versions"]["additionalProperties"] == version_without_doc(version)
+
+
+def version_without_doc(version: dict) -> dict:
+    return {key: value for key, value in version.items() if key in ("anyOf",)}

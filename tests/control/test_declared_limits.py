@@ -10,6 +10,7 @@ from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.control import bindings, handoffs
 from novelforge_sessions.control.models import Handoff, ResultDelivery
 from novelforge_sessions.models import Checkpoint, Event, TranscriptEntry
+from tests.conftest import SESSION
 from tests.control.conftest import claim, make_artifact, ok, refused
 
 pytestmark = pytest.mark.django_db
@@ -100,3 +101,215 @@ def test_a_malformed_result_hash_is_a_validation_error_and_logs_nothing(owner, w
         "fencing_token": held["fencing_token"], "job_fingerprint": held["job_fingerprint"],
         "result": {"verdict": "ok"}, "result_hash": FP,
     }), 422, "result_hash_mismatch")
+
+
+# ---- byte bounds (x-max-bytes), enforced as declared (audit finding 10) ---------------------------
+def fill(container: dict | list, measure, limit: int) -> None:
+    """Pad ``container`` (in place) with short strings until ``measure()`` is exactly ``limit``.
+    Pieces of at most 1,000 characters: a checkpoint refuses longer single strings as prose."""
+    i = 0
+    while measure() < limit:
+        if isinstance(container, list):
+            container.append("")
+        else:
+            container[f"p{i}"] = ""
+        grow = limit - measure()
+        if grow < 0:  # the new piece's own overhead overshoots: lengthen the one before instead
+            container.pop() if isinstance(container, list) else container.pop(f"p{i}")
+            last = len(container) - 1 if isinstance(container, list) else f"p{i - 1}"
+            container[last] += "x" * (limit - measure())
+            break
+        if isinstance(container, list):
+            container[-1] = "x" * min(grow, 1000)
+        else:
+            container[f"p{i}"] = "x" * min(grow, 1000)
+        i += 1
+    assert measure() == limit
+
+
+def sized(limit: int, base: dict | None = None) -> dict:
+    value = dict(base or {})
+    fill(value, lambda: rt.json_size(value), limit)
+    return value
+
+
+def sized_list(limit: int) -> list:
+    value: list = []
+    fill(value, lambda: rt.json_size(value), limit)
+    return value
+
+
+def sized_checkpoint(limit: int) -> dict:
+    body = {"boundary": "context_freeze", "cursor": {"step": "s"}}
+    fill(body["cursor"], lambda: rt.json_size(body), limit)
+    return body
+
+
+def _case_session(owner, new_session, limit):
+    return "SessionIn", "/sessions", {**SESSION, "provider_metadata": sized(limit)}, "provider_metadata"
+
+
+def _case_runtime(owner, new_session, limit):
+    s = new_session(attach=False)
+    return "RuntimeIn", f"/sessions/{s['id']}/runtimes", {"runtime_family": "codex", "provider_metadata": sized(limit)}, \
+        "provider_metadata"
+
+
+def _case_run_cursor(owner, new_session, limit):
+    return "RunIn", f"/sessions/{new_session()['id']}/runs", {"cursor": sized(limit)}, "cursor"
+
+
+def _case_run_frozen_inputs(owner, new_session, limit):
+    return "RunIn", f"/sessions/{new_session()['id']}/runs", {"frozen_inputs": sized_list(limit)}, "frozen_inputs"
+
+
+def _case_cursor(owner, new_session, limit):
+    return "CursorIn", f"/runs/{new_session(run=True)['run']['id']}/cursor", {"cursor": sized(limit)}, "cursor"
+
+
+def _case_batch_cursor(owner, new_session, limit):
+    return "BatchIn", f"/runs/{new_session(run=True)['run']['id']}/batch", \
+        {"items": [{"kind": "cursor", "cursor": sized(limit)}]}, "items[0].cursor"
+
+
+def _case_checkpoint(owner, new_session, limit):
+    return "CheckpointIn", f"/runs/{new_session(run=True)['run']['id']}/checkpoints", sized_checkpoint(limit), None
+
+
+def _case_batch_checkpoint(owner, new_session, limit):
+    return "BatchIn", f"/runs/{new_session(run=True)['run']['id']}/batch", \
+        {"items": [{"kind": "checkpoint", "checkpoint": sized_checkpoint(limit)}]}, None
+
+
+def _case_handoff_params(owner, new_session, limit):
+    return "HandoffIn", f"/runs/{new_session(run=True)['run']['id']}/handoffs", \
+        {"logical_id": "job-1", "params": sized(limit)}, "params"
+
+
+def _case_handoff_result_schema(owner, new_session, limit):
+    key = "k" * (limit - rt.json_size({"": "string"}))  # the short form: {result key: type}
+    return "HandoffIn", f"/runs/{new_session(run=True)['run']['id']}/handoffs", \
+        {"logical_id": "job-1", "result_schema": {key: "string"}}, "result_schema"
+
+
+def _case_result(owner, new_session, limit):
+    run = new_session(run=True)["run"]
+    job = ok(owner.post(f"/runs/{run['id']}/handoffs", {"logical_id": "job-1", "result_schema": {"verdict": "string"}}),
+             201)
+    held = claim(owner)
+    assert held["id"] == job["id"]
+    verdict = "x" * (limit - rt.json_size({"verdict": ""}))
+    return "ResultIn", f"/handoffs/{held['id']}/results", {
+        "fencing_token": held["fencing_token"], "job_fingerprint": held["job_fingerprint"], "result": {"verdict": verdict},
+    }, "result"
+
+
+def _case_graph_metadata(owner, new_session, limit):
+    return "GraphPutIn", "/graph-threads/checkpoints", {**GRAPH_PUT, "metadata": sized(limit)}, "metadata"
+
+
+def _case_graph_checkpoint(owner, new_session, limit):
+    return "GraphPutIn", "/graph-threads/checkpoints", \
+        {**GRAPH_PUT, "checkpoint": sized(limit, {"v": 1, "channel_versions": {}})}, "checkpoint"
+
+
+GRAPH_PUT = {"thread_id": "t-1", "checkpoint_id": "0001", "checkpoint": {"v": 1}, "open": {"task_mode": "drafting"}}
+
+#: x-max-bytes bound → how to send a value of exactly n bytes there (component, path, body, field named).
+BYTE_CASES = {
+    "SessionIn.provider_metadata": _case_session,
+    "RuntimeIn.provider_metadata": _case_runtime,
+    "RunIn.cursor": _case_run_cursor,
+    "RunIn.frozen_inputs": _case_run_frozen_inputs,
+    "CursorIn.cursor": _case_cursor,
+    "BatchCursorItem.cursor": _case_batch_cursor,
+    "CheckpointIn": _case_checkpoint,
+    "BatchCheckpointIn": _case_batch_checkpoint,
+    "HandoffIn.params": _case_handoff_params,
+    "HandoffIn.result_schema": _case_handoff_result_schema,
+    "ResultIn.result": _case_result,
+    "GraphPutIn.metadata": _case_graph_metadata,
+    "GraphPutIn.checkpoint": _case_graph_checkpoint,
+}
+#: Bounds proven elsewhere, each at and over its limit.
+BYTE_BOUNDS_TESTED_ELSEWHERE = {
+    "TranscriptIn.content": "test_transcript_entry_over_its_bytes_is_refused (above)",
+    "EvidenceIn.content": "tests/reviews/test_declared_limits.py",
+    "WriteIntentIn.params": "test_write_intent_params_over_their_bytes_are_refused (below: no exact fill is schema-valid)",
+}
+
+
+def written() -> tuple[int, ...]:
+    from novelforge_sessions.control.models import GraphCheckpoint, ResultDelivery
+    from novelforge_sessions.models import Run, RuntimeAttachment, Session
+
+    return (Session.objects.count(), RuntimeAttachment.objects.count(), Run.objects.count(),
+            Checkpoint.objects.count(), Handoff.objects.count(), ResultDelivery.objects.count(),
+            GraphCheckpoint.objects.count(), Event.objects.count())
+
+
+def test_every_declared_byte_bound_is_proven_here_or_elsewhere():
+    from tests.api.declared import byte_bounds
+
+    assert {where for where, _ in byte_bounds()} == set(BYTE_CASES) | set(BYTE_BOUNDS_TESTED_ELSEWHERE)
+
+
+@pytest.mark.parametrize("where", sorted(BYTE_CASES))
+@pytest.mark.parametrize("over", [0, 1], ids=["at", "over"])
+def test_a_value_is_accepted_at_its_declared_byte_bound_and_refused_one_byte_over(owner, new_session, where, over):
+    """Each bound the schema declares as ``x-max-bytes`` is exactly the one enforced: a value of
+    that many bytes is declared valid and accepted, one byte more is declared invalid and refused
+    (422 naming the field the caller sent; the run's error named ``run``, no body field), writing
+    nothing."""
+    from tests.api.declared import byte_bounds, declared_valid
+
+    limit = dict(byte_bounds())[where]
+    component, path, body, field = BYTE_CASES[where](owner, new_session, limit + over)
+    assert declared_valid(component, body) is not over
+    before = written()
+    resp = owner.post(path, body)
+    if not over:
+        assert resp.status_code in (200, 201), resp.content
+        return
+    assert resp.status_code == 422, resp.content
+    error = resp.json()["error"]
+    # a checkpoint is bounded as a whole (its own code, no field); every other bound names its field
+    assert error["code"] == ("checkpoint_not_bounded" if field is None else "validation_error"), error
+    assert error["details"].get("field") == field, error
+    assert error["details"].get("limit", limit) == limit
+    assert written() == before
+
+
+def test_write_intent_params_over_their_bytes_are_refused(owner):
+    """authority.settle takes up to 200 artifact refs, more than its params' byte bound holds."""
+    from novelforge_sessions.control import intents
+    from novelforge_sessions.control.models import WriteIntent
+    from tests.api.declared import declared_valid
+
+    art = make_artifact(owner)
+    before_state = ok(owner.get("/write-intents/before-state", kind="authority.settle"))
+    ref = {"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}
+    body = {"kind": "authority.settle", "idempotency_key": "k-1", "before_fingerprint": before_state["before_fingerprint"],
+            "params": {"artifacts": [ref] * 200}}
+    assert rt.json_size(body["params"]) > intents.MAX_PARAMS_BYTES
+    assert not declared_valid("WriteIntentIn", body)
+    err = refused(owner.post("/write-intents", body), 422, "validation_error")
+    assert err["details"]["field"] == "params"
+    assert not WriteIntent.objects.exists()
+    fits = {**body, "params": {"artifacts": [ref] * 10}}
+    assert declared_valid("WriteIntentIn", fits)
+    assert owner.post("/write-intents", fits).status_code == 201
+
+
+@pytest.mark.parametrize(("name", "message"), [("   ", "blank"), (" \n\t", "blank")])
+def test_an_artifact_name_is_refused_as_declared_and_in_plain_words(owner, name, message):
+    """Audit finding 10: a whitespace-only name (3 characters, declared `minLength: 1`) was refused
+    as "name must be 1–200 characters". It is declared invalid (not blank) and says so."""
+    from novelforge_sessions.models import Artifact
+    from tests.api.declared import declared_valid
+
+    body = {"name": name, "content": "text"}
+    assert not declared_valid("ArtifactIn", body)
+    err = refused(owner.post("/artifacts", body), 422, "validation_error")
+    assert err["details"]["field"] == "name" and message in err["message"], err
+    assert not Artifact.objects.exists()

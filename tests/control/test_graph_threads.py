@@ -246,7 +246,6 @@ def test_a_write_index_beyond_a_database_integer_is_422(writer):
     assert counts() == before
 
 
-
 def test_a_thread_s_bound_token_cites_a_blob_another_thread_stored_first(project, writer):
     """Blobs are stored once per project, so a value another thread stored first is a version
     written by that thread's token. A token bound to this thread's session still cites it: the
@@ -261,3 +260,78 @@ def test_a_thread_s_bound_token_cites_a_blob_another_thread_stored_first(project
     newest = get(bound, thread_id="t-2")[0]
     assert base64.b64decode(newest["blobs"]["shared"]["data"]).decode() == "the same value"
     assert Artifact.objects.filter(kind="graph-blob").count() == 2  # stored once
+
+
+@pytest.mark.parametrize("version", [
+    1, -(2**63), 2**63 - 1, 7.0, 2.5, -6.163970652757638e+131, 2**63, 10**30,
+    "v" * 98, "v" * 99, "v" * 120, "00000000000000000000000000000002.0.5712389102", 'a"b', "a\\b", "é", "tab\there",
+])
+def test_a_channel_version_is_accepted_exactly_when_the_schema_declares_it_valid(writer, version):
+    """Audit finding 9 (a): versions the schema allowed were refused as "over 100 characters" (a
+    23-character number, after ``7.0``-style integral floats were widened to integers; a string
+    of 120 characters). The schema now bounds both forms, and the server measures them as
+    declared: accepted exactly when declared valid, the same in the blob and the checkpoint."""
+    from tests.api.declared import declared_valid
+
+    body = put_body(versions={"messages": version}, blobs={"messages": "hello"})
+    valid = declared_valid("GraphPutIn", body)
+    assert valid is (isinstance(version, (int, float)) and -(2**63) <= version < 2**63
+                     or isinstance(version, str) and len(version) <= 98 and version.isascii()
+                     and version.isprintable() and not {'"', "\\"} & set(version))
+    before = counts()
+    resp = writer.post("/graph-threads/checkpoints", body)
+    if valid:
+        assert resp.status_code == 201, resp.content
+        [item] = get(writer, thread_id="t-1")
+        assert item["checkpoint"]["channel_versions"] == {"messages": version}
+        assert base64.b64decode(item["blobs"]["messages"]["data"]).decode() == "hello"  # found at its version
+    else:
+        err = refused(resp, 422, "validation_error")
+        assert err["details"]["field"] in ("blobs[0].version", "checkpoint.channel_versions.messages"), err
+        assert counts() == before
+
+
+def test_checkpoint_channel_versions_are_declared_as_checked(writer):
+    from tests.api.declared import declared_valid
+
+    for versions in (None, [], "1"):
+        body = put_body()
+        body["checkpoint"]["channel_versions"] = versions
+        assert not declared_valid("GraphPutIn", body)
+        before = counts()
+        refused(writer.post("/graph-threads/checkpoints", body), 422, "validation_error")
+        assert counts() == before
+
+
+BAD_OPEN = {"task_mode": "drafting", "capabilities": ["", "NOT A NAME"], "lease_seconds": 1}
+
+
+@pytest.mark.parametrize("route", ["checkpoints", "writes"])
+def test_the_open_spec_is_checked_on_every_call_not_only_when_it_opens_the_thread(writer, route):
+    """Audit finding 9 (b): ``open`` was validated only when it opened a thread; on an existing
+    thread an invalid spec (capabilities that are no names) was accepted. It is declared invalid,
+    and refused on every call, naming ``open.<field>``, before anything is written."""
+    from tests.api.declared import declared_valid
+
+    ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
+    if route == "checkpoints":
+        component, body = "GraphPutIn", put_body(cp="0002", parent="0001")
+    else:
+        component, body = "GraphWritesIn", {"thread_id": "t-1", "checkpoint_id": "0001", "task_id": "t1",
+                                            "writes": [{"idx": 0, "channel": "ch", "value": blob("w")}]}
+    assert declared_valid(component, {**body, "open": {"task_mode": "drafting"}})
+    for thread in ("t-1", "t-new"):  # an existing thread, and one the call would open
+        bad = {**body, "thread_id": thread, "open": BAD_OPEN}
+        assert not declared_valid(component, bad)
+        before = counts()
+        err = refused(writer.post(f"/graph-threads/{route}", bad), 422, "validation_error")
+        assert err["details"]["field"] == "open.capabilities", err
+        assert counts() == before
+    for spec, field in (({"task_mode": "Not A Mode"}, "open.task_mode"),
+                        ({"runtime_family": "x y"}, "open.runtime_family")):
+        bad = {**body, "open": spec}
+        assert not declared_valid(component, bad)
+        err = refused(writer.post(f"/graph-threads/{route}", bad), 422, "validation_error")
+        assert err["details"]["field"] == field, err
+    stored = writer.post(f"/graph-threads/{route}", {**body, "open": {"task_mode": "drafting"}})
+    assert stored.status_code in (200, 201), stored.content
