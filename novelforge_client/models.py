@@ -129,7 +129,7 @@ class BatchCheckpointIn(RequestModel):
 
     boundary: Literal["context_freeze", "candidate_frozen", "user_wait", "external_wait", "before_consequential_write", "after_external_result", "before_canon_settlement", "before_long_handoff"]
     cursor: dict[str, Any]
-    artifacts: list[ArtifactRefIn] | None = Field(default=None)
+    artifacts: list[ArtifactRefIn] | None = Field(default=None, description='the artifact versions the checkpoint froze: each a version of this project within your reach (else 422 unknown_artifact_version, the same answer as for a version that does not exist)')
     authority: dict[str, Any] | None = Field(default=None, description="the refs you froze against (any of them); each must equal the project's current one")
     pending: dict[str, Any] | None = Field(default=None, description='typed references to what the run waits on, resolved when written (422 naming the field when unknown or unresolvable): "handoffs": [logical id | {"logical_id"} | {"handoff_id"}] of this session, "gates": [{"gate_id"}] review gates of this session. Stored normalised; resume revalidates each.')
     approvals: list[Any] | None = Field(default=None, description='write intents the cursor is about to execute: [{"write_intent_id", "approval_id"?}] of this project, resolved when written (the standing approval and before-state are recorded); resume fails the approvals step when an approval was revoked or went stale, or the before-state moved.')
