@@ -450,7 +450,7 @@ class GraphPutIn(RequestModel):
     checkpoint: dict[str, StorableJson] = Field(description='the graph checkpoint without `channel_values` (versions, versions seen, ts, …)')
     metadata: dict[str, StorableJson] | None = Field(default=None, description="the graph's checkpoint metadata (filterable)")
     blobs: list[GraphChannelBlobIn] | None = Field(default=None, description='the channels that changed: their values at their new versions, stored as content-addressed artifacts; unchanged channels are found at the versions `checkpoint.channel_versions` names')
-    open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; without it an unknown thread is 404")
+    open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; without it an unknown thread is 404. Opening creates a session: a token bound to a session may not (403 `forbidden`, nothing written), whether the id is unused or another session's thread")
 
 
 class GraphPutOut(ResponseModel):
@@ -502,7 +502,7 @@ class GraphWritesIn(RequestModel):
     task_id: str
     task_path: str = Field(default='')
     writes: list[GraphWriteIn]
-    open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session if the thread is new (as for a put)")
+    open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session if the thread is new (as for a put; a token bound to a session may not: 403 `forbidden`)")
 
 
 class GraphWritesOut(ResponseModel):

@@ -32,6 +32,7 @@ from novelforge_sessions.lifecycles import IntentState
 from novelforge_sessions.api.auth import caller_for_token
 from novelforge_sessions.control import graphs
 from novelforge_sessions.control.models import AuthorityChange, GraphThread, WriteIntent
+from novelforge_sessions.errors import NotFound
 from novelforge_sessions.models import ApiToken, Artifact, Event, RuntimeAttachment, Session
 from reviews import actions as review_actions
 from tests.conftest import Api
@@ -474,3 +475,75 @@ def test_a_bound_token_cites_only_its_own_sessions_write_intents_in_approvals(pr
         "params": {"version_id": v2["id"]}, "before_fingerprint": state["before_fingerprint"]}), 201)
     cp["approvals"] = [{"write_intent_id": mine["id"]}]
     ok(world.other.post(f"/runs/{run_id}/{path}", body), 201)
+
+
+# ---- a bound token creates no session (outside security audit, findings F3 and F5) -------------------------
+NEW_SESSION = {"role": "writer", "memory_policy": "bounded", "task_mode": "drafting", "runtime_family": "cli",
+               "runtime": {"runtime_family": "cli", "capabilities": ["review", "victim-cap"], "lease_seconds": 3600}}
+OPEN = {"role": "semantic_reviewer", "memory_policy": "none", "task_mode": "drafting", "capabilities": ["review"]}
+
+
+def refused(resp, status: int, code: str) -> dict[str, Any]:
+    assert resp.status_code == status, resp.content
+    err = resp.json()["error"]
+    assert err["code"] == code, resp.content
+    return err
+
+
+def bound_writers(project) -> dict[str, Api]:
+    """Tokens bound to R (with ``write`` now) and to O (with and without ``project``)."""
+    r = Session.objects.get(tokens__name="reviewer")
+    o = Session.objects.get(tokens__name="other-writer")
+    return {
+        "reviewer": Api(_token(project, "reviewer-writes", ["read", "write", "review"], r)),
+        "other": Api(_token(project, "other-again", WRITER_PERMS, o)),
+        "other + project": Api(_token(project, "other-wide", [*WRITER_PERMS, PROJECT_WIDE], o)),
+    }
+
+
+def test_a_bound_token_creates_no_session(project):
+    world = build(project)
+    for who, token in bound_writers(project).items():
+        before, events = rows(), Event.objects.count()
+        err = refused(token.post("/sessions", NEW_SESSION), 403, "forbidden")
+        assert "bound to a session" in err["message"], who
+        assert rows() == before and Event.objects.count() == events, who
+    # the unbound project token creates sessions, with their first runtime
+    made = ok(world.owner.post("/sessions", NEW_SESSION), 201)
+    assert made["runtime_id"] and Session.objects.filter(id=made["id"]).exists()
+
+
+@pytest.mark.parametrize("route", ["/graph-threads/checkpoints", "/graph-threads/writes"])
+def test_a_bound_token_opens_no_graph_thread_whether_the_id_is_unused_or_taken(project, route):
+    """Opening a thread opens a session: refused alike for an unused id and for W's thread (it
+    was 404 for the one and a 500 for the other), nothing written."""
+    world = build(project)
+    body = {"checkpoint_id": "cp-9", "checkpoint": {"v": 1}, "open": OPEN} if route.endswith("checkpoints") else {
+        "checkpoint_id": "cp-1", "task_id": "t", "open": OPEN,
+        "writes": [{"idx": 0, "channel": "c", "value": {"serde": "json", "data": ""}}]}
+    for who, token in bound_writers(project).items():
+        answers = []
+        for thread in ("never-used", THREAD):
+            before, events = rows(), Event.objects.count()
+            answers.append(refused(token.post(route, {**body, "thread_id": thread}), 403, "forbidden")["message"])
+            assert rows() == before and Event.objects.count() == events, (who, thread)
+        assert answers[0] == answers[1], who
+    # W's own token still writes to its own thread with an open spec (it opens nothing)
+    if route.endswith("writes"):
+        assert ok(world.writer.post(route, {**body, "thread_id": THREAD}))["stored"] == 1
+    # the unbound token opens a new thread
+    assert world.owner.post(route, {**body, "thread_id": "a-new-thread"}).status_code in (200, 201)
+    assert GraphThread.objects.filter(thread_id="a-new-thread").exists()
+
+
+def test_a_thread_id_taken_out_of_reach_answers_as_a_missing_thread(project, monkeypatch):
+    """Defence in depth: when opening loses the thread id to a thread the caller cannot see, the
+    answer is a missing thread (404), never the unique-constraint error (a 500)."""
+    build(project)
+    owner = Caller(label="test:owner", project_ids=frozenset({project.id}), permissions=frozenset(ALL_PERMISSIONS),
+                   project=project)
+    monkeypatch.setattr(graphs, "find_thread", lambda caller, thread_id: None)  # the thread is out of its reach
+    before, events = rows(), Event.objects.count()
+    with pytest.raises(NotFound):
+        graphs.open_thread(owner, THREAD, graphs.ThreadSpec())
+    assert rows() == before and Event.objects.count() == events
