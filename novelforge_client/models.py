@@ -368,7 +368,7 @@ class GateOut(ResponseModel):
     packet_id: int
     packet_fingerprint: str
     has_calibration: bool
-    routing: dict[str, Any]
+    routing: dict[str, Any] = Field(description="page and relay routes: what routing saw when the gate was opened — `live_agent_reviewer_count`, the live agent reviewers (eligible reviewer sessions whose live runtime declares `review`) that could have taken it, and `live_agent_reviewers` (`session_id`, `runtime_family`; at most 10), listing only sessions within the caller's reach: a token bound to a session sees the count, not other sessions' ids")
     assignments: list[AssignmentOut]
     verdicts: list[VerdictOut]
     created_at: datetime

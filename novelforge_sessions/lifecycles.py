@@ -214,6 +214,13 @@ ATTENTION_STATUSES: frozenset[SessionStatus] = frozenset({S.FAILED, S.STALE})
 #: the overview says what (``control.waits.waiting_for_sessions``) and since when.
 AWAITING_STATUSES: frozenset[SessionStatus] = frozenset({S.AWAITING_USER, S.AWAITING_EXTERNAL})
 
+#: Session statuses that can never run again: the table has no way back to ``running`` from them
+#: (``completed``, ``stale``, ``terminated``). A session in one does no more work of its own: an
+#: agent reviewer in one claims no review slot and binds no verdict (``can_work``).
+CLOSED_STATUSES: frozenset[SessionStatus] = frozenset(
+    s for s in S if s is not S.RUNNING and not SESSION.is_legal(s, S.RUNNING)
+)
+
 #: Handoffs still waiting for their result (a worker may still claim or answer them).
 HANDOFF_WAITING: tuple[HandoffState, ...] = (H.PENDING, H.CLAIMED)
 #: Handoffs whose result was consumed (a consume-once receipt exists).
@@ -269,6 +276,12 @@ def needs_attention(status: str | StrEnum, *, open_conflict: str | bool, runtime
     return SESSION.state(status) in ATTENTION_STATUSES or runtime_problem or bool(open_conflict)
 
 
+def can_work(status: str | StrEnum) -> bool:
+    """The session may still do work of its own: it runs, or the table lets it run again
+    (not in ``CLOSED_STATUSES``). Its runtime is a separate question (the lease)."""
+    return SESSION.state(status) not in CLOSED_STATUSES
+
+
 def awaiting(status: str | StrEnum) -> bool:
     """The session waits on something outside itself (``AWAITING_STATUSES``)."""
     return SESSION.state(status) in AWAITING_STATUSES
@@ -293,7 +306,7 @@ def intent_open(state: str | StrEnum) -> bool:
 
 
 __all__ = [
-    "ALL", "ATTENTION_STATUSES", "AWAITING_STATUSES", "awaiting", "HANDOFF_CONSUMED", "HANDOFF_WAITING", "MANAGER_EXITS",
+    "ALL", "ATTENTION_STATUSES", "AWAITING_STATUSES", "awaiting", "CLOSED_STATUSES", "can_work", "HANDOFF_CONSUMED", "HANDOFF_WAITING", "MANAGER_EXITS",
     "RUN_OUTCOMES", "conflict_open", "runtime_move",
     "handoff_consumed", "handoff_waiting", "holds_run", "passes_waits", "intent_open", "needs_attention", "resumable",
     "status_after_runtime_loss", "AssignmentState", "GateState", "HANDOFF", "HandoffState", "IntentState", "Lifecycle",

@@ -547,3 +547,71 @@ def test_a_thread_id_taken_out_of_reach_answers_as_a_missing_thread(project, mon
     with pytest.raises(NotFound):
         graphs.open_thread(owner, THREAD, graphs.ThreadSpec())
     assert rows() == before and Event.objects.count() == events
+
+
+# ---- a bound token learns nothing of other sessions from refusals and reports (finding F4) --------------------
+def _other(world: World, project) -> tuple[Session, Any]:
+    o = Session.objects.get(tokens__name="other-writer")
+    return o, caller_for_token(_token(project, "other-caller", WRITER_PERMS, o))
+
+
+def test_naming_reviewer_sessions_gets_one_refusal_for_every_session_that_is_not_an_eligible_reviewer(project, other_project):
+    world = build(project)
+    o, oc = _other(world, project)
+    mine = artifacts.create_artifact(oc, name="o-chapter", kind="chapter", content="o's text")
+    memory = _session(project, "semantic_reviewer", "session", ["review"])
+    retired = _session(project, "semantic_reviewer", "none", ["review"])
+    boss = Caller(label="test:boss", project_ids=frozenset({project.id}), permissions=frozenset(ALL_PERMISSIONS), project=project)
+    runs.start_run(boss, retired.id)
+    sessions.transition_session(boss, retired.id, "terminated")
+    elsewhere = _session(other_project, "semantic_reviewer", "none", ["review"])
+    r = Session.objects.get(tokens__name="reviewer")
+
+    def gate(reviewer_id: int):
+        return world.other.post(f"/sessions/{o.id}/review-gates", {
+            "candidate_version_id": mine.current_version_id, "rubric": RUBRIC, "route": "agent",
+            "reviewer_session_ids": [reviewer_id]})
+
+    answers = set()
+    for sid in (MISSING, world.ids["session_id"], memory.id, retired.id, elsewhere.id):
+        before, events = rows(), Event.objects.count()
+        err = refused(gate(sid), 422, "validation_error")
+        answers.add((err["message"], tuple(sorted(err["details"].items()))))
+        assert rows() == before and Event.objects.count() == events, sid
+    assert answers == {(next(iter(answers))[0], (("field", "reviewer_session_ids[0]"),))}
+    # its own session is within its reach, and named as such
+    refused(gate(o.id), 403, "independence_violation")
+    # an eligible reviewer session is assigned
+    made = ok(gate(r.id), 201)
+    assert [a["reviewer"] for a in made["assignments"]] == [f"session:{r.id}"]
+
+
+def test_resume_reports_other_sessions_runtimes_as_a_count(project):
+    world = build(project)
+    o, _ = _other(world, project)
+    run_id = o.runs.get(state="open").id
+    job = ok(world.other.post(f"/runs/{run_id}/handoffs", {"logical_id": "o-job", "required_capabilities": ["victim-cap"]}), 201)
+    ok(world.other.post(f"/sessions/{o.id}/close", {}))
+    body = {"runtime": {"runtime_family": "claude-code"}, "dry_run": True}
+    resp = world.other.post(f"/sessions/{o.id}/resume", body)
+    caps = next(s for s in ok(resp)["steps"] if s["step"] == "capabilities")
+    assert caps["ok"] and caps["data"]["served"] == {job["logical_id"]: {"live_runtimes": 1, "runtime_ids": []}}
+    assert ok(world.other.get("/routing/runtimes", capability="victim-cap")) == []  # the same reach
+    # the unbound project token reaches W's runtime
+    caps = next(s for s in ok(world.owner.post(f"/sessions/{o.id}/resume", body))["steps"] if s["step"] == "capabilities")
+    assert caps["data"]["served"] == {job["logical_id"]: {"live_runtimes": 1, "runtime_ids": [world.ids["runtime_id"]]}}
+
+
+def test_a_page_gates_routing_counts_other_sessions_reviewers_without_naming_them(project):
+    world = build(project)
+    o, oc = _other(world, project)
+    r = Session.objects.get(tokens__name="reviewer")  # live, declares `review`: an agent that could have taken it
+    mine = artifacts.create_artifact(oc, name="o-chapter", kind="chapter", content="o's text")
+    made = ok(world.other.post(f"/sessions/{o.id}/review-gates", {
+        "candidate_version_id": mine.current_version_id, "rubric": RUBRIC, "route": "page", "reviewers": ["alice"]}), 201)
+    assert made["routing"] == {"live_agent_reviewers": [], "live_agent_reviewer_count": 1}
+    assert ok(world.other.get(f"/review-gates/{made['id']}"))["routing"] == made["routing"]
+    listed = ok(world.other.get(f"/sessions/{o.id}/review-gates"))["items"]
+    assert [g["routing"] for g in listed] == [made["routing"]]
+    assert ok(world.owner.get(f"/review-gates/{made['id']}"))["routing"] == {
+        "live_agent_reviewers": [{"session_id": r.id, "runtime_family": "claude-code"}], "live_agent_reviewer_count": 1}
