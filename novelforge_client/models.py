@@ -380,7 +380,7 @@ class GateOut(ResponseModel):
     packet_id: int
     packet_fingerprint: str
     has_calibration: bool
-    routing: dict[str, Any]
+    routing: dict[str, Any] = Field(description="page and relay routes: what routing saw when the gate was opened — `live_agent_reviewer_count`, the live agent reviewers (eligible reviewer sessions whose live runtime declares `review`) that could have taken it, and `live_agent_reviewers` (`session_id`, `runtime_family`; at most 10), listing only sessions within the caller's reach: a token bound to a session sees the count, not other sessions' ids")
     assignments: list[AssignmentOut]
     verdicts: list[VerdictOut]
     created_at: datetime
@@ -462,7 +462,7 @@ class GraphPutIn(RequestModel):
     checkpoint: dict[str, StorableJson] = Field(description='the graph checkpoint without `channel_values` (versions, versions seen, ts, …); `channel_versions` maps channel names (1–200 characters) to versions: a number from -9223372036854775808 to 9223372036854775807 (kept as sent: `7.0` is not `7`), or a string of at most 98 printable ASCII characters other than `"` and `\\`; at most 65536 bytes as UTF-8 (`x-max-bytes`; a string\'s own bytes, any other value\'s compact JSON): over it, 422 naming the field')
     metadata: dict[str, StorableJson] | None = Field(default=None, description="the graph's checkpoint metadata (filterable); at most 16384 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     blobs: list[GraphChannelBlobIn] | None = Field(default=None, description='the channels that changed: their values at their new versions, stored as content-addressed artifacts; unchanged channels are found at the versions `checkpoint.channel_versions` names')
-    open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; without it an unknown thread is 404")
+    open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; without it an unknown thread is 404. Opening creates a session: a token bound to a session may not (403 `forbidden`, nothing written), whether the id is unused or another session's thread")
 
 
 class GraphPutOut(ResponseModel):
@@ -514,7 +514,7 @@ class GraphWritesIn(RequestModel):
     task_id: str
     task_path: str = Field(default='')
     writes: list[GraphWriteIn]
-    open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session if the thread is new (as for a put)")
+    open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session if the thread is new (as for a put; a token bound to a session may not: 403 `forbidden`)")
 
 
 class GraphWritesOut(ResponseModel):

@@ -54,6 +54,11 @@ class Rule:
 BOUND_TOKEN_MATRIX: dict[str, Rule] = {
     "project": Rule(Reach.PROJECT, note="its own project (current authority, framework)"),
     "session": Rule(Reach.OWN_SESSION, "id", note="its own session"),
+    # Creating a session (POST /sessions, or opening a graph thread, which opens one): a bound
+    # token is its session and makes no other — nor live runtimes declaring whatever it likes,
+    # which routing and resume would count for other sessions' work. 403 forbidden, whatever the
+    # permissions (``project`` widens reads of project-level kinds, not this).
+    "new_session": Rule(Reach.NOTHING, note="none: creating sessions is an unbound token's job (403)"),
     "transcript": Rule(Reach.OWN_SESSION, "session_id", note="its session's transcript"),
     "runtime": Rule(Reach.OWN_SESSION, "session_id", note="its session's runtimes"),
     "run": Rule(Reach.OWN_SESSION, "session_id", note="its session's runs"),

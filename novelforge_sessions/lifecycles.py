@@ -223,6 +223,21 @@ ATTENTION_STATUSES: frozenset[SessionStatus] = frozenset({S.FAILED, S.STALE})
 #: the overview says what (``control.waits.waiting_for_sessions``) and since when.
 AWAITING_STATUSES: frozenset[SessionStatus] = frozenset({S.AWAITING_USER, S.AWAITING_EXTERNAL})
 
+#: Session statuses that can never run again: the table has no way back to ``running`` from them
+#: (``completed``, ``stale``, ``terminated``). A session in one does no more work of its own: an
+#: agent reviewer in one claims no review slot and binds no verdict (``can_work``).
+def _reaches_running(status: SessionStatus) -> bool:
+    reachable, frontier = set(), [status]
+    while frontier:
+        for nxt in SESSION.table[frontier.pop()]:
+            if nxt not in reachable:
+                reachable.add(nxt)
+                frontier.append(nxt)
+    return S.RUNNING in reachable
+
+
+CLOSED_STATUSES: frozenset[SessionStatus] = frozenset(s for s in S if not _reaches_running(s))
+
 #: Handoffs still waiting for their result (a worker may still claim or answer them).
 HANDOFF_WAITING: tuple[HandoffState, ...] = (H.PENDING, H.CLAIMED)
 #: Handoffs whose result was consumed (a consume-once receipt exists).
@@ -285,19 +300,6 @@ def run_end_status(
     return legal[0] if len(legal) == 1 else default
 
 
-def can_run_again(status: str | StrEnum) -> bool:
-    """``running`` is reachable from ``status`` in the table: never for ``completed``, ``stale``
-    and ``terminated``. Such a session is refused ``illegal_transition`` before anything is said
-    about its runtimes (attach, resume: the most fundamental refusal first)."""
-    reachable, frontier = set(), [SESSION.state(status)]
-    while frontier:
-        for nxt in SESSION.table[frontier.pop()]:
-            if nxt not in reachable:
-                reachable.add(nxt)
-                frontier.append(nxt)
-    return S.RUNNING in reachable
-
-
 def resumable(status: str | StrEnum, *, runtime_lease_expired: bool = False) -> bool:
     """The table allows ``→ running`` — once a runtime whose lease ran out is recorded lost."""
     current = status_after_runtime_loss(status) if runtime_lease_expired else SESSION.state(status)
@@ -308,6 +310,14 @@ def needs_attention(status: str | StrEnum, *, open_conflict: str | bool, runtime
     """What the overview highlights: a failed or stale session, a lost runtime (or one whose
     lease ran out), or an open conflict nobody resolved yet."""
     return SESSION.state(status) in ATTENTION_STATUSES or runtime_problem or bool(open_conflict)
+
+
+def can_work(status: str | StrEnum) -> bool:
+    """The session may still do work of its own: it runs, or the table lets it run again
+    (not in ``CLOSED_STATUSES``). Its runtime is a separate question (the lease). A session that
+    cannot is refused ``illegal_transition`` before anything is said about its runtimes (attach,
+    resume: the most fundamental refusal first)."""
+    return SESSION.state(status) not in CLOSED_STATUSES
 
 
 def awaiting(status: str | StrEnum) -> bool:
@@ -334,8 +344,9 @@ def intent_open(state: str | StrEnum) -> bool:
 
 
 __all__ = [
-    "ALL", "ATTENTION_STATUSES", "AWAITING_STATUSES", "awaiting", "HANDOFF_CONSUMED", "HANDOFF_WAITING", "MANAGER_EXITS",
-    "RUN_OUTCOMES", "WORK_CLOSED_STATUSES", "can_run_again", "conflict_open", "run_end_status", "runtime_move",
+    "ALL", "ATTENTION_STATUSES", "AWAITING_STATUSES", "awaiting", "CLOSED_STATUSES", "can_work", "HANDOFF_CONSUMED",
+    "HANDOFF_WAITING", "MANAGER_EXITS", "RUN_OUTCOMES", "WORK_CLOSED_STATUSES", "conflict_open", "run_end_status",
+    "runtime_move",
     "handoff_consumed", "handoff_waiting", "holds_run", "passes_waits", "intent_open", "needs_attention", "resumable",
     "status_after_runtime_loss", "AssignmentState", "GateState", "HANDOFF", "HandoffState", "IntentState", "Lifecycle",
     "LifecycleTableError", "REVIEW_ASSIGNMENT", "REVIEW_GATE", "RUN", "RUNTIME", "RunState", "RuntimeState",

@@ -8,18 +8,27 @@ oracle).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
-from django.db.models import QuerySet
+from django.db.models import JSONField, OuterRef, QuerySet, Subquery
 
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
-from novelforge_sessions.errors import IndependenceViolation, NotFound
-from novelforge_sessions.models import Membership, Session
+from novelforge_sessions.errors import (
+    HandoffNotClaimable, IndependenceViolation, NoLiveRuntime, NotFound, SessionTerminated,
+)
+from novelforge_sessions.models import Membership, RuntimeAttachment, Session
 from reviews.models import ReviewAssignment, ReviewGate
 
 #: Memory policies an independent reviewer may run with (contract §03).
 INDEPENDENT_MEMORY = frozenset({rt.MemoryPolicy.NONE.value, rt.MemoryPolicy.BOUNDED.value})
+#: The capability an agent reviewer's runtime declares to take review slots: every agent-review
+#: handoff requires it, routing looks for it, and a reviewer whose live runtime does not declare
+#: it claims nothing and binds nothing (contract §10: capabilities are proven, not assumed).
+REVIEW_CAPABILITY = "review"
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,10 @@ class ReviewerIdentity:
     project_ids: frozenset[int]
     user_id: int | None = None
     session_id: int | None = None
+    #: an agent reviewer at work (claim, heartbeat, verdict): its session's live runtime when the
+    #: identity was built, and the capabilities that runtime declares
+    runtime_id: int | None = None
+    capabilities: tuple[str, ...] = ()
 
     @property
     def is_agent(self) -> bool:
@@ -68,21 +81,84 @@ def check_agent_reviewer_session(session: Session, *, field: str = "session") ->
         )
 
 
-def reviewer_for_caller(caller: Caller) -> ReviewerIdentity:
-    """An agent reviewer: a token with the ``review`` permission, bound to its own session."""
+def eligible_reviewer_sessions(project_ids: Iterable[int]) -> QuerySet[Session]:
+    """Sessions that may be agent reviewers in these projects: ``semantic_reviewer`` sessions with
+    memory ``none``/``bounded`` that can still run (``lifecycles.can_work``). Whether one may take
+    a given slot is the slot's business (not the gate's session, opener or author)."""
+    return Session.objects.filter(
+        project_id__in=list(project_ids), role=rt.SessionRole.SEMANTIC_REVIEWER, memory_policy__in=INDEPENDENT_MEMORY,
+    ).exclude(status__in=sorted(lc.CLOSED_STATUSES))
+
+
+def reviewer_runtimes(project_ids: Iterable[int], *, now: datetime | None = None) -> QuerySet[RuntimeAttachment]:
+    """Who could claim an agent-review slot now: the live runtimes (by their lease) of eligible
+    reviewer sessions (:func:`eligible_reviewer_sessions`) that declare ``review`` — the same
+    rule :func:`check_reviewer_can_work` applies to a reviewer at work."""
+    return RuntimeAttachment.objects.live(now).filter(
+        session__project_id__in=list(project_ids), session__role=rt.SessionRole.SEMANTIC_REVIEWER,
+        session__memory_policy__in=INDEPENDENT_MEMORY, capabilities__contains=[REVIEW_CAPABILITY],
+    ).exclude(session__status__in=sorted(lc.CLOSED_STATUSES))
+
+
+def check_reviewer_can_work(session_id: int, status: str, runtime_id: int | None, capabilities: Sequence[str]) -> None:
+    """An agent reviewer's claim, heartbeat and verdict are work of its own session (a verdict is
+    bound to ``session:<id>``), so that session must be able to work (DESIGN §13: liveness is the
+    lease). Refused, nothing written, most fundamental first: the session can never run again
+    (``completed``, ``stale``, ``terminated``: 409 ``session_terminated``) → it has no live
+    runtime by its lease (none attached, closed, lost or its lease ran out: 409
+    ``no_live_runtime``) → that runtime does not declare ``review`` (409
+    ``handoff_not_claimable`` with ``missing_capabilities``)."""
+    if not lc.can_work(status):
+        raise SessionTerminated(
+            f"this reviewer session is {status} and can never run again: it claims no packet and binds no verdict",
+            session_id=session_id, status=status,
+        )
+    if runtime_id is None:
+        raise NoLiveRuntime(
+            "this reviewer session has no live runtime (none attached, or it was closed or lost, or its lease ran out): "
+            f"nothing was written; attach a runtime declaring '{REVIEW_CAPABILITY}', or resume the session",
+            session_id=session_id, status=status,
+        )
+    if REVIEW_CAPABILITY not in capabilities:
+        raise HandoffNotClaimable(
+            f"this reviewer session's live runtime does not declare the capability '{REVIEW_CAPABILITY}': "
+            "nothing was written; attach (or resume with) a runtime that declares it",
+            session_id=session_id, runtime_id=runtime_id, missing_capabilities=[REVIEW_CAPABILITY],
+        )
+
+
+def reviewer_for_caller(caller: Caller, *, working: bool = False) -> ReviewerIdentity:
+    """An agent reviewer: a token with the ``review`` permission, bound to its own session.
+
+    ``working``: the caller is about to claim, renew or bind (not just read its packets), so its
+    session must be able to work too (:func:`check_reviewer_can_work`); the session's live
+    runtime is read in the same statement, and the identity carries what it declares. The
+    actions check it again under their locks (``actions._lock_reviewer``)."""
     caller.require("review")
     if caller.session_id is None:
         raise IndependenceViolation(
             "agent reviewers review as their own semantic_reviewer session: use a token bound to that session"
         )
+    sessions = caller.sessions()
+    if working:
+        live = RuntimeAttachment.objects.live().filter(session=OuterRef("pk")).order_by("id")
+        sessions = sessions.annotate(
+            live_runtime_id=Subquery(live.values("id")[:1]),
+            live_capabilities=Subquery(live.values("capabilities")[:1], output_field=JSONField()),
+        )
     try:
-        session = caller.sessions().get(id=caller.session_id)
+        session = sessions.get(id=caller.session_id)
     except Session.DoesNotExist:
         raise NotFound("session not found", session_id=caller.session_id) from None
     check_agent_reviewer_session(session)
+    runtime_id, capabilities = None, ()
+    if working:
+        runtime_id, capabilities = session.live_runtime_id, tuple(session.live_capabilities or ())
+        check_reviewer_can_work(session.id, session.status, runtime_id, capabilities)
     return ReviewerIdentity(
         key=session_key(session.id), name=f"session #{session.id}", labels=frozenset({caller.label}),
-        project_ids=frozenset({session.project_id}), session_id=session.id,
+        project_ids=frozenset({session.project_id}), session_id=session.id, runtime_id=runtime_id,
+        capabilities=capabilities,
     )
 
 

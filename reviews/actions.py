@@ -9,11 +9,13 @@ decisions or scores — because anything in the event log can reach a websocket 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, Window
 from django.utils import timezone
 
 from novelforge_sessions import events
@@ -42,15 +44,19 @@ from novelforge_sessions.errors import (
     ValidationFailed,
     VerdictConflict,
 )
-from novelforge_sessions.models import Artifact, ArtifactVersion, Event, Membership, RuntimeAttachment, Run, Session
+from novelforge_sessions.models import (
+    LIVE_RUNTIME_PARAMS, Artifact, ArtifactVersion, Event, Membership, RuntimeAttachment, Run, Session,
+)
 from reviews import packets, verdicts
 from reviews.access import (
-    INDEPENDENT_MEMORY,
+    REVIEW_CAPABILITY,
     ReviewerIdentity,
     assignment_for,
-    check_agent_reviewer_session,
     check_blind,
     check_independence,
+    check_reviewer_can_work,
+    eligible_reviewer_sessions,
+    reviewer_runtimes,
     session_key,
     user_key,
 )
@@ -159,19 +165,26 @@ def validate_gate_spec(spec: GateSpec) -> _ValidGate:
     return _ValidGate(rubric, evidence, spec.route, required, reviewers, sessions, calibration)
 
 
-def _live_agent_reviewers(project_id: int) -> list[dict[str, Any]]:
+#: How many live agent reviewers a gate's routing record names (all of them are counted).
+ROUTING_LISTED = 10
+
+
+def _live_agent_reviewers(writer: Session) -> dict[str, Any]:
     """Routing (contract §09): before a gate waits on a person, record which connected agent
-    reviewers (live runtime declaring ``review``) could have taken it instead."""
-    rows = (
-        RuntimeAttachment.objects.live().filter(
-            session__project_id=project_id,
-            session__role=rt.SessionRole.SEMANTIC_REVIEWER, session__memory_policy__in=INDEPENDENT_MEMORY,
-            capabilities__contains=["review"],
-        )
+    reviewers could have taken it instead — the live runtimes of eligible reviewer sessions that
+    declare ``review`` (``access.reviewer_runtimes``, the rule a claim applies), never the
+    writer's own. The record names up to ``ROUTING_LISTED`` and counts them all (one statement);
+    readers see the names only within their reach (``api.routing_out``)."""
+    rows = list(
+        reviewer_runtimes([writer.project_id]).exclude(session_id=writer.id)
+        .annotate(total=Window(Count("id")))
         .order_by("session_id")
-        .values("session_id", "runtime_family")[:10]
+        .values("session_id", "runtime_family", "total")[:ROUTING_LISTED]
     )
-    return list(rows)
+    return {
+        "live_agent_reviewers": [{"session_id": r["session_id"], "runtime_family": r["runtime_family"]} for r in rows],
+        "live_agent_reviewer_count": rows[0]["total"] if rows else 0,
+    }
 
 
 def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
@@ -223,7 +236,7 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
             candidate_fingerprint=candidate.fingerprint, head_version_id=candidate.artifact.current_version_id,
             rubric=valid.rubric.as_dict(), evidence=[e.as_dict() for e in valid.evidence], route=valid.route,
             required_verdicts=valid.required,
-            routing={"live_agent_reviewers": _live_agent_reviewers(session.project_id)} if valid.route != "agent" else {},
+            routing=_live_agent_reviewers(session) if valid.route != "agent" else {},
         )
         if valid.calibration is not None:
             GateCalibration.objects.create(gate=gate, **valid.calibration)
@@ -276,7 +289,7 @@ def _hand_off_slots(
             session=session, run=run, logical_id=f"review-{gate.id}-{n}",
             inputs=[{"artifact_id": candidate.artifact_id, "fingerprint": candidate.fingerprint}],
             params={"review_packet_id": packet.id, "packet_fingerprint": packet.fingerprint},
-            result_schema=_VERDICT_RESULT_SCHEMA, required_capabilities=["review"],
+            result_schema=_VERDICT_RESULT_SCHEMA, required_capabilities=[REVIEW_CAPABILITY],
             timeout_seconds=AGENT_REVIEW_LEASE_SECONDS, purpose=HandoffPurpose.REVIEW, actor=actor, outbox=outbox,
         ).handoff
 
@@ -307,18 +320,28 @@ def _check_human_reviewers(usernames: list[str], session: Session, candidate: Ar
 
 
 def _check_agent_reviewers(session_ids: list[int], writer: Session) -> list[Session]:
+    """The sessions a gate pre-assigns: each an eligible reviewer session of the writer's project
+    (``access.eligible_reviewer_sessions``). Any other id — missing, another project's, another
+    role or memory policy, a session that can never run again — gets one and the same 422 with no
+    detail about the session: a token bound to a session reaches no other session
+    (``access.BOUND_TOKEN_MATRIX``), so naming ids must not tell it which exist or what they are.
+    Only the writer's own session, which the caller reaches, is named as such (403
+    ``independence_violation``)."""
     if not session_ids:
         return []
-    found = {s.id: s for s in Session.objects.filter(id__in=session_ids, project_id=writer.project_id)}
+    wanted = [sid for sid in session_ids if 0 < sid <= BIGINT_MAX]  # a larger id names no row
+    found = {s.id: s for s in eligible_reviewer_sessions([writer.project_id]).filter(id__in=wanted)} if wanted else {}
     sessions = []
     for i, sid in enumerate(session_ids):
         where = f"reviewer_session_ids[{i}]"
+        if sid == writer.id:
+            raise IndependenceViolation("a session cannot review its own candidate", field=where)
         reviewer = found.get(sid)
         if reviewer is None:
-            raise ValidationFailed("no such session in this project", field=where)
-        if reviewer.id == writer.id:
-            raise IndependenceViolation("a session cannot review its own candidate", field=where)
-        check_agent_reviewer_session(reviewer, field=where)
+            raise ValidationFailed(
+                "not an eligible reviewer session of this project: name a semantic_reviewer session with memory "
+                "policy none or bounded that can still run", field=where,
+            )
         sessions.append(reviewer)
     return sessions
 
@@ -372,6 +395,37 @@ class Claim:
     handoff: Handoff  # the lease: id, fencing_token, lease_expires_at, attempt
 
 
+# The reviewer's own session, share-locked, with its live runtime by the lease (models.live_runtime_sql's
+# rule): its own transitions, closes and resumes (which lock it FOR UPDATE) wait for the claim or
+# verdict that read it to commit, so none is made by a session that stopped being able to work.
+_REVIEWER_SQL = f"""
+SELECT s.status, lr.id, lr.capabilities FROM {Session._meta.db_table} AS s
+  LEFT JOIN {RuntimeAttachment._meta.db_table} AS lr
+    ON lr.session_id = s.id AND lr.state = %(runtime_live_state)s AND lr.lease_expires_at > %(now)s
+ WHERE s.id = %(id)s
+   FOR SHARE OF s
+"""
+
+
+def _lock_reviewer(identity: ReviewerIdentity) -> list[str]:
+    """Under the claim's or the verdict's locks (after the writer's session: the global lock
+    order), check again that the agent reviewer's session can work — not closed, a live runtime
+    by its lease, declaring ``review`` (``access.check_reviewer_can_work``, nothing written
+    otherwise) — and return what that runtime declares."""
+    assert identity.session_id is not None
+    with connection.cursor() as cur:
+        cur.execute(_REVIEWER_SQL, {"id": identity.session_id, "now": timezone.now(), **LIVE_RUNTIME_PARAMS})
+        row = cur.fetchone()
+    if row is None:  # forgotten since the identity was built: like any session that is not there
+        raise NotFound("session not found", session_id=identity.session_id)
+    status, runtime_id, capabilities = row
+    if isinstance(capabilities, str):  # jsonb as text (the driver's loader): decode it
+        capabilities = json.loads(capabilities)
+    capabilities = [c for c in capabilities or [] if isinstance(c, str)]
+    check_reviewer_can_work(identity.session_id, status, runtime_id, capabilities)
+    return capabilities
+
+
 def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> Claim | None:
     """An agent reviewer claims the handoff of the oldest agent-route slot it is independent of.
 
@@ -403,6 +457,9 @@ def _claim_slot_in(
 ) -> Claim | None:
     """``claim_packet`` within one session, under its ordering lock (the caller's transaction)."""
     project_id, now = params["project"], params["now"]
+    # The reviewer's session first (after the writer's ordering lock, before any handoff row):
+    # it can still work, and the claim declares what its live runtime declares.
+    capabilities = _lock_reviewer(identity)
     with connection.cursor() as cur:
         cur.execute(_ELIGIBLE_SQL, {**params, "order_session": order_session})
         row = cur.fetchone()
@@ -411,9 +468,10 @@ def _claim_slot_in(
     handoff_id, assignment_id = row
     # The control plane's claim on the row we hold (SKIP LOCKED never skips our own lock):
     # state, attempt + 1, fencing token + 1, lease = now + timeout, its handoff.claimed
-    # event; it also re-checks that the writer's session is not terminated or stale.
+    # event; it also re-checks that the writer's session is not terminated or stale, and that
+    # the reviewer's runtime declares what the slot requires, as a job worker's claim does.
     claimed = control.claim(
-        project_ids=[project_id], handoff_id=handoff_id, capabilities=["review"], holder=identity.key,
+        project_ids=[project_id], handoff_id=handoff_id, capabilities=capabilities, holder=identity.key,
         purpose=HandoffPurpose.REVIEW, token_id=token_id, actor=identity.key, now=now,
     )
     if claimed is None:
@@ -523,6 +581,10 @@ def bind_verdict(
                 session = Session.objects.select_for_update(of=("self",)).get(id=packet.gate.session_id)
             except Session.DoesNotExist:
                 raise NotFound("review packet not found", packet_id=packet_id) from None
+            if identity.is_agent:
+                # The verdict is the reviewer session's own work: it must still be able to work
+                # (share-locked after the writer's session, before the slot's rows).
+                _lock_reviewer(identity)
             gate = ReviewGate.objects.select_related("candidate").get(id=packet.gate_id)
             # Session, then the slot's handoff, then the assignment — a claim locks the handoff
             # before it moves the assignment, so the same order here cannot deadlock with a

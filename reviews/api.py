@@ -19,6 +19,7 @@ from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 
+from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX
 from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset, require_json_media_type
 from novelforge_sessions.api.schemas import (
@@ -177,7 +178,13 @@ class GateOut(Schema):
     packet_id: int
     packet_fingerprint: str
     has_calibration: bool
-    routing: dict[str, Any]
+    routing: dict[str, Any] = Field(
+        ..., description="page and relay routes: what routing saw when the gate was opened — "
+        "`live_agent_reviewer_count`, the live agent reviewers (eligible reviewer sessions whose live runtime declares "
+        "`review`) that could have taken it, and `live_agent_reviewers` (`session_id`, `runtime_family`; at most 10), "
+        "listing only sessions within the caller's reach: a token bound to a session sees the count, not other "
+        "sessions' ids",
+    )
     assignments: list[AssignmentOut]
     verdicts: list[VerdictOut]
     created_at: datetime
@@ -273,14 +280,28 @@ def verdict_out(v: Verdict) -> dict[str, Any]:
     }
 
 
-def gate_out(g: ReviewGate) -> dict[str, Any]:
+def routing_out(routing: dict[str, Any], who: Caller) -> dict[str, Any]:
+    """A gate's routing record as far as ``who`` reaches (``access.BOUND_TOKEN_MATRIX``,
+    ``routing``): a token bound to a session reaches only its own session's runtimes, so it learns
+    how many live agent reviewers could have taken the gate, never which sessions they are."""
+    listed = routing.get("live_agent_reviewers")
+    if not isinstance(listed, list):
+        return routing
+    if who.bound_for("routing") is not None:
+        listed = [r for r in listed if isinstance(r, dict) and r.get("session_id") == who.session_id]
+    # A record written before the count was stored: it listed them all (up to its limit).
+    count = routing.get("live_agent_reviewer_count", len(routing["live_agent_reviewers"]))
+    return {**routing, "live_agent_reviewers": listed, "live_agent_reviewer_count": count}
+
+
+def gate_out(g: ReviewGate, who: Caller) -> dict[str, Any]:
     packet = g.packet
     return {
         "id": g.id, "session_id": g.session_id, "run_id": g.run_id, "route": g.route, "state": g.state,
         "outcome": g.outcome, "required_verdicts": g.required_verdicts, "bound_verdicts": g.bound_verdicts,
         "candidate_version_id": g.candidate_id, "candidate_fingerprint": g.candidate_fingerprint,
         "packet_id": packet.id, "packet_fingerprint": packet.fingerprint,
-        "has_calibration": hasattr(g, "calibration"), "routing": g.routing,
+        "has_calibration": hasattr(g, "calibration"), "routing": routing_out(g.routing, who),
         "assignments": [{"id": a.id, "reviewer": a.reviewer, "state": a.state} for a in packet.assignments.all()],
         "verdicts": [verdict_out(v) for v in packet.verdicts.all()],
         "created_at": g.created_at, "completed_at": g.completed_at,
@@ -318,8 +339,9 @@ def open_gate(request: HttpRequest, session_id: int, body: GateIn):
         reviewers=body.reviewers, reviewer_session_ids=body.reviewer_session_ids,
         calibration=body.calibration.model_dump() if body.calibration else None, runtime_id=body.runtime_id,
     )
-    gate = actions.open_gate(caller(request), session_id, spec)
-    return Status(201, gate_out(_gates(ReviewGate.objects).get(id=gate.id)))
+    who = caller(request)
+    gate = actions.open_gate(who, session_id, spec)
+    return Status(201, gate_out(_gates(ReviewGate.objects).get(id=gate.id), who))
 
 
 @router.get(
@@ -331,7 +353,7 @@ def list_gates(request: HttpRequest, session_id: int, after: int | None = page_a
     who.require("read")
     session = get_or_404(who.sessions(), "session", id=session_id)
     page = keyset(_gates(ReviewGate.objects.filter(session=session)), after=after, limit=limit)
-    return {"items": [gate_out(g) for g in page["items"]], "next_after": page["next_after"]}
+    return {"items": [gate_out(g, who) for g in page["items"]], "next_after": page["next_after"]}
 
 
 @router.get("/review-gates/{gate_id}", response={200: GateOut, **errors(403, 404)}, summary="Get a review gate")
@@ -339,7 +361,7 @@ def get_gate(request: HttpRequest, gate_id: int):
     who = caller(request)
     who.require("read")
     qs = who.scope("review_gate", ReviewGate.objects.filter(project_id__in=who.project_ids))
-    return gate_out(get_or_404(_gates(qs), "review gate", id=gate_id))
+    return gate_out(get_or_404(_gates(qs), "review gate", id=gate_id), who)
 
 
 @router.post(
@@ -347,11 +369,20 @@ def get_gate(request: HttpRequest, gate_id: int):
     summary="Withdraw a pending gate (a waiting session goes back to running)",
 )
 def cancel_gate(request: HttpRequest, gate_id: int):
-    gate = actions.cancel_gate(caller(request), gate_id)
-    return gate_out(_gates(ReviewGate.objects).get(id=gate.id))
+    who = caller(request)
+    gate = actions.cancel_gate(who, gate_id)
+    return gate_out(_gates(ReviewGate.objects).get(id=gate.id), who)
 
 
 # ---- packets (agent reviewers) ---------------------------------------------------------
+#: Claim, heartbeat and verdict are the reviewer session's own work (reviews.access.check_reviewer_can_work).
+REVIEWER_AT_WORK = (
+    "Your session must be able to work: 409 `session_terminated` when it can never run again (`completed`, `stale`, "
+    "`terminated`), 409 `no_live_runtime` when it has no live runtime by its lease, 409 `handoff_not_claimable` "
+    "(`details.missing_capabilities`) when that runtime does not declare `review`; nothing is written."
+)
+
+
 @router.post(
     "/review-packets/claim", response={200: PacketClaimOut, **errors(403, 404, 409)},
     summary="Claim the oldest open agent-route packet you are independent of, under a lease",
@@ -360,11 +391,11 @@ def cancel_gate(request: HttpRequest, gate_id: int):
     "`handoff_id`, `fencing_token` and `lease_expires_at` (renew with `…/heartbeat`). A claim whose lease "
     "expired is claimable again by another eligible reviewer (attempt + 1, a new fencing token). "
     "`packet` and `lease` are null when nothing is waiting; 409 `already_claimed` when you already hold a "
-    "slot on that packet.",
+    "slot on that packet. " + REVIEWER_AT_WORK,
 )
 def claim_packet(request: HttpRequest):
     who = caller(request)
-    identity = reviewer_for_caller(who)
+    identity = reviewer_for_caller(who, working=True)
     claim = actions.claim_packet(identity, token_id=who.token_id)
     if claim is None:
         return {"packet": None, "lease": None}
@@ -379,10 +410,10 @@ def claim_packet(request: HttpRequest):
     summary="Renew the lease of your claim on a packet",
     description="409 `stale_lease` when a later claim superseded your fencing token (your lease expired and "
     "another reviewer took the packet); 409 `handoff_not_claimable`/`handoff_closed` when the claim takes no "
-    "more heartbeats (e.g. your verdict is bound).",
+    "more heartbeats (e.g. your verdict is bound). " + REVIEWER_AT_WORK,
 )
 def heartbeat_packet(request: HttpRequest, packet_id: int, body: PacketHeartbeatIn):
-    identity = reviewer_for_caller(caller(request))
+    identity = reviewer_for_caller(caller(request), working=True)
     lease = actions.heartbeat_packet(identity, packet_id, fencing_token=body.fencing_token)
     return {"handoff_id": lease.handoff_id, "fencing_token": lease.fencing_token,
             "lease_expires_at": lease.lease_expires_at, "attempt": lease.attempt}
@@ -422,11 +453,11 @@ def get_packet(request: HttpRequest, packet_id: int):
     description="Cite your claim's `fencing_token` (422 `fencing_token` without it). 409 `stale_lease` when a later "
     "claim superseded it (nothing stored); 409 `stale_fingerprint` when the cited packet/artifact fingerprint is "
     "not this packet's or the candidate changed; 409 `verdict_conflict` for a different second verdict; 422 names "
-    "the offending field (a finding whose location names no line of the candidate: `findings[i].location`). Binding also records the handoff's delivery and consume-once receipt.",
+    "the offending field (a finding whose location names no line of the candidate: `findings[i].location`). Binding also records the handoff's delivery and consume-once receipt. " + REVIEWER_AT_WORK,
     openapi_extra={"requestBody": _VERDICT_BODY},
 )
 def submit_verdict(request: HttpRequest, packet_id: int):
-    identity = reviewer_for_caller(caller(request))
+    identity = reviewer_for_caller(caller(request), working=True)
     if request.body:
         require_json_media_type(request)
     try:

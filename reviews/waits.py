@@ -16,6 +16,9 @@ gates to the new run — without the control plane importing anything from ``rev
   ``re-review`` and the same ``candidate changed`` problem as a pending gate, whatever the outcome.
 * Carry-over moves every pending gate of the session to the new run (``ReviewGate.run``), so
   a verdict bound afterwards settles the run that now continues the cursor.
+* An agent gate's slots are ``review`` handoffs, and who may claim one is this kind's rule
+  (``claimants``), not a matching capability: resume's ``capabilities`` step counts only the
+  live runtimes of eligible reviewer sessions independent of the gate, never the writer's.
 * Every pending gate of a run *holds* it (DESIGN §9, §13): a page or relay gate keeps the session
   ``awaiting_user``, an agent gate (its review not done: verdicts still unbound) ``awaiting_external``.
   Until the required verdicts are bound or the gate is cancelled, the run may not continue by a
@@ -23,16 +26,23 @@ gates to the new run — without the control plane importing anything from ``rev
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.control.service import Hold, Repair, ResumeScope, WaitCheck, WaitKind, WriteScope
+from novelforge_sessions.access import token_label
+from novelforge_sessions.control.models import Handoff
+from novelforge_sessions.control.service import (
+    HandoffPurpose, Hold, Repair, ResumeScope, WaitCheck, WaitKind, WriteScope,
+)
 from novelforge_sessions.errors import ValidationFailed
-from novelforge_sessions.models import Run, Session
-from reviews.models import ReviewGate
+from novelforge_sessions.models import ApiToken, Run, RuntimeAttachment, Session
+from reviews.access import reviewer_runtimes
+from reviews.models import ReviewAssignment, ReviewGate
 
 _ID_MAX = 2**63 - 1
 KIND = "review_gate"
@@ -159,7 +169,48 @@ def carry_over(session: Session, run: Run) -> list[int]:
     return ids
 
 
+_TOKEN_LABEL = re.compile(r"token:.*#(\d{1,18})", re.DOTALL)
+
+
+def _sessions_labelled(labels: Iterable[str]) -> set[int]:
+    """Sessions whose bound tokens write under one of these actor labels (``access.token_label``)."""
+    wanted = {label for label in labels if label}
+    ids = {int(m.group(1)) for m in (_TOKEN_LABEL.fullmatch(label) for label in wanted) if m}
+    if not ids:
+        return set()
+    rows = ApiToken.objects.filter(id__in=ids, session__isnull=False).values_list("id", "name", "session_id")
+    return {session_id for token_id, name, session_id in rows if token_label(name, token_id) in wanted}
+
+
+def claimants(handoff: Handoff) -> QuerySet[RuntimeAttachment]:
+    """Who may claim this agent-review slot now: the claim's eligibility (``actions._ELIGIBLE_SQL``,
+    ``access.check_reviewer_can_work``) seen from the slot. The live runtimes declaring ``review``
+    of eligible reviewer sessions (``access.reviewer_runtimes``) that are not the gate's session,
+    not the sessions whose tokens opened the gate or wrote the candidate, and hold no other slot of
+    its packet; a slot pre-assigned to a session and not claimed yet, only that session's. Nobody
+    for a slot that no longer waits (its gate is not pending, or its verdict is bound)."""
+    slot = (ReviewAssignment.objects.select_related("packet__gate__candidate").filter(handoff_id=handoff.id)
+            .first())
+    if slot is None or slot.packet.gate.state != ReviewGate.State.PENDING \
+            or slot.state == ReviewAssignment.State.SUBMITTED:
+        return RuntimeAttachment.objects.none()
+    gate = slot.packet.gate
+    runtimes = reviewer_runtimes([gate.project_id]).exclude(session_id=gate.session_id)
+    authors = _sessions_labelled([gate.opened_by, gate.candidate.created_by])
+    if authors:
+        runtimes = runtimes.exclude(session_id__in=authors)
+    others = (ReviewAssignment.objects.filter(packet_id=slot.packet_id, reviewer_session__isnull=False)
+              .exclude(id=slot.id).values("reviewer_session_id"))
+    runtimes = runtimes.exclude(session_id__in=others)
+    if slot.reviewer and handoff.state == lc.HandoffState.PENDING:  # pre-assigned: only its reviewer
+        if slot.reviewer_session_id is None:  # that session was forgotten: nobody else may take the slot
+            return RuntimeAttachment.objects.none()
+        runtimes = runtimes.filter(session_id=slot.reviewer_session_id)
+    return runtimes
+
+
 REVIEW_GATES = WaitKind(
     name=KIND, pending_key="gates", resolve=resolve, waiting=waiting, revalidate=revalidate,
     carry_over=carry_over, step="reviews", waiting_many=waiting_many, holds=holds,
+    handoff_purpose=HandoffPurpose.REVIEW.value, claimants=claimants,
 )

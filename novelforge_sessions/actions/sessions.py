@@ -31,7 +31,7 @@ from novelforge_sessions.actions.lifecycle import (
     require_live_runtime,
 )
 from novelforge_sessions.actions.runtimes import RuntimeSpec, visible_runtime, insert_attachment, refuse_live_runtime
-from novelforge_sessions.errors import NoLiveRuntime, NoOpenRun, OpenConflict
+from novelforge_sessions.errors import Forbidden, NoLiveRuntime, NoOpenRun, OpenConflict
 from novelforge_sessions.models import RuntimeAttachment, Session
 
 
@@ -46,8 +46,16 @@ class NewSession:
 
 
 def create_session(caller: Caller, spec: NewSession, *, runtime: RuntimeSpec | None = None) -> Session:
-    """Create the durable record (status ``created``), optionally with runtime generation 1."""
+    """Create the durable record (status ``created``), optionally with runtime generation 1.
+
+    A token bound to a session is refused (403 ``forbidden``, nothing written): it is that
+    session's identity and creates no other (``access.BOUND_TOKEN_MATRIX``, ``new_session``)."""
     caller.require("write")
+    if caller.bound_for("new_session") is not None:
+        raise Forbidden(
+            "a token bound to a session acts as that session and creates no other: creating a session (or opening a "
+            "graph thread, which opens one) needs a token that is not bound to a session"
+        )
     valid = check(
         rt.validate_session_spec,
         role=spec.role,

@@ -88,7 +88,8 @@ class GraphPutIn(Strict):
         "artifacts; unchanged channels are found at the versions `checkpoint.channel_versions` names")
     open: GraphThreadSpecIn | None = Field(
         None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; "
-        "without it an unknown thread is 404")
+        "without it an unknown thread is 404. Opening creates a session: a token bound to a session may not (403 "
+        "`forbidden`, nothing written), whether the id is unused or another session's thread")
 
 
 class GraphPutOut(Schema):
@@ -116,7 +117,9 @@ class GraphWritesIn(Strict):
     task_id: str = Field(..., min_length=1, max_length=64)
     task_path: str = Field("", max_length=200)
     writes: list[GraphWriteIn] = Field(..., max_length=200)
-    open: GraphThreadSpecIn | None = Field(None, description="open the thread's session if the thread is new (as for a put)")
+    open: GraphThreadSpecIn | None = Field(
+        None, description="open the thread's session if the thread is new (as for a put; a token bound to a session "
+        "may not: 403 `forbidden`)")
 
 
 class GraphWritesOut(Schema):

@@ -55,7 +55,11 @@ class SessionFilters(Schema):
     limit: int = page_limit_field()
 
 
-@router.post("/sessions", response={201: SessionCreatedOut, **errors(403, 413)}, summary="Create a session")
+@router.post(
+    "/sessions", response={201: SessionCreatedOut, **errors(403, 413)}, summary="Create a session",
+    description="Needs the `write` permission and a token that is not bound to a session: a bound token is its "
+    "session's identity and creates no other (403 `forbidden`, nothing written).",
+)
 def create_session(request: HttpRequest, body: SessionIn):
     spec = actions.NewSession(
         role=body.role, role_extension=body.role_extension, memory_policy=body.memory_policy,

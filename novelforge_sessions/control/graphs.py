@@ -269,6 +269,11 @@ def _open_thread(caller: Caller, thread_id: str, spec: ThreadSpec) -> tuple[Grap
     except IntegrityError:
         winner = find_thread(caller, thread_id)
         if winner is None:
+            # The id is taken by a thread this caller may not see: answer as for a missing thread
+            # (ids are not an oracle), never a 500. Unreachable while only unbound tokens open
+            # threads (create_session refuses a bound one); kept as the uniform answer.
+            if GraphThread.objects.filter(project_id__in=caller.project_ids, thread_id=thread_id).exists():
+                raise NotFound("graph thread not found", thread_id=thread_id) from None
             raise
         return winner, None
     return thread, session.created_runtime_id

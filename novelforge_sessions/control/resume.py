@@ -20,8 +20,12 @@ for the control-plane steps:
   standing at checkpoint time) or the intent is approved, the standing approval is valid: not
   revoked, same authority version (else re-approve).
 * ``pending.handoffs`` — stored as ``{"handoff_id", "logical_id"}``: external results the cursor
-  waits on. *capabilities* checks that every still-unbound handoff of the session can be served
-  by the runtime being attached or by another live runtime of the project; *results* that no
+  waits on. *capabilities* checks that every still-unbound handoff of the session can be served:
+  a job by the runtime being attached or by another live runtime of the project declaring what it
+  requires; a handoff of another purpose (an agent-review slot) only by whoever the wait kind
+  owning that purpose says may claim it (``waits.claimants``: an eligible, independent reviewer
+  session's live runtime), never by the resumed runtime, which runs the session that waits on it.
+  It names runtimes only within the caller's reach (``caller.scope("routing")``); *results* that no
   delivery is in conflict (nor ``Session.open_conflict`` set) and every unbound result can
   still be bound to its frozen job (no named handoff missing, no invalid delivery waiting).
 * other ``pending`` keys — each is a wait kind registered in ``control/waits.py`` (``gates``:
@@ -49,6 +53,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
@@ -338,30 +343,55 @@ def step_approvals(ctx: ResumeContext) -> StepResult:
                       {"checked": checked})
 
 
+#: How many runtime ids the capabilities step names per served handoff (it counts them all).
+SERVING_LISTED = 5
+
+
+def _serving(ctx: ResumeContext, runtimes: QuerySet[RuntimeAttachment]) -> dict[str, Any] | None:
+    """How many live runtimes could serve a handoff, and the ids of those the caller reaches (a
+    token bound to a session reaches only its own session's runtimes: ``access.BOUND_TOKEN_MATRIX``,
+    ``routing``, as ``GET /routing/runtimes`` answers it). ``None``: none could."""
+    count = runtimes.count()
+    if not count:
+        return None
+    visible = ctx.caller.scope("routing", runtimes).values_list("id", flat=True)[:SERVING_LISTED]
+    return {"live_runtimes": count, "runtime_ids": list(visible)}
+
+
 def step_capabilities(ctx: ResumeContext) -> StepResult:
-    """Every unbound handoff can be served: by the runtime being attached, or another live one."""
+    """Every unbound handoff can be served (contract §07, §12). A job: by the runtime being
+    attached, or another live runtime declaring what it requires. A handoff of another purpose
+    (an agent-review slot): only by a runtime its wait kind says may claim it
+    (``waits.claimants``: an eligible reviewer session independent of the gate, live, declaring
+    ``review``), never by the resumed runtime — the writer cannot review its own candidate."""
     offered = set(ctx.runtime.capabilities or [])
     pending = [h for h in _handoffs(ctx) if h.state in UNBOUND_STATES]
     missing: list[dict[str, Any]] = []
     served: dict[str, Any] = {}
-    answers: dict[tuple[str, ...], list[int]] = {}
+    answers: dict[tuple[str, ...], dict[str, Any] | None] = {}
     for handoff in pending:
         needed = tuple(sorted(handoff.required_capabilities or []))
-        if set(needed) <= offered:
-            served[handoff.logical_id] = "resumed runtime"
-            continue
-        if needed not in answers:
-            answers[needed] = list(
-                live_runtimes_for([ctx.project.id], needed, exclude_session_id=ctx.session.id).values_list("id", flat=True)[:5]
-            )
-        if answers[needed]:
-            served[handoff.logical_id] = {"runtime_ids": answers[needed]}
+        claimants = waits.claimants(handoff)
+        if claimants is None:  # a job: any live runtime declaring what it requires
+            if set(needed) <= offered:
+                served[handoff.logical_id] = "resumed runtime"
+                continue
+            if needed not in answers:
+                answers[needed] = _serving(
+                    ctx, live_runtimes_for([ctx.project.id], needed, exclude_session_id=ctx.session.id))
+            serving = answers[needed]
         else:
-            missing.append({"logical_id": handoff.logical_id, "handoff_id": handoff.id,
-                            "missing": sorted(set(needed) - offered)})
+            serving = _serving(ctx, claimants.exclude(session_id=ctx.session.id))
+        if serving is not None:
+            served[handoff.logical_id] = serving
+        else:
+            problem = {"logical_id": handoff.logical_id, "handoff_id": handoff.id, "purpose": handoff.purpose,
+                       "missing": sorted(set(needed) - offered) if claimants is None else list(needed)}
+            missing.append(problem)
     if missing:
-        return StepResult("capabilities", False, f"{len(missing)} pending handoff(s) need capabilities no live runtime declares",
-                          {"missing": missing}, Repair.ATTACH_CAPABLE_RUNTIME)
+        return StepResult("capabilities", False,
+                          f"{len(missing)} pending handoff(s) have no live runtime that may take them and declares what "
+                          "they need", {"missing": missing}, Repair.ATTACH_CAPABLE_RUNTIME)
     return StepResult("capabilities", True, f"{len(pending)} pending handoff(s) can be served", {"served": served})
 
 
@@ -504,7 +534,7 @@ def resume_session(
     check(rt.validate_name, runtime.runtime_family, "runtime_family")
     with transaction.atomic():
         session = lock_session(caller, session_id)
-        if not lc.can_run_again(session.status):
+        if not lc.can_work(session.status):
             # The lifecycle refuses first (as attach does): this session can never run again
             # (completed, stale, terminated), whatever its runtimes say.
             check(rt.check_transition, session.status, rt.SessionStatus.RUNNING)

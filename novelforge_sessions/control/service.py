@@ -42,7 +42,9 @@ theirs (``reviews`` registers review gates) with :func:`register_wait_kind`, giv
 ``WaitKind`` that resolves checkpoint refs (``WriteScope``), lists what a run waits on,
 revalidates on resume (``ResumeScope`` → ``WaitCheck`` with a ``Repair`` route), carries
 the waits over to the resumed run and says which of them hold the session (``Hold``: the run
-may not continue past it nor complete)::
+may not continue past it nor complete); a kind served through handoffs of its own purpose
+(``reviews``: ``review`` slots) also says who may claim one now (``claimants``), which resume's
+``capabilities`` step asks instead of matching declared capabilities::
 
     register_wait_kind(kind: WaitKind) -> None
     waiting_on(session, run) -> dict[str, list[dict]]

@@ -21,6 +21,11 @@ A :class:`WaitKind` has
   "since"}]}``, in one query whatever the number of sessions;
 * ``carry_over(session, run)`` — on resume: hand what is still awaited to the new run, so
   that whatever settles it later settles the run that now continues the cursor;
+* ``handoff_purpose`` and ``claimants(handoff)`` — optional: the handoff purpose this kind's
+  waits are served through (review gates: ``review`` slots) and who may claim one of those
+  handoffs now by the kind's own rules, as the live runtimes of the eligible sessions. Resume's
+  ``capabilities`` step asks :func:`claimants` for such a handoff instead of matching declared
+  capabilities, and never counts the resumed runtime: it runs the session that waits on it;
 * ``holds(session, run)`` — optional: what ``run`` waits on that *holds* the session, as
   :class:`Hold` (with the awaiting state it keeps the session in). While anything holds it,
   the run may not continue past it (a plain ``→ running``) nor end ``completed``
@@ -45,14 +50,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.actions.lifecycle import Hold, Outbox
 from novelforge_sessions.control.handoffs import cancel_locked
-from novelforge_sessions.control.models import UNBOUND_STATES, Handoff
+from novelforge_sessions.control.models import UNBOUND_STATES, Handoff, HandoffPurpose
 from novelforge_sessions.errors import ValidationFailed
-from novelforge_sessions.models import Checkpoint, Project, Run, Session
+from novelforge_sessions.models import Checkpoint, Project, RuntimeAttachment, Run, Session
 
 
 class Repair:
@@ -101,6 +106,7 @@ Revalidate = Callable[[ResumeScope], WaitCheck]
 CarryOver = Callable[[Session, Run], list[Any]]
 Holds = Callable[[Session, Run], list[Hold]]
 Withdraw = Callable[[Session, Outbox, str], None]
+Claimants = Callable[[Handoff], QuerySet[RuntimeAttachment]]
 
 
 @dataclass(frozen=True)
@@ -118,10 +124,17 @@ class WaitKind:
     holds: Holds | None = None
     #: cancel what the session still waits on of this kind (None: nothing to withdraw)
     withdraw: Withdraw | None = None
+    #: the handoff purpose this kind's waits are served through, and who may claim such a handoff now
+    handoff_purpose: str | None = None
+    claimants: Claimants | None = None
 
     def __post_init__(self) -> None:
         if (self.revalidate is None) != (self.step is None):
             raise ValueError("a wait kind reports a resume step exactly when it revalidates")
+        if (self.handoff_purpose is None) != (self.claimants is None):
+            raise ValueError("a wait kind names its handoff purpose exactly when it says who may claim those handoffs")
+        if self.handoff_purpose == HandoffPurpose.JOB:
+            raise ValueError("job handoffs are claimed by any worker declaring their capabilities: no kind owns them")
 
 
 _KINDS: dict[str, WaitKind] = {}
@@ -130,7 +143,8 @@ _KINDS: dict[str, WaitKind] = {}
 def register(kind: WaitKind) -> WaitKind:
     """Register (or re-register, by name: idempotent across app reloads) a wait kind."""
     for other in _KINDS.values():
-        if other.name != kind.name and (other.pending_key == kind.pending_key or (kind.step and other.step == kind.step)):
+        if other.name != kind.name and (other.pending_key == kind.pending_key or (kind.step and other.step == kind.step)
+                                         or (kind.handoff_purpose and other.handoff_purpose == kind.handoff_purpose)):
             raise ValueError(f"wait kind {kind.name!r} clashes with {other.name!r}")
     _KINDS[kind.name] = kind
     return kind
@@ -164,6 +178,16 @@ def waiting_on(session: Session, run: Run) -> dict[str, list[dict[str, Any]]]:
     """What ``run`` waits on, per pending key (kinds with nothing awaited are left out)."""
     found = {k.pending_key: k.waiting(session, run) for k in _KINDS.values()}
     return {key: items for key, items in found.items() if items}
+
+
+def claimants(handoff: Handoff) -> QuerySet[RuntimeAttachment] | None:
+    """Who may claim ``handoff`` now, for a purpose other than ``job``: the live runtimes the kind
+    owning that purpose names (``WaitKind.claimants``; nobody when no kind owns it). ``None``
+    for a job: any live runtime declaring its required capabilities may serve it."""
+    if handoff.purpose == HandoffPurpose.JOB:
+        return None
+    kind = next((k for k in _KINDS.values() if k.handoff_purpose == handoff.purpose), None)
+    return RuntimeAttachment.objects.none() if kind is None or kind.claimants is None else kind.claimants(handoff)
 
 
 def holding(session: Session, run: Run) -> list[Hold]:
@@ -312,6 +336,7 @@ HANDOFFS = register(WaitKind(
 ))
 
 __all__ = [
-    "HANDOFFS", "Hold", "awaiting_status", "holding", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope", "carry_over", "kind_for", "kinds",
-    "pending_keys", "register", "resolve_pending", "waiting_on", "Waited", "waiting_for_sessions", "withdraw",
+    "HANDOFFS", "Hold", "awaiting_status", "claimants", "holding", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope",
+    "carry_over", "kind_for", "kinds", "pending_keys", "register", "resolve_pending", "waiting_on", "Waited",
+    "waiting_for_sessions", "withdraw",
 ]

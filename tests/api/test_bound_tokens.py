@@ -33,6 +33,7 @@ from novelforge_sessions.lifecycles import IntentState
 from novelforge_sessions.api.auth import caller_for_token
 from novelforge_sessions.control import graphs
 from novelforge_sessions.control.models import AuthorityChange, GraphThread, Handoff, WriteIntent
+from novelforge_sessions.errors import NotFound
 from novelforge_sessions.models import ApiToken, Artifact, Checkpoint, Event, Run, RuntimeAttachment, Session
 from reviews import actions as review_actions
 from tests.conftest import Api
@@ -480,7 +481,6 @@ def test_a_bound_token_cites_only_its_own_sessions_write_intents_in_approvals(pr
     ok(world.other.post(f"/runs/{run_id}/{path}", body), 201)
 
 
-
 def test_a_blind_reviewer_cannot_cite_its_packets_fingerprint_into_a_grant(project):
     """Outside audit (security F1): an agent reviewer's packet carries the candidate's
     fingerprint, not its artifact id. Citing ``(id, fingerprint)`` for guessed ids in its own
@@ -574,3 +574,143 @@ def test_each_citation_gives_its_artifact_and_odd_refs_give_nothing(project):
         {"artifact_id": [made["none"]["id"]]}, {"artifact_id": 10**30}, {"artifact_id": -1}, ref("checkpoint")])
     assert {a["id"] for a in ok(world.other.get("/artifacts"))["items"]} == expected
     assert world.other.get(f"/artifacts/{made['none']['id']}").status_code == 404
+
+
+# ---- a bound token creates no session (outside security audit, findings F3 and F5) -------------------------
+NEW_SESSION = {"role": "writer", "memory_policy": "bounded", "task_mode": "drafting", "runtime_family": "cli",
+               "runtime": {"runtime_family": "cli", "capabilities": ["review", "victim-cap"], "lease_seconds": 3600}}
+OPEN = {"role": "semantic_reviewer", "memory_policy": "none", "task_mode": "drafting", "capabilities": ["review"]}
+
+
+def refused(resp, status: int, code: str) -> dict[str, Any]:
+    assert resp.status_code == status, resp.content
+    err = resp.json()["error"]
+    assert err["code"] == code, resp.content
+    return err
+
+
+def bound_writers(project) -> dict[str, Api]:
+    """Tokens bound to R (with ``write`` now) and to O (with and without ``project``)."""
+    r = Session.objects.get(tokens__name="reviewer")
+    o = Session.objects.get(tokens__name="other-writer")
+    return {
+        "reviewer": Api(_token(project, "reviewer-writes", ["read", "write", "review"], r)),
+        "other": Api(_token(project, "other-again", WRITER_PERMS, o)),
+        "other + project": Api(_token(project, "other-wide", [*WRITER_PERMS, PROJECT_WIDE], o)),
+    }
+
+
+def test_a_bound_token_creates_no_session(project):
+    world = build(project)
+    for who, token in bound_writers(project).items():
+        before, events = rows(), Event.objects.count()
+        err = refused(token.post("/sessions", NEW_SESSION), 403, "forbidden")
+        assert "bound to a session" in err["message"], who
+        assert rows() == before and Event.objects.count() == events, who
+    # the unbound project token creates sessions, with their first runtime
+    made = ok(world.owner.post("/sessions", NEW_SESSION), 201)
+    assert made["runtime_id"] and Session.objects.filter(id=made["id"]).exists()
+
+
+@pytest.mark.parametrize("route", ["/graph-threads/checkpoints", "/graph-threads/writes"])
+def test_a_bound_token_opens_no_graph_thread_whether_the_id_is_unused_or_taken(project, route):
+    """Opening a thread opens a session: refused alike for an unused id and for W's thread (it
+    was 404 for the one and a 500 for the other), nothing written."""
+    world = build(project)
+    body = {"checkpoint_id": "cp-9", "checkpoint": {"v": 1}, "open": OPEN} if route.endswith("checkpoints") else {
+        "checkpoint_id": "cp-1", "task_id": "t", "open": OPEN,
+        "writes": [{"idx": 0, "channel": "c", "value": {"serde": "json", "data": ""}}]}
+    for who, token in bound_writers(project).items():
+        answers = []
+        for thread in ("never-used", THREAD):
+            before, events = rows(), Event.objects.count()
+            answers.append(refused(token.post(route, {**body, "thread_id": thread}), 403, "forbidden")["message"])
+            assert rows() == before and Event.objects.count() == events, (who, thread)
+        assert answers[0] == answers[1], who
+    # W's own token still writes to its own thread with an open spec (it opens nothing)
+    if route.endswith("writes"):
+        assert ok(world.writer.post(route, {**body, "thread_id": THREAD}))["stored"] == 1
+    # the unbound token opens a new thread
+    assert world.owner.post(route, {**body, "thread_id": "a-new-thread"}).status_code in (200, 201)
+    assert GraphThread.objects.filter(thread_id="a-new-thread").exists()
+
+
+def test_a_thread_id_taken_out_of_reach_answers_as_a_missing_thread(project, monkeypatch):
+    """Defence in depth: when opening loses the thread id to a thread the caller cannot see, the
+    answer is a missing thread (404), never the unique-constraint error (a 500)."""
+    build(project)
+    owner = Caller(label="test:owner", project_ids=frozenset({project.id}), permissions=frozenset(ALL_PERMISSIONS),
+                   project=project)
+    monkeypatch.setattr(graphs, "find_thread", lambda caller, thread_id: None)  # the thread is out of its reach
+    before, events = rows(), Event.objects.count()
+    with pytest.raises(NotFound):
+        graphs.open_thread(owner, THREAD, graphs.ThreadSpec())
+    assert rows() == before and Event.objects.count() == events
+
+
+# ---- a bound token learns nothing of other sessions from refusals and reports (finding F4) --------------------
+def _other(world: World, project) -> tuple[Session, Any]:
+    o = Session.objects.get(tokens__name="other-writer")
+    return o, caller_for_token(_token(project, "other-caller", WRITER_PERMS, o))
+
+
+def test_naming_reviewer_sessions_gets_one_refusal_for_every_session_that_is_not_an_eligible_reviewer(project, other_project):
+    world = build(project)
+    o, oc = _other(world, project)
+    mine = artifacts.create_artifact(oc, name="o-chapter", kind="chapter", content="o's text")
+    memory = _session(project, "semantic_reviewer", "session", ["review"])
+    retired = _session(project, "semantic_reviewer", "none", ["review"])
+    boss = Caller(label="test:boss", project_ids=frozenset({project.id}), permissions=frozenset(ALL_PERMISSIONS), project=project)
+    runs.start_run(boss, retired.id)
+    sessions.transition_session(boss, retired.id, "terminated")
+    elsewhere = _session(other_project, "semantic_reviewer", "none", ["review"])
+    r = Session.objects.get(tokens__name="reviewer")
+
+    def gate(reviewer_id: int):
+        return world.other.post(f"/sessions/{o.id}/review-gates", {
+            "candidate_version_id": mine.current_version_id, "rubric": RUBRIC, "route": "agent",
+            "reviewer_session_ids": [reviewer_id]})
+
+    answers = set()
+    for sid in (MISSING, world.ids["session_id"], memory.id, retired.id, elsewhere.id):
+        before, events = rows(), Event.objects.count()
+        err = refused(gate(sid), 422, "validation_error")
+        answers.add((err["message"], tuple(sorted(err["details"].items()))))
+        assert rows() == before and Event.objects.count() == events, sid
+    assert answers == {(next(iter(answers))[0], (("field", "reviewer_session_ids[0]"),))}
+    # its own session is within its reach, and named as such
+    refused(gate(o.id), 403, "independence_violation")
+    # an eligible reviewer session is assigned
+    made = ok(gate(r.id), 201)
+    assert [a["reviewer"] for a in made["assignments"]] == [f"session:{r.id}"]
+
+
+def test_resume_reports_other_sessions_runtimes_as_a_count(project):
+    world = build(project)
+    o, _ = _other(world, project)
+    run_id = o.runs.get(state="open").id
+    job = ok(world.other.post(f"/runs/{run_id}/handoffs", {"logical_id": "o-job", "required_capabilities": ["victim-cap"]}), 201)
+    ok(world.other.post(f"/sessions/{o.id}/close", {}))
+    body = {"runtime": {"runtime_family": "claude-code"}, "dry_run": True}
+    resp = world.other.post(f"/sessions/{o.id}/resume", body)
+    caps = next(s for s in ok(resp)["steps"] if s["step"] == "capabilities")
+    assert caps["ok"] and caps["data"]["served"] == {job["logical_id"]: {"live_runtimes": 1, "runtime_ids": []}}
+    assert ok(world.other.get("/routing/runtimes", capability="victim-cap")) == []  # the same reach
+    # the unbound project token reaches W's runtime
+    caps = next(s for s in ok(world.owner.post(f"/sessions/{o.id}/resume", body))["steps"] if s["step"] == "capabilities")
+    assert caps["data"]["served"] == {job["logical_id"]: {"live_runtimes": 1, "runtime_ids": [world.ids["runtime_id"]]}}
+
+
+def test_a_page_gates_routing_counts_other_sessions_reviewers_without_naming_them(project):
+    world = build(project)
+    o, oc = _other(world, project)
+    r = Session.objects.get(tokens__name="reviewer")  # live, declares `review`: an agent that could have taken it
+    mine = artifacts.create_artifact(oc, name="o-chapter", kind="chapter", content="o's text")
+    made = ok(world.other.post(f"/sessions/{o.id}/review-gates", {
+        "candidate_version_id": mine.current_version_id, "rubric": RUBRIC, "route": "page", "reviewers": ["alice"]}), 201)
+    assert made["routing"] == {"live_agent_reviewers": [], "live_agent_reviewer_count": 1}
+    assert ok(world.other.get(f"/review-gates/{made['id']}"))["routing"] == made["routing"]
+    listed = ok(world.other.get(f"/sessions/{o.id}/review-gates"))["items"]
+    assert [g["routing"] for g in listed] == [made["routing"]]
+    assert ok(world.owner.get(f"/review-gates/{made['id']}"))["routing"] == {
+        "live_agent_reviewers": [{"session_id": r.id, "runtime_family": "claude-code"}], "live_agent_reviewer_count": 1}

@@ -255,7 +255,7 @@ def test_capability_missing(owner, new_session, running):
     ok(owner.post(f"/sessions/{helper['id']}/close", {}))
     rt = ok(owner.post(f"/sessions/{helper['id']}/runtimes", {"runtime_family": "local-model", "capabilities": ["translate"]}), 201)
     caps = next(s for s in ok(resume(owner, running["id"], dry_run=True))["steps"] if s["step"] == "capabilities")
-    assert caps["ok"] and caps["data"]["served"] == {"translate-ch1": {"runtime_ids": [rt["id"]]}}
+    assert caps["ok"] and caps["data"]["served"] == {"translate-ch1": {"live_runtimes": 1, "runtime_ids": [rt["id"]]}}
 
 
 def test_conflicting_result(owner, worker, running):

@@ -72,10 +72,16 @@ def test_agent_gate_hands_off_one_job_per_verdict_and_awaits_external(world):
     assert types[-4:] == ["review.gate_opened", "handoff.created", "session.transitioned", "handoff.created"]
 
 
-def test_routing_records_live_agent_reviewers_before_waiting_on_a_person(world):
+def test_routing_records_live_agent_reviewers_before_waiting_on_a_person(world, owner):
     reviewer, _ = agent_reviewer(world.project)
     resp = world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world))
-    assert resp.json()["routing"] == {"live_agent_reviewers": [{"session_id": reviewer.id, "runtime_family": "codex"}]}
+    # the writer's bound token reaches no other session: it learns how many, not which
+    assert resp.json()["routing"] == {"live_agent_reviewers": [], "live_agent_reviewer_count": 1}
+    gate = resp.json()["id"]
+    assert world.writer_api.get(f"/review-gates/{gate}").json()["routing"] == resp.json()["routing"]
+    # the unbound project token reaches every session of the project
+    assert owner.get(f"/review-gates/{gate}").json()["routing"] == {
+        "live_agent_reviewers": [{"session_id": reviewer.id, "runtime_family": "codex"}], "live_agent_reviewer_count": 1}
 
 
 @pytest.mark.parametrize(
@@ -133,11 +139,14 @@ def test_reviewer_who_wrote_the_candidate_is_refused(world):
 
 @pytest.mark.parametrize(("role", "memory"), [("semantic_reviewer", "session"), ("specialist", "none")])
 def test_agent_route_refuses_non_independent_sessions(world, role, memory):
+    """The same 422 as an id that names no session, saying nothing of the session's role or
+    memory policy (a bound token reaches no other session: ``tests/api/test_bound_tokens.py``)."""
     reviewer, _ = agent_reviewer(world.project, role=role, memory=memory)
     err = assert_error(world.writer_api.post(
         f"/sessions/{world.writer.id}/review-gates",
-        body(world, route="agent", reviewers=[], reviewer_session_ids=[reviewer.id])), 403, "independence_violation")
-    assert err["details"]["field"] == "reviewer_session_ids[0]"
+        body(world, route="agent", reviewers=[], reviewer_session_ids=[reviewer.id])), 422, "validation_error")
+    assert err["details"] == {"field": "reviewer_session_ids[0]"}
+    assert ReviewGate.objects.count() == 0
 
 
 def test_agent_route_refuses_the_writer_as_its_own_reviewer(world):
