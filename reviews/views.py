@@ -10,10 +10,13 @@ a ```json block or an object in prose (``reviews.relay.extract_answer``).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -46,16 +49,76 @@ def _nav(request: HttpRequest) -> dict[str, Any]:
     return {"is_manager": bool(managed_project_ids(request.user))}
 
 
+#: Rows per list on the queue page (each list pages on its own).
+QUEUE_PAGE_SIZE = 50
+_CURSOR = re.compile(r"[0-9]{1,18}")
+
+
+@dataclass(frozen=True)
+class QueueList:
+    """One list of the queue page: a keyset page of it, the true total, and the links on."""
+
+    rows: list[ReviewAssignment]
+    total: int
+    more_href: str | None  # the next page ("Newer" / "Older")
+    first_href: str | None  # back to the list's first page, when this is not it
+
+
+def _anchor(mine: QuerySet[ReviewAssignment], raw: str | None) -> ReviewAssignment | None:
+    """The cursor's row: one of the caller's own packets (a packet id, as the page shows them).
+    Anything else — odd input, someone else's packet, no such packet — is no cursor: the first
+    page (ids are not an oracle)."""
+    if not raw or not _CURSOR.fullmatch(raw):
+        return None
+    return mine.filter(packet_id=int(raw)).only("id", "assigned_at", "submitted_at").first()
+
+
+def _href(request: HttpRequest, param: str, value: int | None) -> str:
+    """A queue link that moves one list (``param``) and keeps the other list where it is."""
+    params = {k: v for k, v in request.GET.items() if k in ("after", "before") and k != param and _CURSOR.fullmatch(v)}
+    if value is not None:
+        params[param] = str(value)
+    return "?" + urlencode(sorted(params.items())) if params else reverse("reviews:queue")
+
+
 @login_required
 def queue(request: HttpRequest) -> HttpResponse:
+    """Two keyset-paged lists: "To review" oldest first (``?after=<packet id>`` of the last row
+    shown), "Submitted" newest first (``?before=<packet id>``). Each keeps the other's cursor
+    in its links; the counts are the true totals, not the page's length."""
     identity = reviewer_for_user(request.user)
-    mine = assignments_for(identity).select_related("packet__gate")
-    to_review = list(
-        mine.filter(state=ReviewAssignment.State.ASSIGNED, packet__gate__state=ReviewGate.State.PENDING)
-        .order_by("assigned_at", "id")
-    )
-    submitted = list(mine.filter(state=ReviewAssignment.State.SUBMITTED).order_by("-submitted_at", "-id")[:50])
-    return render(request, "reviews/queue.html", {"to_review": to_review, "submitted": submitted, **_nav(request)})
+    mine = assignments_for(identity)
+    waiting = Q(state=ReviewAssignment.State.ASSIGNED, packet__gate__state=ReviewGate.State.PENDING)
+    done = Q(state=ReviewAssignment.State.SUBMITTED)
+    totals = mine.aggregate(to_review=Count("id", filter=waiting), submitted=Count("id", filter=done))
+
+    to_review = mine.filter(waiting).select_related("packet__gate").order_by("assigned_at", "id")
+    after = _anchor(mine, request.GET.get("after"))
+    if after is not None and after.assigned_at is not None:
+        to_review = to_review.filter(Q(assigned_at__gt=after.assigned_at) | Q(assigned_at=after.assigned_at, id__gt=after.id))
+    else:
+        after = None
+    submitted = mine.filter(done).select_related("packet__gate").order_by("-submitted_at", "-id")
+    before = _anchor(mine, request.GET.get("before"))
+    if before is not None and before.submitted_at is not None:
+        submitted = submitted.filter(
+            Q(submitted_at__lt=before.submitted_at) | Q(submitted_at=before.submitted_at, id__lt=before.id)
+        )
+    else:
+        before = None
+
+    def page(qs: QuerySet[ReviewAssignment], total: int, param: str, paged: bool) -> QueueList:
+        rows = list(qs[: QUEUE_PAGE_SIZE + 1])
+        more = len(rows) > QUEUE_PAGE_SIZE
+        rows = rows[:QUEUE_PAGE_SIZE]
+        return QueueList(rows, total, _href(request, param, rows[-1].packet_id) if more else None,
+                         _href(request, param, None) if paged else None)
+
+    return render(request, "reviews/queue.html", {
+        "to_review": page(to_review, totals["to_review"], "after", after is not None),
+        "submitted": page(submitted, totals["submitted"], "before", before is not None),
+        **_nav(request),
+    })
 
 
 def _packet_context(request: HttpRequest, assignment: ReviewAssignment, **extra: Any) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.control.models import Handoff
+from novelforge_sessions.dashboard.presenters import state_label
 from novelforge_sessions.models import Event
 
 WINDOW_MINUTES = 60
@@ -263,16 +264,16 @@ def _state_chart(series: list[Counter], samples: list[datetime], single: bool) -
             h = v / top * (H - 2)
             y -= h
             chart.rects.append(Rect(round(k * slot + 1, 2), round(y, 2), round(slot - 2, 2), round(h, 2), f"st-{state}",
-                                    f"{_hms(t)}: {v} {state}"))
+                                    f"{_hms(t)}: {v} {state_label(state)}"))
             if state not in seen:
                 seen.append(state)
     last = series[-1] if series else Counter()
     if single:
-        current = next((s for s in STATES if last.get(s)), "—")
+        current = next((state_label(s) for s in STATES if last.get(s)), "—")
         chart.summary = f"now {current}"
     else:
-        chart.summary = ", ".join(f"{last[s]} {s}" for s in STATES if last.get(s)) or "no sessions"
-    chart.legend = [(f"st-{s}", s) for s in STATES if s in seen]
+        chart.summary = ", ".join(f"{last[s]} {state_label(s)}" for s in STATES if last.get(s)) or "no sessions"
+    chart.legend = [(f"st-{s}", state_label(s)) for s in STATES if s in seen]
     return chart
 
 

@@ -53,6 +53,71 @@ S = rt.SessionStatus
 STATES: list[str] = [s.value for s in S]
 
 # ------------------------------------------------------------------------------------
+# Words for people (UI.md: every state readable in plain words)
+# ------------------------------------------------------------------------------------
+#: What a manager reads for each session state: badges, counts, the state filter, the diagram,
+#: the charts and the event feed. The one map: templates use the ``state_label`` filter
+#: (``templatetags/dashboard_words``), and the live pages get it once in the page
+#: (``{% dashboard_words %}``, read by static/js/dashboard.js as ``NF.stateLabel``). The code
+#: itself stays in ``data-state`` and ``title`` attributes and in the filter's URLs.
+STATE_LABELS: dict[str, str] = {
+    S.CREATED: "created",
+    S.RUNNING: "running",
+    S.IDLE: "idle",
+    S.AWAITING_USER: "waiting for a person",
+    S.AWAITING_EXTERNAL: "waiting for a worker",
+    S.COMPLETED: "completed",
+    S.FAILED: "failed",
+    S.TERMINATED: "terminated",
+    S.STALE: "stale",
+}
+
+#: Status and end reasons the service writes as codes (``actions/runtimes.py`` and
+#: ``control/results.py``), said as sentences; ``{detail}`` is what follows ``<code>: `` (a
+#: handoff's logical id). Every other reason is a person's or an agent's own words, shown as
+#: written. Mirrored by ``NF.reasonText`` from the same map.
+REASON_TEXT: dict[str, str] = {
+    "runtime_lost": "The runtime stopped answering (its lease ran out)",
+    "conflicting_result": "A different result arrived for handoff {detail} after one was consumed",
+}
+
+
+def state_label(state: str | None) -> str:
+    """A session state in words (an unknown value as it is)."""
+    return STATE_LABELS.get(state or "", state or "")
+
+
+@dataclass(frozen=True)
+class Reason:
+    """A status reason as a person reads it: ``text``, and whether it came from a code
+    (``coded``: a sentence of ours) or is someone's free text (quoted as written)."""
+
+    code: str
+    text: str
+    coded: bool
+
+
+def reason(value: str | None) -> Reason:
+    """``runtime_lost`` → its sentence; ``conflicting_result: <id>`` → its sentence naming the
+    id; anything else (a code with a detail it does not take, free text) → as written."""
+    raw = value or ""
+    code, sep, detail = raw.partition(": ")
+    template = REASON_TEXT.get(code)
+    if template is None or ("{detail}" in template) != bool(sep and detail):
+        return Reason(raw, raw, False)
+    return Reason(raw, template.replace("{detail}", detail), True)
+
+
+def reason_text(value: str | None) -> str:
+    return reason(value).text
+
+
+def words() -> dict[str, dict[str, str]]:
+    """The maps the live pages need (rendered once into the page as JSON)."""
+    return {"states": {str(k): v for k, v in STATE_LABELS.items()}, "reasons": dict(REASON_TEXT)}
+
+
+# ------------------------------------------------------------------------------------
 # Lifecycle diagram
 # ------------------------------------------------------------------------------------
 NODE_W, NODE_H = 146, 36
@@ -77,6 +142,10 @@ _DETOURS: dict[tuple[S, S], tuple[str, int]] = {
 }
 
 
+#: A node's label wraps onto a second line past this many characters (13 px bold in NODE_W).
+NODE_LINE_CHARS = 16
+
+
 @dataclass
 class DiagramNode:
     state: str
@@ -84,6 +153,20 @@ class DiagramNode:
     y: int
     classes: str
     visits: int
+
+    @property
+    def label(self) -> str:
+        return state_label(self.state)
+
+    @property
+    def lines(self) -> list[str]:
+        """The label in one line, or two split at the space nearest the middle."""
+        text = self.label
+        if len(text) <= NODE_LINE_CHARS or " " not in text:
+            return [text]
+        spaces = [i for i, c in enumerate(text) if c == " "]
+        cut = min(spaces, key=lambda i: abs(i - len(text) / 2))
+        return [text[:cut], text[cut + 1:]]
 
     @property
     def left(self) -> int:
@@ -398,7 +481,7 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
         bar = Bar(
             label=f"run #{run.seq}", left=left, width=width, classes=f"run-{state}",
             title=f"run #{run.seq} · gen {run.generation} · {run.task_mode} · {run.state}"
-            + (f" ({run.end_reason})" if run.end_reason else ""),
+            + (f" ({reason_text(run.end_reason)})" if run.end_reason else ""),
         )
         for cp in by_run.get(run.id, []):
             bar.ticks.append(Tick(_pct(cp.created_at, t0, span), cp.boundary.replace("_", " "),
@@ -425,7 +508,7 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
             label=f"gen {att.generation}", left=left, width=width,
             classes="rt-lost lease-expired" if expired else f"rt-{att.state}",
             title=f"generation {att.generation} · {att.runtime_family} · {'lease expired' if expired else att.state}"
-            + (f" ({att.end_reason})" if att.end_reason else ""),
+            + (f" ({reason_text(att.end_reason)})" if att.end_reason else ""),
         ))
     return Timeline(t0, t1, run_bars, runtime_bars, hidden_runs, _legend(run_bars, runtime_bars))
 
@@ -501,18 +584,18 @@ def describe(event_type: str, payload: dict[str, Any]) -> str:
     p = payload or {}
     family = ev.family_of(event_type)
     if event_type == ev.SESSION_TRANSITIONED.name:
-        text = f"{p.get('from')} → {p.get('to')}"
-        return text + (f" · {p['reason']}" if p.get("reason") else "")
+        text = f"{state_label(p.get('from'))} → {state_label(p.get('to'))}"
+        return text + _why(p)
     if event_type == ev.SESSION_CREATED.name:
         return f"{p.get('role')} · {p.get('task_mode')} · {p.get('runtime_family')}"
     if event_type == ev.RUN_STARTED.name:
         return f"run #{p.get('seq')} started · gen {p.get('generation')}"
     if event_type == ev.RUN_ENDED.name:
-        return f"run #{p.get('seq')} {p.get('state')}" + (f" · {p['reason']}" if p.get("reason") else "")
+        return f"run #{p.get('seq')} {p.get('state')}" + _why(p)
     if event_type == ev.CHECKPOINT_RECORDED.name:
         return f"checkpoint #{p.get('seq')} · {p.get('boundary')}"
     if family == ev.RUNTIME_ATTACHED.family:
-        return f"generation {p.get('generation', '?')}" + (f" · {p['reason']}" if p.get("reason") else "")
+        return f"generation {p.get('generation', '?')}" + _why(p)
     if family == ev.HANDOFF_CREATED.family:
         return _describe_handoff(ev.CATALOG[event_type], p)
     if family == ev.REVIEW_GATE_OPENED.family:
@@ -523,6 +606,12 @@ def describe(event_type: str, payload: dict[str, Any]) -> str:
     if event_type in _AUTHORITY_HISTORY_NAMES:
         return _describe_authority(event_type, p)
     return _scalar_items(p)
+
+
+def _why(p: dict[str, Any]) -> str:
+    """`` · <reason>`` in words (``reason_text``), or nothing."""
+    value = p.get("reason")
+    return f" · {reason_text(value)}" if isinstance(value, str) and value else ""
 
 
 def _action(event: ev.EventType) -> str:
@@ -571,7 +660,7 @@ def _describe_handoff(event: ev.EventType, p: dict[str, Any]) -> str:
     if event is ev.HANDOFF_CONFLICT_RESOLVED:
         return f"{job} · conflict resolved"
     if event is ev.HANDOFF_CANCELLED:
-        return f"{job} cancelled" + (f" · {p['reason']}" if p.get("reason") else "")
+        return f"{job} cancelled" + _why(p)
     return f"{job} · {_action(event).replace('_', ' ')}"
 
 

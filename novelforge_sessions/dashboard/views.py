@@ -285,7 +285,7 @@ def _session_context(session: Session) -> dict[str, Any]:
     elif status is rt.SessionStatus.RUNNING:
         resume_note = "the session is already running"
     elif not lc.resumable(status):
-        resume_note = f"a {status.value} session cannot return to running"
+        resume_note = f"a {presenters.state_label(status)} session cannot return to running"
     elif live is not None:
         resume_note = f"generation {live.generation} is live: close it before resuming"
     else:
@@ -405,7 +405,7 @@ def terminate_session(request: HttpRequest, session_id: int) -> HttpResponse:
             who, session_id, rt.SessionStatus.TERMINATED.value, reason="terminated by manager", expected_version=version
         )
     except VersionConflict as exc:
-        messages.error(request, f"The session changed since you loaded the page (it is now {exc.details.get('status')}). "
+        messages.error(request, f"The session changed since you loaded the page (it is now {presenters.state_label(exc.details.get('status'))}). "
                                 "Check it and try again.")
     except ServiceError as exc:
         _report_error(request, exc)

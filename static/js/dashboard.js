@@ -6,7 +6,9 @@
  *   below the cursor is ignored, so nothing is applied twice.
  * - the connection indicator (live / catching up / reconnecting / offline);
  * - relative times and lease countdowns that tick; copy-to-clipboard; confirm-before-submit;
- * - NF.renderEvent: the same markup as templates/dashboard/_event.html.
+ * - NF.renderEvent: the same markup as templates/dashboard/_event.html;
+ * - NF.stateLabel / NF.reasonText: states and coded reasons in words, from the server's one map
+ *   (presenters.STATE_LABELS / REASON_TEXT, rendered into the page as <script id="nf-words">).
  */
 (function () {
   "use strict";
@@ -85,14 +87,46 @@
     }
   };
 
+  // ------------------------------------------------------------------ words
+  let words = null;
+  function wordMaps() {
+    if (words) return words;
+    const node = document.getElementById("nf-words");
+    try { words = JSON.parse((node && node.textContent) || "{}"); } catch (_) { words = {}; }
+    words.states = words.states || {};
+    words.reasons = words.reasons || {};
+    return words;
+  }
+  /** A session state in words (presenters.state_label); an unknown value as it is. */
+  NF.stateLabel = function (state) {
+    const label = wordMaps().states[state];
+    return typeof label === "string" ? label : (state == null ? "" : String(state));
+  };
+  /** A reason in words (presenters.reason): a code the service writes becomes its sentence
+   *  ("<code>: <detail>" fills {detail}); anything else is someone's own words, as written. */
+  NF.reasonText = function (reason) {
+    const raw = reason == null ? "" : String(reason);
+    const at = raw.indexOf(": ");
+    const code = at < 0 ? raw : raw.slice(0, at), detail = at < 0 ? "" : raw.slice(at + 2);
+    const template = Object.prototype.hasOwnProperty.call(wordMaps().reasons, code) ? wordMaps().reasons[code] : null;
+    if (typeof template !== "string" || template.includes("{detail}") !== (detail !== "")) return raw;
+    return template.split("{detail}").join(detail);
+  };
+  /** Paint a state badge as the server renders it: colour class, words, the code as its title. */
+  NF.paintBadge = function (badge, state, extraClass) {
+    badge.textContent = NF.stateLabel(state);
+    badge.className = "badge " + (extraClass ? extraClass + " " : "") + "st-" + state;
+    badge.title = state;
+  };
+
   // ------------------------------------------------------------------ event summaries
   /** Mirrors presenters.describe(). `family` is the event's family as the server sends it
    *  (`event.family`: session, run, runtime, handoff, review, write_intent, …). */
   NF.describe = function (type, p, family) {
     p = p || {};
-    const why = p.reason ? " · " + p.reason : "";
+    const why = typeof p.reason === "string" && p.reason ? " · " + NF.reasonText(p.reason) : "";
     const what = family && family !== "other" ? type.slice(family.length + 1) : "";
-    if (type === "session.transitioned") return p.from + " → " + p.to + why;
+    if (type === "session.transitioned") return NF.stateLabel(p.from) + " → " + NF.stateLabel(p.to) + why;
     if (type === "session.created") return p.role + " · " + p.task_mode + " · " + p.runtime_family;
     if (type === "run.started") return "run #" + p.seq + " started · gen " + p.generation;
     if (type === "run.ended") return "run #" + p.seq + " " + p.state + why;
@@ -137,7 +171,7 @@
     if (what === "result_invalid") return job + " · invalid result refused";
     if (what === "result_conflict") return job + " · CONFLICTING result: hard stop";
     if (what === "conflict_resolved") return job + " · conflict resolved";
-    if (what === "cancelled") return job + " cancelled" + (p.reason ? " · " + p.reason : "");
+    if (what === "cancelled") return job + " cancelled" + (typeof p.reason === "string" && p.reason ? " · " + NF.reasonText(p.reason) : "");
     return job + " · " + what.replace(/_/g, " ");
   }
 
@@ -174,7 +208,7 @@
     head.append(when);
     const body = el("div", { class: "ev-body" });
     const to = ev.type === "session.transitioned" ? ev.payload.to : null;
-    if (STATES.includes(to)) { body.append(el("span", { class: "badge st-" + to }, to)); body.append(" "); }
+    if (STATES.includes(to)) { body.append(el("span", { class: "badge st-" + to, title: to }, NF.stateLabel(to))); body.append(" "); }
     if (ev.session_id && opts && opts.showSession) {
       body.append(el("a", { href: "/sessions/" + ev.session_id + "/" }, "session #" + ev.session_id));
       body.append(" · ");

@@ -31,7 +31,7 @@
       const row = rowOf(id);
       if (!row) return;
       const badge = row.querySelector('[data-field="state"]');
-      if (badge) { badge.textContent = state; badge.className = "badge st-" + state; }
+      if (badge) NF.paintBadge(badge, state);
       row.dataset.state = state;
       row.className = row.className.replace(/\brow-\S+/, "row-" + state);
       row.classList.toggle("standout", attention.has(state));

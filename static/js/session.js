@@ -26,7 +26,7 @@
 
     function paintState(state) {
       const badge = document.getElementById("session-state");
-      if (badge) { badge.textContent = state; badge.className = "badge big st-" + state; badge.dataset.state = state; }
+      if (badge) { NF.paintBadge(badge, state, "big"); badge.dataset.state = state; }
     }
 
     function swap(panel, html) {

@@ -82,11 +82,14 @@ def test_a_state_change_through_the_agent_api_appears_on_the_overview_without_re
 
     world.api(server, "POST", f"/sessions/{world.watched}/transition", {"to": "awaiting_user", "reason": "question for the author"})
 
-    expect(state_of(page, world.watched)).to_have_text("awaiting_user")
+    # The badge says it in words, painted live from the event with the page's one map (finding 12);
+    # the code stays in the row's data-state and the badge's title.
+    expect(state_of(page, world.watched)).to_have_text("waiting for a person")
+    expect(state_of(page, world.watched)).to_have_attribute("title", "awaiting_user")
     expect(page.locator(f"#session-{world.watched}")).to_have_attribute("data-state", "awaiting_user")
     expect(page.locator('[data-count="awaiting_user"]')).to_have_text("1")
     expect(page.locator('[data-count="running"]')).to_have_text("0")
-    expect(page.locator("#feed .ev").first).to_contain_text("running → awaiting_user")
+    expect(page.locator("#feed .ev").first).to_contain_text("running → waiting for a person")
 
     # A session created by an agent appears as a new row.
     created = world.api(server, "POST", "/sessions", {**SESSION, "task_mode": "cover-copy"})
@@ -109,10 +112,11 @@ def test_the_session_page_lights_the_new_state_in_the_diagram(server, page, worl
     world.api(server, "POST", f"/sessions/{world.watched}/transition", {"to": "awaiting_user", "reason": "needs the author"})
 
     expect(current).to_have_attribute("data-state", "awaiting_user")
-    expect(page.locator("#session-state")).to_have_text("awaiting_user")
+    expect(page.locator("#session-state")).to_have_text("waiting for a person")
+    expect(page.locator("#session-state")).to_have_attribute("data-state", "awaiting_user")
     expect(page.locator("svg.lifecycle g.node.next")).to_have_count(4)  # running, failed, terminated, stale
     expect(page.locator('svg.lifecycle path.taken[data-edge="running>awaiting_user"]')).to_have_count(1)
-    expect(page.locator("#feed .ev").first).to_contain_text("running → awaiting_user")
+    expect(page.locator("#feed .ev").first).to_contain_text("running → waiting for a person")
 
     # The waiting run continues: back to running, and the diagram follows again.
     world.api(server, "POST", f"/sessions/{world.watched}/transition", {"to": "running"})
@@ -179,7 +183,7 @@ def test_handoffs_appear_tick_and_fold_away_live(server, page, world):
     other = world.api(server, "POST", f"/runs/{world.watched_run}/handoffs", {"logical_id": "outline/blurb"})
     expect(handoff_row(page, job["id"])).to_have_attribute("data-state", "pending")
     expect(handoff_row(page, other["id"])).to_contain_text("not claimed")
-    expect(page.locator("#session-state")).to_have_text("awaiting_external")
+    expect(page.locator("#session-state")).to_have_text("waiting for a worker")
     expect(page.locator(f'.tl-span[data-handoff-id="{job["id"]}"]')).to_have_count(1)
 
     claimed = world.api(server, "POST", "/handoffs/claim",
@@ -214,6 +218,45 @@ def test_handoffs_appear_tick_and_fold_away_live(server, page, world):
     for event_type, payload, summary in SUMMARY_CASES:  # the JS groups by the family the server sends
         js = page.evaluate("([t, p, f]) => NF.describe(t, p, f)", [event_type, payload, family_of(event_type)])
         assert js == describe(event_type, payload) == summary
+
+
+def test_the_live_pages_say_states_and_reasons_in_the_servers_words(server, page, world):
+    """static/js paints badges and feed lines from the map the server renders into the page
+    (presenters.STATE_LABELS / REASON_TEXT): the same words as a reload, for every state and
+    for coded and free-text reasons alike."""
+    from novelforge_sessions.dashboard import presenters
+    from tests.dashboard.test_words import LOST
+
+    login(page, server, "mara", PASSWORD)
+    for url in ("/", f"/sessions/{world.watched}/"):
+        page.goto(server.url + url)
+        for state in presenters.STATES:
+            assert page.evaluate("(s) => NF.stateLabel(s)", state) == presenters.state_label(state)
+        for raw in ("runtime_lost", "conflicting_result: chapter-1/continuity", "conflicting_result", "conflicting_result: ",
+                    "runtime_lost: as an agent wrote it", "needs the author", "", "{detail}: x"):
+            assert page.evaluate("(r) => NF.reasonText(r)", raw) == presenters.reason_text(raw), raw
+        for event_type, payload in [
+            ("session.transitioned", {"from": "running", "to": "awaiting_external", "reason": "waiting on handoff x"}),
+            ("session.transitioned", {"from": "running", "to": "failed", "reason": "runtime_lost"}),
+            ("run.ended", {"seq": 3, "state": "interrupted", "reason": "runtime_lost"}),
+            ("runtime.lost", {"runtime_id": 1, "generation": 2, "reason": "runtime_lost"}),
+        ]:
+            family = event_type.split(".")[0]
+            assert page.evaluate("([t, p, f]) => NF.describe(t, p, f)", [event_type, payload, family]) \
+                == presenters.describe(event_type, payload)
+    assert presenters.describe("runtime.lost", {"generation": 2, "reason": "runtime_lost"}) == f"generation 2 · {LOST}"
+
+    # Live: a badge painted from an event reads as the server renders it after a reload.
+    page.goto(server.url + "/")
+    expect(page.locator("#conn")).to_have_text("live")
+    world.api(server, "POST", f"/sessions/{world.watched}/transition", {"to": "awaiting_external", "reason": "a worker"})
+    badge = state_of(page, world.watched)
+    expect(badge).to_have_text("waiting for a worker")
+    expect(badge).to_have_attribute("title", "awaiting_external")
+    expect(page.locator("#feed .ev .badge").first).to_have_text("waiting for a worker")
+    live = badge.evaluate("(b) => b.outerHTML")
+    page.reload()
+    assert state_of(page, world.watched).evaluate("(b) => b.outerHTML") == live
 
 
 def test_an_expired_lease_says_expired(server, page, world):

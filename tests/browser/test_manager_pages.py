@@ -255,7 +255,8 @@ def test_an_expired_runtime_is_shown_expired_on_both_pages_and_lost_names_its_ge
     screenshot(page, "issue11-expired-session")
     # The reconciler records it lost: the feed names the generation (it read "generation ?").
     reconcile_expired_runtimes(now=timezone.now())
-    expect(page.locator("#feed li[data-type='runtime.lost'] .ev-sum")).to_have_text("generation 1 · runtime_lost")
+    expect(page.locator("#feed li[data-type='runtime.lost'] .ev-sum")).to_have_text(
+        "generation 1 · The runtime stopped answering (its lease ran out)")
 
 
 def test_the_charts_are_present_and_update_live(server, page, day):
@@ -280,7 +281,7 @@ def test_the_charts_are_present_and_update_live(server, page, day):
     expect(waiting).to_contain_text("2 waiting now")
     after = int(events.text_content().split()[0])
     assert after > before, (before, after)
-    expect(page.locator("#charts [data-chart=states] [data-field=summary]")).to_contain_text("awaiting_external")
+    expect(page.locator("#charts [data-chart=states] [data-field=summary]")).to_contain_text("waiting for a worker")
     assert page.evaluate("window.__sameDocument") is True, "no reload"
     screenshot(page, "issue11-charts-after")
     # The session page's charts follow its panels.

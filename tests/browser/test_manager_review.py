@@ -51,7 +51,7 @@ def test_a_verdict_bound_by_a_reviewer_reaches_the_managers_session_page(server,
         mpage.wait_for_url(re.compile(rf"/sessions/{world.writer.id}/$"))
         expect(mpage.locator("#conn")).to_have_text("live")
         mpage.evaluate("window.__sameDocument = true")
-        expect(mpage.locator("#session-state")).to_have_text("awaiting_user")
+        expect(mpage.locator("#session-state")).to_have_text("waiting for a person")
         panel = mpage.locator(f"#gate-{gate.id}")
         expect(panel).to_have_attribute("data-state", "pending")
         expect(panel.locator("tbody tr").first).to_contain_text("no verdict yet")
@@ -90,7 +90,7 @@ def test_a_verdict_bound_by_a_reviewer_reaches_the_managers_session_page(server,
         expect(panel.locator(f'code.fp[title="{gate.packet.fingerprint}"]')).to_have_count(1)
         expect(panel.locator(f'code.fp[title="{gate.candidate_fingerprint}"]')).to_have_count(1)
         expect(mpage.locator(f'.tl-flag[data-gate-id="{gate.id}"]')).to_have_attribute("data-state", "complete")
-        expect(mpage.locator("#feed .ev").first).to_contain_text("awaiting_user → running")
+        expect(mpage.locator("#feed .ev").first).to_contain_text("waiting for a person → running")
         assert mpage.evaluate("window.__sameDocument") is True, "no reload happened"
         mpage.locator(f"#gate-{gate.id}").scroll_into_view_if_needed()
         screenshot(mpage, "manager-review-bound")

@@ -76,7 +76,8 @@ def test_a_conflict_that_fails_the_session_still_sets_open_conflict(owner, confl
 def test_the_session_page_shows_the_conflict_alert(project, conflicted):
     manager = make_user("boss", project, Membership.Role.MANAGER)
     html = logged_in(manager).get(f"/sessions/{conflicted['session']['id']}/").content.decode()
-    assert 'role="alert"><strong>Open conflict:</strong> conflicting_result: chapter-1/continuity' in html
+    assert ('role="alert"><strong>Open conflict:</strong> <span data-reason="conflicting_result: chapter-1/continuity">'
+            "A different result arrived for handoff chapter-1/continuity after one was consumed</span>") in html
 
 
 def test_a_failed_session_with_an_open_conflict_resumes_only_after_resolution(owner, manager, conflicted):

@@ -1,0 +1,37 @@
+"""Words for the manager pages (``presenters.STATE_LABELS`` / ``REASON_TEXT``, the one map).
+
+``{{ s.status|state_label }}`` — a session state as a person reads it ("waiting for a person");
+``{% with r=session.status_reason|reason %}`` — a status reason: ``r.text`` (a sentence for a
+code the service writes, the free text as written otherwise), ``r.coded``, ``r.code``;
+``{{ a.end_reason|reason_text }}`` — just the text;
+``{% dashboard_words %}`` — the same maps as JSON (``<script id="nf-words">``) for the live
+updates in static/js/dashboard.js, rendered once per page.
+"""
+from __future__ import annotations
+
+from django import template
+from django.utils.html import json_script
+
+from novelforge_sessions.dashboard import presenters
+
+register = template.Library()
+
+
+@register.filter
+def state_label(value: str | None) -> str:
+    return presenters.state_label(value)
+
+
+@register.filter
+def reason(value: str | None) -> presenters.Reason:
+    return presenters.reason(value)
+
+
+@register.simple_tag
+def dashboard_words() -> str:
+    return json_script(presenters.words(), "nf-words")
+
+
+@register.filter
+def reason_text(value: str | None) -> str:
+    return presenters.reason_text(value)
