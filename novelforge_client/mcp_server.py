@@ -3,26 +3,41 @@
 An agent host (Claude Code, Codex, any MCP client) gets a durable execution identity with no
 code: open or attach to a session, start a run, checkpoint, hand off and claim work, deliver
 results, open a review gate and wait for its verdict, resume with the report. Every tool acts
-with the scope of one API token (``NOVELFORGE_TOKEN``, against ``NOVELFORGE_URL``): the server
-authorizes each call, so a read-only token's writes are refused, a session-bound token reaches
-only its session. A refusal is a tool error (``isError``) whose structured content is the
-service's error, ``{"error": {"code", "status", "message", "details"}}``.
+with the scope of one API token, against ``NOVELFORGE_URL``: the service authorizes each call,
+so a read-only token's writes are refused, a session-bound token reaches only its session. A
+refusal is a tool error (``isError``) whose structured content is the service's error,
+``{"error": {"code", "status", "message", "details"}}``.
+
+Whose token: over stdio, ``NOVELFORGE_TOKEN`` (the host that launches the process owns it and is
+its only client). Over streamable HTTP, the caller's: every HTTP request carries
+``Authorization: Bearer nfs_…``, verified against the service (the SDK's bearer middleware with
+:class:`NovelForgeTokenVerifier`), and each tool call acts with that request's token, so two
+clients of one server each get exactly their own scope and a request without a valid token is
+401 before anything runs. ``NOVELFORGE_TOKEN`` is never used over HTTP (no ambient authority).
 
     novelforge-mcp                                   # stdio (what hosts launch)
-    novelforge-mcp --transport streamable-http --port 8765   # http://127.0.0.1:8765/mcp
+    novelforge-mcp --transport streamable-http --port 8765   # http://127.0.0.1:8765/mcp, bearer tokens
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import logging
 import os
+import sys
+import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
 try:
+    from mcp.server.auth.middleware.auth_context import get_access_token
+    from mcp.server.auth.provider import AccessToken
+    from mcp.server.auth.settings import AuthSettings
     from mcp.server.mcpserver import MCPServer
+    from mcp.server.transport_security import TransportSecuritySettings
     from mcp.types import CallToolResult, TextContent, ToolAnnotations
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("novelforge-mcp needs the MCP SDK: pip install 'novelforge-session-runtime[mcp]'") from exc
@@ -40,8 +55,16 @@ end_run. After a crash or restart: resume_session (a revalidation report; refuse
 failed steps if a binding changed). Errors come back as tool errors carrying the service's code.
 """
 
-server = MCPServer(name="novelforge-sessions", instructions=INSTRUCTIONS)
-_clients: dict[str, AsyncClient] = {}
+DEFAULT_URL = "http://127.0.0.1:8000"
+#: How long a verified bearer token is taken as valid without asking the service again. Only the
+#: MCP layer relies on it (listing tools, opening a session): every tool call is authorized by the
+#: service itself, so a revoked token's calls are refused at once whatever this says.
+VERIFIED_FOR_SECONDS = 15.0
+#: The service refuses longer tokens unread; so does the verifier, without a request.
+MAX_TOKEN_LENGTH = 200
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+log = logging.getLogger("novelforge_client.mcp_server")
 
 Role = Literal["manager", "writer", "specialist", "semantic_reviewer", "human_reviewer", "other"]
 Memory = Literal["none", "bounded", "session", "external", "checkpoint_only"]
@@ -50,15 +73,99 @@ Boundary = Literal["context_freeze", "candidate_frozen", "user_wait", "external_
 Json = dict[str, Any]
 
 
+def token_key(token: str) -> str:
+    """What the server keys a token by (its caches, the SDK's session owner): its sha256, never the token."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class NovelForgeTokenVerifier:
+    """The SDK's ``TokenVerifier`` for NovelForge API tokens, and the per-token clients tools act with.
+
+    A token is valid when the service authenticates it: one ``GET /project`` (200, or 403 for a
+    token without `read`: authenticated, only not allowed to read the project). A positive answer
+    is remembered for :data:`VERIFIED_FOR_SECONDS` by the token's hash; a refusal or an unreachable
+    service is not remembered and the request is 401 (fail closed; the reason is logged, the token
+    never is). Each valid token has its own :class:`AsyncClient`, which remembers the runtimes that
+    token attached (generation fencing), so clients with different tokens share nothing.
+    """
+
+    def __init__(self, base_url: str, *, verified_for: float = VERIFIED_FOR_SECONDS) -> None:
+        self.base_url = base_url
+        self.verified_for = verified_for
+        self._clients: dict[str, AsyncClient] = {}  # token hash → the client acting with that token
+        self._verified_until: dict[str, float] = {}  # token hash → monotonic deadline of the last verification
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        if not token or len(token) > MAX_TOKEN_LENGTH or not token.isprintable():
+            return None
+        key = token_key(token)
+        if self._verified_until.get(key, 0.0) > time.monotonic() and key in self._clients:
+            return self._access(token, key)
+        known = key in self._clients
+        # No await between the lookup and the insert: concurrent first requests share one client.
+        c = self._clients.get(key) or self._clients.setdefault(key, AsyncClient(self.base_url, token))
+        try:
+            await c.project()
+        except NovelForgeError as exc:
+            if exc.status != 403:  # 403: authenticated, without `read`; anything else is not a verified token
+                return await self._refused(key, c, forget=exc.status == 401 or not known,
+                                           why=None if exc.status == 401 else exc.code)
+        except Exception as exc:  # not the service's answer (a wrong NOVELFORGE_URL): refused, never a 500
+            return await self._refused(key, c, forget=not known, why=type(exc).__name__)
+        self._verified_until[key] = time.monotonic() + self.verified_for
+        return self._access(token, key)
+
+    def client_for(self, token: str) -> AsyncClient | None:
+        """The client of a token this verifier accepted (None for any other)."""
+        return self._clients.get(token_key(token))
+
+    @staticmethod
+    def _access(token: str, key: str) -> AccessToken:
+        # client_id is the token's identity for the SDK: a streamable HTTP session is bound to the
+        # token that opened it (another token's requests for it are 404). No scopes: the service
+        # authorizes every call with the token's own permissions.
+        return AccessToken(token=token, client_id=f"nfs-token-sha256:{key}", scopes=[])
+
+    async def _refused(self, key: str, c: AsyncClient, *, forget: bool, why: str | None) -> None:
+        """Not verified: the request is 401. The token's client goes with a refused token (and with one
+        never verified); a token verified before keeps it (its runtimes) through an outage."""
+        self._verified_until.pop(key, None)
+        if why is not None:
+            log.warning("a bearer token could not be verified against %s: %s (refused with 401)", self.base_url, why)
+        if forget and self._clients.get(key) is c:
+            del self._clients[key]
+            await c.aclose()
+        return None
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        self._verified_until.clear()
+        for c in clients:
+            await c.aclose()
+
+
+# Whose token a tool call acts with: set by the transport (stdio: the one ambient client; HTTP: the
+# verifier, and then nothing else).
+_ambient: dict[str, AsyncClient] = {}
+_verifier: NovelForgeTokenVerifier | None = None
+
+
 def client() -> AsyncClient:
-    """One client per server process: it remembers the runtime ids it attached, for fencing."""
-    if "default" not in _clients:
+    """The client this tool call acts with: the HTTP request's verified bearer token, or over stdio the
+    host's ``NOVELFORGE_TOKEN`` (one client per process: it remembers the runtime ids it attached)."""
+    if _verifier is not None:  # streamable HTTP: the caller's own token, never an ambient one
+        access = get_access_token()
+        acting = _verifier.client_for(access.token) if access is not None else None
+        if acting is None:
+            raise NovelForgeError("this request carries no verified bearer token", code="unauthorized", status=401)
+        return acting
+    if "default" not in _ambient:
         token = os.environ.get("NOVELFORGE_TOKEN")
         if not token:
             raise NovelForgeError("NOVELFORGE_TOKEN is not set: the MCP server acts with one API token's scope",
                                   code="unauthorized", status=401)
-        _clients["default"] = AsyncClient(os.environ.get("NOVELFORGE_URL", "http://127.0.0.1:8000"), token)
-    return _clients["default"]
+        _ambient["default"] = AsyncClient(os.environ.get("NOVELFORGE_URL", DEFAULT_URL), token)
+    return _ambient["default"]
 
 
 def _plain(value: Any) -> Any:
@@ -94,10 +201,20 @@ async def _run(call: Callable[[AsyncClient], Awaitable[Any]]) -> CallToolResult:
 
 _WRITE = ToolAnnotations(readOnlyHint=False, destructiveHint=False)
 _READ = ToolAnnotations(readOnlyHint=True)
+_TOOLS: list[tuple[Callable[..., Awaitable[CallToolResult]], ToolAnnotations]] = []
+_F = TypeVar("_F", bound=Callable[..., Awaitable[CallToolResult]])
+
+
+def _tool(annotations: ToolAnnotations) -> Callable[[_F], _F]:
+    """Declare a tool; :func:`build_server` registers them all on the server it builds."""
+    def register(fn: _F) -> _F:
+        _TOOLS.append((fn, annotations))
+        return fn
+    return register
 
 
 # ---- sessions and runtimes --------------------------------------------------------------------------
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def open_session(
     role: Annotated[Role, Field(description="execution responsibility (not authority)")],
     memory_policy: Annotated[Memory, Field(description="what this runtime may retain")],
@@ -113,7 +230,7 @@ async def open_session(
     ))
 
 
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def attach_session(
     session_id: Annotated[int, Field(ge=1)],
     runtime_family: Annotated[str, Field(max_length=64)],
@@ -125,26 +242,26 @@ async def attach_session(
                                          lease_seconds=lease_seconds))
 
 
-@server.tool(annotations=_READ)
+@_tool(_READ)
 async def get_session(session_id: Annotated[int, Field(ge=1)]) -> CallToolResult:
     """A session: status, reason, generation, allowed transitions."""
     return await _run(lambda c: c.session(session_id))
 
 
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def heartbeat(runtime_id: Annotated[int, Field(ge=1)],
                     lease_seconds: Annotated[int | None, Field(ge=1, le=3600)] = None) -> CallToolResult:
     """Renew this runtime's lease. `abort_requested` true: end the open run with outcome `aborted`."""
     return await _run(lambda c: c.heartbeat(runtime_id, lease_seconds))
 
 
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def close_session(session_id: Annotated[int, Field(ge=1)], reason: str = "") -> CallToolResult:
     """End this host's runtime generation; the session record stays (resume it later)."""
     return await _run(lambda c: c.close(session_id, reason=reason or None))
 
 
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def resume_session(
     session_id: Annotated[int, Field(ge=1)],
     runtime_family: Annotated[str, Field(max_length=64)],
@@ -160,7 +277,7 @@ async def resume_session(
 
 
 # ---- runs and checkpoints ----------------------------------------------------------------------------
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def start_run(
     session_id: Annotated[int, Field(ge=1)],
     cursor: Annotated[Json | None, Field(description="the workflow step to start at")] = None,
@@ -170,7 +287,7 @@ async def start_run(
     return await _run(lambda c: c.start_run(session_id, cursor=cursor, task_mode=task_mode))
 
 
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def checkpoint(
     run_id: Annotated[int, Field(ge=1)],
     boundary: Annotated[Boundary, Field(description="where repeating or forgetting work would be dangerous")],
@@ -183,7 +300,7 @@ async def checkpoint(
                                              pending=pending or None))
 
 
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def end_run(
     run_id: Annotated[int, Field(ge=1)],
     outcome: Literal["completed", "failed", "aborted"],
@@ -194,7 +311,7 @@ async def end_run(
     return await _run(lambda c: c.end_run(run_id, outcome, session_status=session_status, reason=reason or None))
 
 
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def create_artifact(name: Annotated[str, Field(min_length=1, max_length=200)], content: str,
                           kind: Annotated[str, Field(max_length=64)] = "document") -> CallToolResult:
     """Create an artifact with its first (current) version; the server computes its sha256 fingerprint."""
@@ -202,7 +319,7 @@ async def create_artifact(name: Annotated[str, Field(min_length=1, max_length=20
 
 
 # ---- handoffs and results ----------------------------------------------------------------------------
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def hand_off(
     run_id: Annotated[int, Field(ge=1)],
     logical_id: Annotated[str, Field(min_length=1, max_length=200, description="names the logical result")],
@@ -219,7 +336,7 @@ async def hand_off(
                                            timeout_seconds=timeout_seconds))
 
 
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def claim_work(
     worker: Annotated[str, Field(min_length=1, max_length=200, description="this worker's name (lease holder)")],
     capabilities: list[str] = [],  # noqa: B006
@@ -234,7 +351,7 @@ async def _claimed(c: AsyncClient, worker: str, capabilities: list[str], handoff
     return {"handoff": _plain(await c.claim(worker, capabilities, handoff_id=handoff_id))}
 
 
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def deliver_result(
     handoff_id: Annotated[int, Field(ge=1)],
     fencing_token: Annotated[int, Field(ge=1)],
@@ -248,7 +365,7 @@ async def deliver_result(
 
 
 # ---- review gates --------------------------------------------------------------------------------------
-@server.tool(annotations=_WRITE)
+@_tool(_WRITE)
 async def open_review_gate(
     session_id: Annotated[int, Field(ge=1)],
     candidate_version_id: Annotated[int, Field(ge=1, description="the artifact version to review (frozen)")],
@@ -266,7 +383,7 @@ async def open_review_gate(
         required_verdicts=required_verdicts))
 
 
-@server.tool(annotations=_READ)
+@_tool(_READ)
 async def wait_for_verdict(
     gate_id: Annotated[int, Field(ge=1)],
     timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 60,
@@ -275,22 +392,59 @@ async def wait_for_verdict(
     return await _run(lambda c: c.wait_for_verdict(gate_id, timeout=timeout_seconds, poll=0.25))
 
 
-@server.tool(annotations=_READ)
+@_tool(_READ)
 async def whoami() -> CallToolResult:
     """The token's project (current authority, framework): what this server's tools act on."""
     return await _run(lambda c: c.project())
 
 
+def build_server(verifier: NovelForgeTokenVerifier | None = None) -> MCPServer:
+    """The MCP server with every tool. With a ``verifier`` (streamable HTTP) the SDK's bearer middleware
+    guards the endpoint: a request without a token the service accepts is 401 and reaches no tool."""
+    auth = None
+    if verifier is not None:
+        # A resource server only: no OAuth routes, no protected-resource metadata (NovelForge issues
+        # its tokens itself: `manage.py create_api_token` or the admin).
+        auth = AuthSettings(issuer_url=verifier.base_url, resource_server_url=None)
+    mcp = MCPServer(name="novelforge-sessions", instructions=INSTRUCTIONS, token_verifier=verifier, auth=auth)
+    for fn, annotations in _TOOLS:
+        mcp.add_tool(fn, annotations=annotations)
+    return mcp
+
+
+def transport_security(host: str, allowed_hosts: list[str]) -> TransportSecuritySettings:
+    """The SDK's DNS-rebinding protection (Host and Origin checked), on whatever the bound address:
+    the loopback names, the address bound if it is a name or an address (not a wildcard), and the
+    names given with ``--allowed-host``."""
+    names = list(LOOPBACK)
+    if host not in ("", "0.0.0.0", "::", *LOOPBACK):
+        names.append(host)
+    names += [name for name in allowed_hosts if name not in names]
+    bare = [f"[{n}]" if ":" in n else n for n in names]  # an IPv6 address is bracketed in Host and Origin
+    hosts = [form for b in bare for form in (b, f"{b}:*")]  # without a port (a proxy on 80/443) or with any
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                     allowed_origins=[f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")])
+
+
 def main(argv: list[str] | None = None) -> None:
+    global _verifier
     parser = argparse.ArgumentParser(prog="novelforge-mcp", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio",
+                        help="stdio acts with NOVELFORGE_TOKEN; streamable-http with each request's bearer token")
+    parser.add_argument("--host", default="127.0.0.1", help="the address to bind (streamable-http)")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="a further Host name clients use (streamable-http; DNS-rebinding protection stays on)")
     args = parser.parse_args(argv)
     if args.transport == "stdio":
-        server.run("stdio")
-    else:
-        server.run("streamable-http", host=args.host, port=args.port)
+        build_server().run("stdio")
+        return
+    if os.environ.get("NOVELFORGE_TOKEN"):
+        print("novelforge-mcp: NOVELFORGE_TOKEN is ignored over streamable HTTP: every request acts with the "
+              "token of its own `Authorization: Bearer` header", file=sys.stderr)
+    _verifier = NovelForgeTokenVerifier(os.environ.get("NOVELFORGE_URL", DEFAULT_URL))
+    build_server(_verifier).run("streamable-http", host=args.host, port=args.port,
+                                transport_security=transport_security(args.host, args.allowed_host))
 
 
 if __name__ == "__main__":  # pragma: no cover

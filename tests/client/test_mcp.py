@@ -1,27 +1,36 @@
-"""The MCP server, driven by the SDK's own client over stdio against a live server.
+"""The MCP server, driven by the SDK's own client over stdio and streamable HTTP against a live server.
 
 Tools are listed with input schemas; a whole session is driven through tools (open, run,
 checkpoint, hand off, claim, deliver, review gate and its verdict, resume with the report);
-refusals come back as tool errors carrying the service's code, with the token's scope.
+refusals come back as tool errors carrying the service's code, with the token's scope. Over
+HTTP every request carries its caller's bearer token and acts with it alone: none or a bad one
+is 401 (the ambient NOVELFORGE_TOKEN is not used), two tokens on one server keep their scopes.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
+import httpx2
 import pytest
-from mcp import Client, StdioServerParameters
+from django.utils import timezone
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
+from novelforge_client.mcp_server import NovelForgeTokenVerifier, token_key, transport_security
 from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.control.models import ConsumeReceipt
-from novelforge_sessions.models import Checkpoint, Run, RuntimeAttachment, Session
+from novelforge_sessions.models import ApiToken, Checkpoint, Run, RuntimeAttachment, Session
 from reviews.models import ReviewGate
 from tests.live import DaphneServer, free_port
 from tests.reviews.factories import CHAPTER, RUBRIC, agent_reviewer, agent_verdict
@@ -159,30 +168,238 @@ def test_refusals_are_tool_errors_with_the_code_and_the_tokens_scope_holds(mcp_b
     assert Checkpoint.objects.count() == 0
 
 
-def test_the_streamable_http_transport_serves_the_same_tools(mcp_backend, project):
-    _, token = create_token(project, name="mcp-http", permissions=["read"])
-    port = free_port()
-    env = {**stdio(mcp_backend, token).env}
-    proc = subprocess.Popen([sys.executable, "-m", "novelforge_client.mcp_server", "--transport", "streamable-http",
-                             "--port", str(port)], cwd="/", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
+class HttpServer:
+    """``novelforge-mcp --transport streamable-http`` in a subprocess on a free port."""
+
+    def __init__(self, backend: DaphneServer, *, ambient_token: str | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "NOVELFORGE_URL": backend.url}
+        if ambient_token:
+            env["NOVELFORGE_TOKEN"] = ambient_token  # what the audit found it acted with for anyone
+        self.log_path = ROOT / "tests" / "artifacts" / f"mcp-http-{self.port}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:  # a file, not a pipe: a full pipe would stall the server
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "novelforge_client.mcp_server", "--transport", "streamable-http", "--port",
+                 str(self.port)], cwd="/", env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:  # wait until it accepts connections (or exited)
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert self.proc.poll() is None, self.log()[-2000:]
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
             except OSError:
                 assert time.monotonic() < deadline, "the MCP server did not listen"
                 time.sleep(0.1)
 
-        async def scenario() -> None:
-            async with Client(f"http://127.0.0.1:{port}/mcp") as c:
-                assert {t.name for t in (await c.list_tools()).tools} == TOOLS
-                assert (await ok(c, "whoami"))["slug"] == project.slug
-                await refused(c, "start_run", "forbidden", session_id=1)  # a read-only token
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
 
-        asyncio.run(scenario())
+    def stop(self) -> str:
+        """Stop it; its log, which never holds a token (every token the tests make starts `nfs_`)."""
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        log = self.log()
+        assert "nfs_" not in log, "the MCP server logged a token"
+        return log
+
+    def post(self, body: dict[str, Any], token: str | None = None, **headers: str) -> httpx.Response:
+        """One raw JSON-RPC POST, as any local process could send it."""
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        return httpx.post(self.url, json=body, timeout=30, headers={
+            "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18", **headers})
+
+    @asynccontextmanager
+    async def client(self, token: str) -> AsyncIterator[Client]:
+        """The SDK's client, configured as a host is: ``Authorization: Bearer <token>`` on every request."""
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                      timeout=httpx2.Timeout(30, read=300)) as http:
+            async with Client(streamable_http_client(self.url, http_client=http)) as c:
+                yield c
+
+
+@pytest.fixture(scope="module")
+def mcp_http(mcp_backend) -> Iterator[HttpServer]:
+    srv = HttpServer(mcp_backend)
+    yield srv
+    srv.stop()
+
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "0"}}}
+OPEN_SESSION = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "open_session", "arguments": {
+    "role": "writer", "memory_policy": "bounded", "task_mode": "drafting", "runtime_family": "intruder"}}}
+
+
+def refused_401(response: httpx.Response) -> None:
+    assert response.status_code == 401, (response.status_code, response.text)
+    assert response.headers["www-authenticate"].startswith("Bearer ")
+    assert "nfs_" not in response.text
+
+
+def test_over_http_a_request_without_a_valid_bearer_token_is_401_even_with_an_ambient_token(mcp_backend, project):
+    """The audit's finding: any local process reaching the port acted with NOVELFORGE_TOKEN. Now the server
+    ignores it over HTTP: no header, another scheme, an unknown, revoked, oversized or truncated token → 401,
+    and nothing is written."""
+    _, ambient = create_token(project, name="mcp-ambient", permissions=["read", "write"])
+    _, revoked = create_token(project, name="mcp-revoked", permissions=["read", "write"])
+    ApiToken.objects.filter(name="mcp-revoked").update(revoked_at=timezone.now())
+    srv = HttpServer(mcp_backend, ambient_token=ambient)
+    try:
+        before = (Session.objects.count(), RuntimeAttachment.objects.count())
+        for token in (None, "nfs_not-a-token", revoked, "x" * 300, ambient[:-1]):
+            refused_401(srv.post(INITIALIZE, token))
+            refused_401(srv.post(OPEN_SESSION, token))
+        refused_401(srv.post(OPEN_SESSION, Authorization=f"Basic {ambient}"))  # only a bearer token counts
+        # No OAuth metadata to send a host elsewhere: the configured header is the only way in.
+        assert httpx.get(f"http://127.0.0.1:{srv.port}/.well-known/oauth-protected-resource").status_code == 404
+        # Another MCP client of the same server, with no token of its own, gets nothing either.
+        with pytest.raises(ExceptionGroup) as failed:
+            asyncio.run(_list_tools_without_a_token(srv.url))
+        assert failed.value.subgroup(lambda e: isinstance(e, MCPError)) is not None, failed.value
+        assert (Session.objects.count(), RuntimeAttachment.objects.count()) == before
+        # The ambient token itself, presented by its holder, works: the header is the only way in.
+        initialized = srv.post(INITIALIZE, ambient)
+        assert initialized.status_code == 200, initialized.text
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        log = srv.stop()
+    assert "NOVELFORGE_TOKEN is ignored over streamable HTTP" in log
+
+
+async def _list_tools_without_a_token(url: str) -> None:
+    async with Client(url) as c:
+        await c.list_tools()
+
+
+def test_over_http_each_client_acts_with_its_own_token_and_sees_only_its_scope(mcp_http, project, new_session):
+    """Two clients of one server, each with a token bound to a different session: each reaches its own
+    session only (the other's is `not_found`, as over the API), and every call is the caller's."""
+    mine, theirs = new_session(), new_session()
+    _, token_a = create_token(project, name="mcp-a", permissions=["read", "write"],
+                              session=Session.objects.get(id=mine["id"]))
+    _, token_b = create_token(project, name="mcp-b", permissions=["read", "write"],
+                              session=Session.objects.get(id=theirs["id"]))
+
+    async def scenario() -> None:
+        async with mcp_http.client(token_a) as a, mcp_http.client(token_b) as b:
+            assert {t.name for t in (await a.list_tools()).tools} == TOOLS
+            assert (await ok(a, "whoami"))["slug"] == project.slug
+            assert (await ok(a, "get_session", session_id=mine["id"]))["id"] == mine["id"]
+            assert (await ok(b, "get_session", session_id=theirs["id"]))["id"] == theirs["id"]
+            await refused(a, "get_session", "not_found", session_id=theirs["id"])
+            await refused(b, "get_session", "not_found", session_id=mine["id"])
+            await refused(a, "close_session", "not_found", session_id=theirs["id"])
+            await refused(b, "close_session", "not_found", session_id=mine["id"])
+            # Interleaved on one server process, the scopes stay apart.
+            results = await asyncio.gather(*(ok(c, "get_session", session_id=sid)
+                                             for c, sid in [(a, mine["id"]), (b, theirs["id"])] * 3))
+            assert [r["id"] for r in results] == [mine["id"], theirs["id"]] * 3
+            # Each call is the service's to authorize: B's token revoked, B's next call is refused at
+            # once (whatever the MCP layer remembers of its verification), A carries on.
+            await asyncio.to_thread(ApiToken.objects.filter(name="mcp-b").update, revoked_at=timezone.now())
+            await refused(b, "get_session", "unauthorized", session_id=theirs["id"])
+            await refused(b, "close_session", "unauthorized", session_id=theirs["id"])
+            assert (await ok(a, "get_session", session_id=mine["id"]))["id"] == mine["id"]
+
+    asyncio.run(scenario())
+    for sid in (mine["id"], theirs["id"]):  # neither close went through
+        assert RuntimeAttachment.objects.filter(session_id=sid, ended_at__isnull=True).count() == 1
+
+
+def test_over_http_an_mcp_session_belongs_to_the_token_that_opened_it(mcp_http, project):
+    """Another token cannot ride an MCP session it did not open (the SDK binds it to the verified token)."""
+    _, token_a = create_token(project, name="mcp-owner", permissions=["read", "write"])
+    _, token_b = create_token(project, name="mcp-rider", permissions=["read"])
+    opened = mcp_http.post(INITIALIZE, token_a)
+    assert opened.status_code == 200, opened.text
+    sid = opened.headers["mcp-session-id"]
+    before = Session.objects.count()
+    ridden = mcp_http.post(OPEN_SESSION, token_b, **{"Mcp-Session-Id": sid})
+    assert ridden.status_code == 404, ridden.text
+    refused_401(mcp_http.post(OPEN_SESSION, None, **{"Mcp-Session-Id": sid}))
+    assert Session.objects.count() == before
+
+
+def test_over_http_a_tool_call_has_the_presented_tokens_permissions(mcp_http, project):
+    _, reader = create_token(project, name="mcp-http-reader", permissions=["read"])
+    _, writer = create_token(project, name="mcp-http-writer", permissions=["read", "write"])
+    before = Session.objects.count()
+
+    async def scenario() -> int:
+        async with mcp_http.client(reader) as r, mcp_http.client(writer) as w:
+            err = await refused(r, "open_session", "forbidden", role="writer", memory_policy="bounded",
+                                task_mode="drafting", runtime_family="codex")
+            assert err["status"] == 403 and err["details"]["permission"] == "write"
+            await refused(r, "start_run", "forbidden", session_id=1)
+            s = await ok(w, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
+                         runtime_family="codex")
+            assert (await ok(r, "get_session", session_id=s["id"]))["status"] == "created"
+            await refused(r, "close_session", "forbidden", session_id=s["id"])
+            # The writer's runtime is fenced by its own client: the reader never attached it.
+            await ok(w, "start_run", session_id=s["id"])
+            return s["id"]
+
+    sid = asyncio.run(scenario())
+    assert Session.objects.count() == before + 1  # only the writer's open
+    assert Session.objects.get(id=sid).status == "running"
+    assert RuntimeAttachment.objects.filter(session_id=sid, ended_at__isnull=True).count() == 1
+
+
+def test_over_http_the_dns_rebinding_protection_stays_on(mcp_http, project):
+    _, token = create_token(project, name="mcp-host", permissions=["read"])
+    assert mcp_http.post(INITIALIZE, token, Host="attacker.example").status_code == 421
+    assert mcp_http.post(INITIALIZE, token, Origin="http://attacker.example").status_code == 403
+    assert mcp_http.post(INITIALIZE, token, Origin=f"http://localhost:{mcp_http.port}").status_code == 200
+
+
+def test_the_token_verifier_remembers_only_a_valid_token_briefly_by_its_hash(mcp_backend, project, caplog):
+    """The SDK's TokenVerifier: the service decides (one authenticated GET); a positive answer is kept
+    for `verified_for` seconds under the token's sha256, a refusal is not kept, the token is never logged."""
+    _, valid = create_token(project, name="mcp-verify", permissions=["read", "write"])
+    _, worker = create_token(project, name="mcp-verify-worker", permissions=["work"])  # no `read`
+    caplog.set_level(logging.DEBUG)
+
+    async def scenario() -> None:
+        brief = NovelForgeTokenVerifier(mcp_backend.url, verified_for=60)
+        none = NovelForgeTokenVerifier(mcp_backend.url, verified_for=0)
+        down = NovelForgeTokenVerifier(f"http://127.0.0.1:{free_port()}", verified_for=60)
+        try:
+            access = await brief.verify_token(valid)
+            assert access is not None and access.token == valid and valid not in access.client_id
+            assert access.client_id.endswith(token_key(valid)) and access.scopes == []
+            acting = brief.client_for(valid)
+            assert acting is not None and acting.token == valid
+            assert (await none.verify_token(worker)) is not None  # authenticated (403 on /project, not 401)
+            for bad in ("nfs_not-a-token", "", "x" * 300, valid + "\n"):
+                assert await brief.verify_token(bad) is None and brief.client_for(bad) is None
+
+            await asyncio.to_thread(ApiToken.objects.filter(name="mcp-verify").update, revoked_at=timezone.now())
+            assert await brief.verify_token(valid) is not None  # remembered, briefly
+            assert await none.verify_token(valid) is None and none.client_for(valid) is None  # asked again
+            brief._verified_until.clear()  # its moment passes
+            assert await brief.verify_token(valid) is None and brief.client_for(valid) is None  # forgotten
+
+            assert await down.verify_token(worker) is None  # an unreachable service: fail closed
+            assert down.client_for(worker) is None
+        finally:
+            for v in (brief, none, down):
+                await v.aclose()
+
+    asyncio.run(scenario())
+    assert "could not be verified" in caplog.text  # the unreachable service is named in the log...
+    assert valid not in caplog.text and worker not in caplog.text  # ...and no token ever is
+
+
+def test_the_dns_rebinding_protection_covers_any_bound_address():
+    """On by default for loopback in the SDK; here also for another address, with the names it is reached by."""
+    loopback = transport_security("127.0.0.1", [])
+    assert loopback.enable_dns_rebinding_protection and "localhost:*" in loopback.allowed_hosts
+    assert "http://127.0.0.1:*" in loopback.allowed_origins and "[::1]:*" in loopback.allowed_hosts
+    wildcard = transport_security("0.0.0.0", ["nf.internal"])
+    assert wildcard.enable_dns_rebinding_protection
+    assert {"nf.internal", "nf.internal:*"} <= set(wildcard.allowed_hosts)
+    assert not any(h.startswith("0.0.0.0") for h in wildcard.allowed_hosts)
+    assert "https://nf.internal" in wildcard.allowed_origins
+    assert "10.0.0.5:*" in transport_security("10.0.0.5", []).allowed_hosts
