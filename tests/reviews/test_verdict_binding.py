@@ -10,10 +10,11 @@ import pytest
 from django.http import HttpResponse
 
 from novelforge_sessions.actions.artifacts import add_artifact_version, create_artifact
+from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.models import Artifact, Event, Session
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
 from tests.conftest import Api
-from tests.reviews.factories import World, agent_reviewer, agent_verdict, verdict_for
+from tests.reviews.factories import World, agent_reviewer, agent_verdict, orchestrator, verdict_for
 
 pytestmark = pytest.mark.django_db
 
@@ -159,10 +160,11 @@ def test_claim_skips_packets_the_reviewer_is_not_independent_of(world):
     from novelforge_sessions.api.auth import caller_for_token
 
     own = create_artifact(caller_for_token(api.token), name="reviewers-own", kind="chapter", content="My own words.")
-    # the writer is given it (a checkpoint cites it): a bound token gates only what it reaches
-    assert world.writer_api.post(f"/runs/{world.run.id}/checkpoints", {
+    # the writer is given it (an orchestrator's checkpoint on its run cites it: a citation by the
+    # bound writer itself names only what it already reaches): a bound token gates only what it reaches
+    record_checkpoint(orchestrator(world.project), world.run.id, {
         "boundary": "context_freeze", "cursor": {"step": "given"},
-        "artifacts": [{"artifact_id": own.id, "fingerprint": own.current_version.fingerprint}]}).status_code == 201
+        "artifacts": [{"artifact_id": own.id, "fingerprint": own.current_version.fingerprint}]})
     world.gate(route="agent", candidate_version_id=own.current_version_id)
     assert api.post("/review-packets/claim").json() == {"packet": None, "lease": None}
     # Pre-assigned anyway (the gate cannot see token labels)? Binding re-checks and refuses.
