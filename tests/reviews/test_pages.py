@@ -229,3 +229,34 @@ def test_relay_paste_names_a_wrong_score(world, as_user):
     resp = as_user("alice").post(f"/reviews/packets/{gate.packet.id}/relay/", {"answer": json.dumps(answer)})
     assert resp.status_code == 422
     assert '<code class="field-name">scores.clarity</code> 6 is outside the scale 1..5' in resp.content.decode()
+
+
+def test_the_verdict_form_refuses_a_nul_in_plain_words_and_binds_nothing(world, as_user):
+    """Outside audit: a NUL in a finding's note reached PostgreSQL from the form (a 500 page).
+    The shared validator refuses it; the form comes back with the refusal by its row, nothing bound."""
+    gate = world.gate()
+    events = Event.objects.count()
+    resp = as_user("alice").post(f"/reviews/packets/{gate.packet.id}/", form_post(gate, **{"finding-0-note": "Between\x00 what?"}))
+    html = resp.content.decode()
+    assert resp.status_code == 422
+    assert "Finding 1&#x27;s note contains a character that cannot be saved (a NUL character, U+0000" in html
+    assert "please remove it and submit again" in html and 'class="verdict-form"' in html
+    assert Verdict.objects.count() == 0 and Event.objects.count() == events
+
+
+@pytest.mark.parametrize("escape", ["\\u0000", "\\ud800"])
+def test_a_relay_answer_with_unstorable_text_is_refused_in_plain_words(world, as_user, escape):
+    """The other chat's reply may hold ``\\u0000`` or a lone surrogate escape: JSON allows both,
+    PostgreSQL stores neither (a 500 before). Refused by its path, in plain words; nothing bound."""
+    gate = world.gate(route="relay")
+    events = Event.objects.count()
+    answer = json.dumps({"packet_fingerprint": gate.packet.fingerprint, "artifact_fingerprint": gate.candidate_fingerprint,
+                         "decision": "pass", "scores": {"clarity": 5, "pacing": 10},
+                         "findings": [{"location": "L1", "severity": "minor", "note": "NOTE"}], "confidence": 0.5})
+    resp = as_user("alice").post(f"/reviews/packets/{gate.packet.id}/relay/", {"answer": answer.replace("NOTE", f"odd {escape} here")})
+    html = resp.content.decode()
+    assert resp.status_code == 422
+    assert "In the reply, finding 1&#x27;s note contains a character that cannot be saved (a NUL character" in html
+    assert "Ask the other chat to answer again without it." in html
+    assert '<code class="field-name">findings[0].note</code>' in html
+    assert Verdict.objects.count() == 0 and Event.objects.count() == events
