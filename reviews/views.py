@@ -33,7 +33,7 @@ from reviews.models import GateCalibration, ReviewAssignment, ReviewGate, Verdic
 from reviews.packets import CONFIDENCE_LEVELS, DECISIONS, SEVERITIES, Rubric, relay_prompt, rubric_from_dict
 from reviews.verdicts import LOCATION_HINT
 
-_FINDING_FIELD = re.compile(r"^findings\[(\d+)\](?:\.(\w+))?$")
+_FINDING_FIELD = re.compile(r"^findings\[(\d{1,3})\](?:\.(\w+))?$")  # a real index (at most 50 findings)
 #: What the confirmation may say about where a relay answer was found (query parameters, allowlisted).
 _EXTRACTED = {"whole": "the whole answer", "fenced": "the ```json block", "prose": "the text around it"}
 _LINES_PARAM = re.compile(r"^\d{1,6}(-\d{1,6})?$")
