@@ -257,6 +257,63 @@ def validate_capabilities(capabilities: Iterable[str], field_name: str = "capabi
     return caps
 
 
+# --------------------------------------------------------------------------------------
+# Storable text: what PostgreSQL's text and jsonb can hold
+# --------------------------------------------------------------------------------------
+#: Why a text is refused (the API's body check, the actions', the pages' plain words key on it).
+UNSTORABLE_TEXT = "text cannot contain NUL (U+0000) or unpaired surrogates"
+
+
+def is_storable_text(text: str) -> bool:
+    """PostgreSQL's text and jsonb refuse U+0000, and an unpaired surrogate (legal in JSON's
+    ``\\uXXXX`` escapes) has no UTF-8 form: either would fail in the database (a 500)."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # an unpaired surrogate
+        return False
+    return True
+
+
+def printable_path(path: str) -> str:
+    """A field path that is itself safe to store and render (escapes instead of NUL or surrogates)."""
+    return path.encode("ascii", "backslashreplace").decode().replace("\x00", "\\x00")
+
+
+def unstorable_text_at(value: Any) -> str | None:
+    """Where ``value`` holds a string or object key PostgreSQL cannot store (``is_storable_text``),
+    as a path (``""`` for ``value`` itself); else None. Iterative, so a deeply nested value
+    cannot exhaust the stack."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if not is_storable_text(item):
+                return path
+        elif isinstance(item, Mapping):
+            for key, child in item.items():
+                child_path = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and not is_storable_text(key):
+                    return child_path
+                stack.append((child_path, child))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
+    return None
+
+
+def check_storable_text(value: Any, where: str = "body") -> None:
+    """Refuse (``InvalidPayload``, 422 ``validation_error`` naming the path) a value holding text
+    PostgreSQL cannot store. Every action that stores caller text calls it, so the API, the pages
+    and the relay get the same refusal; ``where`` names ``value`` itself (``note``, ``query``)."""
+    path = unstorable_text_at(value)
+    if path is not None:
+        field = printable_path(path or where)
+        raise InvalidPayload(f"{field}: {UNSTORABLE_TEXT}", field=field)
+
+
 def json_size(value: Any) -> int:
     """A value's size as the byte bounds count it: UTF-8 bytes of its compact JSON (the API
     schema states these bounds as ``x-max-bytes``)."""

@@ -7,6 +7,7 @@ the form, the relay and the API share one set of rules and one set of field name
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +17,11 @@ from django.http import QueryDict
 
 from reviews.packets import Rubric
 
-_INT = re.compile(r"^-?\d+$")
-_FINDING = re.compile(r"^finding-(\d+)-(location|severity|note)$")
+#: At most 18 digits: an integer that fits a bigint. Python refuses to convert more than 4,300
+#: (a ValueError), so a longer run stays text for the validator to name by its field.
+_INT = re.compile(r"^-?\d{1,18}$")
+#: A finding row's index as the form numbers its rows (a crafted longer index names no row).
+_FINDING = re.compile(r"^finding-(\d{1,3})-(location|severity|note)$")
 MAX_FINDING_ROWS = 60
 
 
@@ -29,13 +33,15 @@ class FindingRow:
 
 
 def _number(raw: str) -> Any:
-    """An int or float when the text is one; otherwise the text, for the validator to name."""
+    """An int or a finite float when the text is one; otherwise the text, for the validator to
+    name by its field (``9`` × 5,000, ``nan`` and ``1e999`` are not numbers a verdict can hold)."""
     if _INT.match(raw):
         return int(raw)
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         return raw
+    return value if math.isfinite(value) else raw
 
 
 def finding_rows(post: QueryDict) -> list[FindingRow]:

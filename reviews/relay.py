@@ -75,10 +75,20 @@ def _fenced_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+#: An integer literal longer than this stays text while the answer is searched: Python refuses
+#: to convert one of more than 4,300 digits (a ``ValueError`` that is not a ``JSONDecodeError``),
+#: and no number the service stores is anywhere near as long.
+_MAX_INT_DIGITS = 400
+
+
+def _integer(literal: str) -> int | str:
+    return int(literal) if len(literal) <= _MAX_INT_DIGITS else literal
+
+
 def _decoder() -> json.JSONDecoder:
-    # NaN/Infinity are accepted here only to find the object's extent; the caller parses the
-    # extracted text again with the API's parser, which refuses them by field name.
-    return json.JSONDecoder()
+    # NaN/Infinity and overlong integers are accepted here only to find the object's extent; the
+    # caller parses the extracted text again with the API's parser, which refuses them by field name.
+    return json.JSONDecoder(parse_int=_integer)
 
 
 def extract_answer(text: str) -> Extracted:

@@ -14,7 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from novelforge_sessions.session_runtime import InvalidPayload, is_fingerprint
+from novelforge_sessions.session_runtime import (
+    UNSTORABLE_TEXT, InvalidPayload, is_fingerprint, printable_path, unstorable_text_at,
+)
 from reviews.packets import (
     DECISIONS,
     MAX_FINDINGS,
@@ -131,6 +133,12 @@ def validate_verdict(payload: Any, rubric: Rubric, *, candidate_lines: int | Non
     errors = _Errors()
     if not isinstance(payload, Mapping):
         errors.add("body", "a verdict is a JSON object")
+        errors.raise_if_any()
+    # Text PostgreSQL cannot store (U+0000, an unpaired surrogate from a pasted ``\ud800``) is
+    # refused first, by its path, whichever channel sent it: nothing below may echo or store it.
+    unstorable = unstorable_text_at(payload)
+    if unstorable is not None:
+        errors.add(printable_path(unstorable), UNSTORABLE_TEXT)
         errors.raise_if_any()
     for name in sorted(set(payload) - set(VERDICT_FIELDS)):
         errors.add(str(name), "unknown field")

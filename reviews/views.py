@@ -25,6 +25,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from novelforge_sessions.api.schemas import loads_json
 from novelforge_sessions.errors import MalformedBody, NotFound, ServiceError
 from novelforge_sessions.models import Project, Session
+from novelforge_sessions.session_runtime import UNSTORABLE_TEXT
 from reviews import actions, calibration as scoring, relay
 from reviews.access import assignment_for, assignments_for, managed_project_ids, reviewer_for_user
 from reviews.forms import FindingRow, RelayAnswerForm, finding_rows, verdict_payload_from_post
@@ -32,7 +33,7 @@ from reviews.models import GateCalibration, ReviewAssignment, ReviewGate, Verdic
 from reviews.packets import CONFIDENCE_LEVELS, DECISIONS, SEVERITIES, Rubric, relay_prompt, rubric_from_dict
 from reviews.verdicts import LOCATION_HINT
 
-_FINDING_FIELD = re.compile(r"^findings\[(\d+)\](?:\.(\w+))?$")
+_FINDING_FIELD = re.compile(r"^findings\[(\d{1,3})\](?:\.(\w+))?$")  # a real index (at most 50 findings)
 #: What the confirmation may say about where a relay answer was found (query parameters, allowlisted).
 _EXTRACTED = {"whole": "the whole answer", "fenced": "the ```json block", "prose": "the text around it"}
 _LINES_PARAM = re.compile(r"^\d{1,6}(-\d{1,6})?$")
@@ -193,9 +194,20 @@ _RELAY_FINGERPRINTS = ("The reply does not quote this packet's fingerprints exac
                        "packet_fingerprint and artifact_fingerprint from the prompt as written.")
 
 
+#: Text the database cannot hold (``session_runtime.UNSTORABLE_TEXT``), said for a person.
+_UNSTORABLE_PLAIN = ("contains a character that cannot be saved (a NUL character, U+0000, or half of a "
+                     "surrogate pair such as \\ud800)")
+
+
 def plain_message(field: str, message: str, rubric: Rubric, *, relay: bool = False) -> str:
     """A refusal of one field, said for a person rather than an engineer. For the relay (the
     other chat's reply), a missing top-level field is named as the chat must write it."""
+    if message == UNSTORABLE_TEXT:
+        m = _FINDING_FIELD.match(field)
+        where = f"Finding {int(m.group(1)) + 1}'s {m.group(2) or 'text'}" if m else f"The field {field}"
+        if relay:
+            return f"In the reply, {where[0].lower()}{where[1:]} {_UNSTORABLE_PLAIN}. Ask the other chat to answer again without it."
+        return f"{where} {_UNSTORABLE_PLAIN}: please remove it and submit again."
     if relay and field in _FINGERPRINT_FIELDS:
         return _RELAY_FINGERPRINTS
     if relay and message == "is required" and "." not in field and "[" not in field:

@@ -141,13 +141,31 @@ def recorded_runtime(session: Session, *, lock: bool = True) -> RuntimeAttachmen
     return qs.first()
 
 
+def fit_reason(model: type[models.Model], column: str, reason: str) -> str:
+    """``reason`` cut to what its column stores (``max_length`` characters, as PostgreSQL's
+    varchar counts them). A reason is a human-readable note that often quotes caller input (a
+    handoff's logical id, a gate's label): whoever builds it, the writers below store what fits
+    instead of failing the whole change in the database (a 500 for a declared-valid request)."""
+    max_length = model._meta.get_field(column).max_length
+    return reason[:max_length] if max_length is not None else reason
+
+
+def _fit_reasons(model: type[models.Model], fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with every reason column's text (``*reason``) cut to fit (:func:`fit_reason`)."""
+    return {
+        name: fit_reason(model, name, value) if name.endswith("reason") and isinstance(value, str) else value
+        for name, value in fields.items()
+    }
+
+
 def move(obj: models.Model, lifecycle: lc.Lifecycle, target: str | StrEnum, **fields: Any) -> StrEnum:
     """The one transition helper for a loaded row of a non-session record: check
     ``current → target`` against ``lifecycle``'s table (409 ``illegal_transition`` otherwise,
     nothing written), set the state and ``fields``, and save exactly those columns. The caller
     holds the row (lock or conditional statement) inside its transaction. Sessions move
-    through :func:`apply_transition`."""
+    through :func:`apply_transition`. A reason column's text is cut to fit (:func:`fit_reason`)."""
     assert lifecycle is not lc.SESSION, "session statuses move through apply_transition"
+    fields = _fit_reasons(type(obj), fields)
     dst = check(lifecycle.check, getattr(obj, lifecycle.field), target)
     setattr(obj, lifecycle.field, dst.value)
     for name, value in fields.items():
@@ -159,8 +177,10 @@ def move(obj: models.Model, lifecycle: lc.Lifecycle, target: str | StrEnum, **fi
 def move_rows(queryset: models.QuerySet, lifecycle: lc.Lifecycle, target: str | StrEnum, **fields: Any) -> int:
     """The conditional-UPDATE form of :func:`move`: rows of ``queryset`` whose state is a legal
     source of ``target`` (``lifecycle.sources``) move to ``target`` with ``fields``. Returns the
-    row count: the caller decides what a miss means (someone else moved the row first)."""
+    row count: the caller decides what a miss means (someone else moved the row first). A reason
+    column's text is cut to fit (:func:`fit_reason`)."""
     assert lifecycle is not lc.SESSION, "session statuses move through apply_transition"
+    fields = _fit_reasons(queryset.model, fields)
     dst = lifecycle.state(target)
     return queryset.filter(**{f"{lifecycle.field}__in": lifecycle.sources(dst)}).update(
         **{lifecycle.field: dst.value}, **fields
@@ -168,8 +188,9 @@ def move_rows(queryset: models.QuerySet, lifecycle: lc.Lifecycle, target: str | 
 
 
 def end_run(run: Run, state: rt.RunState, reason: str, outbox: Outbox, session: Session) -> None:
+    """End ``run`` in ``state``; its end reason (and the event's) is ``reason`` cut to fit the column."""
     move(run, lc.RUN, state, end_reason=reason, ended_at=timezone.now())
-    outbox.add(session, ev.RUN_ENDED, run_id=run.id, seq=run.seq, state=run.state, reason=reason)
+    outbox.add(session, ev.RUN_ENDED, run_id=run.id, seq=run.seq, state=run.state, reason=run.end_reason)
 
 
 #: The event that records a runtime attachment's end, by the state it ended in.
@@ -177,9 +198,11 @@ RUNTIME_END_EVENTS = {rt.RuntimeState.CLOSED: ev.RUNTIME_CLOSED, rt.RuntimeState
 
 
 def end_runtime(attachment: RuntimeAttachment, state: rt.RuntimeState, reason: str, outbox: Outbox, session: Session) -> None:
+    """End ``attachment`` in ``state``; its end reason (and the event's) is ``reason`` cut to fit the column."""
     move(attachment, lc.RUNTIME, state, end_reason=reason, ended_at=timezone.now())
     outbox.add(
-        session, RUNTIME_END_EVENTS[state], runtime_id=attachment.id, generation=attachment.generation, reason=reason
+        session, RUNTIME_END_EVENTS[state], runtime_id=attachment.id, generation=attachment.generation,
+        reason=attachment.end_reason,
     )
 
 
@@ -274,8 +297,10 @@ def apply_transition(
     """Move a locked session to ``target`` and settle its run/runtime accordingly.
 
     ``current_run``: the session's open run if the caller already holds it, ``None`` if it
-    knows there is none, or ``True`` (default) to look it up here.
+    knows there is none, or ``True`` (default) to look it up here. ``reason`` is stored cut to
+    fit ``Session.status_reason`` (:func:`fit_reason`); the event carries what was stored.
     """
+    reason = fit_reason(Session, "status_reason", reason)
     check_version(session, expected_version)
     source = rt.SessionStatus(session.status)
     dst = check(lc.SESSION.check, source, target)

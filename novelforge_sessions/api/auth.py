@@ -33,7 +33,12 @@ _LOOKUP_SQL = (
 
 
 def caller_for_token(raw: str) -> Caller | None:
-    if not raw or len(raw) > 200:
+    """The caller a raw token stands for, or None (unknown, revoked, or not a token at all).
+
+    Every token the service issues is ASCII (``nfs_`` and URL-safe base64): anything else (a
+    websocket ``auth`` frame's JSON string may hold an unpaired surrogate, which has no UTF-8
+    form to hash) is simply not a token, refused like any unknown one."""
+    if not raw or len(raw) > 200 or not raw.isascii():
         return None
     with connection.cursor() as cur:
         cur.execute(_LOOKUP_SQL, [ApiToken.hash_key(raw)])

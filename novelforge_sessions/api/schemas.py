@@ -16,7 +16,7 @@ from pydantic import ConfigDict, ModelWrapValidatorHandler, WithJsonSchema, mode
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.errors import MalformedBody, ValidationFailed
+from novelforge_sessions.errors import MalformedBody, ValidationFailed, from_rule_error
 
 T = TypeVar("T")
 
@@ -36,40 +36,8 @@ RunEndStatus = Literal[tuple(dict.fromkeys(  # type: ignore[valid-type]
 ))]
 
 
-def _storable(text: str) -> bool:
-    if "\x00" in text:
-        return False
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # an unpaired surrogate
-        return False
-    return True
-
-
-def unstorable_text_at(value: Any) -> str | None:
-    """Where ``value`` holds a string or object key PostgreSQL cannot store, as a path; else None.
-
-    text and jsonb refuse U+0000, and an unpaired surrogate (legal in JSON's ``\\uXXXX``
-    escapes) has no UTF-8 form: either would fail in the database as a 500, so inputs refuse
-    them first. Iterative, so a deeply nested body cannot exhaust the stack.
-    """
-    stack: list[tuple[str, Any]] = [("", value)]
-    while stack:
-        path, item = stack.pop()
-        if isinstance(item, str):
-            if not _storable(item):
-                return path
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                child_path = f"{path}.{key}" if path else str(key)
-                if isinstance(key, str) and not _storable(key):
-                    return child_path
-                stack.append((child_path, child))
-        elif isinstance(item, list):
-            stack.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
-    return None
+#: Where a value holds text PostgreSQL cannot store (the pure core's rule, shared with the actions).
+unstorable_text_at = rt.unstorable_text_at
 
 
 #: JSON bodies nest at most this deep. json.loads itself gives up near 1,000 levels; a few hundred
@@ -89,10 +57,12 @@ def nested_deeper_than(value: Any, limit: int) -> bool:
 
 
 def refuse_unstorable_text(value: Any, *, where: str = "body") -> None:
-    path = unstorable_text_at(value)
-    if path is not None:
-        field = (path or where).encode("ascii", "backslashreplace").decode().replace("\x00", "\\x00")
-        raise ValidationFailed(f"{field}: text cannot contain NUL (U+0000) or unpaired surrogates", field=field)
+    """The edge's copy of the actions' check (``session_runtime.check_storable_text``): every body
+    and query string is refused here before it is parsed into a schema, naming the path."""
+    try:
+        rt.check_storable_text(value, where)
+    except rt.RuntimeRuleError as exc:
+        raise from_rule_error(exc) from None
 
 
 class _Refused(ValueError):
@@ -164,8 +134,7 @@ class _Mark:
         self.literal = literal
 
 
-def _printable(path: str) -> str:
-    return path.encode("ascii", "backslashreplace").decode().replace("\x00", "\\x00")
+_printable = rt.printable_path
 
 
 def _refusal(text: str) -> ValidationFailed:

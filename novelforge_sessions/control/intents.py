@@ -294,11 +294,24 @@ def _approver_fields(caller: Caller) -> dict[str, Any]:
     return {"approver": caller.label, "approver_token_id": caller.token_id, "approver_user_id": caller.user_id}
 
 
+#: A decision's note is stored cut to this many characters (``Approval.note``).
+MAX_NOTE = 500
+
+
+def _decision_note(note: str) -> str:
+    """A decision's note as it is stored: text PostgreSQL can hold (else 422 ``validation_error``,
+    field ``note``, nothing written: the same refusal from the API and the pages) cut to
+    :data:`MAX_NOTE` characters."""
+    check(rt.check_storable_text, note, "note")
+    return note[:MAX_NOTE]
+
+
 def approve_intent(caller: Caller, intent_id: int, *, note: str = "") -> WriteIntent:
     """Approve (or re-approve) an intent. The approval binds its before-state and the
     project's current authority version; approving one whose before-state is already stale is
     refused (nothing to approve)."""
     caller.require("approve")
+    note = _decision_note(note)
     with transaction.atomic():
         intent = _lock_intent(caller, intent_id)
         if intent.state in (IntentState.EXECUTED, IntentState.REFUSED, IntentState.REJECTED):
@@ -318,7 +331,7 @@ def approve_intent(caller: Caller, intent_id: int, *, note: str = "") -> WriteIn
             Approval.objects.filter(id=standing.id).update(revoked_at=now, revoked_by=f"superseded by {caller.label}")
         approval = Approval.objects.create(
             intent=intent, decision=ApprovalDecision.APPROVED, before_fingerprint=intent.before_fingerprint,
-            authority_version=project.authority_version, note=note[:500], **_approver_fields(caller),
+            authority_version=project.authority_version, note=note, **_approver_fields(caller),
         )
         move(intent, lc.WRITE_INTENT, IntentState.APPROVED)
         _event(intent, ev.WRITE_INTENT_APPROVED, caller, approval_id=approval.id, reapproval=standing is not None,
@@ -328,6 +341,7 @@ def approve_intent(caller: Caller, intent_id: int, *, note: str = "") -> WriteIn
 
 def reject_intent(caller: Caller, intent_id: int, *, note: str = "") -> WriteIntent:
     caller.require("approve")
+    note = _decision_note(note)
     with transaction.atomic():
         intent = _lock_intent(caller, intent_id)
         if intent.state == IntentState.REJECTED:
@@ -339,15 +353,16 @@ def reject_intent(caller: Caller, intent_id: int, *, note: str = "") -> WriteInt
         intent.approvals.filter(revoked_at__isnull=True).update(revoked_at=now, revoked_by=f"rejected by {caller.label}")
         approval = Approval.objects.create(
             intent=intent, decision=ApprovalDecision.REJECTED, before_fingerprint=intent.before_fingerprint,
-            authority_version=project.authority_version, note=note[:500], **_approver_fields(caller),
+            authority_version=project.authority_version, note=note, **_approver_fields(caller),
         )
         move(intent, lc.WRITE_INTENT, IntentState.REJECTED)
-        _event(intent, ev.WRITE_INTENT_REJECTED, caller, approval_id=approval.id, note=note[:500])
+        _event(intent, ev.WRITE_INTENT_REJECTED, caller, approval_id=approval.id, note=note)
     return intent
 
 
 def revoke_approval(caller: Caller, intent_id: int, *, note: str = "") -> WriteIntent:
     caller.require("approve")
+    note = _decision_note(note)
     with transaction.atomic():
         intent = _lock_intent(caller, intent_id)
         if intent.state != IntentState.APPROVED:
@@ -357,7 +372,7 @@ def revoke_approval(caller: Caller, intent_id: int, *, note: str = "") -> WriteI
             revoked_at=timezone.now(), revoked_by=caller.label,
         )
         move(intent, lc.WRITE_INTENT, IntentState.PROPOSED)
-        _event(intent, ev.WRITE_INTENT_APPROVAL_REVOKED, caller, revoked=revoked, note=note[:500])
+        _event(intent, ev.WRITE_INTENT_APPROVAL_REVOKED, caller, revoked=revoked, note=note)
     return intent
 
 

@@ -396,6 +396,7 @@ def resolve_conflict(caller: Caller, handoff_id: int, *, resolution: str) -> Han
     caller.require("approve")
     if not isinstance(resolution, str) or not resolution.strip() or len(resolution) > 200:
         raise ValidationFailed("resolution must say how the conflict was resolved (1–200 characters)", field="resolution")
+    check(rt.check_storable_text, resolution, "resolution")  # the API's and the page's one refusal
     with transaction.atomic():
         session, handoff = lock_handoff(caller, handoff_id)
         if not lc.conflict_open(handoff.state):

@@ -29,9 +29,9 @@ later read. Every send path runs under one per-socket lock and sends only ids af
 cursor, so nothing is sent twice and nothing is skipped however wake-ups and backlog pages
 interleave. Because the layer is at-most-once (and in-memory group membership expires), the
 hub's periodic sweep re-joins the groups and reads each feed once, so a lost wake-up only
-delays an event, never loses it. Each socket's sweep re-authorizes: a revoked token, a logout
-or a lost membership ends the stream. Without Redis, other processes' commits arrive through
-PostgreSQL NOTIFY (``live.pgnotify``) as the same wake-ups.
+delays an event, never loses it. Each socket's sweep re-authorizes: a revoked token, a logout,
+a deactivated account, a changed password or a lost membership ends the stream. Without Redis,
+other processes' commits arrive through PostgreSQL NOTIFY (``live.pgnotify``) as the same wake-ups.
 """
 from __future__ import annotations
 
@@ -39,11 +39,13 @@ import asyncio
 import contextlib
 import json
 import logging
+from importlib import import_module
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.contrib import auth
 
 from novelforge_sessions.access import Caller, caller_for_user
 from novelforge_sessions.api.auth import caller_for_token
@@ -101,6 +103,28 @@ def _non_negative_int(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
         return value
     return None
+
+
+class _SessionRequest:
+    """What ``django.contrib.auth.get_user`` reads of a request: its login session."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+
+def _login_user(scope: dict[str, Any]) -> Any | None:
+    """The user the socket's login session stands for *now*, or None: the session is read again
+    from its store (a logout or an expiry deleted it) and resolved as Django's auth resolves it
+    for every page request (``auth.get_user``: the backend's ``get_user`` refuses an inactive
+    user, ``user_can_authenticate``, and a session whose auth hash no longer matches, as after a
+    password change, is flushed). The user cached in the scope at connect is never trusted."""
+    session = scope.get("session")
+    key = session.session_key if session is not None else None
+    if not key:
+        return None
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=key)
+    user = auth.get_user(_SessionRequest(store))
+    return user if user.is_authenticated else None
 
 
 class EventStreamConsumer(AsyncWebsocketConsumer):
@@ -312,8 +336,8 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
     async def _sweep_loop(self) -> None:
         """Safety net for lost wake-ups, and a periodic re-check of who is listening.
 
-        Every interval: the caller is rebuilt (a revoked token or an ended login session closes
-        the socket with 4401; a subscription the caller may no longer see closes it with 4403),
+        Every interval: the caller is rebuilt (a revoked token, or a login session that no longer
+        stands for the same active user with its current password, closes the socket with 4401; a subscription the caller may no longer see closes it with 4403),
         the groups are re-joined, and every subscription reads after its cursor.
         """
         interval = _setting("LIVE_SWEEP_SECONDS")
@@ -342,10 +366,10 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
         if self.token is not None:
             caller = caller_for_token(self.token)
         else:
-            session = self.scope.get("session")
-            user = self.scope.get("user")
-            if session is None or user is None or not session.exists(session.session_key or ""):
-                return "unauthenticated"  # logged out (or the login session expired)
+            user = _login_user(self.scope)
+            connected_as = self.scope.get("user")
+            if user is None or connected_as is None or user.pk != connected_as.pk:
+                return "unauthenticated"  # logged out, expired, deactivated or its password changed
             caller = caller_for_user(user)
         if caller is None:
             return "unauthenticated"

@@ -45,6 +45,22 @@ def test_handing_off_freezes_the_job_and_waits(owner, frozen):
     assert types[-2:] == ["handoff.created", "session.transitioned"]
 
 
+def test_a_logical_id_of_the_declared_maximum_hands_off(owner, running):
+    """A declared-valid 200-character logical id (path-like, as workers name jobs): the session's
+    reason ("waiting on handoff <id>") is longer than its column and is stored cut to fit, never
+    a 500 (the outside audit's finding: 182 characters and up failed in the database)."""
+    logical_id = ("chapter-3/continuity-check/" * 8)[:199] + "z"
+    assert len(logical_id) == 200
+    h = make_handoff(owner, running["run"]["id"], logical_id)
+    assert h["logical_id"] == logical_id and Handoff.objects.filter(logical_id=logical_id).count() == 1
+    session = Session.objects.get(id=running["id"])
+    assert session.status == "awaiting_external"
+    assert session.status_reason == f"waiting on handoff {logical_id}"[:200] and len(session.status_reason) == 200
+    event = Event.objects.filter(session_id=session.id, type="session.transitioned").latest("id")
+    assert event.payload["reason"] == session.status_reason  # the event says what was stored
+    assert Run.objects.get(id=running["run"]["id"]).pending_external == [logical_id]
+
+
 def test_a_second_handoff_while_waiting_keeps_waiting(owner, frozen):
     second = make_handoff(owner, frozen["run"]["id"], "chapter-1/style")
     assert second["state"] == "pending"

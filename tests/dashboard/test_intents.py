@@ -114,6 +114,37 @@ def test_the_manager_refuses_and_the_intent_folds_away(mgr_client, project):
     assert "<form" not in card, "closed intents take no decision"
 
 
+@pytest.mark.parametrize("decision", ["approve", "refuse"])
+def test_a_note_the_database_cannot_store_is_refused_in_plain_words(mgr_client, project, decision):
+    """Outside audit: a NUL in the decision's note reached PostgreSQL from the page (a 500). The
+    approval actions refuse text they cannot store themselves (the API's edge check is only the
+    first of two), the page reports it in plain words, and nothing is written."""
+    intent = propose(project)
+    before = snapshot(intent)
+    resp = post(mgr_client, project, intent, decision, note="reads\x00 well")
+    assert resp.status_code == 302 and snapshot(intent) == before
+    html = mgr_client.get(f"/projects/{project.id}/").content.decode()
+    assert "Nothing was changed: the note contains a character that cannot be saved (a NUL character, U+0000)" in html
+
+
+@pytest.mark.parametrize("note", ["a\x00b", "half a pair \ud800"])
+def test_the_approval_actions_refuse_unstorable_notes_for_every_caller(project, note):
+    from novelforge_sessions.errors import ValidationFailed
+
+    intent = propose(project)
+    who = caller_for(project)
+    for act in (intents.approve_intent, intents.reject_intent):
+        before = snapshot(intent)
+        with pytest.raises(ValidationFailed) as info:
+            act(who, intent.id, note=note)
+        assert info.value.details == {"field": "note"} and snapshot(intent) == before
+    intents.approve_intent(who, intent.id, note="fine")
+    before = snapshot(intent)
+    with pytest.raises(ValidationFailed):
+        intents.revoke_approval(who, intent.id, note=note)
+    assert snapshot(intent) == before
+
+
 def test_executed_intents_show_their_after_state(mgr_client, project):
     intent = propose(project)
     intents.approve_intent(caller_for(project), intent.id)

@@ -147,6 +147,30 @@ def test_resolving_refusals_write_nothing(mgr_client, manager, make_session, pro
     _nothing_changed(session, h)
 
 
+@pytest.mark.parametrize("resolution", ["kept\x00 the first", "kept \ud800 the first"])
+def test_a_resolution_the_database_cannot_store_is_refused_by_the_action_in_plain_words(mgr_client, make_session, resolution):
+    """Outside audit: a NUL in the resolution reached PostgreSQL from the page (a 500). The action
+    itself refuses text it cannot store (422 naming ``resolution``), so the page and the API give
+    the same refusal; the page says it in plain words and nothing is written."""
+    from novelforge_sessions.control.results import resolve_conflict
+    from novelforge_sessions.errors import ValidationFailed
+
+    session = make_session(run=True)
+    h = conflicted(session)
+    with pytest.raises(ValidationFailed) as info:
+        resolve_conflict(caller_for(session.project, ["read", "write", "approve"]), h.id, resolution=resolution)
+    assert info.value.details == {"field": "resolution"}
+    _nothing_changed(session, h)
+    if "\x00" in resolution:  # a form post cannot carry a lone surrogate (Django decodes it as U+FFFD)
+        action = f'/sessions/{session.id}/handoffs/{h.id}/resolve-conflict/'
+        token = csrf_token(mgr_client.get(f"/sessions/{session.id}/").content.decode())
+        resp = mgr_client.post(action, {"resolution": resolution, "csrfmiddlewaretoken": token}, follow=True)
+        assert resp.status_code == 200
+        assert ("Nothing was changed: the resolution contains a character that cannot be saved (a NUL character, U+0000)"
+                in resp.content.decode())
+        _nothing_changed(session, h)
+
+
 # ---- the timeline ---------------------------------------------------------------------------------------
 T0 = datetime(2026, 1, 1, 8, 0, tzinfo=dt_timezone.utc)
 

@@ -53,6 +53,20 @@ def test_overview_filters_and_counts(mgr_client, make_session, project, other_pr
     assert mgr_client.get("/counts/", {"project": other_project.id}).status_code == 404
 
 
+def test_a_family_filter_the_database_cannot_compare_matches_nothing(mgr_client, make_session):
+    """Outside audit: ``?family=co%00dex`` reached PostgreSQL (a 500 page, and an HTML 500 from the
+    JSON counts). A family holding U+0000 names no session: the overview, its counts and a row
+    answer as for any family nobody uses."""
+    session = make_session(run=True)
+    resp = mgr_client.get("/", {"family": "co\x00dex"})
+    assert resp.status_code == 200 and row_ids(resp.content.decode()) == set()
+    counts = mgr_client.get("/counts/", {"family": "co\x00dex"})
+    assert counts.status_code == 200 and counts["Content-Type"] == "application/json"
+    assert counts.json()["total"] == 0 and set(counts.json()["counts"].values()) == {0}
+    assert mgr_client.get(f"/sessions/{session.id}/row/", {"family": "co\x00dex"}).status_code == 204
+    assert row_ids(mgr_client.get("/", {"family": session.runtime_family}).content.decode()) == {session.id}
+
+
 def test_overview_pages_by_keyset(mgr_client, make_session, monkeypatch):
     from novelforge_sessions.dashboard import views
 

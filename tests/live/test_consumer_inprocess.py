@@ -193,6 +193,47 @@ async def test_logging_out_stops_the_stream(local_settings):
     assert await _closed_with(comm) == (4401, "unauthorized")
 
 
+def _deactivate(user_id: int) -> None:
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.filter(id=user_id).update(is_active=False)
+
+
+def _change_password(user_id: int) -> None:
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.get(id=user_id)
+    user.set_password("a-new-pw-987654321")  # the usual way to kick out a stolen cookie
+    user.save()
+
+
+@pytest.mark.parametrize("change", [_deactivate, _change_password], ids=["deactivated", "password-changed"])
+async def test_an_account_that_could_no_longer_log_in_stops_the_stream(local_settings, change):
+    """Security audit F2: the sweep only checked that the login session row existed and rebuilt the
+    caller from the user cached at connect, so a deactivated account or a changed password kept
+    streaming. The sweep now resolves the user from the session as Django's auth does (active,
+    session auth hash) and closes with 4401."""
+    local_settings.LIVE_SWEEP_SECONDS = 0.2
+    project_id, _ = await database_sync_to_async(_project_with_token)()
+    cookie, user_id = await database_sync_to_async(_manager_login)(project_id)
+    comm = await _subscribed([(b"cookie", f"sessionid={cookie}".encode())], project_id)
+    await database_sync_to_async(change)(user_id)
+    assert await _closed_with(comm) == (4401, "unauthorized")
+
+
+async def test_the_sweep_keeps_a_login_that_still_stands(local_settings):
+    """The control: the same socket, nothing changed, is still streaming after several sweeps."""
+    local_settings.LIVE_SWEEP_SECONDS = 0.05
+    project_id, _ = await database_sync_to_async(_project_with_token)()
+    cookie, _ = await database_sync_to_async(_manager_login)(project_id)
+    comm = await _subscribed([(b"cookie", f"sessionid={cookie}".encode())], project_id)
+    assert await comm.receive_nothing(timeout=0.5)  # ten sweeps: no error frame, no close
+    kept = await database_sync_to_async(_committed)(project_id)
+    frame = await _frame(comm)
+    assert frame["type"] == "event" and frame["event"]["id"] == kept
+    await comm.disconnect()
+
+
 async def test_a_commit_in_a_writer_thread_wakes_the_hub_directly_without_a_group_send(local_settings, monkeypatch):
     """In-memory layer, the hub the only member of the group: the after-commit hook hands the
     wake-up to the hub's loop (``call_soon_threadsafe``), no ``group_send`` (no thread and no

@@ -66,3 +66,27 @@ async def test_in_process_a_nested_frame_is_4400_before_authentication(settings,
     assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": 4400}
     await comm.disconnect()
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("token", ["\\ud800", "nfs_\\udfff", "nfs_caf\\u00e9"], ids=["lone-surrogate", "nfs-surrogate", "not-ascii"])
+async def test_an_auth_frame_whose_token_is_not_ascii_is_4401_like_any_bad_token(settings, caplog, token):
+    """Contract audit finding 5: a token holding an unpaired surrogate (a JSON escape in the auth
+    frame) could not be hashed (``str.encode``): the consumer crashed with 1011 and a traceback.
+    Every token the service issues is ASCII, so anything else is simply not a valid token."""
+    from novelforge_sessions.asgi import application
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    settings.ALLOWED_HOSTS = ["localhost"]
+    settings.LIVE_PG_NOTIFY = False  # one process: no LISTEN (it would outlive the test's loop)
+    comm = WebsocketCommunicator(application, "/ws/events/", headers=[(b"origin", b"http://localhost"),
+                                                                     (b"host", b"localhost")])
+    connected, _ = await comm.connect()
+    assert connected
+    await comm.send_to(text_data='{"type": "auth", "token": "%s"}' % token)
+    error = json.loads(await comm.receive_from(timeout=5))
+    assert error["type"] == "error" and error["error"]["code"] == "unauthorized"
+    assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": 4401}
+    await comm.disconnect()
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from urllib.parse import urlencode
 
 import pytest
 from django.test import Client
@@ -229,3 +230,71 @@ def test_relay_paste_names_a_wrong_score(world, as_user):
     resp = as_user("alice").post(f"/reviews/packets/{gate.packet.id}/relay/", {"answer": json.dumps(answer)})
     assert resp.status_code == 422
     assert '<code class="field-name">scores.clarity</code> 6 is outside the scale 1..5' in resp.content.decode()
+
+
+def test_the_verdict_form_refuses_a_nul_in_plain_words_and_binds_nothing(world, as_user):
+    """Outside audit: a NUL in a finding's note reached PostgreSQL from the form (a 500 page).
+    The shared validator refuses it; the form comes back with the refusal by its row, nothing bound."""
+    gate = world.gate()
+    events = Event.objects.count()
+    resp = as_user("alice").post(f"/reviews/packets/{gate.packet.id}/", form_post(gate, **{"finding-0-note": "Between\x00 what?"}))
+    html = resp.content.decode()
+    assert resp.status_code == 422
+    assert "Finding 1&#x27;s note contains a character that cannot be saved (a NUL character, U+0000" in html
+    assert "please remove it and submit again" in html and 'class="verdict-form"' in html
+    assert Verdict.objects.count() == 0 and Event.objects.count() == events
+
+
+@pytest.mark.parametrize("escape", ["\\u0000", "\\ud800"])
+def test_a_relay_answer_with_unstorable_text_is_refused_in_plain_words(world, as_user, escape):
+    """The other chat's reply may hold ``\\u0000`` or a lone surrogate escape: JSON allows both,
+    PostgreSQL stores neither (a 500 before). Refused by its path, in plain words; nothing bound."""
+    gate = world.gate(route="relay")
+    events = Event.objects.count()
+    answer = json.dumps({"packet_fingerprint": gate.packet.fingerprint, "artifact_fingerprint": gate.candidate_fingerprint,
+                         "decision": "pass", "scores": {"clarity": 5, "pacing": 10},
+                         "findings": [{"location": "L1", "severity": "minor", "note": "NOTE"}], "confidence": 0.5})
+    resp = as_user("alice").post(f"/reviews/packets/{gate.packet.id}/relay/", {"answer": answer.replace("NOTE", f"odd {escape} here")})
+    html = resp.content.decode()
+    assert resp.status_code == 422
+    assert "In the reply, finding 1&#x27;s note contains a character that cannot be saved (a NUL character" in html
+    assert "Ask the other chat to answer again without it." in html
+    assert '<code class="field-name">findings[0].note</code>' in html
+    assert Verdict.objects.count() == 0 and Event.objects.count() == events
+
+
+@pytest.mark.parametrize(
+    ("over", "plain"),
+    [({"score-clarity": "9" * 5000}, "Please give Clarity a whole-number score from 1 to 5."),
+     ({"confidence": "1" * 5000}, "Please choose how sure you are."),
+     ({"confidence": "nan"}, "Please choose how sure you are."),
+     ({"finding-" + "1" * 5000 + "-location": "L1", "finding-" + "1" * 5000 + "-note": "x",
+       "finding-" + "1" * 5000 + "-severity": "minor", "score-clarity": "x"}, "Please give Clarity a whole-number score"),
+     ],
+    ids=["score", "confidence", "nan", "finding-index"],
+)
+def test_the_verdict_form_names_a_number_of_thousands_of_digits(world, as_user, over, plain):
+    """Outside audit: more than 4,300 digits raised Python's int-conversion ValueError (a 500 page).
+    A number that long stays text, and the refusal names its field in plain words; nothing bound."""
+    gate = world.gate()
+    events = Event.objects.count()
+    # Form-encoded, as a browser sends it (a 5,000-digit name is over multipart's header limit).
+    resp = as_user("alice").post(f"/reviews/packets/{gate.packet.id}/", urlencode(form_post(gate, **over)),
+                                 content_type="application/x-www-form-urlencoded")
+    assert resp.status_code == 422 and plain in resp.content.decode()
+    assert Verdict.objects.count() == 0 and Event.objects.count() == events
+
+
+def test_a_relay_answer_with_a_number_of_thousands_of_digits_is_refused_by_field(world, as_user):
+    """Outside audit: the relay's search for the object (``raw_decode``) raised a plain ValueError
+    for a 5,000-digit integer (a 500). It is now found, then refused by the API's parser by field."""
+    gate = world.gate(route="relay")
+    events = Event.objects.count()
+    answer = ('{"packet_fingerprint": "%s", "artifact_fingerprint": "%s", "decision": "pass", '
+              '"scores": {"clarity": %s, "pacing": 2}, "findings": [], "confidence": 0.5}'
+              % (gate.packet.fingerprint, gate.candidate_fingerprint, "9" * 5000))
+    resp = as_user("alice").post(f"/reviews/packets/{gate.packet.id}/relay/", {"answer": answer})
+    html = resp.content.decode()
+    assert resp.status_code == 422 and "Please give Clarity a whole-number score from 1 to 5." in html
+    assert '<code class="field-name">scores.clarity</code>' in html
+    assert Verdict.objects.count() == 0 and Event.objects.count() == events

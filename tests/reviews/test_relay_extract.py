@@ -98,3 +98,15 @@ def test_absurd_nesting_is_refused_not_crashed():
     with pytest.raises(ExtractionRefused) as exc:
         extract_answer('{"a":' * 5000 + "1" + "}" * 5000)
     assert exc.value.reason == "invalid_json"
+
+
+def test_an_integer_of_thousands_of_digits_is_found_not_converted():
+    """Python refuses to convert an integer of more than 4,300 digits with a ValueError that is not
+    a JSONDecodeError (a 500 in the relay before): the search keeps it as text; the API's parser
+    then refuses it by field (tests/reviews/test_pages.py)."""
+    text = '{"scores": {"clarity": %s}}' % ("9" * 5000)
+    got = extract_answer(f"Here you go: {text}")
+    assert got.text == text and got.source == "prose" and got.value == {"scores": {"clarity": "9" * 5000}}
+    with pytest.raises(ExtractionRefused) as info:
+        extract_answer("9" * 5000)
+    assert info.value.reason == "not_an_object"

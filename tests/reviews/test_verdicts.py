@@ -82,3 +82,23 @@ def test_not_an_object():
                                                      (["revise", "reject", "pass"], "reject")])
 def test_outcome_aggregation(decisions, outcome):
     assert aggregate_outcome(decisions) == outcome
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (good(findings=[{"location": "L1", "severity": "minor", "note": "a\x00b"}]), "findings[0].note"),
+        (good(findings=[{"location": "L1", "severity": "minor", "note": "half a pair \ud800"}]), "findings[0].note"),
+        (good(findings=[{"location": "L1\x00", "severity": "minor", "note": "fine"}]), "findings[0].location"),
+        (good(scores={"clarity": 5, "pacing": 0, "x\x00": 1}), "scores.x\\x00"),
+        ({**good(), "\udfff": 1}, "\\udfff"),
+    ],
+)
+def test_text_the_database_cannot_store_is_refused_first_by_its_path(body, field):
+    """U+0000 and unpaired surrogates (a pasted ``\\u0000`` / ``\\ud800``) are refused by the one
+    validator every channel shares, before anything could echo, fingerprint or store them; the
+    named path is itself printable (escaped)."""
+    with pytest.raises(InvalidPayload) as info:
+        validate_verdict(body, RUB)
+    assert info.value.details["field"] == field
+    assert info.value.details["errors"] == [{"field": field, "message": "text cannot contain NUL (U+0000) or unpaired surrogates"}]

@@ -46,6 +46,45 @@ def test_move_sets_the_state_and_fields_and_saves_only_those(new_session):
 
 
 @pytest.mark.django_db
+def test_every_reason_writer_stores_a_reason_that_fits_its_column(new_session, project):
+    """``apply_transition`` (status_reason), ``end_run`` and ``end_runtime`` (end_reason), ``move``
+    and ``move_rows`` cut a reason to its column whoever built it: no caller can overflow one."""
+    from novelforge_sessions.actions.lifecycle import Outbox, apply_transition, end_runtime, lock_session
+    from novelforge_sessions.models import Session
+    from tests.conftest import caller_for
+
+    long = "because " + "x" * 400
+    session = new_session(run=True)
+    with transaction.atomic():
+        locked = lock_session(caller_for(project), session["id"])
+        outbox = Outbox("test")
+        apply_transition(locked, S.TERMINATED, reason=long, outbox=outbox)  # ends the run and the runtime
+        outbox.flush()
+    fresh = Session.objects.get(id=session["id"])
+    assert (fresh.status, fresh.status_reason) == ("terminated", long[:200])
+    run = Run.objects.get(id=session["run"]["id"])
+    assert run.state != "open" and run.end_reason == long[:200]
+    transitioned = Event.objects.filter(session_id=session["id"], type="session.transitioned").latest("id")
+    ended = Event.objects.filter(session_id=session["id"], type="run.ended").latest("id")
+    assert transitioned.payload["reason"] == long[:200] and ended.payload["reason"] == long[:200]
+
+    other = new_session(run=True)
+    runtime = RuntimeAttachment.objects.get(session_id=other["id"])
+    with transaction.atomic():
+        locked = lock_session(caller_for(project), other["id"])
+        outbox = Outbox("test")
+        end_runtime(runtime, T.CLOSED, long, outbox, locked)
+        outbox.flush()
+    assert RuntimeAttachment.objects.get(id=runtime.id).end_reason == long[:64]  # its column is 64 long
+    closed = Event.objects.filter(session_id=other["id"], type="runtime.closed").latest("id")
+    assert closed.payload["reason"] == long[:64]
+
+    third = new_session()
+    moved = move_rows(RuntimeAttachment.objects.filter(session_id=third["id"]), lc.RUNTIME, T.LOST, end_reason=long)
+    assert moved == 1 and RuntimeAttachment.objects.get(session_id=third["id"]).end_reason == long[:64]
+
+
+@pytest.mark.django_db
 def test_move_rows_moves_only_rows_in_a_legal_source_state(new_session, owner):
     live = new_session()
     closed = new_session()
