@@ -17,7 +17,7 @@ from novelforge_sessions.api.auth import caller_for_token
 from reviews import actions, views
 from reviews.access import reviewer_for_user
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
-from tests.reviews.factories import RUBRIC, add_writer, citing, verdict_for
+from tests.reviews.factories import RUBRIC, add_writer, citing, orchestrator, verdict_for
 
 pytestmark = pytest.mark.django_db
 
@@ -39,7 +39,7 @@ def gate_of_another_writer(world, reviewers: list[str]) -> ReviewGate:
     """A page gate opened by a writer session of its own (a session waits on one gate at a time)."""
     writer, raw = add_writer(world.project)
     caller = caller_for_token(raw)
-    start_run(caller, writer.id, frozen_inputs=citing(world.version))
+    start_run(orchestrator(world.project), writer.id, frozen_inputs=citing(world.version))  # gives it the artifact
     return actions.open_gate(caller, writer.id, actions.GateSpec(
         candidate_version_id=world.version.id, rubric=RUBRIC, route="page", reviewers=reviewers))
 
