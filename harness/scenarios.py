@@ -13,7 +13,7 @@ import psycopg
 
 from harness import checks
 from harness.agents import Agent, History, percentile
-from harness.infra import ROOT, Daphne, Infra
+from harness.infra import ROOT, Infra
 
 KILL_PATHS = r"/handoffs$|/results$"
 

@@ -407,8 +407,8 @@ def build_server(verifier: NovelForgeTokenVerifier | None = None) -> MCPServer:
         # its tokens itself: `manage.py create_api_token` or the admin).
         auth = AuthSettings(issuer_url=verifier.base_url, resource_server_url=None)
     mcp = MCPServer(name="novelforge-sessions", instructions=INSTRUCTIONS, token_verifier=verifier, auth=auth)
-    for fn, annotations in _TOOLS:
-        mcp.add_tool(fn, annotations=annotations)
+    for fn, hints in _TOOLS:
+        mcp.add_tool(fn, annotations=hints)
     return mcp
 
 

@@ -27,7 +27,7 @@ from django.db import connection
 from django.test import Client
 
 from novelforge_sessions import event_types as ev
-from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
+from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.models import Event, Membership
 from novelforge_sessions.session_runtime import SessionStatus as S
 from tests.conftest import make_project

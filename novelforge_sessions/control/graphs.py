@@ -325,7 +325,7 @@ def put_checkpoint(
                 raise NotFound("graph thread not found", thread_id=thread_id)
         # The session lock serialises the thread's writers (lock order: session, then run).
         session = lock_session(caller, thread.session_id)
-        versions = _store_blobs(session.project, (b.value for b in blobs), caller.label)
+        _store_blobs(session.project, (b.value for b in blobs), caller.label)
         for b in blobs:
             # The latest value at a (channel, version) stands, as in LangGraph's own savers.
             GraphBlob.objects.update_or_create(

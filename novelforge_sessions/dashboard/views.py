@@ -48,7 +48,6 @@ from novelforge_sessions.models import (
     Artifact,
     ArtifactVersion,
     Checkpoint,
-    Event,
     Project,
     Run,
     RuntimeAttachment,

@@ -1,8 +1,6 @@
 """Bad input gets a clear, typed 4xx in one shape; never a 500, never half a write."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from novelforge_sessions.models import Event, Run, Session

@@ -8,7 +8,6 @@ import re
 from datetime import datetime, timedelta, timezone as dt_timezone
 
 import pytest
-from django.test import Client
 
 from novelforge_sessions.actions import sessions as session_actions
 from novelforge_sessions.control import waits

@@ -6,23 +6,15 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.http import HttpResponse
 from django.utils import timezone
 
 from novelforge_sessions.control.models import ConsumeReceipt, Handoff, ResultDelivery
 from novelforge_sessions.models import Event
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
 from tests.conftest import Api
-from tests.reviews.factories import World, agent_reviewer, agent_verdict, verdict_for
+from tests.reviews.factories import World, agent_reviewer, agent_verdict, assert_error, verdict_for
 
 pytestmark = pytest.mark.django_db
-
-
-def assert_error(resp: HttpResponse, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, resp.content
-    err = resp.json()["error"]
-    assert set(err) == {"code", "message", "details"} and err["code"] == code
-    return err
 
 
 def claim(api: Api) -> dict[str, Any]:

@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.http import HttpResponse
 
 from novelforge_sessions.models import ArtifactVersion, Event
 from reviews.models import GateCalibration, ReviewAssignment, ReviewGate, ReviewPacket
 from tests.conftest import Api
-from tests.reviews.factories import RUBRIC, World, agent_reviewer
+from tests.reviews.factories import RUBRIC, World, agent_reviewer, assert_error
 
 pytestmark = pytest.mark.django_db
 
@@ -19,13 +18,6 @@ def body(world: World, **over: Any) -> dict[str, Any]:
     b = {"candidate_version_id": world.version.id, "rubric": RUBRIC, "route": "page", "reviewers": ["alice"]}
     b.update(over)
     return b
-
-
-def assert_error(resp: HttpResponse, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, resp.content
-    err = resp.json()["error"]
-    assert set(err) == {"code", "message", "details"} and err["code"] == code
-    return err
 
 
 def test_open_page_gate_freezes_candidate_and_waits_on_user(world):

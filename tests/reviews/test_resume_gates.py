@@ -13,7 +13,7 @@ from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.control.resume import resume_session
 from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec
-from novelforge_sessions.actions.sessions import close_session, transition_session
+from novelforge_sessions.actions.sessions import close_session
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.api.auth import caller_for_token

@@ -14,7 +14,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.http import HttpResponse
 from django.utils import timezone
 
 from novelforge_sessions.actions import runs, sessions
@@ -31,16 +30,9 @@ from reviews import actions
 from reviews.access import reviewer_for_caller
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
 from tests.conftest import Api, caller_for
-from tests.reviews.factories import World, add_writer, agent_verdict, citing, verdict_for
+from tests.reviews.factories import World, add_writer, agent_verdict, assert_error, citing, verdict_for
 
 pytestmark = pytest.mark.django_db
-
-
-def assert_error(resp: HttpResponse, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, resp.content
-    err = resp.json()["error"]
-    assert set(err) == {"code", "message", "details"} and err["code"] == code
-    return err
 
 
 def reviewer(world: World, *, caps: Sequence[str] | None = ("review",), memory: str = "none") -> tuple[Session, Api]:

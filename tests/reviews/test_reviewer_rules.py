@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import pytest
-from django.http import HttpResponse
 
 from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.api.auth import caller_for_token
@@ -18,7 +17,7 @@ from novelforge_sessions.session_runtime import InvalidPayload
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
 from reviews.packets import build_packet, relay_prompt, sha256_fingerprint, validate_rubric
 from reviews.verdicts import location_error, parse_location, validate_verdict
-from tests.reviews.factories import CHAPTER, RUBRIC, add_writer, agent_reviewer, agent_verdict, citing, orchestrator, verdict_for
+from tests.reviews.factories import CHAPTER, RUBRIC, add_writer, agent_reviewer, agent_verdict, assert_error, citing, orchestrator, verdict_for
 
 pytestmark = pytest.mark.django_db
 
@@ -27,13 +26,6 @@ ANCHORED = {"criteria": [
      "anchors": {"1": "Confusing", "3": "Mostly clear", "5": "Crystal clear"}},
     {"key": "pacing", "label": "Pacing", "scale": {"min": 0, "max": 10}, "anchors": {"0": "Drags", "10": "Races"}},
 ]}
-
-
-def assert_error(resp: HttpResponse, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, resp.content
-    err = resp.json()["error"]
-    assert err["code"] == code
-    return err
 
 
 def nothing_bound(gate: ReviewGate) -> None:

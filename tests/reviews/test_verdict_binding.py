@@ -4,26 +4,17 @@ Agent reviewers go through the API; the same action backs the reviewer page and 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
-from django.http import HttpResponse
 
 from novelforge_sessions.actions.artifacts import add_artifact_version, create_artifact
 from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.models import Artifact, Event, Session
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
 from tests.conftest import Api
-from tests.reviews.factories import World, agent_reviewer, agent_verdict, orchestrator, verdict_for
+from tests.reviews.factories import World, agent_reviewer, agent_verdict, assert_error, orchestrator, verdict_for
 
 pytestmark = pytest.mark.django_db
-
-
-def assert_error(resp: HttpResponse, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, resp.content
-    err = resp.json()["error"]
-    assert set(err) == {"code", "message", "details"} and err["code"] == code
-    return err
 
 
 @pytest.fixture
