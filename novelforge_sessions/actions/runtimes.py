@@ -38,9 +38,10 @@ from novelforge_sessions.actions.lifecycle import (
     live_runtime,
     lock_session,
     move_rows,
+    open_run,
     recorded_runtime,
 )
-from novelforge_sessions.errors import LiveRuntimeExists, NotFound, RuntimeNotLive, ValidationFailed
+from novelforge_sessions.errors import LiveRuntimeExists, NotFound, OpenRunExists, RuntimeNotLive, ValidationFailed
 from novelforge_sessions.models import Run, RuntimeAttachment, Session
 
 log = logging.getLogger("novelforge.runtimes")
@@ -49,7 +50,8 @@ MAX_LEASE_SECONDS = 3600
 #: The status reason (and the lost runtime's end reason) when a session's runtime is gone.
 RUNTIME_LOST = "runtime_lost"
 
-#: States in which a runtime may serve the session (it could run, or is waiting).
+#: States the table lets enter ``running`` (or that hold a run: a waiting session, refused below
+#: with ``open_run_exists``; a ``running`` one whose lease ran out fails first, then attaches).
 _ATTACHABLE = frozenset(s for s in rt.SessionStatus if lc.resumable(s) or lc.holds_run(s))
 
 
@@ -184,6 +186,18 @@ def refuse_live_runtime(session: Session, outbox: Outbox, message: str, *, now: 
 
 
 def attach_runtime(caller: Caller, session_id: int, spec: RuntimeSpec) -> RuntimeAttachment:
+    """Generation N+1 for a session without an open run. Refusals, most fundamental first: not
+    found → ``illegal_transition`` (the session can never run again: completed, stale,
+    terminated) → ``live_runtime_exists`` (one is live by its lease) → ``open_run_exists`` (the
+    session still holds an open run, waiting on a person or a worker, whose runtime is gone).
+
+    A new runtime never takes over an open run: continuing a run under another execution
+    identity is what resume is for, a fresh validation act (contract §07: authority, fingerprints,
+    approvals and capabilities checked again). A waiting session whose runtime was lost keeps
+    waiting; when its wait settles it ends ``failed / runtime_lost`` (run interrupted), and resume
+    brings it back with a new run, carrying what the wait bound. A refusal writes nothing (an
+    expired record tidied on the way is rolled back with it; the reconciler records it).
+    """
     caller.require("write")
     with transaction.atomic():
         session = lock_session(caller, session_id)
@@ -193,6 +207,14 @@ def attach_runtime(caller: Caller, session_id: int, spec: RuntimeSpec) -> Runtim
             check(rt.check_transition, session.status, rt.SessionStatus.RUNNING)
         outbox = Outbox(caller.label)
         refuse_live_runtime(session, outbox, "this session already has a live runtime")
+        # (A running session whose lease ran out was failed just above: it holds no run now.)
+        if lc.holds_run(session.status):
+            run = open_run(session, lock=False)
+            raise OpenRunExists(
+                "this session holds an open run whose runtime is gone; a new runtime cannot take it "
+                "over: once its wait settles the session fails (runtime_lost) and resume continues it",
+                run_id=run.id if run else None, status=session.status,
+            )
         attachment = insert_attachment(session, spec, outbox)
         session.save(update_fields=["generation", "updated_at"])
         outbox.flush()

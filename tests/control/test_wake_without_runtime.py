@@ -27,7 +27,7 @@ from reviews.actions import bind_verdict, cancel_gate
 from tests.conftest import RUNTIME
 from tests.control.conftest import claim, deliver, make_handoff, ok, refused
 from tests.reviews.factories import World, agent_reviewer, agent_verdict, make_world, verdict_for
-from tests.sessions.test_liveness import expire
+from tests.sessions.test_liveness import expire, snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -162,12 +162,23 @@ def test_with_a_live_runtime_the_run_continues(owner, new_session, worker):
     assert state_of(s["id"], s["run"]["id"])["run"] == ("open", "")
 
 
-def test_a_runtime_attached_to_the_waiting_session_runs_it_on(owner, new_session, worker):
-    """Close while waiting, attach generation 2: the result then finds a live runtime."""
+@pytest.mark.parametrize("how", GONE)
+def test_a_new_runtime_cannot_take_over_the_waiting_run_resume_does(owner, new_session, worker, how):
+    """The run waits, its runtime is gone: attaching generation 2 is refused (409
+    ``open_run_exists``, nothing written, not even the tidying of an expired record): continuing
+    a run under another execution identity is resume's, a fresh validation act (contract §07).
+    The session keeps waiting; the result then fails it (``runtime_lost``) and resume continues
+    the saved cursor in a new run, the result bound. (Before, the attach was accepted and the old
+    run went on under generation 2, nothing revalidated.)"""
     s, _, lease = waiting_on_a_job(owner, new_session, worker)
-    lose_runtime(owner, s["id"], "closed")
-    ok(owner.post(f"/sessions/{s['id']}/runtimes", RUNTIME), 201)
-    assert ok(deliver(worker, lease, {"text": "done"}))["session_status"] == "running"
+    lose_runtime(owner, s["id"], how)
+    before = snapshot()
+    error = refused(owner.post(f"/sessions/{s['id']}/runtimes", RUNTIME), 409, "open_run_exists")
+    assert error["details"] == {"run_id": s["run"]["id"], "status": "awaiting_external"}
+    assert snapshot() == before
+    assert ok(deliver(worker, lease, {"text": "done"}))["session_status"] == "failed"
+    report = resumes_at_the_saved_cursor(owner, s["id"], bound={"job-1": ConsumeReceipt.objects.get().result_hash})
+    assert report["run_id"] != s["run"]["id"]
 
 
 # ---- review gates take the same path (reviews/actions.py: _resume_if_waiting, control.settle) ----

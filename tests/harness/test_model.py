@@ -188,6 +188,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.expect(resp, 409, "illegal_transition")
         elif s.runtime:
             self.expect(resp, 409, "live_runtime_exists")
+        elif s.status in HOLDS_RUN:  # a new runtime never takes over an open run: resume does
+            self.expect(resp, 409, "open_run_exists")
         else:
             s.runtime, s.generations = self.expect(resp, 201)["id"], 1
 

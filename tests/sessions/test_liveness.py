@@ -145,7 +145,7 @@ def test_an_expired_runtime_does_not_block_forget(owner, new_session):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("status", [S.RUNNING, S.IDLE, S.AWAITING_EXTERNAL, S.CREATED])
+@pytest.mark.parametrize("status", [S.RUNNING, S.IDLE, S.CREATED])
 def test_an_expired_runtime_does_not_block_attach(owner, new_session, status):
     s = put_in(owner, new_session, status)
     old = expire(s["id"])
@@ -315,7 +315,7 @@ def test_attach_to_a_session_that_can_never_run_is_an_illegal_transition(owner, 
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("status", [S.AWAITING_USER, S.AWAITING_EXTERNAL, S.IDLE, S.FAILED, S.CREATED])
+@pytest.mark.parametrize("status", [S.IDLE, S.FAILED, S.CREATED])
 def test_sessions_that_can_still_run_take_a_new_runtime(owner, new_session, status):
     s = put_in(owner, new_session, S.RUNNING if status is S.FAILED else status)
     if status is S.FAILED:
@@ -324,6 +324,24 @@ def test_sessions_that_can_still_run_take_a_new_runtime(owner, new_session, stat
     assert owner.get(f"/sessions/{s['id']}").json()["status"] == status
     resp = owner.post(f"/sessions/{s['id']}/runtimes", RUNTIME)
     assert resp.status_code == 201 and resp.json()["generation"] == 2, resp.content
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", [S.AWAITING_USER, S.AWAITING_EXTERNAL])
+@pytest.mark.parametrize("gone", ["closed", "lease ran out"])
+def test_a_waiting_session_whose_runtime_is_gone_takes_no_new_one(owner, new_session, status, gone):
+    """Its open run continues under a new runtime only through resume, after the wait settles
+    (tests/control/test_wake_without_runtime.py): the attach is refused, nothing written."""
+    s = put_in(owner, new_session, status)
+    if gone == "closed":
+        owner.post(f"/sessions/{s['id']}/close")
+    else:
+        expire(s["id"])
+    before = snapshot()
+    resp = owner.post(f"/sessions/{s['id']}/runtimes", RUNTIME)
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "open_run_exists", resp.content
+    assert resp.json()["error"]["details"] == {"run_id": s["run"]["id"], "status": status.value}
+    assert snapshot() == before
 
 
 # ---- races: inline tidying and the reconciler agree -------------------------------------------------
