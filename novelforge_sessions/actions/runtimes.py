@@ -193,10 +193,11 @@ def attach_runtime(caller: Caller, session_id: int, spec: RuntimeSpec) -> Runtim
 
     A new runtime never takes over an open run: continuing a run under another execution
     identity is what resume is for, a fresh validation act (contract §07: authority, fingerprints,
-    approvals and capabilities checked again). A waiting session whose runtime was lost keeps
-    waiting; when its wait settles it ends ``failed / runtime_lost`` (run interrupted), and resume
-    brings it back with a new run, carrying what the wait bound. A refusal writes nothing (an
-    expired record tidied on the way is rolled back with it; the reconciler records it).
+    approvals and capabilities checked again). Resume works from the waiting state itself: the
+    waiting run ends superseded and a new run carries what it waits on (still waiting, if a gate
+    holds it). Left alone, the session keeps waiting and fails ``runtime_lost`` when the wait
+    settles (``wake_waiting_session``). A refusal writes nothing (an expired record tidied on
+    the way is rolled back with it; the reconciler records it).
     """
     caller.require("write")
     with transaction.atomic():
@@ -212,7 +213,7 @@ def attach_runtime(caller: Caller, session_id: int, spec: RuntimeSpec) -> Runtim
             run = open_run(session, lock=False)
             raise OpenRunExists(
                 "this session holds an open run whose runtime is gone; a new runtime cannot take it "
-                "over: once its wait settles the session fails (runtime_lost) and resume continues it",
+                "over: resume the session (it revalidates and carries what the run waits on into a new run)",
                 run_id=run.id if run else None, status=session.status,
             )
         attachment = insert_attachment(session, spec, outbox)

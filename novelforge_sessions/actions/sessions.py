@@ -123,7 +123,7 @@ def transition_session(
             )
         if entering_running and attachment is None:
             # Nothing would run it (and no lease could ever expire to tidy it up).
-            raise NoLiveRuntime("entering running needs a live runtime: attach one, or resume the session",
+            raise NoLiveRuntime("entering running needs a live runtime: resume the session (it holds a run, so a new runtime only comes with resume)",
                                 status=session.status)
         if lc.runtime_move(session.status, target):
             # Liveness was read by the session lock (no statement of its own on this hot path).

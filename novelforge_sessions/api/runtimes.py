@@ -18,7 +18,7 @@ router = Router(tags=["runtimes"])
     "/sessions/{session_id}/runtimes", response={201: RuntimeOut, **errors(403, 404, 409)},
     summary="Attach a runtime (generation N+1); 409 illegal_transition if the session cannot run again, "
     "409 live_runtime_exists while one is live by its lease, 409 open_run_exists if the session holds an "
-    "open run (a waiting session whose runtime is gone: resume continues it once the wait settles)",
+    "open run (a waiting session whose runtime is gone: resume it instead)",
 )
 def attach(request: HttpRequest, session_id: int, body: RuntimeIn):
     return Status(201, actions.attach_runtime(caller(request), session_id, runtime_spec(body)))

@@ -330,8 +330,10 @@ def test_sessions_that_can_still_run_take_a_new_runtime(owner, new_session, stat
 @pytest.mark.parametrize("status", [S.AWAITING_USER, S.AWAITING_EXTERNAL])
 @pytest.mark.parametrize("gone", ["closed", "lease ran out"])
 def test_a_waiting_session_whose_runtime_is_gone_takes_no_new_one(owner, new_session, status, gone):
-    """Its open run continues under a new runtime only through resume, after the wait settles
-    (tests/control/test_wake_without_runtime.py): the attach is refused, nothing written."""
+    """Its open run continues under a new runtime only through resume: the attach is refused,
+    nothing written, and resume, as the refusal says, works from the waiting state (the waiting
+    run ends superseded, a new run of generation 2 continues). Left to the wait instead:
+    tests/control/test_wake_without_runtime.py."""
     s = put_in(owner, new_session, status)
     if gone == "closed":
         owner.post(f"/sessions/{s['id']}/close")
@@ -341,7 +343,13 @@ def test_a_waiting_session_whose_runtime_is_gone_takes_no_new_one(owner, new_ses
     resp = owner.post(f"/sessions/{s['id']}/runtimes", RUNTIME)
     assert resp.status_code == 409 and resp.json()["error"]["code"] == "open_run_exists", resp.content
     assert resp.json()["error"]["details"] == {"run_id": s["run"]["id"], "status": status.value}
+    assert "resume the session" in resp.json()["error"]["message"]
     assert snapshot() == before
+    report = owner.post(f"/sessions/{s['id']}/resume", {"runtime": RUNTIME})
+    assert report.status_code == 200 and report.json()["ok"] is True and report.json()["generation"] == 2, report.content
+    assert Run.objects.get(id=s["run"]["id"]).state == "interrupted"
+    assert Run.objects.get(id=report.json()["run_id"]).state == "open"
+    assert Session.objects.get(id=s["id"]).status == S.RUNNING
 
 
 # ---- races: inline tidying and the reconciler agree -------------------------------------------------
