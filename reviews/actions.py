@@ -36,9 +36,11 @@ from novelforge_sessions.errors import (
     GateClosed,
     HandoffNotClaimable,
     IndependenceViolation,
+    NoLiveRuntime,
     NoOpenRun,
     NotFound,
     SessionNotRunning,
+    SessionTerminated,
     StaleFingerprint,
     StaleLease,
     ValidationFailed,
@@ -507,6 +509,49 @@ def heartbeat_packet(identity: ReviewerIdentity, packet_id: int, *, fencing_toke
                          purpose=HandoffPurpose.REVIEW)
 
 
+def _answer_unless_working(
+    identity: ReviewerIdentity, packet_id: int, payload: Any, fencing_token: Any,
+) -> BoundVerdict | None:
+    """None when the agent reviewer's session can work (``_lock_reviewer``). When it cannot
+    (closed to work, no live runtime, no ``review``): the verdict it already bound here when this
+    is an identical resubmission under the same claim — results are delivered at least once,
+    and a retry is answered with the first answer, as a job's duplicate result is — and
+    otherwise that refusal, nothing written."""
+    try:
+        _lock_reviewer(identity)
+    except (SessionTerminated, NoLiveRuntime, HandoffNotClaimable):
+        answered = _bound_already(identity, packet_id, payload, fencing_token)
+        if answered is None:
+            raise
+        return answered
+    return None
+
+
+def _bound_already(identity: ReviewerIdentity, packet_id: int, payload: Any, fencing_token: Any) -> BoundVerdict | None:
+    """The verdict this agent reviewer bound to the packet, when ``payload`` is the same verdict
+    (same fingerprint) cited with the claim's fencing token; None otherwise. Reads only."""
+    if not isinstance(fencing_token, int) or isinstance(fencing_token, bool):
+        return None
+    try:
+        assignment = assignment_for(identity, packet_id)
+    except NotFound:
+        return None
+    existing = Verdict.objects.filter(assignment=assignment).first()
+    if existing is None or assignment.handoff_id is None:
+        return None
+    if not Handoff.objects.filter(id=assignment.handoff_id, fencing_token=fencing_token).exists():
+        return None
+    packet = assignment.packet
+    try:
+        data = verdicts.validate_verdict(payload, packets.rubric_from_dict(packet.content["rubric"]),
+                                         candidate_lines=packet.content["candidate"]["lines"])
+    except rt.RuntimeRuleError:
+        return None
+    if data.fingerprint() != existing.fingerprint:
+        return None
+    return BoundVerdict(existing, False, packet.gate)
+
+
 def _fencing_token(value: Any) -> int:
     if value is None:
         raise ValidationFailed("the agent route needs the fencing_token your claim returned", field="fencing_token")
@@ -566,6 +611,8 @@ def bind_verdict(
     slot's handoff: the same transaction records the delivery and the consume-once receipt,
     and settles the writer's waiting run.
     """
+    if identity.is_agent and (answered := _answer_unless_working(identity, packet_id, payload, fencing_token)):
+        return answered
     token = _fencing_token(fencing_token) if identity.is_agent else None
     assignment = _held_assignment(identity, packet_id, token) if token is not None else assignment_for(identity, packet_id)
     packet = assignment.packet
@@ -581,10 +628,11 @@ def bind_verdict(
                 session = Session.objects.select_for_update(of=("self",)).get(id=packet.gate.session_id)
             except Session.DoesNotExist:
                 raise NotFound("review packet not found", packet_id=packet_id) from None
-            if identity.is_agent:
-                # The verdict is the reviewer session's own work: it must still be able to work
-                # (share-locked after the writer's session, before the slot's rows).
-                _lock_reviewer(identity)
+            # The verdict is the reviewer session's own work: it must still be able to work
+            # (share-locked after the writer's session, before the slot's rows), unless this is
+            # the verdict it already bound (it stopped working between the two reads).
+            if identity.is_agent and (answered := _answer_unless_working(identity, packet_id, payload, fencing_token)):
+                return answered
             gate = ReviewGate.objects.select_related("candidate").get(id=packet.gate_id)
             # Session, then the slot's handoff, then the assignment — a claim locks the handoff
             # before it moves the assignment, so the same order here cannot deadlock with a

@@ -453,11 +453,15 @@ def get_packet(request: HttpRequest, packet_id: int):
     description="Cite your claim's `fencing_token` (422 `fencing_token` without it). 409 `stale_lease` when a later "
     "claim superseded it (nothing stored); 409 `stale_fingerprint` when the cited packet/artifact fingerprint is "
     "not this packet's or the candidate changed; 409 `verdict_conflict` for a different second verdict; 422 names "
-    "the offending field (a finding whose location names no line of the candidate: `findings[i].location`). Binding also records the handoff's delivery and consume-once receipt. " + REVIEWER_AT_WORK,
+    "the offending field (a finding whose location names no line of the candidate: `findings[i].location`). Binding also records the handoff's delivery and consume-once receipt. " + REVIEWER_AT_WORK
+    + " The one exception: an identical resubmission of the verdict you bound, under the same claim, is answered "
+    "200 with that verdict even when your session can no longer work (a retried delivery gets the first answer).",
     openapi_extra={"requestBody": _VERDICT_BODY},
 )
 def submit_verdict(request: HttpRequest, packet_id: int):
-    identity = reviewer_for_caller(caller(request), working=True)
+    # Whether an agent reviewer can still work is checked by the action: an identical
+    # resubmission of its bound verdict is answered even when it no longer can.
+    identity = reviewer_for_caller(caller(request))
     if request.body:
         require_json_media_type(request)
     try:

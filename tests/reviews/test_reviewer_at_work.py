@@ -154,6 +154,30 @@ def test_a_claim_held_by_a_session_that_stopped_working_neither_renews_nor_binds
     assert gate.state == "pending" and Session.objects.get(id=world.writer.id).status == "awaiting_external"
 
 
+@pytest.mark.parametrize("how", list(UNABLE))
+def test_a_bound_verdict_resubmitted_after_the_reviewer_stopped_working_gets_the_first_answer(world: World, how: str):
+    """At-least-once delivery: the retry of a verdict already bound is answered with that verdict,
+    whether or not the reviewer's session can still work; anything else it sends is refused by
+    that, and nothing is written either way."""
+    gate = world.gate(route="agent")
+    session, api = reviewer(world)
+    token = api.post("/review-packets/claim").json()["lease"]["fencing_token"]
+    first = api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, token, decision="pass"))
+    assert first.status_code == 201, first.content
+    make_unable, code = UNABLE[how]
+    make_unable(world, session)
+    before = state(world)
+    again = api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, token, decision="pass"))
+    assert again.status_code == 200, again.content
+    assert again.json() == first.json()
+    # not the same verdict, or not under the claim that bound it: the session's refusal
+    for body in (agent_verdict(gate, token, decision="fail"), agent_verdict(gate, token + 1, decision="pass"),
+                 agent_verdict(gate, token, decision="pass", confidence="very")):
+        assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", body), 409, code)
+    assert state(world) == before
+    assert Verdict.objects.get().fingerprint == Verdict.objects.get(id=first.json()["id"]).fingerprint
+
+
 def test_the_actions_check_again_under_their_locks(world: World):
     """Identities built while their reviewers could work, used after they stopped: the claim and
     the verdict re-read the reviewer's session under their locks and refuse, writing nothing."""
