@@ -77,7 +77,7 @@ STATE_LABELS: dict[str, str] = {
 #: handoff's logical id). Every other reason is a person's or an agent's own words, shown as
 #: written. Mirrored by ``NF.reasonText`` from the same map.
 REASON_TEXT: dict[str, str] = {
-    "runtime_lost": "The runtime stopped answering (its lease ran out)",
+    "runtime_lost": "The runtime went away (closed, or it stopped answering)",
     "conflicting_result": "A different result arrived for handoff {detail} after one was consumed",
 }
 

@@ -119,7 +119,7 @@ def test_a_silent_runtime_shows_lease_expired_then_its_session_fails_without_a_r
         page.wait_for_timeout(50)
     expect(page.locator("#session-state")).to_have_text("failed", timeout=1500)
     expect(badge).to_have_text("lost")
-    expect(page.locator('[data-panel="identity"] .reason')).to_have_text("The runtime stopped answering (its lease ran out)")
+    expect(page.locator('[data-panel="identity"] .reason')).to_have_text("The runtime went away (closed, or it stopped answering)")
     expect(page.locator('[data-panel="identity"] .reason')).to_have_attribute("data-reason", "runtime_lost")
     expect(page.locator("#feed")).to_contain_text("runtime.lost")
     assert page.evaluate("window.__sameDocument") is True, "the page was never reloaded"

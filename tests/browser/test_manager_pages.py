@@ -256,7 +256,7 @@ def test_an_expired_runtime_is_shown_expired_on_both_pages_and_lost_names_its_ge
     # The reconciler records it lost: the feed names the generation (it read "generation ?").
     reconcile_expired_runtimes(now=timezone.now())
     expect(page.locator("#feed li[data-type='runtime.lost'] .ev-sum")).to_have_text(
-        "generation 1 · The runtime stopped answering (its lease ran out)")
+        "generation 1 · The runtime went away (closed, or it stopped answering)")
 
 
 def test_the_charts_are_present_and_update_live(server, page, day):

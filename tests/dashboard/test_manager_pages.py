@@ -242,7 +242,7 @@ def test_every_run_of_a_session_is_drawn(mgr_client, make_session, project):
 def test_runtime_lost_names_its_generation():
     """Issue 11: ``runtime.lost`` read "generation ?" (the browser test checks NF.describe live)."""
     payload = {"runtime_id": 7, "generation": 2, "reason": "runtime_lost"}
-    assert presenters.describe("runtime.lost", payload) == "generation 2 · The runtime stopped answering (its lease ran out)"
+    assert presenters.describe("runtime.lost", payload) == "generation 2 · The runtime went away (closed, or it stopped answering)"
 
 
 def test_a_session_waiting_on_a_review_gate_says_so(mgr_client, project):

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db
 
 S = rt.SessionStatus
 WORDS = {S.AWAITING_USER: "waiting for a person", S.AWAITING_EXTERNAL: "waiting for a worker"}
-LOST = "The runtime stopped answering (its lease ran out)"
+LOST = "The runtime went away (closed, or it stopped answering)"
 
 
 def visible_text(markup: str) -> str:
