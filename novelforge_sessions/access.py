@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cache
 from enum import StrEnum
+from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import QuerySet
@@ -25,6 +26,9 @@ from django.db.models.expressions import RawSQL
 from novelforge_sessions.errors import Forbidden, NotFound
 from novelforge_sessions.models import Membership, Project, Session
 
+
+#: PostgreSQL's bigint: a named id beyond it names no row (and must not reach the query as one).
+_BIGINT_MAX = 2**63 - 1
 
 #: The permission that widens a bound token's reach to the whole project (project-level kinds only).
 PROJECT_WIDE = "project"
@@ -113,8 +117,8 @@ SELECT (e.ref ->> 'artifact_id')::bigint
 @cache
 def _given_sql() -> str:
     """:func:`artifacts_given_to` in SQL: one SELECT of artifact ids, its five ``%s`` the session
-    id. Used as ``artifact_id IN (…)``, PostgreSQL pushes the outer lookup's artifact ids into
-    each branch (a semi-join), so a citation's check stays index lookups."""
+    id. It reads every ref list of the session's runs, checkpoints and handoffs (the ids are
+    inside JSON), which a list needs; a lookup that names its rows uses :func:`given_among`."""
     from novelforge_sessions.models import ApiToken, ArtifactVersion, Checkpoint, Run
 
     # the control plane's handoffs and the review gates by their reverse names (no upward import)
@@ -131,6 +135,54 @@ UNION ALL {_cited_ids_sql(handoff.db_table, handoff.get_field("inputs").column)}
 UNION ALL
 SELECT v.artifact_id FROM {gate.db_table} AS g JOIN {versions} AS v ON v.id = g.{gate.get_field("candidate").column}
  WHERE g.session_id = %s"""
+
+
+@cache
+def _given_among_sql() -> str:
+    """:func:`given_among` in SQL: its parameters the named artifact ids, the named version ids
+    (``bigint[]`` each), then the session id five times."""
+    from novelforge_sessions.models import ApiToken, ArtifactVersion, Checkpoint, Run
+
+    handoff = Session._meta.get_field("handoffs").related_model._meta
+    gate = Session._meta.get_field("review_gates").related_model._meta
+    versions, tokens = ArtifactVersion._meta.db_table, ApiToken._meta.db_table
+    cites = "@> jsonb_build_array(jsonb_build_object('artifact_id', a.id))"
+
+    def cited_by(table: str, column: str) -> str:
+        # NOT (… = '[]'): the condition of the table's partial GIN index, spelt as Django spells
+        # it (models.CITES_ARTIFACTS, control.models.CITES_INPUTS), so the probe can use it.
+        return f"SELECT 1 FROM {table} AS x WHERE x.session_id = %s AND NOT (x.{column} = '[]'::jsonb) AND x.{column} {cites}"
+
+    # One branch per kind of grant, each its own semi-join (an OR of EXISTS would be planned
+    # as sub-plans run to their first row, which prefers reading the session's rows in order).
+    branches = [
+        f"""SELECT 1 FROM {versions} AS v JOIN {tokens} AS t ON v.created_by = 'token:' || left(t.name, 100) || '#' || t.id::text
+             WHERE v.artifact_id = a.id AND t.session_id = %s""",
+        f"SELECT 1 FROM {Run._meta.db_table} AS x WHERE x.session_id = %s AND x.frozen_inputs {cites}",
+        cited_by(Checkpoint._meta.db_table, "artifacts"),
+        cited_by(handoff.db_table, handoff.get_field("inputs").column),
+        f"""SELECT 1 FROM {gate.db_table} AS g JOIN {versions} AS v ON v.id = g.{gate.get_field("candidate").column}
+             WHERE g.session_id = %s AND v.artifact_id = a.id""",
+    ]
+    named = f"SELECT unnest(%s::bigint[]) UNION SELECT artifact_id FROM {versions} WHERE id = ANY(%s::bigint[])"
+    return f"WITH named(id) AS ({named})\n" + "\nUNION ALL ".join(
+        f"SELECT a.id FROM named AS a WHERE EXISTS ({branch})" for branch in branches
+    )
+
+
+def given_among(session_id: int, *, artifacts: Iterable[Any] = (), versions: Iterable[Any] = ()) -> RawSQL:
+    """Of the artifacts a lookup names — by id (``artifacts``), or as the artifacts of version
+    ids (``versions``) — those given to the session (:func:`artifacts_given_to`), as a subquery
+    of artifact ids. For lookups that name their rows (a read by id, the versions a write
+    cites): each name is checked with one ``EXISTS`` probe per kind of grant, on an index — the
+    checkpoints and handoffs that cite it through their partial GIN indexes (``jsonb_path_ops``;
+    ``@>`` with ``[{"artifact_id": id}]`` matches exactly the list items :func:`artifact_ids_in`
+    reads) — instead of reading every ref the session's checkpoints hold. A name that is no
+    artifact id at all is simply not given."""
+    def ids(values: Iterable[Any]) -> list[int]:
+        return sorted({v for v in values if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= _BIGINT_MAX})
+
+    return RawSQL(_given_among_sql(), [ids(artifacts), ids(versions)] + [session_id] * 5)
 
 
 def artifacts_given_to(session_id: int) -> RawSQL:
@@ -172,8 +224,15 @@ class Caller:
             return None
         return rule
 
-    def scope(self, kind: str, qs: QuerySet) -> QuerySet:
-        """``qs`` (already limited to the caller's projects) limited by the bound-token matrix."""
+    def scope(
+        self, kind: str, qs: QuerySet, *, artifacts: Iterable[Any] | None = None, versions: Iterable[Any] | None = None,
+    ) -> QuerySet:
+        """``qs`` (already limited to the caller's projects) limited by the bound-token matrix.
+
+        ``artifacts`` / ``versions``: the artifact or version ids the lookup names (a read by id,
+        the versions a write cites; every row it can return is among them). A bound token's given
+        artifacts are then checked name by name (:func:`given_among`, index probes) instead of
+        as the session's whole reach (:func:`artifacts_given_to`, which a list needs)."""
         rule = self.bound_for(kind)
         if rule is None:
             return qs
@@ -182,6 +241,9 @@ class Caller:
                 return qs.filter(**{f"{rule.path}__any": [self.session_id]})
             return qs.filter(**{rule.path: self.session_id})
         if rule.bound == Reach.GIVEN_ARTIFACTS:
+            if artifacts is not None or versions is not None:
+                named = given_among(self.session_id, artifacts=artifacts or (), versions=versions or ())
+                return qs.filter(**{f"{rule.path}__in": named})
             return qs.filter(**{f"{rule.path}__in": artifacts_given_to(self.session_id)})  # a subquery: no extra statement
         if rule.bound == Reach.NOTHING:
             return qs.none()

@@ -16,6 +16,7 @@ import hashlib
 from datetime import datetime
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -32,6 +33,12 @@ def text_choices(name: str, enum: type) -> type[models.TextChoices]:
     """Django choices for a state enum declared in the pure core (``lifecycles``): one
     declaration, no copies (used by the control plane's and the reviews' models)."""
     return models.TextChoices(name, [(m.name, m.value) for m in enum])
+
+
+#: The checkpoints that cite artifacts: the condition of the partial GIN index a bound token's
+#: citation check probes (``access.given_to``; ``control.models.CITES_INPUTS`` for handoffs).
+#: Most checkpoints cite nothing, and their writes never touch the index.
+CITES_ARTIFACTS = ~Q(artifacts=[])
 
 
 def _in_enum(field: str, enum: type) -> Q:
@@ -296,7 +303,11 @@ class Checkpoint(models.Model):
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["session", "id"], name="checkpoint_session_id")]
+        indexes = [
+            models.Index(fields=["session", "id"], name="checkpoint_session_id"),
+            GinIndex(fields=["artifacts"], opclasses=["jsonb_path_ops"], condition=CITES_ARTIFACTS,
+                     name="checkpoint_cites_artifacts"),
+        ]
         constraints = [
             models.CheckConstraint(condition=_in_enum("boundary", rt.CheckpointBoundary), name="checkpoint_boundary_enum"),
             models.UniqueConstraint(fields=["run", "seq"], name="checkpoint_seq_unique_per_run"),

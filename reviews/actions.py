@@ -220,7 +220,8 @@ def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
         try:
             # Through the caller's reach (access.BOUND_TOKEN_MATRIX): a bound token reviews only
             # what it may already read, so opening a gate never grants it another artifact.
-            candidate = caller.scope("artifact_version", ArtifactVersion.objects.select_related("artifact")).get(
+            candidate = caller.scope("artifact_version", ArtifactVersion.objects.select_related("artifact"),
+                                     versions=[spec.candidate_version_id]).get(
                 id=spec.candidate_version_id, artifact__project_id=session.project_id
             )
         except ArtifactVersion.DoesNotExist:

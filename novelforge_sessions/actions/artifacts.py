@@ -24,7 +24,8 @@ def require_versions(
 ) -> dict[tuple[int, str], int | None]:
     """Refuse (422 ``unknown_artifact_version``) unless every (artifact id, fingerprint) names
     an existing version of an artifact of this project within ``reach``'s reach
-    (``Caller.scope("artifact_version")``). Returns each pair's artifact head (its current
+    (``Caller.scope("artifact_version")``, naming the cited artifacts: index probes per
+    artifact, flat in the session's checkpoints). Returns each pair's artifact head (its current
     version id) as of now. One statement, the reach a subquery in it.
 
     Citing a version gives its artifact to the citing session (``access.artifacts_given_to``),
@@ -44,7 +45,7 @@ def require_versions(
         fingerprint__in={f for _, f in wanted},
     )
     if reach is not None:
-        versions = reach.scope("artifact_version", versions)
+        versions = reach.scope("artifact_version", versions, artifacts={a for a, _ in wanted})
     found = {(a, f): head for a, f, head in versions.values_list("artifact_id", "fingerprint", "artifact__current_version_id")}
     missing = sorted(wanted - set(found))
     if missing:
@@ -93,7 +94,7 @@ def add_artifact_version(caller: Caller, artifact_id: int, *, content: str) -> A
     data = _check_content(content)
     with transaction.atomic():
         try:
-            artifact = caller.scope("artifact", Artifact.objects.select_for_update()).get(
+            artifact = caller.scope("artifact", Artifact.objects.select_for_update(), artifacts=[artifact_id]).get(
                 id=artifact_id, project_id__in=caller.project_ids
             )
         except Artifact.DoesNotExist:

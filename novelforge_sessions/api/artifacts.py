@@ -48,7 +48,7 @@ def list_artifacts(request: HttpRequest, after: int | None = page_after(), limit
 def get_artifact(request: HttpRequest, artifact_id: int):
     who = caller(request)
     who.require("read")
-    qs = who.scope("artifact", Artifact.objects.filter(project_id__in=who.project_ids)).select_related("current_version")
+    qs = who.scope("artifact", Artifact.objects.filter(project_id__in=who.project_ids), artifacts=[artifact_id]).select_related("current_version")
     return _out(get_or_404(qs, "artifact", id=artifact_id))
 
 
@@ -67,5 +67,6 @@ def add_version(request: HttpRequest, artifact_id: int, body: ArtifactVersionIn)
 def get_version(request: HttpRequest, version_id: int):
     who = caller(request)
     who.require("read")
-    qs = who.scope("artifact_version", ArtifactVersion.objects.filter(artifact__project_id__in=who.project_ids))
+    qs = who.scope("artifact_version", ArtifactVersion.objects.filter(artifact__project_id__in=who.project_ids),
+                   versions=[version_id])
     return get_or_404(qs, "artifact version", id=version_id)

@@ -103,7 +103,7 @@ def _artifact(caller: Caller, project: Project, artifact_id: Any) -> Artifact:
     if not isinstance(artifact_id, int) or isinstance(artifact_id, bool):
         raise ValidationFailed("artifact.make_current needs an integer artifact_id", field="artifact_id")
     try:
-        return caller.scope("artifact", Artifact.objects.select_related("current_version")).get(id=artifact_id, project=project)
+        return caller.scope("artifact", Artifact.objects.select_related("current_version"), artifacts=[artifact_id]).get(id=artifact_id, project=project)
     except Artifact.DoesNotExist:
         raise NotFound("artifact not found", artifact_id=artifact_id) from None
 
@@ -188,7 +188,7 @@ def create_intent(
     artifact = _artifact(caller, project, artifact_id) if kind == IntentKind.ARTIFACT_MAKE_CURRENT else None
     if kind == IntentKind.AUTHORITY_SETTLE and caller.bound_for("artifact") is not None and isinstance(params, dict):
         cited = artifact_ids_in(params.get("artifacts"))
-        unseen = cited - set(caller.scope("artifact", Artifact.objects.filter(id__in=cited)).values_list("id", flat=True))
+        unseen = cited - set(caller.scope("artifact", Artifact.objects.filter(id__in=cited), artifacts=cited).values_list("id", flat=True))
         if unseen:  # before any fingerprint check: what a bound token cannot see is simply not found
             raise NotFound("artifact not found", artifact_id=min(unseen))
     clean = _params(project, kind, artifact, params)

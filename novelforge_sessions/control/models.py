@@ -12,6 +12,7 @@ Statuses here, like the session's, are only written by the actions in
 """
 from __future__ import annotations
 
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
@@ -40,6 +41,11 @@ class HandoffPurpose(models.TextChoices):
 
     JOB = "job"
     REVIEW = "review"
+
+
+#: The handoffs with inputs: the condition of their partial GIN index (``access.given_to``,
+#: which spells it out, as the core may not import the control plane).
+CITES_INPUTS = ~Q(inputs=[])
 
 
 class Handoff(models.Model):
@@ -85,6 +91,7 @@ class Handoff(models.Model):
             # The claim query scans a project's claimable handoffs in id order.
             models.Index(fields=["project", "id"], condition=Q(state__in=UNBOUND_STATES), name="handoff_claimable"),
             models.Index(fields=["session", "state"], name="handoff_session_state"),
+            GinIndex(fields=["inputs"], opclasses=["jsonb_path_ops"], condition=CITES_INPUTS, name="handoff_cites_inputs"),
         ]
         constraints = [
             # Contract §08 / DESIGN §3: a logical id names one logical job per project, so its

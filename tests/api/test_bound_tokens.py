@@ -568,12 +568,24 @@ def test_each_citation_gives_its_artifact_and_odd_refs_give_nothing(project):
     ok(world.owner.post(f"/runs/{run_id}/handoffs", {"logical_id": "given-job", "inputs": [ref("handoff")]}), 201)
     mine = ok(world.other.post("/artifacts", {"name": "own", "content": "own"}), 201)
     expected = {mine["id"], *(made[k]["id"] for k in ("run", "checkpoint", "handoff", "gate"))}
-    assert {a["id"] for a in ok(world.other.get("/artifacts"))["items"]} == expected
+    everything = [mine, *made.values()]
+
+    def reads_by_name() -> set[int]:
+        """What the lookups that name their rows (``access.given_among``: a read by id, by
+        version id, a citation) reach: the same as the list (``access.artifacts_given_to``)."""
+        found = {a["id"] for a in everything if world.other.get(f"/artifacts/{a['id']}").status_code == 200}
+        by_version = {a["id"] for a in everything
+                      if world.other.get(f"/artifact-versions/{a['current_version_id']}").status_code == 200}
+        assert by_version == found
+        return found
+
+    assert {a["id"] for a in ok(world.other.get("/artifacts"))["items"]} == expected == reads_by_name()
     Checkpoint.objects.filter(id=cp["id"]).update(artifacts=[
         {"artifact_id": str(made["none"]["id"])}, {"artifact_id": made["none"]["id"] + 0.5}, made["none"]["id"], None,
         {"artifact_id": [made["none"]["id"]]}, {"artifact_id": 10**30}, {"artifact_id": -1}, ref("checkpoint")])
-    assert {a["id"] for a in ok(world.other.get("/artifacts"))["items"]} == expected
+    assert {a["id"] for a in ok(world.other.get("/artifacts"))["items"]} == expected == reads_by_name()
     assert world.other.get(f"/artifacts/{made['none']['id']}").status_code == 404
+    assert world.other.get(f"/artifacts/{2**63}").status_code == 404  # beyond bigint: no row, no error
 
 
 # ---- a bound token creates no session (outside security audit, findings F3 and F5) -------------------------
