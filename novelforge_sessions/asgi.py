@@ -36,13 +36,14 @@ from novelforge_sessions.live.routing import websocket_urlpatterns  # noqa: E402
 from novelforge_sessions.live import pgnotify, shutdown  # noqa: E402
 from novelforge_sessions.live.wsframes import memoise_autobahn_hltype  # noqa: E402
 from novelforge_sessions.live.consumers import RawSendMiddleware  # noqa: E402
-from novelforge_sessions.api.asgi import LeanApiApplication, cache_twisted_content_type  # noqa: E402
+from novelforge_sessions.api.asgi import LeanApiApplication, cache_twisted_content_type, drop_twisted_request_log  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 # Under daphne, SIGTERM drains (stop listening, websockets closed with 1012, requests in flight
 # finish) before daphne cancels what is left: novelforge_sessions.live.shutdown.
 shutdown.install()
 cache_twisted_content_type()  # daphne only: Twisted's Content-Type parse, memoised (api/asgi.py)
+drop_twisted_request_log()  # daphne only: Twisted's duplicate access line, never shown, not built (api/asgi.py)
 memoise_autobahn_hltype()  # daphne only: a websocket frame's debug-log text, memoised (live/wsframes.py)
 
 application = ProtocolTypeRouter(

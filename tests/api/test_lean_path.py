@@ -8,7 +8,7 @@ import re
 import httpx
 import pytest
 
-from novelforge_sessions.api.asgi import cache_twisted_content_type
+from novelforge_sessions.api.asgi import cache_twisted_content_type, drop_twisted_request_log
 from novelforge_sessions.api.auth import caller_for_token  # noqa: F401 (the app is configured)
 
 from tests.live import DaphneServer
@@ -26,6 +26,44 @@ def test_twisted_content_type_cache_answers_as_twisted_does():
                   b"multipart/form-data; boundary=xyz", b"application/x-www-form-urlencoded", b"", b"garbage"):
         assert http._parseContentType(value) == raw(value)
         assert http._parseContentType(value) == raw(value)  # and again, from the cache
+
+
+class _FinishedRequest:
+    """What Twisted's request log reads of a finished request."""
+
+    method, uri, clientproto, code, sentLength = b"POST", b"/api/v1/runs/1/checkpoints", b"HTTP/1.1", 201, 441
+
+    def getClientAddress(self):
+        from twisted.internet.address import IPv4Address
+
+        return IPv4Address("TCP", "127.0.0.1", 40000)
+
+    def getHeader(self, name):
+        return None
+
+
+def test_twisted_request_log_line_is_not_built_under_daphne():
+    """Daphne's own access log is the access log; Twisted's line (dropped below the ``daphne``
+    logger's level) is no longer formatted at all."""
+    import daphne.http_protocol as daphne_http
+    from twisted.web import http
+
+    lines: list[str] = []
+
+    class Sink:
+        def write(self, line):
+            lines.append(line)
+
+    unpatched = daphne_http.HTTPFactory(server=None)
+    unpatched._logFile = Sink()
+    http.HTTPFactory.log(unpatched, _FinishedRequest())  # what Twisted does without the change
+    assert len(lines) == 1 and '"POST /api/v1/runs/1/checkpoints HTTP/1.1" 201 441' in lines[0]
+
+    assert drop_twisted_request_log()
+    factory = daphne_http.HTTPFactory(server=None)
+    factory._logFile = Sink()
+    factory.log(_FinishedRequest())
+    assert len(lines) == 1  # nothing more written
 
 
 @pytest.fixture
