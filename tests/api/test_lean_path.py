@@ -191,3 +191,39 @@ def test_a_served_lean_path_survives_its_backends_being_terminated(project):
         assert statuses == [200] * 6, statuses
     finally:
         server.stop()
+
+
+def test_api_threads_hand_back_results_and_errors_and_skip_requests_whose_client_left():
+    """The lean path's hop: a result and an exception reach the awaiting request; a request
+    cancelled while it waited for a thread (its client left) is never run."""
+    import asyncio
+    import threading
+
+    from novelforge_sessions.api.asgi import ApiThreads
+
+    pool = ApiThreads(1, "nf-api-test")
+    release, ran = threading.Event(), []
+
+    def blocker():
+        release.wait(30)
+        return "first"
+
+    def fails():
+        raise ValueError("boom")
+
+    async def scenario():
+        first = pool.run(blocker)
+        second = pool.run(ran.append, "second")  # queued behind the blocked thread
+        second.cancel()
+        release.set()
+        assert await first == "first"
+        with pytest.raises(ValueError, match="boom"):
+            await pool.run(fails)
+        assert await pool.run(lambda x: x * 2, 21) == 42
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        pool.shutdown()
+    assert ran == []  # the cancelled request never ran
+    assert all(not t.is_alive() for t in pool._threads)
