@@ -63,6 +63,7 @@ from django.db import connection, transaction
 from django.db.models import BooleanField, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
+from novelforge_sessions import commit
 from novelforge_sessions.event_types import EventType, family_of
 from novelforge_sessions.models import Event
 
@@ -537,11 +538,13 @@ def append(**event: Any) -> int:
         return recorded(staged, cur.fetchone()[0])
 
 
-def append_many(items: list[dict[str, Any]]) -> list[int]:
+def append_many(items: list[dict[str, Any]], *, last: bool = False) -> list[int]:
     """Append several events in ONE statement (the batch write path); ids in list order.
 
     Each item has the keyword arguments of ``append``. Same checks as ``append`` (catalog
     constant, declared payload fields, inside the writing transaction), all before the insert.
+    ``last``: the caller runs nothing after it in its transaction, so the COMMIT rides along
+    (``commit.execute_last``).
     """
     if not items:
         return []
@@ -560,7 +563,11 @@ def append_many(items: list[dict[str, Any]]) -> list[int]:
         cols["actor"].append(item.get("actor", ""))
     _check_ordered(cols["session"])
     with connection.cursor() as cur:
-        cur.execute(_INSERT_MANY, {"n": len(items), **cols})
+        params = {"n": len(items), **cols}
+        if last:
+            commit.execute_last(cur, _INSERT_MANY, params)
+        else:
+            cur.execute(_INSERT_MANY, params)
         ids = [row[0] for row in cur.fetchall()]
     wakeup = _current_wakeup()
     info = log.isEnabledFor(logging.INFO)

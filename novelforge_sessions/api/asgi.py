@@ -63,7 +63,7 @@ class _SyncApiHandler(BaseHandler):
         self._middleware_chain = handler
 
 
-def _hold_connections() -> None:
+def _hold_connections(dbs: list[Any]) -> None:
     """Before the response is closed: this thread keeps its connections past the request.
 
     ``response.close()`` sends ``request_finished``, whose ``close_old_connections`` closes
@@ -73,12 +73,12 @@ def _hold_connections() -> None:
     POST's server time under py-spy. A connection the request left broken or inside a
     transaction is still closed, there or in ``_keep_or_close_connections``.
     """
-    for conn in connections.all(initialized_only=True):
+    for conn in dbs:
         if conn.connection is not None:
             conn.close_at = None
 
 
-def _drop_dead_connections() -> None:
+def _drop_dead_connections(dbs: list[Any]) -> None:
     """Before a request: hand back a held connection the server has ended while it sat idle.
 
     The pool tests a connection as it leaves (``CONN_HEALTH_CHECKS``); one this thread holds
@@ -88,7 +88,7 @@ def _drop_dead_connections() -> None:
     and the request's first query checks out a tested one. No round trip for a live
     connection (``tests/api/test_lean_path.py``: a terminated backend costs no request).
     """
-    for conn in connections.all(initialized_only=True):
+    for conn in dbs:
         raw = conn.connection
         if raw is None:
             continue
@@ -100,9 +100,9 @@ def _drop_dead_connections() -> None:
             conn.close()
 
 
-def _keep_or_close_connections() -> None:
+def _keep_or_close_connections(dbs: list[Any]) -> None:
     """After a request: keep healthy connections open; close broken or mid-transaction ones."""
-    for conn in connections.all(initialized_only=True):
+    for conn in dbs:
         if conn.connection is None:
             continue
         if conn.in_atomic_block or conn.needs_rollback:
@@ -188,16 +188,19 @@ class LeanApiApplication:
 
     def _run(self, scope: dict[str, Any], body: bytes) -> Any:
         set_script_prefix(scope.get("root_path", "") or "/")
-        _drop_dead_connections()
+        # This thread's connection wrappers, looked up once per request: each ``connections[alias]``
+        # is a thread-local lookup through asgiref's Local (two exceptions raised and caught).
+        dbs = connections.all()
+        _drop_dead_connections(dbs)
         request = ASGIRequest(scope, BytesIO(body))
         try:
             response = self.handler.get_response(request)
             content = b"".join(response) if response.streaming else response.content
-            _hold_connections()
+            _hold_connections(dbs)
             response.close()
             return response, content
         finally:
-            _keep_or_close_connections()
+            _keep_or_close_connections(dbs)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(PREFIX):

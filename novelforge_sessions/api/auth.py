@@ -10,7 +10,7 @@ import json
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Q
 from django.http import HttpRequest
 from django.utils import timezone
@@ -40,13 +40,14 @@ def caller_for_token(raw: str) -> Caller | None:
     form to hash) is simply not a token, refused like any unknown one."""
     if not raw or len(raw) > 200 or not raw.isascii():
         return None
-    with connection.cursor() as cur:
+    db = connections[DEFAULT_DB_ALIAS]  # once: each use of the ``connection`` proxy is a thread-local lookup
+    with db.cursor() as cur:
         cur.execute(_LOOKUP_SQL, [ApiToken.hash_key(raw)])
         row = cur.fetchone()
     if row is None:
         return None
     token_id, name, session_id, permissions, last_used_at, *project_values = row
-    project = Project.from_db(connection.alias, [f.attname for f in _PROJECT_FIELDS], project_values)
+    project = Project.from_db(db.alias, [f.attname for f in _PROJECT_FIELDS], project_values)
     now = timezone.now()
     stale_before = now - timedelta(seconds=settings.TOKEN_LAST_USED_RESOLUTION_SECONDS)
     if last_used_at is None or last_used_at < stale_before:

@@ -184,5 +184,5 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
             results.append(ItemResult(kind="checkpoint", checkpoint=checkpoint))
             outbox.append({**base, "type": ev.CHECKPOINT_RECORDED, "payload": {
                 "checkpoint_id": checkpoint.id, "seq": seq, "boundary": checkpoint.boundary, "cursor": checkpoint.cursor}})
-        events.append_many(outbox)  # last: one statement for every event of the batch
+        events.append_many(outbox, last=True)  # last: one statement for every event of the batch, and the COMMIT
     return count, results

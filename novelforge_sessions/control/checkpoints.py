@@ -7,10 +7,10 @@ from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
-from novelforge_sessions import events
+from novelforge_sessions import commit, events
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
@@ -127,11 +127,12 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
     spec = check(
         rt.validate_checkpoint, payload, max_bytes=settings.CHECKPOINT_MAX_BYTES, pending_keys=waits.pending_keys(),
     )
+    db = connections[DEFAULT_DB_ALIAS]  # once: each use of the ``connection`` proxy is a thread-local lookup
     with transaction.atomic():
         row = None
         if 0 < run_id <= BIGINT_MAX:  # a larger id names no row (as the ORM would say), never a 500
             events.before_order_lock()
-            with connection.cursor() as cur:
+            with db.cursor() as cur:
                 cur.execute(_LOCK_RUN_SQL, lock_params(caller, run_id))
                 row = cur.fetchone()
         if row is None:
@@ -176,8 +177,9 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
             payload={"checkpoint_id": checkpoint.id, "seq": checkpoint.seq, "boundary": checkpoint.boundary,
                      "cursor": checkpoint.cursor},
         )
-        with connection.cursor() as cur:
-            cur.execute(_INSERT_SQL, {
+        with db.cursor() as cur:
+            # The last statement: the COMMIT rides along when this block ends the transaction.
+            commit.execute_last(cur, _INSERT_SQL, {
                 "id": checkpoint.id, "session": session_id, "run": run_id, "seq": checkpoint.seq,
                 "boundary": checkpoint.boundary, "cursor": _dumps(checkpoint.cursor),
                 "artifacts": _dumps(checkpoint.artifacts), "authority": _dumps(current), "pending": _dumps(pending),

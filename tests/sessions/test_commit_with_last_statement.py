@@ -1,0 +1,179 @@
+"""A write transaction's last statement carries its COMMIT (novelforge_sessions/commit.py).
+
+Counted on the wire (libpq's trace of the connection): a checkpoint POST is four round trips
+(token, BEGIN, run lock, insert + COMMIT), and what the block commits is committed once, after
+which its on_commit callbacks run. The failure cases keep the atomic block's promise: a failing
+statement or a failing COMMIT writes nothing and runs no callback, and inside another block the
+statement goes alone so the outer block still decides.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.utils import DataError
+
+from novelforge_sessions import commit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _server_url() -> str:
+    db = settings.DATABASES["default"]
+    return f"host={db['HOST'] or '127.0.0.1'} port={db['PORT'] or 5432} user={db['USER']} dbname={db['NAME']}" + (
+        f" password={db['PASSWORD']}" if db.get("PASSWORD") else "")
+
+
+def _sent_queries(action) -> list[str]:
+    """The Query messages the client sent while ``action`` ran (libpq's trace, no timestamps)."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.NamedTemporaryFile("r", suffix=".trace") as out:
+        fd = os.open(out.name, os.O_WRONLY)
+        try:
+            pgconn.trace(fd)
+            pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+            try:
+                action()
+            finally:
+                pgconn.untrace()
+        finally:
+            os.close(fd)
+        text = out.read()
+    messages: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(("F\t", "B\t")):
+            messages.append(line)
+        elif messages:  # a query's text spans lines
+            messages[-1] += "\n" + line
+    return [m.split("\t", 3)[3].strip() for m in messages if m.startswith("F\t") and m.split("\t")[2] == "Query"]
+
+
+@pytest.fixture
+def probe_tables():
+    """A parent and a child table whose foreign key is checked at COMMIT (as Django's are)."""
+    with connection.cursor() as cur:
+        cur.execute("CREATE TABLE commit_probe_parent (id int PRIMARY KEY)")
+        cur.execute("CREATE TABLE commit_probe (id int PRIMARY KEY, parent int REFERENCES commit_probe_parent (id) "
+                    "DEFERRABLE INITIALLY DEFERRED)")
+    yield
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE commit_probe, commit_probe_parent")
+
+
+def _rows(sql: str) -> list[tuple]:
+    """Read from another connection: what is committed."""
+    with psycopg.connect(_server_url()) as other:
+        return other.execute(sql).fetchall()
+
+
+def test_a_checkpoint_post_is_four_round_trips_and_commits_with_its_insert(owner, new_session, monkeypatch, settings):
+    monkeypatch.setenv("NOVELFORGE_EVENT_ORDER_CHECKS", "0")  # the suite's ordering checks query too
+    settings.LIVE_PG_NOTIFY = False  # no NOTIFY after the commit (a lone server sends none either)
+    s = new_session(run=True)
+    body = {"boundary": "context_freeze", "cursor": {"step": 1}}
+    owner.post(f"/runs/{s['run']['id']}/checkpoints", body)  # warm: the token's last_used_at write
+    answers = []
+    sent = _sent_queries(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/checkpoints", body)))
+    assert answers[0].status_code == 201, answers[0].content
+    assert len(sent) == 4, sent  # token, BEGIN, run lock, insert + COMMIT (a COMMIT of its own made 5)
+    assert sent[1] == '"BEGIN"'
+    assert "INSERT INTO" in sent[3] and sent[3].strip('"').endswith("COMMIT")
+    assert not any(q.strip('"') == "COMMIT" for q in sent)
+    seq = answers[0].json()["seq"]
+    assert _rows(f"SELECT count(*) FROM novelforge_sessions_checkpoint WHERE run_id = {s['run']['id']} AND seq = {seq}") == [(1,)]
+
+
+def test_the_block_commits_once_and_then_runs_its_callbacks(probe_tables):
+    seen = []
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO commit_probe_parent VALUES (1)")
+            transaction.on_commit(lambda: seen.append(_rows("SELECT id FROM commit_probe")))
+            assert commit.execute_last(cur, "INSERT INTO commit_probe VALUES (10, 1) RETURNING id") is True
+            assert cur.fetchone() == (10,)  # the statement's own result
+        assert seen == []  # not before the block ends
+    assert seen == [[(10,)]]  # after it, once, seeing the committed row
+    assert _rows("SELECT id FROM commit_probe_parent") == [(1,)]
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_a_failing_last_statement_writes_nothing_and_runs_no_callback(probe_tables):
+    seen = []
+    with pytest.raises(DataError):
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute("INSERT INTO commit_probe_parent VALUES (1)")
+                transaction.on_commit(lambda: seen.append("ran"))
+                commit.execute_last(cur, "INSERT INTO commit_probe VALUES (1 / 0, 1)")
+    assert seen == []
+    assert _rows("SELECT count(*) FROM commit_probe_parent") == [(0,)]
+    with connection.cursor() as cur:  # the connection is usable, outside any transaction
+        cur.execute("SELECT 1")
+        assert cur.fetchone() == (1,)
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_a_failing_commit_raises_from_the_statement_and_writes_nothing(probe_tables):
+    """A deferred foreign key is checked by the COMMIT: it fails inside the block, where the
+    statement ran (a COMMIT of its own failed at the block's exit), and nothing is written."""
+    seen, reached = [], []
+    with pytest.raises(IntegrityError):
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute("INSERT INTO commit_probe_parent VALUES (1)")
+                transaction.on_commit(lambda: seen.append("ran"))
+                commit.execute_last(cur, "INSERT INTO commit_probe VALUES (10, 999)")
+                reached.append(True)
+    assert reached == [] and seen == []
+    assert _rows("SELECT (SELECT count(*) FROM commit_probe_parent), (SELECT count(*) FROM commit_probe)") == [(0, 0)]
+    with transaction.atomic():  # the next block on this connection works
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO commit_probe_parent VALUES (2)")
+    assert _rows("SELECT id FROM commit_probe_parent") == [(2,)]
+
+
+def test_inside_another_block_the_statement_goes_alone_and_the_outer_block_decides(probe_tables):
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo):
+        with transaction.atomic():
+            with transaction.atomic():
+                with connection.cursor() as cur:
+                    assert commit.execute_last(cur, "INSERT INTO commit_probe_parent VALUES (1)") is False
+            assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+            raise Undo
+    assert _rows("SELECT count(*) FROM commit_probe_parent") == [(0,)]
+
+
+def test_outside_a_block_or_marked_for_rollback_it_goes_alone(probe_tables):
+    with connection.cursor() as cur:  # autocommit: nothing to end
+        assert commit.execute_last(cur, "INSERT INTO commit_probe_parent VALUES (1)") is False
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO commit_probe_parent VALUES (2)")
+            assert commit.ends_transaction(transaction.get_connection()) is True
+            transaction.set_rollback(True)  # (Django then refuses any statement, this one too)
+            assert commit.ends_transaction(transaction.get_connection()) is False
+    assert _rows("SELECT id FROM commit_probe_parent") == [(1,)]
+
+
+def test_a_batch_commits_with_its_events(owner, new_session, monkeypatch, settings):
+    monkeypatch.setenv("NOVELFORGE_EVENT_ORDER_CHECKS", "0")
+    settings.LIVE_PG_NOTIFY = False
+    s = new_session(run=True)
+    items = [{"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"step": i}}} for i in range(3)]
+    owner.post(f"/runs/{s['run']['id']}/batch", {"items": items})  # warm
+    answers = []
+    sent = _sent_queries(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/batch", {"items": items})))
+    assert answers[0].status_code == 201, answers[0].content
+    # token, BEGIN, run lock, the checkpoints, the run's counter, the events + COMMIT
+    assert len(sent) == 6, sent
+    assert "INSERT INTO novelforge_sessions_event" in sent[-1] and sent[-1].strip('"').endswith("COMMIT")
+    assert not any(q.strip('"') == "COMMIT" for q in sent)
+    assert _rows(f"SELECT count(*) FROM novelforge_sessions_checkpoint WHERE run_id = {s['run']['id']}") == [(6,)]
