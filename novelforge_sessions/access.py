@@ -14,17 +14,19 @@ authority history); the session-level kinds stay the session's own whatever the 
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
 from enum import StrEnum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db.models import QuerySet
 from django.db.models.expressions import RawSQL
 
-from novelforge_sessions.errors import Forbidden, NotFound
-from novelforge_sessions.models import Membership, Project, Session
+from novelforge_sessions.errors import Forbidden, NotFound, Unauthorized
+from novelforge_sessions.models import ApiToken, Membership, Project, Session
 
 
 #: PostgreSQL's bigint: a named id beyond it names no row (and must not reach the query as one).
@@ -196,6 +198,18 @@ def artifacts_given_to(session_id: int) -> RawSQL:
 
 
 @dataclass(frozen=True)
+class TokenRow:
+    """What a token's row said when a ``Caller`` was read from it (``api.auth``), to be checked
+    again: the token still exists, unrevoked, with the same project, binding, permissions (the
+    stored JSON, compared as jsonb) and name (the actor label)."""
+    token_id: int
+    project_id: int
+    session_id: int | None
+    permissions: str
+    name: str
+
+
+@dataclass(frozen=True)
 class Caller:
     label: str
     project_ids: frozenset[int]
@@ -204,6 +218,10 @@ class Caller:
     token_id: int | None = None
     user_id: int | None = None
     project: Project | None = field(default=None, compare=False)  # the token's project, preloaded
+    # Set on a caller recalled from the API's token cache (api/auth.py) and not yet checked in
+    # this request: the action that accepts one checks it in its own first statement (the
+    # checkpoint's run lock, ``TOKEN_STILL_VALID_SQL``); everything else never sees one.
+    recheck: TokenRow | None = field(default=None, compare=False)
 
     def require(self, permission: str) -> None:
         if permission not in self.permissions:
@@ -262,6 +280,54 @@ class Caller:
 
 
 SYSTEM = Caller(label="system", project_ids=frozenset(), permissions=frozenset())
+
+
+# ---------------------------------------------------------------- recalled callers (api/auth.py)
+#: A boolean SQL expression for an action's first statement: true when its caller has nothing
+#: to recheck (read from its token in this request), else whether the token's row still says
+#: what it said when the caller was read (``TokenRow``). Parameters: ``recheck_params``.
+TOKEN_STILL_VALID_SQL = f"""(%(recheck_token)s::bigint IS NULL OR EXISTS (
+  SELECT 1 FROM {ApiToken._meta.db_table} AS t
+   WHERE t.id = %(recheck_token)s::bigint AND t.revoked_at IS NULL AND t.project_id = %(recheck_project)s::bigint
+     AND t.session_id IS NOT DISTINCT FROM %(recheck_session)s::bigint
+     AND t.permissions = %(recheck_permissions)s::jsonb AND t.name = %(recheck_name)s::text))"""
+
+_NO_RECHECK = {"recheck_token": None, "recheck_project": None, "recheck_session": None, "recheck_permissions": None,
+               "recheck_name": None}
+
+
+def recheck_params(caller: Caller) -> dict[str, Any]:
+    row = caller.recheck
+    if row is None:
+        return _NO_RECHECK
+    return {"recheck_token": row.token_id, "recheck_project": row.project_id, "recheck_session": row.session_id,
+            "recheck_permissions": row.permissions, "recheck_name": row.name}
+
+
+#: Whether the action of the current request confirmed its recalled caller's token (the API's
+#: answer to a recalled caller stands only then; ``api.answered_with_a_fresh_token``).
+_CONFIRMED: ContextVar[bool] = ContextVar("novelforge_token_confirmed", default=False)
+
+
+def token_confirmed(caller: Caller, still_valid: bool) -> None:
+    """The action's statement evaluated ``TOKEN_STILL_VALID_SQL`` for ``caller``: a recalled
+    caller whose token no longer says the same is refused (401, and the API answers again with
+    the token looked up); one whose token does is confirmed for this request."""
+    if caller.recheck is None:
+        return
+    if not still_valid:
+        raise Unauthorized("the token changed while this request was answered")
+    _CONFIRMED.set(True)
+
+
+@contextmanager
+def confirming() -> Iterator[Callable[[], bool]]:
+    """One answer's confirmation: starts unconfirmed; yields what says whether it was confirmed."""
+    token = _CONFIRMED.set(False)
+    try:
+        yield _CONFIRMED.get
+    finally:
+        _CONFIRMED.reset(token)
 
 MANAGER_PERMISSIONS = frozenset({"read", "write", "approve"})
 

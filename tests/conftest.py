@@ -19,6 +19,16 @@ from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.models import Project
 
 
+@pytest.fixture(autouse=True)
+def _no_recalled_tokens():
+    """Each test starts with no token recalled from an earlier one (api/auth.py)."""
+    from novelforge_sessions.api.auth import forget_recalled
+
+    forget_recalled()
+    yield
+    forget_recalled()
+
+
 class Api:
     """A tiny JSON client bound to one bearer token."""
 

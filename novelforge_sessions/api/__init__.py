@@ -23,7 +23,8 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 
-from novelforge_sessions.api.auth import TokenAuth
+from novelforge_sessions.access import confirming
+from novelforge_sessions.api.auth import FRESH_TOKEN_ATTR, TokenAuth
 from novelforge_sessions.api.common import require_json_media_type
 from novelforge_sessions.api.schemas import MAX_BODY_DEPTH, loads_json, nested_deeper_than, refuse_unstorable_text
 from novelforge_sessions.errors import (
@@ -52,10 +53,10 @@ def _no_such_route(request: HttpRequest) -> HttpResponse:
 
 def _in_the_error_shape(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """What ninja answers outside its exception handlers, in the one error shape: a plain-text
-    405 for a method a path does not serve, and the Http404 of its root view (``/api/``)."""
+    405 for a method a path does not serve, and the Http404 of its root view (``/api/``).
+    A recalled caller's answer stands only as ``answered_with_a_fresh_token`` says."""
 
-    @wraps(view)  # keeps ninja's csrf_exempt marker
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def answer(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         try:
             response = view(request, *args, **kwargs)
         except Http404:
@@ -68,7 +69,46 @@ def _in_the_error_shape(view: Callable[..., HttpResponse]) -> Callable[..., Http
             return json_response
         return response
 
+    @wraps(view)  # keeps ninja's csrf_exempt marker
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        with confirming() as confirmed:
+            response = answer(request, *args, **kwargs)
+            if not _recalled(request):
+                return response
+            return answered_with_a_fresh_token(request, response, confirmed(), lambda: answer(request, *args, **kwargs))
+
     return wrapped
+
+
+def _recalled(request: HttpRequest) -> bool:
+    """Was this request answered for a recalled caller (api/auth.py), not checked against its token yet?"""
+    return getattr(getattr(request, "auth", None), "recheck", None) is not None
+
+
+def answered_with_a_fresh_token(
+    request: HttpRequest, response: HttpResponse, confirmed: bool, again: Callable[[], HttpResponse],
+) -> HttpResponse:
+    """The answer to a recalled caller (``TokenAuth(recall=True)``), as a fresh lookup would give it.
+
+    A success stands when the action confirmed the token in its own statement. Any refusal
+    (4xx: the token changed, or the request is refused for anything, 422 included) is answered
+    again from the start with the token looked up (``FRESH_TOKEN_ATTR``): a revoked token gets
+    its 401, a token with other permissions or another binding gets what they allow, and
+    otherwise the same refusal, now for a checked token. A refusal writes nothing, so nothing is
+    repeated. A 5xx stands (the database is gone: a lookup would fail the same way). A success
+    the action did not confirm means a route was given ``recall`` whose action does not check
+    the token: answered as an internal error (logged), never as the success."""
+    status = response.status_code
+    if status < 400 and confirmed:
+        return response
+    if 400 <= status < 500:
+        setattr(request, FRESH_TOKEN_ATTR, True)
+        return again()
+    if status < 400:
+        log.error("%s %s: a recalled caller's success its action did not confirm (TokenAuth(recall=True) on a route "
+                  "whose action does not check the token)", request.method, request.path)
+        return _render(request, InternalError("internal error; it has been logged"))
+    return response
 
 
 class _TooDeep(ValueError):
@@ -194,7 +234,8 @@ def _render(request: HttpRequest, exc: ServiceError) -> HttpResponse:
 
 @api.exception_handler(ServiceError)
 def _service_error(request: HttpRequest, exc: ServiceError) -> HttpResponse:
-    log.info("refused %s %s: %s %s", request.method, request.path, exc.code, exc.message)
+    if not _recalled(request):  # a recalled caller's refusal is answered again: logged then
+        log.info("refused %s %s: %s %s", request.method, request.path, exc.code, exc.message)
     return _render(request, exc)
 
 
@@ -244,7 +285,8 @@ def _suspicious(request: HttpRequest, exc: SuspiciousOperation) -> HttpResponse:
         message = f"too many query parameters: at most {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS}"
     else:
         message = "the request was refused as malformed"
-    log.warning("refused %s %s: %s", request.method, request.path, type(exc).__name__)
+    if not _recalled(request):  # answered again: logged then
+        log.warning("refused %s %s: %s", request.method, request.path, type(exc).__name__)
     return _render(request, OtherHttpError(message))
 
 

@@ -9,6 +9,7 @@ from ninja import Router, Status
 from novelforge_sessions.actions import runs as actions
 from novelforge_sessions.control.batch import record_batch
 from novelforge_sessions.control.checkpoints import record_checkpoint
+from novelforge_sessions.api.auth import TokenAuth
 from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import (
     BatchIn, BatchOut, CheckpointIn, CheckpointOut, CursorIn, Page, RunEndIn, RunIn, RunOut, RunStateName, page_after,
@@ -17,6 +18,9 @@ from novelforge_sessions.api.schemas import (
 from novelforge_sessions.models import Checkpoint, Run
 
 router = Router(tags=["runs"])
+
+#: The checkpoint and batch writes check a recalled token in their run lock (api/auth.py).
+RECALL = TokenAuth(recall=True)
 
 
 @router.post(
@@ -75,6 +79,7 @@ def end_run(request: HttpRequest, run_id: int, body: RunEndIn):
 
 @router.post(
     "/runs/{run_id}/checkpoints", response={200: CheckpointOut, 201: CheckpointOut, **errors(403, 404, 409, 413)},
+    auth=RECALL,
     summary="Record a bounded checkpoint (201; 200 replays the same idempotency key)",
     description=(
         "422 `checkpoint_not_bounded` for transcript-like or oversized bodies. Send an `idempotency_key` to make "
@@ -91,6 +96,7 @@ def create_checkpoint(request: HttpRequest, run_id: int, body: CheckpointIn):
 
 @router.post(
     "/runs/{run_id}/batch", response={201: BatchOut, **errors(403, 404, 409, 413)},
+    auth=RECALL,
     summary="Several checkpoints and cursor advances of one run in one transaction (all or nothing)",
     description=(
         "Use it when an agent makes several durable steps together (it froze several boundaries, or it "

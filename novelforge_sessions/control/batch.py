@@ -27,7 +27,7 @@ from django.utils import timezone
 from novelforge_sessions import events
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.access import Caller
+from novelforge_sessions.access import Caller, token_confirmed
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, acts_for_runtime, check, runtime_gone
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.checkpoints import (
@@ -122,7 +122,8 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
                 row = cur.fetchone()
         if row is None:
             raise NotFound("run not found", run_id=run_id)
-        state, count, session_id, project_id, status, runtime_live, run_seq, *authority = row
+        state, count, session_id, project_id, status, runtime_live, token_valid, run_seq, *authority = row
+        token_confirmed(caller, token_valid)  # a recalled caller's token, checked again (api/auth.py)
         if state != rt.RunState.OPEN:
             raise RunNotOpen("steps are written by an open run", state=state)
         if not runtime_live and acts_for_runtime(caller):  # the runtime is gone (its lease ran out)

@@ -13,7 +13,7 @@ from django.utils import timezone
 from novelforge_sessions import commit, events
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.access import Caller
+from novelforge_sessions.access import TOKEN_STILL_VALID_SQL, Caller, recheck_params, token_confirmed
 from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, acts_for_runtime, check, runtime_gone
 from novelforge_sessions.control import waits
@@ -44,11 +44,12 @@ def check_authority(stated: dict[str, Any] | None, current: dict[str, Any]) -> N
 # statement.
 def lock_run_sql(*columns: str) -> str:
     """The run lock, selecting ``state, checkpoint_count, session_id, project_id, status,
-    runtime_live``, then ``columns``, then the project's authority fields (``_AUTHORITY_FIELDS``,
-    in order)."""
+    runtime_live, token_still_valid`` (a recalled caller's token checked again, ``access.
+    TOKEN_STILL_VALID_SQL``), then ``columns``, then the project's authority fields
+    (``_AUTHORITY_FIELDS``, in order)."""
     return f"""
 SELECT r.state, r.checkpoint_count, r.session_id, s.project_id,
-       s.status, {live_runtime_sql("r.session_id")},
+       s.status, {live_runtime_sql("r.session_id")}, {TOKEN_STILL_VALID_SQL},
        {"".join(f"{c}, " for c in columns)}{", ".join(f"p.{f}" for f in _AUTHORITY_FIELDS)}
   FROM {Run._meta.db_table} AS r
   JOIN {Session._meta.db_table} AS s ON s.id = r.session_id
@@ -92,7 +93,7 @@ def _dumps(value: Any) -> str:
 def lock_params(caller: Caller, run_id: int) -> dict[str, Any]:
     """The parameters of ``_LOCK_RUN_SQL`` (and the batch's form of it)."""
     return {"id": run_id, "projects": list(caller.project_ids), "bound": caller.session_id, "now": timezone.now(),
-            **LIVE_RUNTIME_PARAMS}
+            **LIVE_RUNTIME_PARAMS, **recheck_params(caller)}
 
 
 def request_digest(payload: dict[str, Any]) -> str:
@@ -137,7 +138,8 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
                 row = cur.fetchone()
         if row is None:
             raise NotFound("run not found", run_id=run_id)
-        state, count, session_id, project_id, status, runtime_live, checkpoint_id, *authority = row
+        state, count, session_id, project_id, status, runtime_live, token_valid, checkpoint_id, *authority = row
+        token_confirmed(caller, token_valid)  # a recalled caller's token, checked again (api/auth.py)
         digest = None
         if spec.idempotency_key is not None:
             digest = request_digest(payload)

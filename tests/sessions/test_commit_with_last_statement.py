@@ -8,9 +8,6 @@ statement goes alone so the outer block still decides.
 """
 from __future__ import annotations
 
-import os
-import tempfile
-
 import psycopg
 import pytest
 from django.conf import settings
@@ -18,6 +15,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.utils import DataError
 
 from novelforge_sessions import commit
+from tests.pgwire import sent_queries
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,31 +24,6 @@ def _server_url() -> str:
     db = settings.DATABASES["default"]
     return f"host={db['HOST'] or '127.0.0.1'} port={db['PORT'] or 5432} user={db['USER']} dbname={db['NAME']}" + (
         f" password={db['PASSWORD']}" if db.get("PASSWORD") else "")
-
-
-def _sent_queries(action) -> list[str]:
-    """The Query messages the client sent while ``action`` ran (libpq's trace, no timestamps)."""
-    connection.ensure_connection()
-    pgconn = connection.connection.pgconn
-    with tempfile.NamedTemporaryFile("r", suffix=".trace") as out:
-        fd = os.open(out.name, os.O_WRONLY)
-        try:
-            pgconn.trace(fd)
-            pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
-            try:
-                action()
-            finally:
-                pgconn.untrace()
-        finally:
-            os.close(fd)
-        text = out.read()
-    messages: list[str] = []
-    for line in text.splitlines():
-        if line.startswith(("F\t", "B\t")):
-            messages.append(line)
-        elif messages:  # a query's text spans lines
-            messages[-1] += "\n" + line
-    return [m.split("\t", 3)[3].strip() for m in messages if m.startswith("F\t") and m.split("\t")[2] == "Query"]
 
 
 @pytest.fixture
@@ -74,11 +47,12 @@ def _rows(sql: str) -> list[tuple]:
 def test_a_checkpoint_post_is_four_round_trips_and_commits_with_its_insert(owner, new_session, monkeypatch, settings):
     monkeypatch.setenv("NOVELFORGE_EVENT_ORDER_CHECKS", "0")  # the suite's ordering checks query too
     settings.LIVE_PG_NOTIFY = False  # no NOTIFY after the commit (a lone server sends none either)
+    settings.TOKEN_RECALL_SECONDS = 0  # the token's own lookup too (tests/api/test_recalled_tokens.py: without it)
     s = new_session(run=True)
     body = {"boundary": "context_freeze", "cursor": {"step": 1}}
     owner.post(f"/runs/{s['run']['id']}/checkpoints", body)  # warm: the token's last_used_at write
     answers = []
-    sent = _sent_queries(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/checkpoints", body)))
+    sent = sent_queries(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/checkpoints", body)))
     assert answers[0].status_code == 201, answers[0].content
     assert len(sent) == 4, sent  # token, BEGIN, run lock, insert + COMMIT (a COMMIT of its own made 5)
     assert sent[1] == '"BEGIN"'
@@ -166,11 +140,12 @@ def test_outside_a_block_or_marked_for_rollback_it_goes_alone(probe_tables):
 def test_a_batch_commits_with_its_events(owner, new_session, monkeypatch, settings):
     monkeypatch.setenv("NOVELFORGE_EVENT_ORDER_CHECKS", "0")
     settings.LIVE_PG_NOTIFY = False
+    settings.TOKEN_RECALL_SECONDS = 0
     s = new_session(run=True)
     items = [{"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"step": i}}} for i in range(3)]
     owner.post(f"/runs/{s['run']['id']}/batch", {"items": items})  # warm
     answers = []
-    sent = _sent_queries(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/batch", {"items": items})))
+    sent = sent_queries(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/batch", {"items": items})))
     assert answers[0].status_code == 201, answers[0].content
     # token, BEGIN, run lock, the checkpoints, the run's counter, the events + COMMIT
     assert len(sent) == 6, sent

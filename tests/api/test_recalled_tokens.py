@@ -1,0 +1,195 @@
+"""Recalled tokens on the checkpoint and batch writes (api/auth.py): one round trip fewer, and
+every request still answered as a fresh lookup would answer it.
+
+A token the process looked up in the last ``TOKEN_RECALL_SECONDS`` is not looked up again on
+these two routes: the run lock checks its row again in the same statement. Whatever changed on
+the row since (revoked, deleted, other permissions, another binding, another name) is in force
+on the very next request, and a recalled caller's refusal is always the fresh answer (401 before
+a 422 or a 404), with nothing written.
+"""
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.http import HttpResponse
+from django.test import RequestFactory
+from django.utils import timezone
+
+from novelforge_sessions.access import token_label
+from novelforge_sessions.api import answered_with_a_fresh_token
+from novelforge_sessions.api import auth
+from novelforge_sessions.api.auth import FRESH_TOKEN_ATTR
+from novelforge_sessions.models import ApiToken, Checkpoint, Event, Session
+from tests.pgwire import sent_queries
+
+BODY = {"boundary": "context_freeze", "cursor": {"step": 1}}
+
+
+def _token(api) -> ApiToken:
+    return ApiToken.objects.get(key_hash=ApiToken.hash_key(api.token))
+
+
+def _warm(owner, run_id: int) -> None:
+    """One checkpoint: the token is looked up, and recalled from then on."""
+    assert owner.post(f"/runs/{run_id}/checkpoints", BODY).status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_recalled_token_is_checked_in_the_run_lock_one_round_trip_fewer(owner, new_session, monkeypatch, settings):
+    monkeypatch.setenv("NOVELFORGE_EVENT_ORDER_CHECKS", "0")  # the suite's ordering checks query too
+    settings.LIVE_PG_NOTIFY = False
+    s = new_session(run=True)
+    _warm(owner, s["run"]["id"])
+    answers = []
+    sent = sent_queries(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY)))
+    assert answers[0].status_code == 201, answers[0].content
+    assert len(sent) == 3, sent  # BEGIN, the run lock (with the token's check), insert + COMMIT
+    assert sent[0] == '"BEGIN"'
+    assert "FOR UPDATE" in sent[1] and "revoked_at IS NULL" in sent[1]
+    assert not any("key_hash" in q for q in sent)  # no lookup of its own
+    settings.TOKEN_RECALL_SECONDS = 0  # off: looked up on every request
+    auth.forget_recalled()
+    _warm(owner, s["run"]["id"])
+    sent = sent_queries(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY)))
+    assert answers[1].status_code == 201 and len(sent) == 4 and "key_hash" in sent[0]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("what", ["valid", "invalid body", "no such run", "oversized cursor", "batch"])
+def test_a_revoked_token_is_refused_on_the_next_request_whatever_else_it_sends(owner, new_session, what):
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    _warm(owner, run_id)
+    assert owner.post(f"/runs/{run_id}/batch", {"items": [{"kind": "checkpoint", "checkpoint": BODY}]}).status_code == 201
+    token = _token(owner)
+    token.revoked_at = timezone.now()
+    token.save()
+    before = (Checkpoint.objects.count(), Event.objects.count())
+    path, body = {
+        "valid": (f"/runs/{run_id}/checkpoints", BODY),
+        "invalid body": (f"/runs/{run_id}/checkpoints", {"boundary": "nope"}),
+        "no such run": (f"/runs/{run_id + 1000}/checkpoints", BODY),
+        "oversized cursor": (f"/runs/{run_id}/checkpoints", {**BODY, "cursor": {"x": "y" * 20_000}}),
+        "batch": (f"/runs/{run_id}/batch", {"items": [{"kind": "checkpoint", "checkpoint": BODY}]}),
+    }[what]
+    resp = owner.post(path, body)
+    assert resp.status_code == 401, resp.content
+    assert resp.json()["error"]["code"] == "unauthorized"
+    assert (Checkpoint.objects.count(), Event.objects.count()) == before
+
+
+@pytest.mark.django_db
+def test_a_deleted_token_is_refused(owner, new_session):
+    s = new_session(run=True)
+    _warm(owner, s["run"]["id"])
+    _token(owner).delete()
+    before = Checkpoint.objects.count()
+    assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 401
+    assert Checkpoint.objects.count() == before
+
+
+@pytest.mark.django_db
+def test_permissions_taken_away_are_in_force_at_once(owner, new_session):
+    s = new_session(run=True)
+    _warm(owner, s["run"]["id"])
+    token = _token(owner)
+    token.permissions = ["read"]
+    token.save()
+    before = Checkpoint.objects.count()
+    resp = owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY)
+    assert resp.status_code == 403 and resp.json()["error"]["details"]["permission"] == "write"
+    assert Checkpoint.objects.count() == before
+    token.permissions = ["read", "write"]
+    token.save()
+    assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
+
+
+@pytest.mark.django_db
+def test_binding_the_token_to_another_session_is_in_force_at_once(owner, new_session):
+    first, second = new_session(run=True), new_session()
+    _warm(owner, first["run"]["id"])
+    token = _token(owner)
+    token.session = Session.objects.get(id=second["id"])
+    token.save()
+    before = Checkpoint.objects.count()
+    assert owner.post(f"/runs/{first['run']['id']}/checkpoints", BODY).status_code == 404  # out of its reach now
+    assert Checkpoint.objects.count() == before
+
+
+@pytest.mark.django_db
+def test_a_renamed_token_writes_under_its_new_name(owner, new_session):
+    s = new_session(run=True)
+    _warm(owner, s["run"]["id"])
+    token = _token(owner)
+    token.name = "renamed"
+    token.save()
+    resp = owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY)
+    assert resp.status_code == 201
+    event = Event.objects.filter(type="checkpoint.recorded").order_by("-id").first()
+    assert event.payload["checkpoint_id"] == resp.json()["id"]
+    assert event.actor == token_label("renamed", token.id)
+
+
+@pytest.mark.django_db
+def test_a_recalled_callers_refusal_is_the_fresh_one_and_is_logged_once(owner, new_session, caplog):
+    s = new_session(run=True)
+    _warm(owner, s["run"]["id"])
+    assert owner.post(f"/runs/{s['run']['id']}/end", {"outcome": "completed"}).status_code == 200
+    with caplog.at_level(logging.INFO, logger="novelforge.api"):
+        resp = owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY)
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "run_not_open"
+    assert [r.getMessage() for r in caplog.records if "refused" in r.getMessage()] == [
+        f"refused POST /api/v1/runs/{s['run']['id']}/checkpoints: run_not_open checkpoints are written by an open run"
+    ]
+
+
+@pytest.mark.django_db
+def test_a_recalled_token_is_looked_up_again_once_its_time_is_up(owner, new_session, monkeypatch, settings):
+    s = new_session(run=True)
+    _warm(owner, s["run"]["id"])
+    looked_up = []
+    real = auth._look_up
+    monkeypatch.setattr(auth, "_look_up", lambda key: looked_up.append(key) or real(key))
+    assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
+    assert looked_up == []  # recalled
+    now = auth.time.monotonic()
+    monkeypatch.setattr(auth.time, "monotonic", lambda: now + settings.TOKEN_RECALL_SECONDS + 1)
+    assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
+    assert len(looked_up) == 1  # its time was up: looked up (and recalled again from then on)
+    assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
+    assert len(looked_up) == 1
+
+
+@pytest.mark.django_db
+def test_only_the_routes_that_check_it_recall_a_token(owner, new_session, monkeypatch):
+    s = new_session(run=True)
+    _warm(owner, s["run"]["id"])
+    looked_up = []
+    real = auth._look_up
+    monkeypatch.setattr(auth, "_look_up", lambda key: looked_up.append(key) or real(key))
+    assert owner.get(f"/runs/{s['run']['id']}").status_code == 200
+    assert owner.post(f"/runs/{s['run']['id']}/cursor", {"cursor": {"step": 2}}).status_code == 200
+    assert len(looked_up) == 2
+
+
+def test_the_answer_to_a_recalled_caller():
+    """A success stands only when the action confirmed the token; a refusal is answered again
+    with the token looked up; a success nobody confirmed is an internal error, never the success."""
+    request = RequestFactory().post("/api/v1/runs/1/checkpoints")
+    again = []
+
+    def answer_again() -> HttpResponse:
+        again.append(getattr(request, FRESH_TOKEN_ATTR, False))
+        return HttpResponse(status=404)
+
+    assert answered_with_a_fresh_token(request, HttpResponse(status=201), True, answer_again).status_code == 201
+    assert again == []
+    assert answered_with_a_fresh_token(request, HttpResponse(status=503), False, answer_again).status_code == 503
+    assert again == []
+    assert answered_with_a_fresh_token(request, HttpResponse(status=422), False, answer_again).status_code == 404
+    assert again == [True]
+    request = RequestFactory().post("/api/v1/runs/1/checkpoints")
+    unconfirmed = answered_with_a_fresh_token(request, HttpResponse(status=201), False, answer_again)
+    assert unconfirmed.status_code == 500 and b"internal_error" in unconfirmed.content
+    assert again == [True]
