@@ -10,6 +10,7 @@ a 422 or a 404), with nothing written.
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 from django.http import HttpResponse
@@ -28,6 +29,15 @@ BODY = {"boundary": "context_freeze", "cursor": {"step": 1}}
 
 def _token(api) -> ApiToken:
     return ApiToken.objects.get(key_hash=ApiToken.hash_key(api.token))
+
+
+def _change_token(api, **fields) -> ApiToken:
+    """Change the token's row behind the process's back (as the admin would)."""
+    token = _token(api)
+    for name, value in fields.items():
+        setattr(token, name, value)
+    token.save()
+    return token
 
 
 def _warm(owner, run_id: int) -> None:
@@ -62,9 +72,7 @@ def test_a_revoked_token_is_refused_on_the_next_request_whatever_else_it_sends(o
     run_id = s["run"]["id"]
     _warm(owner, run_id)
     assert owner.post(f"/runs/{run_id}/batch", {"items": [{"kind": "checkpoint", "checkpoint": BODY}]}).status_code == 201
-    token = _token(owner)
-    token.revoked_at = timezone.now()
-    token.save()
+    _change_token(owner, revoked_at=timezone.now())
     before = (Checkpoint.objects.count(), Event.objects.count())
     path, body = {
         "valid": (f"/runs/{run_id}/checkpoints", BODY),
@@ -93,9 +101,7 @@ def test_a_deleted_token_is_refused(owner, new_session):
 def test_permissions_taken_away_are_in_force_at_once(owner, new_session):
     s = new_session(run=True)
     _warm(owner, s["run"]["id"])
-    token = _token(owner)
-    token.permissions = ["read"]
-    token.save()
+    token = _change_token(owner, permissions=["read"])
     before = Checkpoint.objects.count()
     resp = owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY)
     assert resp.status_code == 403 and resp.json()["error"]["details"]["permission"] == "write"
@@ -109,9 +115,7 @@ def test_permissions_taken_away_are_in_force_at_once(owner, new_session):
 def test_binding_the_token_to_another_session_is_in_force_at_once(owner, new_session):
     first, second = new_session(run=True), new_session()
     _warm(owner, first["run"]["id"])
-    token = _token(owner)
-    token.session = Session.objects.get(id=second["id"])
-    token.save()
+    _change_token(owner, session=Session.objects.get(id=second["id"]))
     before = Checkpoint.objects.count()
     assert owner.post(f"/runs/{first['run']['id']}/checkpoints", BODY).status_code == 404  # out of its reach now
     assert Checkpoint.objects.count() == before
@@ -121,9 +125,7 @@ def test_binding_the_token_to_another_session_is_in_force_at_once(owner, new_ses
 def test_a_renamed_token_writes_under_its_new_name(owner, new_session):
     s = new_session(run=True)
     _warm(owner, s["run"]["id"])
-    token = _token(owner)
-    token.name = "renamed"
-    token.save()
+    token = _change_token(owner, name="renamed")
     resp = owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY)
     assert resp.status_code == 201
     event = Event.objects.filter(type="checkpoint.recorded").order_by("-id").first()
@@ -153,8 +155,9 @@ def test_a_recalled_token_is_looked_up_again_once_its_time_is_up(owner, new_sess
     monkeypatch.setattr(auth, "_look_up", lambda key: looked_up.append(key) or real(key))
     assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
     assert looked_up == []  # recalled
-    now = auth.time.monotonic()
-    monkeypatch.setattr(auth.time, "monotonic", lambda: now + settings.TOKEN_RECALL_SECONDS + 1)
+    [(key, (until, recalled))] = auth._RECALLED.items()
+    assert 0 < until - time.monotonic() <= settings.TOKEN_RECALL_SECONDS  # recalled for TOKEN_RECALL_SECONDS
+    auth._RECALLED[key] = (time.monotonic() - 1, recalled)  # its time is up (no clock patched, no sleep)
     assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
     assert len(looked_up) == 1  # its time was up: looked up (and recalled again from then on)
     assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
