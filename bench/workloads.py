@@ -380,8 +380,9 @@ def _subscribers(url: str, token: str, project_id: int, count: int) -> subproces
     8 writer threads for one GIL (the sync client also runs a thread per connection), and the
     writers' rate would measure the bench's client rather than the server. The child holds
     every socket on one asyncio loop, prints ``READY`` once each has caught up, and counts
-    event frames until it has the number its parent then writes to its stdin (or 10 s pass
-    without one more); then it prints ``EVENTS <n>``.
+    events until it has the number its parent then writes to its stdin (or 10 s pass without
+    one more); then it prints ``EVENTS <n>``. They subscribe with ``batch`` as the dashboard
+    and ``novelforge_client`` do: each frame carries the events one delivery found.
     """
     proc = subprocess.Popen(
         [sys.executable, __file__, "--_subscribe", url, token, str(project_id), str(count)],
@@ -421,7 +422,8 @@ def _subscribe_main(url: str, token: str, project_id: int, count: int) -> int:
         for _ in range(count):
             ws = await connect(ws_url, origin=url, additional_headers={"Authorization": f"Bearer {token}"},
                                open_timeout=30, max_size=None)
-            await ws.send(json.dumps({"type": "subscribe", "project_id": project_id}))
+            # As the dashboard and novelforge_client subscribe: several events to a frame.
+            await ws.send(json.dumps({"type": "subscribe", "project_id": project_id, "batch": True}))
             while json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "caught_up":
                 pass
             sockets.append(ws)
@@ -431,8 +433,9 @@ def _subscribe_main(url: str, token: str, project_id: int, count: int) -> int:
         async def read(ws: Any) -> None:
             nonlocal events
             async for text in ws:
-                if json.loads(text).get("type") == "event":
-                    events += 1
+                frame = json.loads(text)
+                if frame.get("type") == "events":
+                    events += len(frame["events"])
                     progress.set()
 
         readers = [asyncio.ensure_future(read(ws)) for ws in sockets]

@@ -5,8 +5,9 @@
 
 Protocol (novelforge_sessions/live/consumers.py): the socket authenticates with an
 ``Authorization: Bearer`` header, subscribes with ``{"type": "subscribe", "session_id" | "project_id",
-"after"}``, gets every event after the cursor from the event table in id order, then live events as
-they commit. The handshake's ``Origin`` must be the server's own origin (scheme, host and port): the
+"after", "batch": true}``, gets every event after the cursor from the event table in id order, then
+live events as they commit, several to a frame where one delivery found several (``batch``); the
+iterator yields them one by one. The handshake's ``Origin`` must be the server's own origin (scheme, host and port): the
 stream sends the base URL's. The stream keeps the cursor (the last event id it yielded); when the
 connection drops — a network failure, or the server restarting (close code 1012) — it reconnects
 with backoff and subscribes again *after that cursor*, so nothing is missed and nothing repeats.
@@ -97,7 +98,8 @@ class EventStream:
         with connect(self.url, origin=self.origin, additional_headers={"Authorization": f"Bearer {self.token}"},
                      open_timeout=self.open_timeout) as ws:
             self._socket = ws
-            subscribe: dict[str, Any] = {"type": "subscribe", **self.target}
+            # batch: the events one delivery found come in one frame ({"type": "events"}), in id order.
+            subscribe: dict[str, Any] = {"type": "subscribe", "batch": True, **self.target}
             if self.cursor is not None:
                 subscribe["after"] = self.cursor
             ws.send(json.dumps(subscribe))
@@ -109,12 +111,12 @@ class EventStream:
                         if self.cursor is None:
                             self.cursor = frame.get("after")
                         self.on_status("connected", cursor=self.cursor)
-                    elif kind == "event":
-                        event = frame["event"]
-                        if self.cursor is not None and event["id"] <= self.cursor:
-                            continue  # never twice, even across reconnects
-                        self.cursor = event["id"]
-                        yield event
+                    elif kind in ("events", "event"):
+                        for event in frame["events"] if kind == "events" else [frame["event"]]:
+                            if self.cursor is not None and event["id"] <= self.cursor:
+                                continue  # never twice, even across reconnects
+                            self.cursor = event["id"]
+                            yield event
                     elif kind == "caught_up":
                         self.on_status("caught_up", cursor=frame.get("cursor"))
                     elif kind == "error":

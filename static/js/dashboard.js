@@ -58,7 +58,8 @@
         this.attempt = 0;
         NF.setConn("catching_up");
         this.pending = new Set(this.subs.map((s) => s.key));
-        for (const s of this.subs) ws.send(JSON.stringify(Object.assign({ type: "subscribe", after: this.cursors[s.key] }, s.msg)));
+        // batch: the events one delivery found come in one frame ({type: "events"}), in id order.
+        for (const s of this.subs) ws.send(JSON.stringify(Object.assign({ type: "subscribe", after: this.cursors[s.key], batch: true }, s.msg)));
       };
       ws.onmessage = (msg) => this.handle(JSON.parse(msg.data));
       ws.onclose = (e) => {
@@ -72,12 +73,17 @@
       };
     }
 
+    apply(ev, sub) {
+      if (ev.id <= (this.cursors[sub] || 0)) return; // already applied
+      this.cursors[sub] = ev.id;
+      try { this.onEvent(ev, sub); } catch (err) { console.error(err); }
+    }
+
     handle(frame) {
-      if (frame.type === "event") {
-        const ev = frame.event;
-        if (ev.id <= (this.cursors[frame.sub] || 0)) return; // already applied
-        this.cursors[frame.sub] = ev.id;
-        try { this.onEvent(ev, frame.sub); } catch (err) { console.error(err); }
+      if (frame.type === "events") {
+        for (const ev of frame.events) this.apply(ev, frame.sub);
+      } else if (frame.type === "event") {
+        this.apply(frame.event, frame.sub);
       } else if (frame.type === "caught_up") {
         this.pending.delete(frame.sub);
         if (!this.pending.size) NF.setConn("live", "up to date with event #" + Math.max(0, ...Object.values(this.cursors)));

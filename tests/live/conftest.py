@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,10 +35,16 @@ def ws_server(django_db_setup, django_db_blocker) -> Iterator[DaphneServer]:
 
 
 class Socket:
-    """A blocking websocket client speaking the /ws/events/ JSON protocol."""
+    """A blocking websocket client speaking the /ws/events/ JSON protocol.
+
+    ``batch=True``: subscriptions ask for several events to a frame (``{"type": "events"}``);
+    ``subscribe``, ``next_event`` and ``events_until`` return events one by one either way,
+    and ``event_frames`` counts the frames that carried them.
+    """
 
     def __init__(
-        self, server: DaphneServer, *, token: str | None = None, cookie: str | None = None, origin: str | None = None
+        self, server: DaphneServer, *, token: str | None = None, cookie: str | None = None, origin: str | None = None,
+        batch: bool = False,
     ) -> None:
         headers: dict[str, str] = {}
         if token:
@@ -48,6 +55,9 @@ class Socket:
         self.ws: ClientConnection = connect(
             server.ws_url + "/ws/events/", origin=origin or server.url, additional_headers=headers, open_timeout=TIMEOUT,
         ).__enter__()
+        self.batch = batch
+        self.pending: deque[dict[str, Any]] = deque()  # events of a batched frame not returned yet
+        self.event_frames = 0
 
     def send(self, message: Any) -> None:
         self.ws.send(message if isinstance(message, (str, bytes)) else json.dumps(message))
@@ -60,6 +70,8 @@ class Socket:
         body: dict[str, Any] = {"type": "subscribe", **target}
         if after is not None:
             body["after"] = after
+        if self.batch:
+            body["batch"] = True
         self.send(body)
         frame = self.recv()
         assert frame["type"] == "subscribed", frame
@@ -68,15 +80,25 @@ class Socket:
             frame = self.recv()
             if frame["type"] == "caught_up":
                 return backlog
-            assert frame["type"] == "event", frame
-            backlog.append(frame["event"])
+            backlog.extend(self._events_of(frame))
+
+    def _events_of(self, frame: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events an event frame carries, checked to be the kind this socket asked for."""
+        expected = "events" if self.batch else "event"
+        assert frame["type"] == expected, frame
+        self.event_frames += 1
+        if self.batch:
+            assert frame["events"], "a batched frame carries at least one event"
+            return frame["events"]
+        return [frame["event"]]
 
     def next_event(self, timeout: float = TIMEOUT) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
-        while True:
+        while not self.pending:
             frame = self.recv(timeout=max(deadline - time.monotonic(), 0.01))
-            if frame["type"] == "event":
-                return frame["event"]
+            if frame["type"] in ("event", "events"):
+                self.pending.extend(self._events_of(frame))
+        return self.pending.popleft()
 
     def events_until(self, last_id: int, timeout: float = TIMEOUT) -> list[dict[str, Any]]:
         """Every event frame until one with id >= ``last_id`` (deadline-bounded)."""

@@ -143,10 +143,12 @@ def test_a_token_without_read_permission_cannot_subscribe(ws_server, open_socket
         ('{"type": "subscribe", "project_id": 1, "after": -5}', 4400),
         ('{"type": "subscribe", "project_id": true}', 4400),
         ('{"type": "subscribe", "project_id": 1, "after": 99999999999999999999999}', 4400),
+        ('{"type": "subscribe", "project_id": 1, "batch": "yes"}', 4400),
+        ('{"type": "subscribe", "project_id": 1, "batch": 1}', 4400),
         ('{"type": "ping", "pad": "' + "x" * 5000 + '"}', 4413),
     ],
     ids=["bad-json", "binary", "not-object", "unknown-type", "both-ids", "string-id", "negative-after", "bool-id",
-         "huge-after", "oversized"],
+         "huge-after", "string-batch", "number-batch", "oversized"],
 )
 def test_malformed_frames_close_the_socket_with_a_proper_code(ws_server, open_socket, two_projects, frame, code):
     _, _, token_a, _ = two_projects

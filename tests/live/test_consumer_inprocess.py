@@ -278,3 +278,54 @@ async def test_the_streams_frames_skip_the_session_wrapper_of_send(local_setting
     assert frame["type"] == "event" and frame["event"]["id"] == kept
     assert seen == ["websocket.accept"]
     await comm.disconnect()
+
+
+def _committed_many(project_id: int, n: int) -> list[int]:
+    with transaction.atomic():
+        return [events.append(project_id=project_id, type=KEPT) for _ in range(n)]
+
+
+async def _batched_frames(comm: WebsocketCommunicator, until: int) -> list[list[int]]:
+    """The event ids of each ``events`` frame, until one carries ``until``."""
+    frames: list[list[int]] = []
+    while not frames or frames[-1][-1] < until:
+        frame = await _frame(comm)
+        if frame["type"] == "caught_up":
+            continue
+        assert frame["type"] == "events" and frame["sub"] == f"project:{frame['events'][0]['project_id']}", frame
+        frames.append([e["id"] for e in frame["events"]])
+    return frames
+
+
+@pytest.mark.parametrize("cap", ["events", "bytes"])
+async def test_a_batched_subscription_gets_every_event_once_in_frames_within_the_caps(local_settings, monkeypatch, cap):
+    """The backlog (read from the log) and a live burst (from the feed's buffer) come several
+    events to a frame, in id order, each once; a frame holds at most BATCH_MAX_EVENTS events
+    and, past its first event, BATCH_MAX_BYTES of JSON (an event larger than that goes alone)."""
+    from novelforge_sessions.asgi import application
+    from novelforge_sessions.live import consumers
+
+    if cap == "events":
+        monkeypatch.setattr(consumers, "BATCH_MAX_EVENTS", 3)
+    else:
+        monkeypatch.setattr(consumers, "BATCH_MAX_BYTES", 1)  # every event is larger: one per frame
+    project_id, token = await database_sync_to_async(_project_with_token)()
+    backlog = await database_sync_to_async(_committed_many)(project_id, 7)
+    comm = WebsocketCommunicator(application, "/ws/events/", headers=[
+        (b"origin", b"http://localhost"), (b"host", b"localhost"), (b"authorization", f"Bearer {token}".encode())])
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "subscribe", "project_id": project_id, "after": 0, "batch": True})
+    assert (await _frame(comm))["type"] == "subscribed"
+    got = await _batched_frames(comm, backlog[-1])
+    assert (await _frame(comm))["type"] == "caught_up"
+    burst = await database_sync_to_async(_committed_many)(project_id, 5)  # one wake-up, five events
+    got += await _batched_frames(comm, burst[-1])
+    await comm.disconnect()
+
+    every = await database_sync_to_async(
+        lambda: list(Event.objects.filter(project_id=project_id).order_by("id").values_list("id", flat=True)))()
+    assert [i for frame in got for i in frame] == every == backlog + burst
+    if cap == "events":
+        assert max(map(len, got)) == 3 and len(got) < len(every)  # several to a frame, never more than 3
+    else:
+        assert all(len(frame) == 1 for frame in got)

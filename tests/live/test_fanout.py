@@ -74,8 +74,9 @@ def test_one_wake_up_is_one_read_per_project_for_every_socket_and_each_gets_ever
     try:
         w = world
         start = ids(0)[-1]
-        project_a = [open_socket(server, token=w["token_a"]) for _ in range(24)]
-        session_1 = [open_socket(server, token=w["token_a"]) for _ in range(6)]
+        # Half of them take their events several to a frame (``batch``): the same events each.
+        project_a = [open_socket(server, token=w["token_a"], batch=i % 2 == 1) for i in range(24)]
+        session_1 = [open_socket(server, token=w["token_a"], batch=i % 2 == 1) for i in range(6)]
         bound_2 = [open_socket(server, token=w["bound"]) for _ in range(4)]
         project_b = [open_socket(server, token=w["token_b"]) for _ in range(6)]
         for s in project_a + bound_2:
@@ -148,7 +149,7 @@ def test_a_socket_behind_the_buffer_or_reconnecting_catches_up_from_the_log_with
     try:
         w = world
         start = ids(0)[-1]
-        live = [open_socket(server, token=w["token_a"]) for _ in range(5)]
+        live = [open_socket(server, token=w["token_a"], batch=i % 2 == 1) for i in range(5)]
         for s in live:
             assert s.subscribe(project_id=w["a"].id, after=start) == []
         leaver = open_socket(server, token=w["token_a"])
@@ -169,6 +170,9 @@ def test_a_socket_behind_the_buffer_or_reconnecting_catches_up_from_the_log_with
         assert len(expected) == 62
         for s in live:
             assert [e["id"] for e in s.events_until(expected[-1])] == expected
+        # A batched socket got the burst (read from the log, one page) in fewer frames than events.
+        assert all(s.event_frames < len(expected) for s in live if s.batch)
+        assert all(s.event_frames == len(expected) for s in live if not s.batch)
         # The feed read once; each socket, behind the 8 kept, read the log after its cursor.
         assert len(sql.since_mark()) >= 1 + len(live)
 

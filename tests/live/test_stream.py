@@ -66,7 +66,8 @@ def test_reconnect_with_the_last_id_gets_exactly_the_missed_events_then_live_one
     assert live["type"] == "transcript.appended" and live["payload"]["seq"] == 8
 
 
-def test_events_committed_while_the_backlog_streams_arrive_once_each_in_order(ws_server, open_socket, world):
+@pytest.mark.parametrize("batch", [False, True], ids=["a frame per event", "batched"])
+def test_events_committed_while_the_backlog_streams_arrive_once_each_in_order(ws_server, open_socket, world, batch):
     project, token, session = world
     # A backlog longer than one page, so it is streamed in several reads.
     with transaction.atomic():
@@ -104,7 +105,7 @@ def test_events_committed_while_the_backlog_streams_arrive_once_each_in_order(ws
     threads += [threading.Thread(target=straight_to_the_table) for _ in range(writers // 2)]
     for t in threads:
         t.start()
-    sock = open_socket(ws_server, token=token)
+    sock = open_socket(ws_server, token=token, batch=batch)
     start.wait()  # writers go while we subscribe and the backlog streams
     received = sock.subscribe(project_id=project.id, after=0)
     for t in threads:
@@ -119,6 +120,10 @@ def test_events_committed_while_the_backlog_streams_arrive_once_each_in_order(ws
     ids = [e["id"] for e in received]
     assert ids == expected, "every committed event exactly once, in id order, no gap, no duplicate"
     assert all(a < b for a, b in zip(ids, ids[1:]))
+    if batch:  # the backlog's pages came a page to a frame, never more than a page
+        assert sock.event_frames <= len(ids) - 2 * replay.PAGE_SIZE
+    else:
+        assert sock.event_frames == len(ids)
 
 
 def test_subscribing_without_after_starts_from_now(ws_server, open_socket, world):
