@@ -133,9 +133,9 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
         row = None
         if 0 < run_id <= BIGINT_MAX:  # a larger id names no row (as the ORM would say), never a 500
             events.before_order_lock()
-            with db.cursor() as cur:
-                cur.execute(_LOCK_RUN_SQL, lock_params(caller, run_id))
-                row = cur.fetchone()
+            cur = commit.statement_cursor(db, _LOCK_RUN_SQL)
+            cur.execute(_LOCK_RUN_SQL, lock_params(caller, run_id))
+            row = cur.fetchone()
         if row is None:
             raise NotFound("run not found", run_id=run_id)
         state, count, session_id, project_id, status, runtime_live, token_valid, checkpoint_id, *authority = row
@@ -179,18 +179,19 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
             payload={"checkpoint_id": checkpoint.id, "seq": checkpoint.seq, "boundary": checkpoint.boundary,
                      "cursor": checkpoint.cursor},
         )
-        with db.cursor() as cur:
-            # The last statement: the COMMIT rides along when this block ends the transaction.
-            commit.execute_last(cur, _INSERT_SQL, {
-                "id": checkpoint.id, "session": session_id, "run": run_id, "seq": checkpoint.seq,
-                "boundary": checkpoint.boundary, "cursor": _dumps(checkpoint.cursor),
-                "artifacts": _dumps(checkpoint.artifacts), "authority": _dumps(current), "pending": _dumps(pending),
-                "approvals": _dumps(approvals), "resume_policy": checkpoint.resume_policy,
-                "schema_version": checkpoint.schema_version, "size_bytes": checkpoint.size_bytes,
-                "created_at": checkpoint.created_at, "idempotency_key": spec.idempotency_key, "request_digest": digest,
-                **event.params,
-            })
-            events.recorded(event, cur.fetchone()[0])
+        # Both statements on cursors kept for them (``commit.statement_cursor``: their adapters once).
+        cur = commit.statement_cursor(db, _INSERT_SQL)
+        # The last statement: the COMMIT rides along when this block ends the transaction.
+        commit.execute_last(cur, _INSERT_SQL, {
+            "id": checkpoint.id, "session": session_id, "run": run_id, "seq": checkpoint.seq,
+            "boundary": checkpoint.boundary, "cursor": _dumps(checkpoint.cursor),
+            "artifacts": _dumps(checkpoint.artifacts), "authority": _dumps(current), "pending": _dumps(pending),
+            "approvals": _dumps(approvals), "resume_policy": checkpoint.resume_policy,
+            "schema_version": checkpoint.schema_version, "size_bytes": checkpoint.size_bytes,
+            "created_at": checkpoint.created_at, "idempotency_key": spec.idempotency_key, "request_digest": digest,
+            **event.params,
+        })
+        events.recorded(event, cur.fetchone()[0])
         checkpoint._state.adding = False
         checkpoint.idempotency_key, checkpoint.request_digest = spec.idempotency_key, digest
         checkpoint.replayed = False
