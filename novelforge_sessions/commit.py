@@ -1,6 +1,8 @@
-"""The hot write path's statements: the transaction's last one carries its COMMIT (one round
-trip fewer), and each runs on a cursor kept for it (``statement_cursor``: its parameters'
-adapters are found once per connection).
+"""The hot write path's statements: the transaction's first one carries its BEGIN
+(``execute_first``) and its last one its COMMIT (``execute_last``), a round trip fewer each,
+and each runs on a cursor kept for it (``statement_cursor``: its parameters' adapters are
+found once per connection). A checkpoint POST is two round trips: BEGIN with the run lock,
+the insert with the COMMIT.
 
 Django's ``transaction.atomic()`` commits with a statement of its own when the block exits: on
 the hottest write path (a checkpoint: token, BEGIN, run lock, insert, COMMIT) that is one of
@@ -27,8 +29,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg.pq import TransactionStatus
+
 #: What rides along with the last statement.
 _COMMIT = ";\nCOMMIT"
+#: Each (BEGIN command, statement) with the BEGIN in front, built once (as ``_WITH_COMMIT``).
+_WITH_BEGIN: dict[tuple[bytes, str], str] = {}
+_IDLE = TransactionStatus.IDLE
 
 
 def ends_transaction(db: Any) -> bool:
@@ -63,6 +70,54 @@ def execute_last(cursor: Any, sql: str, params: Any = None) -> bool:
         return True
     cursor.execute(sql, params)
     return False
+
+
+def starts_transaction(db: Any) -> bool:
+    """Would a statement on ``db`` now be the first of its outermost atomic block's transaction
+    (psycopg would send BEGIN before it)? Client-side binding only, not marked for rollback."""
+    raw = db.connection
+    return (
+        raw is not None
+        and db.in_atomic_block
+        and len(db.atomic_blocks) == 1
+        and not db.savepoint_ids
+        and not db.needs_rollback
+        and not raw.autocommit
+        and raw.info.transaction_status == _IDLE
+        and not db.settings_dict["OPTIONS"].get("server_side_binding")
+    )
+
+
+def execute_first(cursor: Any, sql: str, params: Any = None) -> bool:
+    """Execute the transaction's first statement, with its BEGIN when it starts the transaction.
+
+    psycopg sends ``BEGIN`` as a round trip of its own before the first statement of a
+    transaction. When this statement is that first one (``starts_transaction``), it goes as
+    ``BEGIN; <statement>`` in one simple-protocol query instead, psycopg told for that one
+    execute that the connection needs no BEGIN of its own (its ``_autocommit`` flag, restored
+    at once); the BEGIN is the one psycopg would have sent (isolation level and all). The server
+    then holds the transaction as if psycopg had begun it: later statements, the COMMIT
+    (``execute_last``, or the block's) and a rollback go on as before. A failing statement
+    leaves the begun transaction aborted, which the block rolls back; a failure before the
+    server ran anything leaves it idle, with nothing to roll back. The statement's own result is
+    made the cursor's current one (``fetchone`` reads it). Returns whether BEGIN went with it.
+    """
+    db = cursor.db
+    if not starts_transaction(db):
+        cursor.execute(sql, params)
+        return False
+    raw = db.connection
+    begin = raw._get_tx_start_command()
+    with_begin = _WITH_BEGIN.get((begin, sql))
+    if with_begin is None:
+        with_begin = _WITH_BEGIN[(begin, sql)] = begin.decode("ascii") + ";\n" + sql
+    raw._autocommit = True  # for this execute only: the statement carries the BEGIN
+    try:
+        cursor.execute(with_begin, params)
+    finally:
+        raw._autocommit = False
+    cursor.nextset()  # BEGIN's result first, then the statement's
+    return True
 
 
 def statement_cursor(db: Any, key: str) -> Any:

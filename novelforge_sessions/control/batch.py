@@ -24,7 +24,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.utils import timezone
 
-from novelforge_sessions import events
+from novelforge_sessions import commit, events
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller, token_confirmed
@@ -118,7 +118,7 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
         if 0 < run_id <= BIGINT_MAX:
             events.before_order_lock()
             with connection.cursor() as cur:
-                cur.execute(_LOCK_SQL, lock_params(caller, run_id))
+                commit.execute_first(cur, _LOCK_SQL, lock_params(caller, run_id))  # BEGIN rides along
                 row = cur.fetchone()
         if row is None:
             raise NotFound("run not found", run_id=run_id)

@@ -134,7 +134,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
         if 0 < run_id <= BIGINT_MAX:  # a larger id names no row (as the ORM would say), never a 500
             events.before_order_lock()
             cur = commit.statement_cursor(db, _LOCK_RUN_SQL)
-            cur.execute(_LOCK_RUN_SQL, lock_params(caller, run_id))
+            commit.execute_first(cur, _LOCK_RUN_SQL, lock_params(caller, run_id))  # BEGIN rides along
             row = cur.fetchone()
         if row is None:
             raise NotFound("run not found", run_id=run_id)

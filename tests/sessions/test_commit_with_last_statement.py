@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.utils import DataError
+from django.db.utils import DataError, ProgrammingError
 
 from novelforge_sessions import commit
 from tests.pgwire import sent_queries
@@ -44,7 +44,9 @@ def _rows(sql: str) -> list[tuple]:
         return other.execute(sql).fetchall()
 
 
-def test_a_checkpoint_post_is_four_round_trips_and_commits_with_its_insert(owner, new_session, monkeypatch, settings):
+def test_a_checkpoint_post_is_three_round_trips_begins_with_its_lock_and_commits_with_its_insert(
+    owner, new_session, monkeypatch, settings,
+):
     monkeypatch.setenv("NOVELFORGE_EVENT_ORDER_CHECKS", "0")  # the suite's ordering checks query too
     settings.LIVE_PG_NOTIFY = False  # no NOTIFY after the commit (a lone server sends none either)
     settings.TOKEN_RECALL_SECONDS = 0  # the token's own lookup too (tests/api/test_recalled_tokens.py: without it)
@@ -54,10 +56,11 @@ def test_a_checkpoint_post_is_four_round_trips_and_commits_with_its_insert(owner
     answers = []
     sent = sent_queries(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/checkpoints", body)))
     assert answers[0].status_code == 201, answers[0].content
-    assert len(sent) == 4, sent  # token, BEGIN, run lock, insert + COMMIT (a COMMIT of its own made 5)
-    assert sent[1] == '"BEGIN"'
-    assert "INSERT INTO" in sent[3] and sent[3].strip('"').endswith("COMMIT")
-    assert not any(q.strip('"') == "COMMIT" for q in sent)
+    # token, BEGIN + run lock, insert + COMMIT (a BEGIN and a COMMIT of their own made 5)
+    assert len(sent) == 3, sent
+    assert sent[1].strip('"').startswith("BEGIN;") and "FOR UPDATE OF r" in sent[1]
+    assert "INSERT INTO" in sent[2] and sent[2].strip('"').endswith("COMMIT")
+    assert not any(q.strip('"') in ("BEGIN", "COMMIT") for q in sent)
     seq = answers[0].json()["seq"]
     assert _rows(f"SELECT count(*) FROM novelforge_sessions_checkpoint WHERE run_id = {s['run']['id']} AND seq = {seq}") == [(1,)]
 
@@ -147,8 +150,90 @@ def test_a_batch_commits_with_its_events(owner, new_session, monkeypatch, settin
     answers = []
     sent = sent_queries(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/batch", {"items": items})))
     assert answers[0].status_code == 201, answers[0].content
-    # token, BEGIN, run lock, the checkpoints, the run's counter, the events + COMMIT
-    assert len(sent) == 6, sent
+    # token, BEGIN + run lock, the checkpoints, the run's counter, the events + COMMIT
+    assert len(sent) == 5, sent
+    assert sent[1].strip('"').startswith("BEGIN;") and not any(q.strip('"') == "BEGIN" for q in sent)
     assert "INSERT INTO novelforge_sessions_event" in sent[-1] and sent[-1].strip('"').endswith("COMMIT")
     assert not any(q.strip('"') == "COMMIT" for q in sent)
     assert _rows(f"SELECT count(*) FROM novelforge_sessions_checkpoint WHERE run_id = {s['run']['id']}") == [(6,)]
+
+
+def test_the_first_statement_carries_the_begin_and_the_block_goes_on_as_before(probe_tables):
+    seen = []
+    sent = []
+
+    def block() -> None:
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                assert commit.execute_first(cur, "SELECT count(*) FROM commit_probe_parent") is True
+                assert cur.fetchone() == (0,)  # the statement's result, not BEGIN's
+                assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+                assert connection.connection.autocommit is False  # psycopg's flag is back
+                cur.execute("INSERT INTO commit_probe_parent VALUES (1)")
+                transaction.on_commit(lambda: seen.append("ran"))
+
+    sent = sent_queries(block)
+    assert len(sent) == 3 and sent[0].strip('"').startswith("BEGIN;"), sent  # BEGIN + select, insert, COMMIT
+    assert sent[2].strip('"') == "COMMIT" and seen == ["ran"]
+    assert _rows("SELECT id FROM commit_probe_parent") == [(1,)]
+
+
+def test_a_failing_first_statement_leaves_nothing_begun_and_the_connection_usable(probe_tables):
+    with pytest.raises(ProgrammingError):  # refused by psycopg before anything was sent: nothing begun
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                commit.execute_first(cur, "SELECT %(missing)s FROM commit_probe_parent", {})
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with pytest.raises(DataError):  # the server ran BEGIN, then the statement failed: rolled back
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                commit.execute_first(cur, "SELECT %s::int FROM commit_probe_parent", ["not a number"])
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with pytest.raises(IntegrityError):  # the same for a write that fails
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                commit.execute_first(cur, "INSERT INTO commit_probe VALUES (1, NULL), (1, NULL)")
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with transaction.atomic():  # the next block on this connection begins and commits as usual
+        with connection.cursor() as cur:
+            assert commit.execute_first(cur, "INSERT INTO commit_probe_parent VALUES (2)") is True
+    assert _rows("SELECT id FROM commit_probe_parent") == [(2,)]
+    assert _rows("SELECT count(*) FROM commit_probe") == [(0,)]
+
+
+def test_inside_a_begun_transaction_or_another_block_the_first_statement_goes_alone(probe_tables):
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo):
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute("INSERT INTO commit_probe_parent VALUES (1)")  # psycopg's own BEGIN went before it
+                assert commit.execute_first(cur, "INSERT INTO commit_probe_parent VALUES (2)") is False
+            with transaction.atomic():
+                with connection.cursor() as cur:
+                    assert commit.starts_transaction(transaction.get_connection()) is False
+            raise Undo
+    assert _rows("SELECT count(*) FROM commit_probe_parent") == [(0,)]
+    with connection.cursor() as cur:  # autocommit: no transaction to begin
+        assert commit.execute_first(cur, "INSERT INTO commit_probe_parent VALUES (3)") is False
+    assert _rows("SELECT id FROM commit_probe_parent") == [(3,)]
+
+
+def test_the_begin_is_the_one_psycopg_would_send(probe_tables, settings):
+    """The connection's isolation level (DATABASES OPTIONS) is in the BEGIN that rides along."""
+    connection.close()
+    level = psycopg.IsolationLevel.REPEATABLE_READ
+    connection.settings_dict["OPTIONS"]["isolation_level"] = level
+    try:
+        def block() -> None:
+            with transaction.atomic():
+                with connection.cursor() as cur:
+                    commit.execute_first(cur, "SELECT current_setting('transaction_isolation')")
+                    assert cur.fetchone() == ("repeatable read",)
+
+        sent = sent_queries(block)
+        assert sent[0].strip('"').startswith("BEGIN ISOLATION LEVEL REPEATABLE READ;"), sent
+    finally:
+        del connection.settings_dict["OPTIONS"]["isolation_level"]
+        connection.close()
