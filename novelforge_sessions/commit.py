@@ -36,6 +36,18 @@ _COMMIT = ";\nCOMMIT"
 #: Each (BEGIN command, statement) with the BEGIN in front, built once (as ``_WITH_COMMIT``).
 _WITH_BEGIN: dict[tuple[bytes, str], str] = {}
 _IDLE = TransactionStatus.IDLE
+#: The hot statements are module constants; past this many, a statement is joined per call
+#: instead of remembered (a caller passing built SQL cannot grow the memos without bound).
+_MEMO_MAX = 64
+
+
+def _joined(memo: dict[Any, str], key: Any, build: Any) -> str:
+    text = memo.get(key)
+    if text is None:
+        text = build()
+        if len(memo) < _MEMO_MAX:
+            memo[key] = text
+    return text
 
 
 def ends_transaction(db: Any) -> bool:
@@ -63,10 +75,7 @@ def execute_last(cursor: Any, sql: str, params: Any = None) -> bool:
     Returns whether the COMMIT went with it. The statement's own result stays the cursor's
     current one (``fetchone`` reads it)."""
     if ends_transaction(cursor.db):
-        with_commit = _WITH_COMMIT.get(sql)
-        if with_commit is None:
-            with_commit = _WITH_COMMIT[sql] = sql + _COMMIT
-        cursor.execute(with_commit, params)
+        cursor.execute(_joined(_WITH_COMMIT, sql, lambda: sql + _COMMIT), params)
         return True
     cursor.execute(sql, params)
     return False
@@ -108,9 +117,7 @@ def execute_first(cursor: Any, sql: str, params: Any = None) -> bool:
         return False
     raw = db.connection
     begin = raw._get_tx_start_command()
-    with_begin = _WITH_BEGIN.get((begin, sql))
-    if with_begin is None:
-        with_begin = _WITH_BEGIN[(begin, sql)] = begin.decode("ascii") + ";\n" + sql
+    with_begin = _joined(_WITH_BEGIN, (begin, sql), lambda: begin.decode("ascii") + ";\n" + sql)
     raw._autocommit = True  # for this execute only: the statement carries the BEGIN
     try:
         cursor.execute(with_begin, params)

@@ -76,3 +76,14 @@ def test_a_kept_cursor_raises_djangos_errors_and_is_seen_by_query_capture():
     cur = commit.statement_cursor(db, "probe")
     cur.execute("SELECT %s::int * 2", [21])
     assert cur.fetchone() == (42,)
+
+
+def test_the_statement_memos_stay_bounded_whatever_sql_a_caller_builds(monkeypatch):
+    monkeypatch.setattr(commit, "_WITH_COMMIT", {})
+    for n in range(commit._MEMO_MAX + 40):
+        sql = f"SELECT {n}"
+        joined = commit._joined(commit._WITH_COMMIT, sql, lambda sql=sql: sql + commit._COMMIT)
+        assert joined == f"SELECT {n};\nCOMMIT"
+    assert len(commit._WITH_COMMIT) == commit._MEMO_MAX
+    first = commit._joined(commit._WITH_COMMIT, "SELECT 0", lambda: "SELECT 0" + commit._COMMIT)
+    assert first is commit._WITH_COMMIT["SELECT 0"]  # remembered: the same object each time
