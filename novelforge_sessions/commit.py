@@ -4,10 +4,11 @@ and each runs on a cursor kept for it (``statement_cursor``: its parameters' ada
 found once per connection). A checkpoint POST is two round trips: BEGIN with the run lock,
 the insert with the COMMIT.
 
-Django's ``transaction.atomic()`` commits with a statement of its own when the block exits: on
-the hottest write path (a checkpoint: token, BEGIN, run lock, insert, COMMIT) that is one of
-five round trips, each ~0.1 ms of the server's CPU on this stack (the cursor, the send, the
-wait and the kernel's wake-ups), about as much as the COMMIT's own work on the server.
+Before these, a checkpoint was five round trips (token, BEGIN, run lock, insert, COMMIT), each
+~0.1 ms of the server's CPU on this stack (the cursor, the send, the wait and the kernel's
+wake-ups); the token's lookup went with recalled tokens (``api/auth.py``). Django's
+``transaction.atomic()`` commits with a statement of its own when the block exits, and psycopg
+begins with one of its own before the first statement.
 
 ``execute_last`` sends the transaction's last statement with ``COMMIT`` appended, in one
 simple-protocol query (psycopg's client-side-binding cursor, Django's default, sends a query
@@ -33,9 +34,12 @@ from psycopg.pq import TransactionStatus
 
 #: What rides along with the last statement.
 _COMMIT = ";\nCOMMIT"
-#: Each (BEGIN command, statement) with the BEGIN in front, built once (as ``_WITH_COMMIT``).
-_WITH_BEGIN: dict[tuple[bytes, str], str] = {}
 _IDLE = TransactionStatus.IDLE
+#: Each statement joined with its COMMIT, and each (BEGIN command, statement) with the BEGIN in
+#: front, built once: the same string object each time lets a kept cursor (``statement_cursor``)
+#: reuse its adapters (psycopg compares the query by identity).
+_WITH_COMMIT: dict[str, str] = {}
+_WITH_BEGIN: dict[tuple[bytes, str], str] = {}
 #: The hot statements are module constants; past this many, a statement is joined per call
 #: instead of remembered (a caller passing built SQL cannot grow the memos without bound).
 _MEMO_MAX = 64
@@ -50,23 +54,23 @@ def _joined(memo: dict[Any, str], key: Any, build: Any) -> str:
     return text
 
 
-def ends_transaction(db: Any) -> bool:
-    """Would a COMMIT on ``db`` (a connection wrapper, not the ``connection`` proxy: each of the
-    proxy's attributes costs a thread-local lookup) end exactly the transaction of its current,
-    outermost atomic block?"""
+def _in_outermost_block(db: Any) -> bool:
+    """Is ``db`` (a connection wrapper, not the ``connection`` proxy: each of the proxy's
+    attributes costs a thread-local lookup) in exactly one atomic block, with no savepoint, not
+    marked for rollback, binding client-side (the simple protocol that lets two statements
+    travel together)?"""
     return (
         db.in_atomic_block
         and len(db.atomic_blocks) == 1
         and not db.savepoint_ids
         and not db.needs_rollback
-        and db.commit_on_exit
         and not db.settings_dict["OPTIONS"].get("server_side_binding")
     )
 
 
-#: Each statement with its COMMIT appended, built once: the same string object each time lets a
-#: kept cursor (``statement_cursor``) reuse its adapters (psycopg compares the query by identity).
-_WITH_COMMIT: dict[str, str] = {}
+def ends_transaction(db: Any) -> bool:
+    """Would a COMMIT on ``db`` end exactly the transaction of its current, outermost atomic block?"""
+    return _in_outermost_block(db) and db.commit_on_exit
 
 
 def execute_last(cursor: Any, sql: str, params: Any = None) -> bool:
@@ -83,17 +87,13 @@ def execute_last(cursor: Any, sql: str, params: Any = None) -> bool:
 
 def starts_transaction(db: Any) -> bool:
     """Would a statement on ``db`` now be the first of its outermost atomic block's transaction
-    (psycopg would send BEGIN before it)? Client-side binding only, not marked for rollback."""
+    (psycopg would send BEGIN before it)?"""
     raw = db.connection
     return (
         raw is not None
-        and db.in_atomic_block
-        and len(db.atomic_blocks) == 1
-        and not db.savepoint_ids
-        and not db.needs_rollback
+        and _in_outermost_block(db)
         and not raw.autocommit
         and raw.info.transaction_status == _IDLE
-        and not db.settings_dict["OPTIONS"].get("server_side_binding")
     )
 
 
@@ -137,10 +137,11 @@ def statement_cursor(db: Any, key: str) -> Any:
     transformer (``psycopg.BaseCursor._start_query``), so the statement's dumpers are found
     once per connection: on the checkpoint's two statements, the parameters' conversion took
     ~0.2 ms of thread CPU per checkpoint in process before and 0.14 ms after, and the server's
-    instructions per checkpoint POST fell by 5.8 % (callgrind, ``bench/instructions.py``). The cursors are kept per connection object and time zone (Django
-    gives a cursor its time zone's loader when it creates it): another connection (after a
-    reconnect, or another pooled one) or another ``TIME_ZONE`` starts afresh. Not closed by
-    the caller (no ``with``).
+    instructions per checkpoint POST fell by 5.8 % (callgrind, ``bench/instructions.py``).
+
+    The cursors are kept per connection object and time zone (Django gives a cursor its time
+    zone's loader when it creates it): another connection (after a reconnect, or another pooled
+    one) or another ``TIME_ZONE`` starts afresh. Not closed by the caller (no ``with``).
     """
     db.ensure_connection()
     raw, zone = db.connection, db.timezone_name

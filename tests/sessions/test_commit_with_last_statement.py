@@ -20,6 +20,10 @@ from tests.pgwire import sent_queries
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+class Undo(Exception):
+    """Raised to leave an outer block, which then rolls back."""
+
+
 def _server_url() -> str:
     db = settings.DATABASES["default"]
     return f"host={db['HOST'] or '127.0.0.1'} port={db['PORT'] or 5432} user={db['USER']} dbname={db['NAME']}" + (
@@ -115,9 +119,6 @@ def test_a_failing_commit_raises_from_the_statement_and_writes_nothing(probe_tab
 
 
 def test_inside_another_block_the_statement_goes_alone_and_the_outer_block_decides(probe_tables):
-    class Undo(Exception):
-        pass
-
     with pytest.raises(Undo):
         with transaction.atomic():
             with transaction.atomic():
@@ -202,9 +203,6 @@ def test_a_failing_first_statement_leaves_nothing_begun_and_the_connection_usabl
 
 
 def test_inside_a_begun_transaction_or_another_block_the_first_statement_goes_alone(probe_tables):
-    class Undo(Exception):
-        pass
-
     with pytest.raises(Undo):
         with transaction.atomic():
             with connection.cursor() as cur:
@@ -220,7 +218,7 @@ def test_inside_a_begun_transaction_or_another_block_the_first_statement_goes_al
     assert _rows("SELECT id FROM commit_probe_parent") == [(3,)]
 
 
-def test_the_begin_is_the_one_psycopg_would_send(probe_tables, settings):
+def test_the_begin_is_the_one_psycopg_would_send(probe_tables):
     """The connection's isolation level (DATABASES OPTIONS) is in the BEGIN that rides along."""
     connection.close()
     level = psycopg.IsolationLevel.REPEATABLE_READ
