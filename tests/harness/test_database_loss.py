@@ -63,7 +63,10 @@ def test_requests_after_the_backends_were_terminated_are_served(server):
         pids = server_backends(admin, exclude=own_backend())
         assert pids, "the server holds pooled connections"
         for pid in pids:
-            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+            # Waits (up to 5 s) until the backend is gone: without it, a request could still
+            # find the backend alive but dying, and meet the cut mid-query (a typed 503, the
+            # next test's case) instead of a connection already closed.
+            assert admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid]).fetchone()[0]
     statuses = [request(server, token, "GET", "/sessions")[0] for _ in range(4)]
     statuses.append(request(server, token, "POST", "/sessions", SESSION)[0])
     assert statuses == [200, 200, 200, 200, 201]
