@@ -122,7 +122,8 @@ def _ratio_rows(rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]
             f"CPU ms/request on {_summary(per_round(lambda r: cpu(r, 'stream_on')))} vs off {_summary(single_cpu)} "
             f"(on includes delivering every event to 10 sockets; the subscribers run in a process of their own); "
             f"events delivered {_summary(per_round(lambda r: r['stream_on']['events_received']), '.0f')} of "
-            f"{_summary(per_round(lambda r: r['stream_on'].get('events_expected', 0)), '.0f')}"),
+            f"{_summary(per_round(lambda r: r['stream_on'].get('events_expected', 0)), '.0f')}, in "
+            f"{_summary(per_round(lambda r: r['stream_on'].get('frames_received')), '.0f')} frames"),
         row("server choice: the production server (uvicorn, python -m novelforge_sessions.serve) vs daphne (informational)", 0.0,
             per_round(lambda r: cpu(r, "single") / cpu(r, "uvicorn")),
             f"CPU ratio daphne/uvicorn (>1: uvicorn cheaper); uvicorn {_summary(per_round(lambda r: cpu(r, 'uvicorn')))} ms/request; "

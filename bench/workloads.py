@@ -381,7 +381,7 @@ def _subscribers(url: str, token: str, project_id: int, count: int) -> subproces
     writers' rate would measure the bench's client rather than the server. The child holds
     every socket on one asyncio loop, prints ``READY`` once each has caught up, and counts
     events until it has the number its parent then writes to its stdin (or 10 s pass without
-    one more); then it prints ``EVENTS <n>``. They subscribe with ``batch`` as the dashboard
+    one more); then it prints ``EVENTS <n> FRAMES <m>`` (the events, and the frames they came in). They subscribe with ``batch`` as the dashboard
     and ``novelforge_client`` do: each frame carries the events one delivery found.
     """
     proc = subprocess.Popen(
@@ -394,8 +394,8 @@ def _subscribers(url: str, token: str, project_id: int, count: int) -> subproces
     return proc
 
 
-def _subscribers_stop(proc: subprocess.Popen, expected: int) -> int:
-    """Tell the subscribers how many event frames to expect in all; the number they received.
+def _subscribers_stop(proc: subprocess.Popen, expected: int) -> tuple[int, int]:
+    """Tell the subscribers how many events to expect in all; the events and the frames they received.
 
     They stop once every frame has arrived, or after 10 s without one more.
     """
@@ -407,7 +407,8 @@ def _subscribers_stop(proc: subprocess.Popen, expected: int) -> int:
     counts = [ln for ln in out.splitlines() if ln.startswith("EVENTS ")]
     if not counts:
         raise RuntimeError(f"subscribers ended without a count: {out[-500:]!r}")
-    return int(counts[-1].split()[1])
+    fields = counts[-1].split()
+    return int(fields[1]), int(fields[3])
 
 
 def _subscribe_main(url: str, token: str, project_id: int, count: int) -> int:
@@ -428,14 +429,15 @@ def _subscribe_main(url: str, token: str, project_id: int, count: int) -> int:
                 pass
             sockets.append(ws)
         print("READY", flush=True)
-        events, progress = 0, asyncio.Event()
+        events, frames, progress = 0, 0, asyncio.Event()
 
         async def read(ws: Any) -> None:
-            nonlocal events
+            nonlocal events, frames
             async for text in ws:
                 frame = json.loads(text)
                 if frame.get("type") == "events":
                     events += len(frame["events"])
+                    frames += 1
                     progress.set()
 
         readers = [asyncio.ensure_future(read(ws)) for ws in sockets]
@@ -450,9 +452,10 @@ def _subscribe_main(url: str, token: str, project_id: int, count: int) -> int:
             task.cancel()
         for ws in sockets:
             await ws.close()
-        return events
+        return events, frames
 
-    print(f"EVENTS {asyncio.run(main())}", flush=True)
+    events, frames = asyncio.run(main())
+    print(f"EVENTS {events} FRAMES {frames}", flush=True)
     return 0
 
 
@@ -512,7 +515,7 @@ def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
     server = Daphne(args.db_url, Path(args.log_file), extra_env=env, server=args.server, workers=args.server_workers,
                     **server_kw)
     subs: subprocess.Popen | None = None
-    events_received = 0
+    events_received = frames_received = 0
     steps_done = [0] * args.workers
     try:
         api = urlsplit(server.url)
@@ -545,7 +548,7 @@ def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
     finally:
         try:
             if subs is not None:
-                events_received = _subscribers_stop(subs, sum(steps_done) * subscribers)
+                events_received, frames_received = _subscribers_stop(subs, sum(steps_done) * subscribers)
         finally:
             server.stop()
     flat = [x for w in latencies for x in w]
@@ -564,7 +567,7 @@ def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
         "latency_ms": {"p50": round(percentile(flat, 50) * 1000, 3), "p99": round(percentile(flat, 99) * 1000, 3)},
         "rss_start_bytes": rss_start, "rss_end_bytes": rss_end,
         "rss_drift": round((rss_end - rss_start) / rss_start, 4) if rss_start else None,
-        "events_received": events_received, "events_expected": steps * subscribers, "deadline_hit": hit.is_set(),
+        "events_received": events_received, "frames_received": frames_received, "events_expected": steps * subscribers, "deadline_hit": hit.is_set(),
     }
 
 

@@ -245,6 +245,10 @@ LIVE_AUTH_TIMEOUT_SECONDS = _strict_int("LIVE_AUTH_TIMEOUT_SECONDS", default=10,
 # Per project and process: the last events the live feed keeps (serialised once) for its
 # sockets (live/fanout.py); a socket further behind reads the log after its own cursor.
 LIVE_BUFFER_EVENTS = _strict_int("LIVE_BUFFER_EVENTS", default=1000, minimum=1)
+# Per project and process: how many times a second the live feed reads the log while writers
+# keep it busy (a wake-up after a quiet moment is read at once; faster commits share reads, and
+# their sockets get several events to a frame). 0: a read for every wake-up (live/fanout.py).
+LIVE_FEED_READS_PER_SECOND = _strict_int("LIVE_FEED_READS_PER_SECOND", default=25, minimum=0)
 # Cross-process wake-ups without Redis: with the in-memory layer, each transaction that
 # appended events sends one pg_notify after its commit and every server process LISTENs
 # (live/pgnotify.py), so events written by another process (the reconciler, a management

@@ -28,6 +28,14 @@ socket behind ``start`` (a backlog on subscribe, a reconnect with an old ``after
 that could not keep up while ``LIVE_BUFFER_EVENTS`` events went by) reads the log after its
 own cursor first, as before, then continues from the buffer. A lost wake-up is caught by the
 hub's sweep (every ``LIVE_SWEEP_SECONDS``: re-join the groups, one read per feed).
+
+Under sustained writing a feed reads at most ``LIVE_FEED_READS_PER_SECOND`` times a second
+(``ReadPacer``: a token bucket of ``READ_BURST`` reads). A wake-up after a quiet moment is read
+at once; when commits arrive faster than that, the wake-ups that arrive while a feed waits for
+its turn join its next read, so its sockets get one frame with several events instead of one
+frame per commit. What streaming costs the server then grows with the sockets and the reads a
+second, not with the write rate: at 25 reads a second an event waits at most 40 ms more for its
+read, and only while the project's writers outrun that pace.
 """
 from __future__ import annotations
 
@@ -52,6 +60,32 @@ log = logging.getLogger("novelforge.live")
 
 #: Re-reads of a feed whose announced event is not readable yet: first after 2 ms, doubling to 250 ms.
 _RECHECK_FIRST, _RECHECK_MAX = 0.002, 0.25
+
+
+#: A feed's reads that may follow each other at once before ``LIVE_FEED_READS_PER_SECOND`` applies.
+READ_BURST = 4
+
+
+class ReadPacer:
+    """A token bucket: ``burst`` reads at once, then ``per_second`` reads a second (0: no limit).
+
+    ``delay(now)`` takes the next read's turn and answers how long to wait for it (0.0: read now).
+    Pure (the caller passes the clock), so it is tested without waiting.
+    """
+
+    def __init__(self, per_second: float, burst: int = READ_BURST, now: float = 0.0) -> None:
+        self.per_second = per_second
+        self.burst = burst
+        self.tokens = float(burst)
+        self.stamp = now
+
+    def delay(self, now: float) -> float:
+        if self.per_second <= 0:
+            return 0.0
+        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.per_second) - 1.0
+        self.stamp = now
+        # A negative balance is the wait: by then it has been paid back (a debt, not a refusal).
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.per_second
 
 
 class Member(Protocol):
@@ -156,6 +190,7 @@ class Feed:
         self.start = 0  # the buffer holds every event of the project with start < id <= head
         self.buffer: deque[tuple[int, int | None, str]] = deque()
         self.reads = 0  # log reads made by this feed (observability and tests)
+        self.pacer = ReadPacer(float(settings.LIVE_FEED_READS_PER_SECOND), now=asyncio.get_running_loop().time())
         self._wanted = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -187,11 +222,18 @@ class Feed:
         return out
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._wanted.wait()
-            self._wanted.clear()
             delay, waited = _RECHECK_FIRST, 0.0
             while True:
+                # Every read waits for its turn (ReadPacer); wake-ups that arrive meanwhile are
+                # covered by this read, so the flag is cleared only once the turn has come.
+                pause = self.pacer.delay(loop.time())
+                if pause > 0:
+                    await asyncio.sleep(pause)  # pacing the reads, not a synchronisation
+                self._wanted.clear()
+                head = self.head
                 try:
                     await self._read()
                 except asyncio.CancelledError:
@@ -199,17 +241,17 @@ class Feed:
                 except Exception:  # a database hiccup: the next wake-up or the sweep reads again
                     log.warning("event feed read for project %s failed", self.project_id, exc_info=True)
                     break
-                for member in list(self.members):
-                    member.feed_advanced(self.project_id)
+                if self.head > head:
+                    for member in list(self.members):
+                        member.feed_advanced(self.project_id)
                 if self.head >= self.announced or waited >= float(settings.LIVE_SWEEP_SECONDS):
                     break
                 # The announced event is committed but not readable yet: it sits above the log's
                 # watermark while an older transaction of this database is still open
                 # (novelforge_sessions.events). Nothing announces that transaction's end, so
-                # re-read shortly, backing off; a new wake-up reads at once.
+                # re-read shortly, backing off; a new wake-up reads at once (at its turn).
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wanted.wait(), delay)
-                self._wanted.clear()
                 waited += delay
                 delay = min(delay * 2, _RECHECK_MAX)
 

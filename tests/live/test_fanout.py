@@ -7,7 +7,9 @@ server's API.
 """
 from __future__ import annotations
 
+import math
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from django.db import transaction
 from novelforge_sessions import events
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.event_types import EventType
+from novelforge_sessions.live import fanout
 from novelforge_sessions.models import Event
 from tests.conftest import SESSION, caller_for, make_project
 from tests.live import DaphneServer
@@ -138,6 +141,58 @@ def test_one_wake_up_is_one_read_per_project_for_every_socket_and_each_gets_ever
         # whose event is still above the watermark (a concurrent writer's older transaction
         # was open) costs a re-read a few ms later (live/fanout.py), hence up to twice that.
         assert 2 <= len(reads) <= 2 * (commits["a"] + commits["b"]), len(reads)
+    finally:
+        server.stop()
+
+
+def test_writers_faster_than_the_feeds_pace_share_reads_and_frames_and_every_event_arrives_once(
+    tmp_path, open_socket, world
+):
+    """LIVE_FEED_READS_PER_SECOND=5: three writers commit 60 events through the server as fast
+    as it answers. The feed reads at most its burst plus 5 a second of the time that took (one
+    read per commit would be ~60), and each socket still gets every event once, in id order,
+    a batched socket in fewer frames than events."""
+    rate = 5
+    server, sql = counting_server(tmp_path, "paced", LIVE_FEED_READS_PER_SECOND=str(rate))
+    try:
+        w = world
+        start = ids(0)[-1]
+        sockets = [open_socket(server, token=w["token_a"], batch=i % 2 == 0) for i in range(4)]
+        for s in sockets:
+            assert s.subscribe(project_id=w["a"].id, after=start) == []
+        errors: list[BaseException] = []
+
+        def write(session_id: int) -> None:
+            try:
+                for i in range(20):
+                    api_post(server, w["token_a"], f"/sessions/{session_id}/transcript", {"role": "tool", "content": f"p{i}"})
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        sql.set_mark()
+        began = time.monotonic()
+        threads = [threading.Thread(target=write, args=(sid,)) for sid in (w["s1"].id, w["s2"].id, w["s1"].id)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        expected = ids(start, project_id=w["a"].id)
+        assert len(expected) == 60
+        for s in sockets:
+            assert [e["id"] for e in s.events_until(expected[-1])] == expected
+        elapsed = time.monotonic() - began
+        reads = sql.since_mark()
+        assert 1 <= len(reads) <= fanout.READ_BURST + math.ceil(rate * elapsed) + 1, (len(reads), elapsed)
+        assert all(s.event_frames < len(expected) for s in sockets if s.batch)
+        assert all(s.event_frames == len(expected) for s in sockets if not s.batch)
+        # One more commit after the writers stopped: one read (at its turn), every socket gets it.
+        sql.set_mark()
+        api_post(server, w["token_a"], f"/sessions/{w['s1'].id}/transcript", {"role": "user", "content": "later"})
+        [last] = ids(expected[-1])
+        for s in sockets:
+            assert s.next_event()["id"] == last
+        assert len(sql.since_mark()) == 1
     finally:
         server.stop()
 
