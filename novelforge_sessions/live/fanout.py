@@ -233,17 +233,20 @@ class Feed:
                 if pause > 0:
                     await asyncio.sleep(pause)  # pacing the reads, not a synchronisation
                 self._wanted.clear()
-                head = self.head
+                head, failed = self.head, False
                 try:
                     await self._read()
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # a database hiccup: the next wake-up or the sweep reads again
                     log.warning("event feed read for project %s failed", self.project_id, exc_info=True)
-                    break
+                    failed = True
+                # Told whenever the head moved, even by a read that failed after its first page.
                 if self.head > head:
                     for member in list(self.members):
                         member.feed_advanced(self.project_id)
+                if failed:
+                    break
                 if self.head >= self.announced or waited >= float(settings.LIVE_SWEEP_SECONDS):
                     break
                 # The announced event is committed but not readable yet: it sits above the log's

@@ -125,3 +125,43 @@ async def test_a_feed_remembers_the_announced_id_and_a_sweep_is_not_an_announcem
     feed._wanted.clear()
     feed.wake(events.WAKE_ALL)  # "read once" (the sweep): a read, not an id to wait for
     assert feed.announced == 12 and feed._wanted.is_set()
+
+
+async def test_a_read_that_fails_after_its_first_page_still_tells_the_members_what_it_read():
+    """The read's first page is in the buffer when its second page fails: the sockets are told
+    (they send what the buffer holds), and the next read goes on from the new head."""
+    from novelforge_sessions.live import replay
+
+    class FailingSecondPage:
+        def __init__(self) -> None:
+            self.calls: list[int] = []
+
+        async def page(self, project_id: int, after: int, limit: int) -> list[tuple[int, int | None, str]]:
+            self.calls.append(after)
+            if len(self.calls) == 2:
+                raise psycopg.OperationalError("connection lost mid-read")
+            return [(after + i, None, "{}") for i in range(1, limit + 1)]
+
+    class Member:
+        def __init__(self) -> None:
+            self.told = asyncio.Event()
+
+        def feed_advanced(self, project_id: int) -> None:
+            self.told.set()
+
+    hub = fanout.Hub(asyncio.get_running_loop(), layer=None)
+    hub.reader = FailingSecondPage()
+    feed = fanout.Feed(hub, 1)
+    member = Member()
+    feed.members.add(member)
+    feed.head = feed.start = 10
+    task = asyncio.ensure_future(feed._run())
+    try:
+        feed.wake(10 + replay.PAGE_SIZE + 5)
+        await asyncio.wait_for(member.told.wait(), 10)
+        assert feed.head == 10 + replay.PAGE_SIZE and hub.reader.calls == [10, 10 + replay.PAGE_SIZE]
+        assert [e[0] for e in feed.events_after(10, None)] == list(range(11, 11 + replay.PAGE_SIZE))
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
