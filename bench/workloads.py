@@ -381,8 +381,9 @@ def _subscribers(url: str, token: str, project_id: int, count: int) -> subproces
     writers' rate would measure the bench's client rather than the server. The child holds
     every socket on one asyncio loop, prints ``READY`` once each has caught up, and counts
     events until it has the number its parent then writes to its stdin (or 10 s pass without
-    one more); then it prints ``EVENTS <n> FRAMES <m>`` (the events, and the frames they came in). They subscribe with ``batch`` as the dashboard
-    and ``novelforge_client`` do: each frame carries the events one delivery found.
+    one more); then it prints ``EVENTS <n> FRAMES <m>`` (the events, and the frames they came
+    in). They subscribe with ``batch`` as the dashboard and ``novelforge_client`` do: each frame
+    carries the events one delivery found.
     """
     proc = subprocess.Popen(
         [sys.executable, __file__, "--_subscribe", url, token, str(project_id), str(count)],

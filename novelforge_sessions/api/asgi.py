@@ -78,14 +78,14 @@ class _SyncApiHandler(BaseHandler):
 
     def resolve_request(self, request: Any) -> Any:
         """As ``BaseHandler.resolve_request``, with the match kept per path (``_resolve``). Each
-        request gets its own copy, with its own ``args`` and ``kwargs``, so nothing a view or
-        view middleware does to them reaches the next request."""
+        request gets its own copy, with its own ``kwargs`` (``args`` is a tuple), so nothing a
+        view or view middleware does to them reaches the next request."""
         if hasattr(request, "urlconf"):
             return super().resolve_request(request)
         kept = _resolve(get_resolver(), request.path_info)
         match = object.__new__(type(kept))  # ResolverMatch refuses copy.copy (it forbids pickling)
         match.__dict__.update(kept.__dict__)
-        match.args, match.kwargs = tuple(kept.args), dict(kept.kwargs)
+        match.kwargs = dict(kept.kwargs)
         request.resolver_match = match
         return match
 

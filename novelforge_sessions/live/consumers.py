@@ -30,8 +30,8 @@ events". Each subscription keeps a cursor, a position in the project's log: ever
 below it that belongs to the subscription has been sent. The process reads the log ONCE per
 project per wake-up (``live.fanout``: one hub per process, one feed per project, a buffer of
 the last ``LIVE_BUFFER_EVENTS`` events serialised once; under sustained writing at most
-``LIVE_FEED_READS_PER_SECOND`` reads, each covering the wake-ups that waited) and every socket sends from that buffer
-what lies after its cursor. A subscription behind the buffer (its backlog on subscribe, a
+``LIVE_FEED_READS_PER_SECOND`` reads a second, each covering the wake-ups that waited) and every
+socket sends from that buffer what lies after its cursor. A subscription behind the buffer (its backlog on subscribe, a
 reconnect with an old ``after``, a socket that fell behind) reads the log after its own cursor
 first, then continues from the buffer. On subscribe the feed joins the project's group *first*,
 then the backlog is read, so an event committed meanwhile is either in the backlog or in a

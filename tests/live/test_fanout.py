@@ -70,6 +70,26 @@ def ids(after: int, **where) -> list[int]:
     return list(Event.objects.filter(id__gt=after, **where).order_by("id").values_list("id", flat=True))
 
 
+def write_concurrently(server: DaphneServer, plan: list[tuple[str, int, int]]) -> None:
+    """One thread per (token, session id, n): n transcript entries through the server's API,
+    all threads at once; returns when every thread is done, raising the first error any met."""
+    errors: list[BaseException] = []
+
+    def write(token: str, session_id: int, n: int) -> None:
+        try:
+            for i in range(n):
+                api_post(server, token, f"/sessions/{session_id}/transcript", {"role": "tool", "content": f"w{i}"})
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=p) for p in plan]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
 def test_one_wake_up_is_one_read_per_project_for_every_socket_and_each_gets_every_event_once(
     tmp_path, open_socket, world
 ):
@@ -101,24 +121,9 @@ def test_one_wake_up_is_one_read_per_project_for_every_socket_and_each_gets_ever
         # Then writers on both projects and both of A's sessions, concurrently; a last commit
         # on each project. Every socket: exactly its subscription's events, in id order.
         sql.set_mark()
-        commits = {"a": 0, "b": 0}
-        errors: list[BaseException] = []
-
-        def write(token: str, session_id: int, n: int) -> None:
-            try:
-                for i in range(n):
-                    api_post(server, token, f"/sessions/{session_id}/transcript", {"role": "tool", "content": f"w{i}"})
-            except BaseException as exc:  # surfaced below
-                errors.append(exc)
-
-        plan = [(w["token_a"], w["s1"].id, 15), (w["token_a"], w["s2"].id, 15), (w["token_b"], w["sb"].id, 15)]
-        threads = [threading.Thread(target=write, args=p) for p in plan]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
-        commits["a"], commits["b"] = 30, 15
+        write_concurrently(server, [(w["token_a"], w["s1"].id, 15), (w["token_a"], w["s2"].id, 15),
+                                    (w["token_b"], w["sb"].id, 15)])
+        commits = {"a": 30, "b": 15}
         all_a = ids(start, project_id=w["a"].id)
         all_b = ids(start, project_id=w["b"].id)
         only_1 = ids(start, session_id=w["s1"].id)
@@ -160,23 +165,9 @@ def test_writers_faster_than_the_feeds_pace_share_reads_and_frames_and_every_eve
         sockets = [open_socket(server, token=w["token_a"], batch=i % 2 == 0) for i in range(4)]
         for s in sockets:
             assert s.subscribe(project_id=w["a"].id, after=start) == []
-        errors: list[BaseException] = []
-
-        def write(session_id: int) -> None:
-            try:
-                for i in range(20):
-                    api_post(server, w["token_a"], f"/sessions/{session_id}/transcript", {"role": "tool", "content": f"p{i}"})
-            except BaseException as exc:  # surfaced below
-                errors.append(exc)
-
         sql.set_mark()
         began = time.monotonic()
-        threads = [threading.Thread(target=write, args=(sid,)) for sid in (w["s1"].id, w["s2"].id, w["s1"].id)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
+        write_concurrently(server, [(w["token_a"], sid, 20) for sid in (w["s1"].id, w["s2"].id, w["s1"].id)])
         expected = ids(start, project_id=w["a"].id)
         assert len(expected) == 60
         for s in sockets:
