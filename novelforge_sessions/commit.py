@@ -1,8 +1,9 @@
 """The hot write path's statements: the transaction's first one carries its BEGIN
 (``execute_first``) and its last one its COMMIT (``execute_last``), a round trip fewer each,
-and each runs on a cursor kept for it (``statement_cursor``: its parameters' adapters are
-found once per connection). A checkpoint POST is two round trips: BEGIN with the run lock,
-the insert with the COMMIT.
+a transaction of one statement both (``execute_only``), and each runs on a cursor kept for it
+(``statement_cursor``: its parameters' adapters are found once per connection). A checkpoint
+POST without refs or idempotency key is one round trip (``BEGIN; <lock, checks and writes>;
+COMMIT``); one with them is two: BEGIN with the run lock, the insert with the COMMIT.
 
 Before these, a checkpoint was five round trips (token, BEGIN, run lock, insert, COMMIT), each
 ~0.1 ms of the server's CPU on this stack (the cursor, the send, the wait and the kernel's
@@ -111,12 +112,38 @@ def execute_first(cursor: Any, sql: str, params: Any = None) -> bool:
     server ran anything leaves it idle, with nothing to roll back. The statement's own result is
     made the cursor's current one (``fetchone`` reads it). Returns whether BEGIN went with it.
     """
-    db = cursor.db
-    if not starts_transaction(db):
+    if not starts_transaction(cursor.db):
         cursor.execute(sql, params)
         return False
-    raw = db.connection
+    _execute_with_begin(cursor, sql, params, commit=False)
+    return True
+
+
+def execute_only(cursor: Any, sql: str, params: Any = None) -> tuple[bool, bool]:
+    """Execute a transaction's one statement: with its BEGIN when it starts the transaction
+    (``execute_first``) and its COMMIT when it ends it (``execute_last``), so that a write
+    made of one statement is one round trip: ``BEGIN; <statement>; COMMIT``. The server runs
+    them in order and stops at the first error: a failing statement leaves the begun
+    transaction aborted and skips the COMMIT (the block rolls back), a failing COMMIT raises
+    here. Returns (BEGIN went with it, COMMIT went with it); the statement's result is the
+    cursor's current one. The caller's contract is both functions': nothing before it in the
+    block, nothing executed after it."""
+    db = cursor.db
+    begins, ends = starts_transaction(db), ends_transaction(db)
+    if begins and ends:
+        _execute_with_begin(cursor, sql, params, commit=True)
+    elif begins:
+        _execute_with_begin(cursor, sql, params, commit=False)
+    else:
+        ends = execute_last(cursor, sql, params)
+    return begins, ends
+
+
+def _execute_with_begin(cursor: Any, sql: str, params: Any, *, commit: bool) -> None:
+    raw = cursor.db.connection
     begin = raw._get_tx_start_command()
+    if commit:
+        sql = _joined(_WITH_COMMIT, sql, lambda: sql + _COMMIT)
     with_begin = _joined(_WITH_BEGIN, (begin, sql), lambda: begin.decode("ascii") + ";\n" + sql)
     raw._autocommit = True  # for this execute only: the statement carries the BEGIN
     try:
@@ -124,7 +151,6 @@ def execute_first(cursor: Any, sql: str, params: Any = None) -> bool:
     finally:
         raw._autocommit = False
     cursor.nextset()  # BEGIN's result first, then the statement's
-    return True
 
 
 def statement_cursor(db: Any, key: str) -> Any:

@@ -40,6 +40,20 @@ class EventType:
             )
         return payload
 
+    def filled_by_statement(self, filled: frozenset[str], **payload: Any) -> dict[str, Any]:
+        """The payload without ``filled``: fields the writing statement itself supplies (ids it
+        draws, numbers it counts), checked as ``__call__`` checks a whole one. ``filled`` must
+        be declared fields the payload does not carry."""
+        if not filled <= self.fields or filled & payload.keys():
+            raise TypeError(f"event {self.name}: {sorted(filled)} cannot be filled by the statement")
+        missing = self.required - payload.keys() - filled
+        unknown = payload.keys() - self.fields
+        if missing or unknown:
+            raise TypeError(
+                f"event {self.name}: missing {sorted(missing)}, unknown {sorted(unknown)} (declared: {sorted(self.fields)})"
+            )
+        return payload
+
     def __str__(self) -> str:
         return self.name
 

@@ -512,6 +512,24 @@ def stage(
     return Staged(params, project_id, session_id, run_id, type.name, actor)
 
 
+def stage_in_locking_statement(*, type: EventType, filled: frozenset[str], payload: dict[str, Any], actor: str) -> dict[str, Any]:
+    """For a statement that takes its session's ordering lock itself (``order_lock_sql`` in its
+    ``WHERE``, evaluated before its row lock and its writes) and inserts the event too: the
+    event's parameters (``ev_type``, ``ev_payload``, ``ev_actor``), its payload checked against
+    the catalog as ``stage`` checks it, less the ``filled`` fields, which the statement adds
+    (``ev_payload || jsonb_build_object(...)``: the ids it draws, the numbers it counts).
+
+    The ordering lock is not held yet when this runs (the statement takes it), so there is
+    nothing for the suite's ordering check to look at here; the statement's shape is the
+    guarantee. After it, ``recorded`` takes a ``Staged`` built from the statement's row."""
+    if not isinstance(type, EventType):
+        raise TypeError(f"events.append takes an event_types constant, not {type!r}")
+    if not connection.in_atomic_block:
+        raise RuntimeError("events.append must run inside the writing transaction")
+    body = json.dumps(type.filled_by_statement(filled, **payload), cls=DjangoJSONEncoder)
+    return {"ev_type": type.name, "ev_payload": body, "ev_actor": actor}
+
+
 def recorded(staged: Staged, event_id: int) -> int:
     """The caller's statement inserted ``staged`` as ``event_id``: wake the sockets after commit."""
     line = (

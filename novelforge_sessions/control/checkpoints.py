@@ -18,8 +18,10 @@ from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, acts_for_runtime, check, runtime_gone
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.models import ApprovalDecision, WriteIntent
-from novelforge_sessions.errors import IdempotencyKeyReused, NotFound, RunNotOpen, StaleAuthority, ValidationFailed
-from novelforge_sessions.models import LIVE_RUNTIME_PARAMS, Checkpoint, Project, Run, Session, live_runtime_sql
+from novelforge_sessions.errors import (
+    IdempotencyKeyReused, NotFound, RunNotOpen, ServiceError, StaleAuthority, ValidationFailed,
+)
+from novelforge_sessions.models import LIVE_RUNTIME_PARAMS, Checkpoint, Event, Project, Run, Session, live_runtime_sql
 
 #: The columns ``Project.authority_ref()`` reads, so the lock below selects exactly those.
 _AUTHORITY_FIELDS = tuple(Project().authority_ref())
@@ -86,6 +88,58 @@ SELECT id FROM e
 """
 
 
+# A checkpoint without refs or idempotency key (what an agent writes at nearly every step) in
+# ONE statement: the run lock above (``l``, its ordering lock first), the conditions under which
+# it may be written (``w``: the token still valid and none of ``_refuse_unwritable``'s refusals,
+# the same rules in SQL), and the three writes, each from ``w``, so a refusal writes nothing.
+# Sent as ``BEGIN; <this>; COMMIT`` (``commit.execute_only``): one round trip instead of two,
+# and the run lock is held for one statement only. The row of ``l`` comes back with the event's
+# id (NULL: nothing was written), and ``_record_in_one_statement`` runs the refusal order on it
+# as the two-statement path does, failing if the two ever disagree. The authority check is JSON
+# containment, which for the refs' scalar values (typed by ``rt.validate_authority_refs``) is
+# ``check_authority``'s equality. After a wait for the run lock the row is the latest version
+# (READ COMMITTED re-reads a locked row), so the count and the run's update are the committed
+# ones, as they were with two statements; ``created_at`` is stamped just before the statement
+# instead of under the lock, so two writers racing on one run may store stamps a lock wait
+# out of seq order.
+_LOCK_COLUMNS = ("state", "checkpoint_count", "session_id", "project_id", "status", "runtime_live", "token_valid",
+                 "checkpoint_id", *_AUTHORITY_FIELDS)
+
+
+def _current_authority(alias: str) -> str:
+    """The project's current authority refs of the locked row ``alias`` as the JSON object the
+    checkpoint stores (``Project.authority_ref()``'s keys)."""
+    return "jsonb_build_object({})".format(", ".join(f"'{f}', {alias}.{f}" for f in _AUTHORITY_FIELDS))
+
+
+_WRITE_SQL = f"""
+WITH l ({", ".join(_LOCK_COLUMNS)}) AS ({_LOCK_RUN_SQL}), w AS (
+  SELECT * FROM l
+   WHERE l.token_valid AND l.state = %(open)s AND (l.runtime_live OR NOT %(acts_for_runtime)s)
+     AND {_current_authority("l")} @> %(stated_authority)s::jsonb
+), c AS (
+  INSERT INTO {Checkpoint._meta.db_table}
+    (id, session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
+     schema_version, size_bytes, created_at)
+  SELECT w.checkpoint_id, w.session_id, %(id)s, w.checkpoint_count + 1, %(boundary)s, %(cursor)s::jsonb, '[]',
+         {_current_authority("w")}, '{{}}', '[]', %(resume_policy)s, %(schema_version)s, %(size_bytes)s, %(created_at)s
+    FROM w
+  RETURNING id, seq
+), u AS (
+  UPDATE {Run._meta.db_table} AS r SET checkpoint_count = c.seq, cursor = %(cursor)s::jsonb FROM c WHERE r.id = %(id)s
+), e AS (
+  INSERT INTO {Event._meta.db_table} (project_id, session_id, run_id, type, payload, actor, created_at)
+  SELECT w.project_id, w.session_id, %(id)s, %(ev_type)s,
+         %(ev_payload)s::jsonb || jsonb_build_object('checkpoint_id', c.id, 'seq', c.seq), %(ev_actor)s, now()
+    FROM w, c
+  RETURNING id
+)
+SELECT l.*, (SELECT id FROM e) FROM l
+"""
+#: The event payload's fields the statement fills (it draws the id and counts the seq).
+_FILLED = frozenset({"checkpoint_id", "seq"})
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder)
 
@@ -102,7 +156,9 @@ def request_digest(payload: dict[str, Any]) -> str:
 
 
 def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, refs_in_reach: bool = False) -> Checkpoint:
-    """Validate (pure) then write checkpoint N+1 of an open run, in one transaction.
+    """Validate (pure) then write checkpoint N+1 of an open run, in one transaction: one
+    statement for a checkpoint without refs or idempotency key (``_WRITE_SQL``), else the run
+    lock, the replay and the refs' reads, then the insert.
 
     With an ``idempotency_key``, a retry (same key, same body) returns the checkpoint the first
     request wrote, with ``replayed = True`` and nothing written, even if the run has ended since
@@ -128,6 +184,8 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
     spec = check(
         rt.validate_checkpoint, payload, max_bytes=settings.CHECKPOINT_MAX_BYTES, pending_keys=waits.pending_keys(),
     )
+    if 0 < run_id <= BIGINT_MAX and spec.idempotency_key is None and not (spec.artifacts or spec.approvals or spec.pending):
+        return _record_in_one_statement(caller, run_id, spec)
     db = connections[DEFAULT_DB_ALIAS]  # once: each use of the ``connection`` proxy is a thread-local lookup
     with transaction.atomic():
         row = None
@@ -151,29 +209,14 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
                     )
                 first.replayed = True
                 return first
-        if state != rt.RunState.OPEN:
-            raise RunNotOpen("checkpoints are written by an open run", state=state)
-        if not runtime_live and acts_for_runtime(caller):
-            raise runtime_gone(session_id, status)
         current = dict(zip(_AUTHORITY_FIELDS, authority))
-        check_authority(spec.authority, current)
+        _refuse_unwritable(caller, spec, state=state, session_id=session_id, status=status,
+                           runtime_live=runtime_live, current=current)
         artifacts = artifact_refs(None if refs_in_reach else caller, project_id, spec.artifacts)
         approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
         pending = waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending) if spec.pending else {}
-        checkpoint = Checkpoint(
-            session_id=session_id,
-            run_id=run_id,
-            seq=count + 1,
-            boundary=spec.boundary.value,
-            cursor=spec.cursor,
-            artifacts=artifacts,
-            authority=current,
-            pending=pending,
-            approvals=approvals,
-            resume_policy=spec.resume_policy,
-            size_bytes=spec.size_bytes,
-        )
-        checkpoint.id, checkpoint.created_at = checkpoint_id, timezone.now()  # the application's clock (resume compares it)
+        checkpoint = _checkpoint(spec, run_id, session_id, count + 1, checkpoint_id, current,
+                                 artifacts=artifacts, pending=pending, approvals=approvals)
         event = events.stage(
             project_id=project_id, session_id=session_id, run_id=run_id, type=ev.CHECKPOINT_RECORDED, actor=caller.label,
             payload={"checkpoint_id": checkpoint.id, "seq": checkpoint.seq, "boundary": checkpoint.boundary,
@@ -192,9 +235,79 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
             **event.params,
         })
         events.recorded(event, cur.fetchone()[0])
-        checkpoint._state.adding = False
         checkpoint.idempotency_key, checkpoint.request_digest = spec.idempotency_key, digest
-        checkpoint.replayed = False
+    return checkpoint
+
+
+def _refuse_unwritable(
+    caller: Caller, spec: rt.CheckpointSpec, *, state: str, session_id: int, status: str, runtime_live: bool,
+    current: dict[str, Any],
+) -> None:
+    """The refusals after the replay, in order: ``run_not_open``, ``no_live_runtime`` (a write
+    on a runtime's behalf once the session's runtime is gone), ``stale_authority``. The one
+    statement's ``w`` (``_WRITE_SQL``) writes exactly when none of these applies."""
+    if state != rt.RunState.OPEN:
+        raise RunNotOpen("checkpoints are written by an open run", state=state)
+    if not runtime_live and acts_for_runtime(caller):
+        raise runtime_gone(session_id, status)
+    check_authority(spec.authority, current)
+
+
+def _checkpoint(
+    spec: rt.CheckpointSpec, run_id: int, session_id: int, seq: int, checkpoint_id: int, current: dict[str, Any], *,
+    artifacts: list[dict[str, Any]], pending: dict[str, Any], approvals: list[Any],
+) -> Checkpoint:
+    """The written checkpoint as the answer shows it (``created_at``: the application's clock,
+    which resume compares)."""
+    checkpoint = Checkpoint(
+        id=checkpoint_id, session_id=session_id, run_id=run_id, seq=seq, boundary=spec.boundary.value,
+        cursor=spec.cursor, artifacts=artifacts, authority=current, pending=pending, approvals=approvals,
+        resume_policy=spec.resume_policy, size_bytes=spec.size_bytes, created_at=timezone.now(),
+    )
+    checkpoint._state.adding = False
+    checkpoint.replayed = False
+    return checkpoint
+
+
+def _record_in_one_statement(caller: Caller, run_id: int, spec: rt.CheckpointSpec) -> Checkpoint:
+    """``record_checkpoint`` for a checkpoint without refs or idempotency key: ``_WRITE_SQL``,
+    one round trip. The statement decides whether to write (``w``); the refusal order is then
+    run on the locked row as on the two-statement path, and the two must agree (they check the
+    same conditions; ``tests/sessions/test_one_statement_checkpoint.py`` runs every refusal on
+    both paths)."""
+    db = connections[DEFAULT_DB_ALIAS]
+    checkpoint = _checkpoint(spec, run_id, 0, 0, 0, {}, artifacts=[], pending={}, approvals=[])
+    with transaction.atomic():
+        event = events.stage_in_locking_statement(
+            type=ev.CHECKPOINT_RECORDED, filled=_FILLED, actor=caller.label,
+            payload={"boundary": checkpoint.boundary, "cursor": checkpoint.cursor},
+        )
+        events.before_order_lock()
+        cur = commit.statement_cursor(db, _WRITE_SQL)
+        cursor = _dumps(checkpoint.cursor)
+        commit.execute_only(cur, _WRITE_SQL, {
+            **lock_params(caller, run_id), "open": rt.RunState.OPEN.value, "acts_for_runtime": acts_for_runtime(caller),
+            "stated_authority": _dumps(spec.authority or {}), "boundary": checkpoint.boundary, "cursor": cursor,
+            "resume_policy": checkpoint.resume_policy, "schema_version": checkpoint.schema_version,
+            "size_bytes": checkpoint.size_bytes, "created_at": checkpoint.created_at, **event,
+        })
+        row = cur.fetchone()
+        if row is None:
+            raise NotFound("run not found", run_id=run_id)
+        state, count, session_id, project_id, status, runtime_live, token_valid, checkpoint_id, *authority, event_id = row
+        current = dict(zip(_AUTHORITY_FIELDS, authority))
+        try:
+            token_confirmed(caller, token_valid)  # a recalled caller's token, checked again (api/auth.py)
+            _refuse_unwritable(caller, spec, state=state, session_id=session_id, status=status,
+                               runtime_live=runtime_live, current=current)
+        except ServiceError:
+            if event_id is not None:  # never: the statement wrote what the checks refuse
+                raise RuntimeError(f"checkpoint of run {run_id} written by its statement but refused by its checks")
+            raise
+        if event_id is None:  # never: the checks pass what the statement did not write
+            raise RuntimeError(f"checkpoint of run {run_id} passed its checks but its statement wrote nothing")
+        checkpoint.id, checkpoint.session_id, checkpoint.seq, checkpoint.authority = checkpoint_id, session_id, count + 1, current
+        events.recorded(events.Staged({}, project_id, session_id, run_id, ev.CHECKPOINT_RECORDED.name, caller.label), event_id)
     return checkpoint
 
 

@@ -26,14 +26,27 @@ def _kept(sql: str):
     return None if kept is None else kept[2].get(sql)
 
 
-def test_the_checkpoints_statements_reuse_their_cursor_and_its_adapters(owner, new_session):
+def test_the_checkpoints_one_statement_reuses_its_cursor_and_its_adapters(owner, new_session):
     s = new_session(run=True)
     assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
+    write = _kept(checkpoints._WRITE_SQL)
+    assert write is not None and _kept(checkpoints._LOCK_RUN_SQL) is None  # one statement, on its own cursor
+    adapters = write._tx
+    for _ in range(2):
+        assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
+    # The same cursor, and psycopg kept its transformer (its dumpers) across executes.
+    assert _kept(checkpoints._WRITE_SQL) is write and write._tx is adapters
+    assert Checkpoint.objects.filter(run_id=s["run"]["id"]).count() == 3
+
+
+def test_the_two_statements_of_a_keyed_checkpoint_reuse_their_cursors_and_their_adapters(owner, new_session):
+    s = new_session(run=True)
+    assert owner.post(f"/runs/{s['run']['id']}/checkpoints", {**BODY, "idempotency_key": "k0"}).status_code == 201
     lock, insert = _kept(checkpoints._LOCK_RUN_SQL), _kept(checkpoints._INSERT_SQL)
     assert lock is not None and insert is not None and lock is not insert
     adapters = (lock._tx, insert._tx)
-    for _ in range(2):
-        assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
+    for key in ("k1", "k2"):
+        assert owner.post(f"/runs/{s['run']['id']}/checkpoints", {**BODY, "idempotency_key": key}).status_code == 201
     # The same cursors, and psycopg kept each one's transformer (its dumpers) across executes.
     assert (_kept(checkpoints._LOCK_RUN_SQL), _kept(checkpoints._INSERT_SQL)) == (lock, insert)
     assert (lock._tx, insert._tx) == adapters
@@ -43,11 +56,11 @@ def test_the_checkpoints_statements_reuse_their_cursor_and_its_adapters(owner, n
 def test_a_new_connection_gets_new_cursors_and_the_write_still_works(owner, new_session):
     s = new_session(run=True)
     assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
-    before = _kept(checkpoints._LOCK_RUN_SQL)
+    before = _kept(checkpoints._WRITE_SQL)
     connection.close()
     assert before.closed or before.connection.closed  # bound to the connection that is gone
     assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
-    after = _kept(checkpoints._LOCK_RUN_SQL)
+    after = _kept(checkpoints._WRITE_SQL)
     assert after is not before and not after.closed
     assert after.connection is connections[DEFAULT_DB_ALIAS].connection
 
