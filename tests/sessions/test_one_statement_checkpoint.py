@@ -52,26 +52,30 @@ def _stored(checkpoint_id: int) -> tuple:
 
 
 # --------------------------------------------------------------- every outcome on both paths
+#: case -> (the answer's code, how to get there: a run id to use, end the run, expire the lease, refs to state)
 REFUSALS = {
-    "no such run": lambda s, project: {"run": 2**62},
-    "the run ended": lambda s, project: {"end": True},
-    "the runtime's lease ran out": lambda s, project: {"expire": True},
-    "a stale authority version": lambda s, project: {"authority": {"authority_version": project.authority_version + 1}},
-    "a stale lock fingerprint": lambda s, project: {"authority": {"lock_fingerprint": "sha256:" + "b" * 64}},
-    "a stale framework version": lambda s, project: {"authority": {"framework_version": "2", "authority_version":
-                                                                   project.authority_version}},
-    "the ended run before the stale authority": lambda s, project: {
-        "end": True, "authority": {"authority_version": project.authority_version + 1}},
+    "no such run": ("not_found", lambda project: {"run": 2**62}),
+    "the run ended": ("run_not_open", lambda project: {"end": True}),
+    "the runtime's lease ran out": ("no_live_runtime", lambda project: {"expire": True}),
+    "a stale authority version": ("stale_authority", lambda project: {
+        "authority": {"authority_version": project.authority_version + 1}}),
+    "a stale lock fingerprint": ("stale_authority", lambda project: {
+        "authority": {"lock_fingerprint": "sha256:" + "b" * 64}}),
+    "a stale framework version beside a current version": ("stale_authority", lambda project: {
+        "authority": {"framework_version": "2", "authority_version": project.authority_version}}),
+    "the ended run before the stale authority": ("run_not_open", lambda project: {
+        "end": True, "authority": {"authority_version": project.authority_version + 1}}),
 }
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_each_refusal_answers_the_same_on_both_paths_and_writes_nothing(owner, new_session, project, case):
+    code, setup = REFUSALS[case]
     answers = []
     for keyed in (False, True):
         s = new_session(run=True)
-        how = REFUSALS[case](s, Project.objects.get(id=project.id))
+        how = setup(Project.objects.get(id=project.id))
         if how.get("end"):
             assert owner.post(f"/runs/{s['run']['id']}/end", {"outcome": "completed"}).status_code == 200
         if how.get("expire"):
@@ -79,7 +83,7 @@ def test_each_refusal_answers_the_same_on_both_paths_and_writes_nothing(owner, n
         before = snapshot()
         body = {**CP, **({"authority": how["authority"]} if "authority" in how else {})}
         resp = _post(owner, how.get("run", s["run"]["id"]), body, keyed)
-        assert resp.status_code in (404, 409), resp.content
+        assert resp.status_code in (404, 409) and resp.json()["error"]["code"] == code, resp.content
         assert snapshot() == before, "a refusal writes nothing"
         status, error = _answer(resp)
         details = dict(error.get("details") or {})
