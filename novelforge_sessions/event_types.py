@@ -32,13 +32,7 @@ class EventType:
         return self.required | self.optional
 
     def __call__(self, **payload: Any) -> dict[str, Any]:
-        missing = self.required - payload.keys()
-        unknown = payload.keys() - self.fields
-        if missing or unknown:
-            raise TypeError(
-                f"event {self.name}: missing {sorted(missing)}, unknown {sorted(unknown)} (declared: {sorted(self.fields)})"
-            )
-        return payload
+        return self.filled_by_statement(frozenset(), **payload)
 
     def filled_by_statement(self, filled: frozenset[str], **payload: Any) -> dict[str, Any]:
         """The payload without ``filled``: fields the writing statement itself supplies (ids it

@@ -123,6 +123,20 @@ def test_a_constructor_checks_its_declared_fields():
     assert ev.family_of("handoff.claimed") == "handoff" and ev.family_of("no.such") == "other"
 
 
+def test_a_payload_some_of_whose_fields_the_statement_fills_is_checked_without_them():
+    filled = frozenset({"checkpoint_id", "seq"})
+    payload = ev.CHECKPOINT_RECORDED.filled_by_statement(filled, boundary="context_freeze", cursor={})
+    assert payload == {"boundary": "context_freeze", "cursor": {}}
+    with pytest.raises(TypeError, match="missing \\['cursor'\\]"):  # what the statement does not fill is required
+        ev.CHECKPOINT_RECORDED.filled_by_statement(filled, boundary="context_freeze")
+    with pytest.raises(TypeError, match="unknown \\['colour'\\]"):
+        ev.CHECKPOINT_RECORDED.filled_by_statement(filled, boundary="b", cursor={}, colour="red")
+    with pytest.raises(TypeError, match="cannot be filled"):  # only declared fields, and not given twice
+        ev.CHECKPOINT_RECORDED.filled_by_statement(frozenset({"colour"}), boundary="b", cursor={})
+    with pytest.raises(TypeError, match="cannot be filled"):
+        ev.CHECKPOINT_RECORDED.filled_by_statement(filled, boundary="b", cursor={}, seq=1)
+
+
 @pytest.mark.django_db
 def test_append_with_a_string_type_raises_and_writes_nothing(project):
     before = Event.objects.count()
