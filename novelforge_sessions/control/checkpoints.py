@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -216,7 +217,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
         approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
         pending = waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending) if spec.pending else {}
         checkpoint = _checkpoint(spec, run_id, session_id, count + 1, checkpoint_id, current,
-                                 artifacts=artifacts, pending=pending, approvals=approvals)
+                                 artifacts=artifacts, pending=pending, approvals=approvals, created_at=timezone.now())
         event = events.stage(
             project_id=project_id, session_id=session_id, run_id=run_id, type=ev.CHECKPOINT_RECORDED, actor=caller.label,
             payload={"checkpoint_id": checkpoint.id, "seq": checkpoint.seq, "boundary": checkpoint.boundary,
@@ -255,14 +256,14 @@ def _refuse_unwritable(
 
 def _checkpoint(
     spec: rt.CheckpointSpec, run_id: int, session_id: int, seq: int, checkpoint_id: int, current: dict[str, Any], *,
-    artifacts: list[dict[str, Any]], pending: dict[str, Any], approvals: list[Any],
+    artifacts: list[dict[str, Any]], pending: dict[str, Any], approvals: list[Any], created_at: datetime,
 ) -> Checkpoint:
     """The written checkpoint as the answer shows it (``created_at``: the application's clock,
     which resume compares)."""
     checkpoint = Checkpoint(
         id=checkpoint_id, session_id=session_id, run_id=run_id, seq=seq, boundary=spec.boundary.value,
         cursor=spec.cursor, artifacts=artifacts, authority=current, pending=pending, approvals=approvals,
-        resume_policy=spec.resume_policy, size_bytes=spec.size_bytes, created_at=timezone.now(),
+        resume_policy=spec.resume_policy, size_bytes=spec.size_bytes, created_at=created_at,
     )
     checkpoint._state.adding = False
     checkpoint.replayed = False
@@ -276,20 +277,20 @@ def _record_in_one_statement(caller: Caller, run_id: int, spec: rt.CheckpointSpe
     same conditions; ``tests/sessions/test_one_statement_checkpoint.py`` runs every refusal on
     both paths)."""
     db = connections[DEFAULT_DB_ALIAS]
-    checkpoint = _checkpoint(spec, run_id, 0, 0, 0, {}, artifacts=[], pending={}, approvals=[])
+    created_at = timezone.now()
     with transaction.atomic():
         event = events.stage_in_locking_statement(
             type=ev.CHECKPOINT_RECORDED, filled=_FILLED, actor=caller.label,
-            payload={"boundary": checkpoint.boundary, "cursor": checkpoint.cursor},
+            payload={"boundary": spec.boundary.value, "cursor": spec.cursor},
         )
         events.before_order_lock()
         cur = commit.statement_cursor(db, _WRITE_SQL)
-        cursor = _dumps(checkpoint.cursor)
         commit.execute_only(cur, _WRITE_SQL, {
             **lock_params(caller, run_id), "open": rt.RunState.OPEN.value, "acts_for_runtime": acts_for_runtime(caller),
-            "stated_authority": _dumps(spec.authority or {}), "boundary": checkpoint.boundary, "cursor": cursor,
-            "resume_policy": checkpoint.resume_policy, "schema_version": checkpoint.schema_version,
-            "size_bytes": checkpoint.size_bytes, "created_at": checkpoint.created_at, **event,
+            "stated_authority": _dumps(spec.authority or {}), "boundary": spec.boundary.value,
+            "cursor": _dumps(spec.cursor), "resume_policy": spec.resume_policy,
+            "schema_version": rt.CHECKPOINT_SCHEMA_VERSION, "size_bytes": spec.size_bytes, "created_at": created_at,
+            **event,
         })
         row = cur.fetchone()
         if row is None:
@@ -306,9 +307,9 @@ def _record_in_one_statement(caller: Caller, run_id: int, spec: rt.CheckpointSpe
             raise
         if event_id is None:  # never: the checks pass what the statement did not write
             raise RuntimeError(f"checkpoint of run {run_id} passed its checks but its statement wrote nothing")
-        checkpoint.id, checkpoint.session_id, checkpoint.seq, checkpoint.authority = checkpoint_id, session_id, count + 1, current
         events.recorded(events.Staged({}, project_id, session_id, run_id, ev.CHECKPOINT_RECORDED.name, caller.label), event_id)
-    return checkpoint
+    return _checkpoint(spec, run_id, session_id, count + 1, checkpoint_id, current,
+                       artifacts=[], pending={}, approvals=[], created_at=created_at)
 
 
 def artifact_refs(reach: Caller | None, project_id: int, refs: tuple[rt.ArtifactRef, ...]) -> list[dict[str, Any]]:

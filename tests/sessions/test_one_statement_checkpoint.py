@@ -11,7 +11,6 @@ disagreed the action says so instead of answering either way.
 from __future__ import annotations
 
 import itertools
-import threading
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from novelforge_sessions.control import checkpoints
 from novelforge_sessions.errors import RunNotOpen
 from novelforge_sessions.models import Checkpoint, Event, Project, Run
 from tests.conftest import caller_for, make_project
+from tests.sessions.test_concurrency import race, running_session
 from tests.sessions.test_expired_lease_writes import snapshot
 from tests.sessions.test_liveness import expire
 
@@ -157,41 +157,20 @@ WRITERS, EACH = 6, 8
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_one_statement_checkpoints_on_one_run_number_1_to_n_with_one_event_each():
-    from novelforge_sessions.actions import runs, sessions
-    from novelforge_sessions.actions.runtimes import RuntimeSpec
+    caller = caller_for(make_project("one-statement-race"))
+    run = Run.objects.get(session=running_session(caller))
 
-    project = make_project("one-statement-race")
-    caller = caller_for(project)
-    s = sessions.create_session(caller, sessions.NewSession(role="writer", memory_policy="bounded",
-                                                            task_mode="drafting", runtime_family="cli"),
-                                runtime=RuntimeSpec(runtime_family="cli", lease_seconds=600))
-    run = runs.start_run(caller, s.id, cursor={"step": 0}, runtime_id=s.created_runtime_id)
-    barrier = threading.Barrier(WRITERS)
-    written: list[tuple[int, int, dict]] = []
-    failures: list[str] = []
-    lock = threading.Lock()
+    def writer(i: int) -> list[tuple[int, int, dict]]:
+        written = []
+        for j in range(EACH):
+            cursor = {"writer": i, "n": j}
+            c = checkpoints.record_checkpoint(caller, run.id, {"boundary": "context_freeze", "cursor": cursor})
+            written.append((c.id, c.seq, cursor))
+        return written
 
-    def writer(i: int) -> None:
-        from django.db import connection
-
-        try:
-            barrier.wait()
-            for j in range(EACH):
-                cursor = {"writer": i, "n": j}
-                c = checkpoints.record_checkpoint(caller, run.id, {"boundary": "context_freeze", "cursor": cursor})
-                with lock:
-                    written.append((c.id, c.seq, cursor))
-        except Exception as exc:  # a crash is a bug the test must show
-            failures.append(repr(exc))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(WRITERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert failures == []
+    results = race(writer, WRITERS)
+    assert [kind for kind, _ in results] == ["ok"] * WRITERS, results
+    written = [w for _, each in results for w in each]
     n = WRITERS * EACH
     assert sorted(seq for _, seq, _ in written) == list(range(1, n + 1))
     stored = dict(Checkpoint.objects.filter(run_id=run.id).values_list("seq", "cursor"))
