@@ -165,6 +165,14 @@ _db.setdefault("OPTIONS", {})
 _db["OPTIONS"].setdefault("connect_timeout", 5)
 # Start every connection in UTC so Django need not send `SET TIME ZONE` on each new one.
 _db["OPTIONS"].setdefault("options", "-c TimeZone=UTC")
+# The one-statement writes (novelforge_sessions/commit.py) are prepared on a connection after
+# DB_PREPARE_THRESHOLD executions (psycopg's prepare_threshold; 0: on the first): they cost
+# PostgreSQL more to plan than to run. "none" turns preparing off, for a pooler in transaction
+# mode that cannot keep a connection's prepared statements. The ORM's queries are never prepared.
+_PREPARE = env.str("DB_PREPARE_THRESHOLD", default="0").strip().lower()
+if _PREPARE != "none" and not (_PREPARE.isdigit() and int(_PREPARE) <= 1000):
+    raise ImproperlyConfigured(f"DB_PREPARE_THRESHOLD must be a whole number from 0 to 1000, or none; got {_PREPARE!r}")
+_db["OPTIONS"].setdefault("prepare_threshold", None if _PREPARE == "none" else int(_PREPARE))
 DB_POOL_MAX_SIZE = _strict_int("DB_POOL_MAX_SIZE", default=0)
 if DB_POOL_MAX_SIZE:
     if _db["CONN_MAX_AGE"]:

@@ -24,16 +24,16 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.utils import timezone
 
-from novelforge_sessions import commit, events
+from novelforge_sessions import events
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller, token_confirmed
-from novelforge_sessions.actions.lifecycle import BIGINT_MAX, acts_for_runtime, check, runtime_gone
+from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.checkpoints import (
-    _AUTHORITY_FIELDS, _resolve_approvals, artifact_refs, check_authority, lock_params, lock_run_sql,
+    Locked, _resolve_approvals, artifact_refs, decided_lock_sql, lock_params, refusal,
 )
-from novelforge_sessions.errors import NotFound, RunNotOpen, ServiceError, ValidationFailed
+from novelforge_sessions.errors import NotFound, ServiceError, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Run
 
 MAX_BATCH_ITEMS = rt.MAX_BATCH_ITEMS  # declared in the OpenAPI schema as maxItems
@@ -51,7 +51,7 @@ SELECT %(session)s, %(run)s, t.seq, t.boundary, t.cursor, t.artifacts, %(authori
 RETURNING id, seq, created_at
 """
 # The single checkpoint's lock, reading the run's seq (for cursor events) instead of drawing an id.
-_LOCK_SQL = lock_run_sql("r.seq")
+_LOCK_SQL = decided_lock_sql("r.seq")
 _UPDATE_RUN = f"UPDATE {Run._meta.db_table} SET checkpoint_count = %s, cursor = %s::jsonb WHERE id = %s"
 
 
@@ -113,22 +113,27 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
             raise _at(index, exc) from None
         specs.append((kind, spec, body))
 
+    # The authority each checkpoint item states, decided with the run's other refusals by the
+    # lock statement (``checkpoints.decided_lock_sql``); ``stated_by`` maps its index to the item.
+    stated_by = [index for index, (kind, _spec, _body) in enumerate(specs) if kind == "checkpoint"]
+    stated = [specs[index][1].authority for index in stated_by]
     with transaction.atomic():
         row = None
         if 0 < run_id <= BIGINT_MAX:
             events.before_order_lock()
             with connection.cursor() as cur:
-                commit.execute_first(cur, _LOCK_SQL, lock_params(caller, run_id))  # BEGIN rides along
+                cur.execute(_LOCK_SQL, lock_params(caller, run_id, stated))
                 row = cur.fetchone()
         if row is None:
             raise NotFound("run not found", run_id=run_id)
-        state, count, session_id, project_id, status, runtime_live, token_valid, run_seq, *authority = row
-        token_confirmed(caller, token_valid)  # a recalled caller's token, checked again (api/auth.py)
-        if state != rt.RunState.OPEN:
-            raise RunNotOpen("steps are written by an open run", state=state)
-        if not runtime_live and acts_for_runtime(caller):  # the runtime is gone (its lease ran out)
-            raise runtime_gone(session_id, status)
-        current = dict(zip(_AUTHORITY_FIELDS, authority))
+        locked = Locked.of(row)
+        refused = refusal(locked, stated, what="steps")
+        if refused is not None:
+            raise _at(stated_by[locked.stale_item], refused) if locked.refusal == "stale_authority" else refused
+        token_confirmed(caller, True)  # a recalled caller's token: the lock statement found it unchanged
+        count, session_id, project_id, run_seq = (locked.checkpoint_count, locked.session_id, locked.project_id,
+                                                  locked.extra)
+        current = locked.current
         run_cursor = None
         cols: dict[str, list[Any]] = {k: [] for k in ("seq", "boundary", "cursor", "artifacts", "pending", "approvals",
                                                       "resume_policy", "size_bytes", "created_at")}
@@ -139,7 +144,6 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
                     run_cursor = spec
                     plan.append((kind, spec))
                     continue
-                check_authority(spec.authority, current)
                 artifacts = artifact_refs(caller, project_id, spec.artifacts)
                 approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
                 pending = (waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending)
@@ -185,5 +189,5 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
             results.append(ItemResult(kind="checkpoint", checkpoint=checkpoint))
             outbox.append({**base, "type": ev.CHECKPOINT_RECORDED, "payload": {
                 "checkpoint_id": checkpoint.id, "seq": seq, "boundary": checkpoint.boundary, "cursor": checkpoint.cursor}})
-        events.append_many(outbox, last=True)  # last: one statement for every event of the batch, and the COMMIT
+        events.append_many(outbox)  # one statement for every event of the batch
     return count, results
