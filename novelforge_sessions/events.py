@@ -529,22 +529,25 @@ def stage_in_locking_statement(*, type: EventType, filled: frozenset[str], paylo
     return {"ev_type": type.name, "ev_payload": body, "ev_actor": actor}
 
 
-def recorded(staged: Staged, event_id: int) -> int:
-    """The caller's statement inserted ``staged`` as ``event_id``: wake the sockets after commit
-    (now, when that statement was a transaction of its own and has committed)."""
-    line = (
-        (event_id, staged.type_name, staged.project_id, staged.session_id, staged.run_id, staged.actor)
-        if log.isEnabledFor(logging.INFO) else None
-    )
-    if transaction.get_autocommit():
-        wakeup = _Wakeup()
-        wakeup.add(staged.project_id, event_id, line)
+def recorded_many(written: list[tuple[Staged, int]]) -> None:
+    """``recorded`` for several events of one statement: one wake-up for all of them."""
+    info = log.isEnabledFor(logging.INFO)
+    own = transaction.get_autocommit()
+    wakeup = _Wakeup() if own else _current_wakeup()
+    for staged, event_id in written:
+        line = (event_id, staged.type_name, staged.project_id, staged.session_id, staged.run_id, staged.actor)
+        wakeup.add(staged.project_id, event_id, line if info else None)
+    if own and written:
         try:
             wakeup()
         except Exception:  # as on_commit(robust=True): a lost wake-up is recoverable, readers replay
-            log.warning("event wake-up after event %s failed", event_id, exc_info=True)
-        return event_id
-    _current_wakeup().add(staged.project_id, event_id, line)
+            log.warning("event wake-up after events %s failed", [event_id for _, event_id in written], exc_info=True)
+
+
+def recorded(staged: Staged, event_id: int) -> int:
+    """The caller's statement inserted ``staged`` as ``event_id``: wake the sockets after commit
+    (now, when that statement was a transaction of its own and has committed)."""
+    recorded_many([(staged, event_id)])
     return event_id
 
 

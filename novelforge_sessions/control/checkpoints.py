@@ -196,6 +196,13 @@ SELECT r.session_id, s.project_id
 """
 
 
+def run_scope(caller: Caller, run_id: int) -> tuple[int, int] | None:
+    """(session id, project id) of ``run_id`` in the caller's reach (``None``: not found)."""
+    with connections[DEFAULT_DB_ALIAS].cursor() as cur:
+        cur.execute(_SCOPE_SQL, {"id": run_id, "projects": list(caller.project_ids), "bound": caller.session_id})
+        return cur.fetchone()
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder)
 
@@ -244,9 +251,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
     refs_error: ServiceError | None = None
     session_id = project_id = None
     if spec.artifacts or spec.approvals or any(spec.pending.values()):
-        with connections[DEFAULT_DB_ALIAS].cursor() as cur:
-            cur.execute(_SCOPE_SQL, {"id": run_id, "projects": list(caller.project_ids), "bound": caller.session_id})
-            scope = cur.fetchone()
+        scope = run_scope(caller, run_id)
         if scope is None:
             raise NotFound("run not found", run_id=run_id)
         session_id, project_id = scope
