@@ -84,6 +84,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "novelforge_sessions.unavailable.DatabaseUnavailableMiddleware",  # pages: a 503 page when PostgreSQL is gone
     "django.middleware.security.SecurityMiddleware",
+    "novelforge_sessions.health.probes",  # /healthz, /readyz: answered whatever the Host (health.py)
     "novelforge_sessions.middleware.CSPMiddleware",  # django-csp's, plus the websocket origin
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -334,6 +335,7 @@ LOGGING = {
     "filters": {
         "connection_loss": {"()": "novelforge_sessions.logconnection.ConnectionLossFilter"},
         "redact": {"()": "novelforge_sessions.logredact.RedactingFilter"},
+        "one_line": {"()": "novelforge_sessions.server.hosts.OneLine"},
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["connection_loss", "redact"]},
@@ -342,5 +344,7 @@ LOGGING = {
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
+        # A Host outside ALLOWED_HOSTS: one line, without Django's traceback (server/hosts.py).
+        "django.security.DisallowedHost": {"filters": ["one_line"]},
     },
 }
