@@ -29,12 +29,16 @@ def _type_arg(call: ast.Call) -> ast.expr | None:
     """The event-type argument of an emission call, or None if ``call`` is not one.
 
     Emission calls: ``<outbox>.add(session, TYPE, ...)``, ``events.append(type=TYPE, ...)``,
-    ``events.stage(type=TYPE, ...)`` (an event inserted by its write's own statement) and
-    ``_event(intent, TYPE, ...)`` (control/intents.py's wrapper around ``events.append``)."""
+    ``events.stage(type=TYPE, ...)`` and ``events.stage_in_locking_statement(type=TYPE, ...)`` (an
+    event inserted by its write's own statement), ``TYPE.filled_by_statement(...)`` (the same, for
+    a statement that inserts several, control/batch.py) and ``_event(intent, TYPE, ...)``
+    (control/intents.py's wrapper around ``events.append``)."""
     func = call.func
-    if isinstance(func, ast.Attribute) and func.attr in ("append", "stage") and isinstance(func.value, ast.Name) \
-            and func.value.id == "events":
+    if isinstance(func, ast.Attribute) and func.attr in ("append", "stage", "stage_in_locking_statement") \
+            and isinstance(func.value, ast.Name) and func.value.id == "events":
         return next((k.value for k in call.keywords if k.arg == "type"), None)
+    if isinstance(func, ast.Attribute) and func.attr == "filled_by_statement":
+        return func.value
     if isinstance(func, ast.Attribute) and func.attr == "add" and isinstance(func.value, ast.Name) \
             and "outbox" in func.value.id.lower() and len(call.args) >= 2:
         return call.args[1]
@@ -76,6 +80,7 @@ def test_every_emission_site_names_a_catalog_constant():
         ("novelforge_sessions/actions/lifecycle.py", "Subscript"),  # RUNTIME_END_EVENTS[state]
         ("novelforge_sessions/control/intents.py", "type"),  # _event(...) → events.append(type=type)
         ("novelforge_sessions/control/intents.py", "follow"),  # INTENT_EXECUTED_EVENTS[kind]
+        ("novelforge_sessions/events.py", "type"),  # stage_in_locking_statement(type=...) checks its caller's
     }
     wrong = []
     for where, line, arg in _emission_sites():
