@@ -146,7 +146,7 @@ def kill_point(infra: Infra, point: str, *, rounds: int, agents: int, every: int
 
 # ---- kill points on the checkpoint write path -------------------------------------------------------
 def checkpoint_kill(infra: Infra, point: str, *, rounds: int, agents: int, every: int = 3,
-                    seconds: float = 90.0) -> dict[str, Any]:
+                    seconds: float = 60.0) -> dict[str, Any]:
     """SIGKILL at ``point`` of a checkpoint write, ``rounds`` times (every ``every``-th commit on
     ``CHECKPOINT_PATHS``), the server started again after each. Agents write through the shipped
     typed client (``novelforge_client.Client.checkpoint``), one idempotency key per logical step;
