@@ -1,5 +1,6 @@
-"""The faults: kill points, PostgreSQL restarts and terminated backends, a Redis restart under
-two servers with open websockets, and a bounded load. Each returns one dict of figures."""
+"""The faults: kill points (on handoffs, deliveries and heartbeats, and on the checkpoint write
+path), PostgreSQL restarts and terminated backends, a Redis restart under two servers with open
+websockets, and a bounded load. Each returns one dict of figures."""
 from __future__ import annotations
 
 import json

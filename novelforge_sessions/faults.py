@@ -127,7 +127,8 @@ def install(points: list[FaultPoint]) -> None:
 
 
 class FaultMiddleware:
-    """Marks the request being served (only in MIDDLEWARE when the hook is configured)."""
+    """Marks the request being served: first in MIDDLEWARE and in API_MIDDLEWARE (the lean API
+    path, api/asgi.py) when the hook is configured (settings.py), in neither otherwise."""
 
     def __init__(self, get_response: Callable[[Any], Any]) -> None:
         self.get_response = get_response

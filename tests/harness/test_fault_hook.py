@@ -107,7 +107,7 @@ for n in range(3):
 """
 
 
-def test_a_connection_handed_out_again_counts_each_commit_once():
+def test_a_connection_handed_out_again_counts_each_commit_once() -> None:
     proc = _django(AGAIN, NOVELFORGE_FAULT_POINTS="before_commit:3:/results$", DB_POOL_MAX_SIZE="5")
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr[-800:])
     assert proc.stdout.splitlines() == ["committed 1", "not commits", "committed 2"]
