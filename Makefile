@@ -70,7 +70,7 @@ run:
 # N processes behind one address (README, Deployment): each daphne on its own port with REDIS_URL
 # (the channel layer that crosses processes), the reconciler as its own process. Any process
 # exiting, Ctrl-C or SIGTERM stops them all: each daphne gets SIGTERM and drains (requests in
-# flight finish, websockets close with 1012; novelforge_sessions/live/shutdown.py).
+# flight finish, websockets close with 1012; novelforge_sessions/server/drain.py).
 serve-cluster:
 	@$(call bootstrap,run)
 	export REDIS_URL="$${REDIS_URL:-$(CLUSTER_REDIS_URL)}"

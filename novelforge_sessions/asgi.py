@@ -2,8 +2,13 @@
 
 HTTP is wrapped, outermost, in ``BodyLimitMiddleware``: a body over its route's limit gets a
 413 while it streams in, before Django (or anything) buffers it; under daphne, which reads
-whole bodies before it calls any application, ``bodylimit.install()`` applies the same limits
-inside daphne's request as the body arrives (``novelforge_sessions.bodylimit``).
+whole bodies before it calls any application, the same limits are applied inside daphne's
+request as the body arrives (``novelforge_sessions.server``).
+
+Under daphne, ``server.install()`` first checks the installed daphne, Twisted and autobahn
+against the versions its patches were tested with (any other refuses to start), then applies
+them all: body limits while the body arrives, tokens redacted from daphne's access log, the
+SIGTERM drain, autobahn's per-frame debug text memoised (``novelforge_sessions/server/patches.py``).
 
 Websockets are wrapped, outermost first, in ``SameOriginValidator`` (a page from a foreign
 Origin — another host, scheme or port — cannot open a socket with the manager's cookie: the
@@ -20,11 +25,11 @@ import os
 
 from django.core.asgi import get_asgi_application
 
-from novelforge_sessions import bodylimit, logredact
+from novelforge_sessions import bodylimit
+from novelforge_sessions import server
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "novelforge_sessions.settings")
-logredact.install()  # daphne's access log: tokens in a query string are redacted
-bodylimit.install()  # daphne: oversized bodies refused while Twisted receives them
+server.install()  # under daphne only: every server patch, version-checked, in one place
 # Build the Django app before importing anything that touches models (PITFALLS.md).
 django_asgi_app = get_asgi_application()
 
@@ -33,18 +38,10 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from novelforge_sessions.live.origins import SameOriginValidator  # noqa: E402
 from novelforge_sessions.live.routing import websocket_urlpatterns  # noqa: E402
-from novelforge_sessions.live import pgnotify, shutdown  # noqa: E402
-from novelforge_sessions.live.wsframes import memoise_autobahn_hltype  # noqa: E402
+from novelforge_sessions.live import pgnotify  # noqa: E402
 from novelforge_sessions.live.consumers import RawSendMiddleware  # noqa: E402
-from novelforge_sessions.api.asgi import LeanApiApplication, cache_twisted_content_type, drop_twisted_request_log  # noqa: E402
+from novelforge_sessions.api.asgi import LeanApiApplication  # noqa: E402
 from django.conf import settings  # noqa: E402
-
-# Under daphne, SIGTERM drains (stop listening, websockets closed with 1012, requests in flight
-# finish) before daphne cancels what is left: novelforge_sessions.live.shutdown.
-shutdown.install()
-cache_twisted_content_type()  # daphne only: Twisted's Content-Type parse, memoised (api/asgi.py)
-drop_twisted_request_log()  # daphne only: Twisted's duplicate access line, never shown, not built (api/asgi.py)
-memoise_autobahn_hltype()  # daphne only: a websocket frame's debug-log text, memoised (live/wsframes.py)
 
 application = ProtocolTypeRouter(
     {

@@ -194,6 +194,13 @@ class UnsupportedMediaType(ServiceError):
     code, http_status = "unsupported_media_type", 415
 
 
+class HostNotAllowed(BadRequest):
+    """The request's Host (or X-Forwarded-Host, when trusted) is not in ``ALLOWED_HOSTS``: refused
+    before anything runs (``novelforge_sessions/server/hosts.py``)."""
+
+    code = "disallowed_host"
+
+
 class OtherHttpError(ServiceError):
     """An HTTP-level refusal of the framework that no class above names (see :func:`for_status`)."""
 
@@ -348,7 +355,7 @@ class GraphCheckpointConflict(Conflict):
 _CATALOGUED: tuple[type[ServiceError], ...] = (
     # generic refusals
     Unauthorized, Forbidden, NotFound, PayloadTooLarge, ValidationFailed, CheckpointNotBounded,
-    MalformedBody, MethodNotAllowed, UnsupportedMediaType, OtherHttpError, InternalError, DatabaseUnavailable,
+    MalformedBody, HostNotAllowed, MethodNotAllowed, UnsupportedMediaType, OtherHttpError, InternalError, DatabaseUnavailable,
     # sessions
     IllegalTransition, VersionConflict, LiveRuntimeExists, NoLiveRuntime, RuntimeNotLive, OpenRunExists,
     NoOpenRun, RunNotOpen, StaleAuthority, TranscriptFull, OpenConflict, WaitOutstanding, SessionTerminated, StaleRuntime,

@@ -63,7 +63,6 @@ from django.db import connection, transaction
 from django.db.models import BooleanField, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
-from novelforge_sessions import commit
 from novelforge_sessions.event_types import EventType, family_of
 from novelforge_sessions.models import Event
 
@@ -521,22 +520,34 @@ def stage_in_locking_statement(*, type: EventType, filled: frozenset[str], paylo
 
     The ordering lock is not held yet when this runs (the statement takes it), so there is
     nothing for the suite's ordering check to look at here; the statement's shape is the
-    guarantee. After it, ``recorded`` takes a ``Staged`` built from the statement's row."""
+    guarantee. The statement may be a transaction of its own (``commit.execute_write``) or one
+    statement of the caller's. After it, ``recorded`` takes a ``Staged`` built from the
+    statement's row."""
     if not isinstance(type, EventType):
         raise TypeError(f"events.append takes an event_types constant, not {type!r}")
-    if not connection.in_atomic_block:
-        raise RuntimeError("events.append must run inside the writing transaction")
     body = json.dumps(type.filled_by_statement(filled, **payload), cls=DjangoJSONEncoder)
     return {"ev_type": type.name, "ev_payload": body, "ev_actor": actor}
 
 
+def recorded_many(written: list[tuple[Staged, int]]) -> None:
+    """``recorded`` for several events of one statement: one wake-up for all of them."""
+    info = log.isEnabledFor(logging.INFO)
+    own = transaction.get_autocommit()
+    wakeup = _Wakeup() if own else _current_wakeup()
+    for staged, event_id in written:
+        line = (event_id, staged.type_name, staged.project_id, staged.session_id, staged.run_id, staged.actor)
+        wakeup.add(staged.project_id, event_id, line if info else None)
+    if own and written:
+        try:
+            wakeup()
+        except Exception:  # as on_commit(robust=True): a lost wake-up is recoverable, readers replay
+            log.warning("event wake-up after events %s failed", [event_id for _, event_id in written], exc_info=True)
+
+
 def recorded(staged: Staged, event_id: int) -> int:
-    """The caller's statement inserted ``staged`` as ``event_id``: wake the sockets after commit."""
-    line = (
-        (event_id, staged.type_name, staged.project_id, staged.session_id, staged.run_id, staged.actor)
-        if log.isEnabledFor(logging.INFO) else None
-    )
-    _current_wakeup().add(staged.project_id, event_id, line)
+    """The caller's statement inserted ``staged`` as ``event_id``: wake the sockets after commit
+    (now, when that statement was a transaction of its own and has committed)."""
+    recorded_many([(staged, event_id)])
     return event_id
 
 
@@ -556,13 +567,11 @@ def append(**event: Any) -> int:
         return recorded(staged, cur.fetchone()[0])
 
 
-def append_many(items: list[dict[str, Any]], *, last: bool = False) -> list[int]:
+def append_many(items: list[dict[str, Any]]) -> list[int]:
     """Append several events in ONE statement (the batch write path); ids in list order.
 
     Each item has the keyword arguments of ``append``. Same checks as ``append`` (catalog
     constant, declared payload fields, inside the writing transaction), all before the insert.
-    ``last``: the caller runs nothing after it in its transaction, so the COMMIT rides along
-    (``commit.execute_last``).
     """
     if not items:
         return []
@@ -581,11 +590,7 @@ def append_many(items: list[dict[str, Any]], *, last: bool = False) -> list[int]
         cols["actor"].append(item.get("actor", ""))
     _check_ordered(cols["session"])
     with connection.cursor() as cur:
-        params = {"n": len(items), **cols}
-        if last:
-            commit.execute_last(cur, _INSERT_MANY, params)
-        else:
-            cur.execute(_INSERT_MANY, params)
+        cur.execute(_INSERT_MANY, {"n": len(items), **cols})
         ids = [row[0] for row in cur.fetchall()]
     wakeup = _current_wakeup()
     info = log.isEnabledFor(logging.INFO)

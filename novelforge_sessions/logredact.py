@@ -10,15 +10,14 @@ client that puts one in the URL still gets its request line logged — by daphne
   ``api_key``, ``password``, ``secret``, ``auth…``, ``credential``, ``sessionid``, ``key``,
   ``bearer``, ``signature``, ``jwt``) becomes ``[redacted]``; so does any value holding a token.
 
-Daphne writes its access log itself (not through ``logging``), so :func:`install` wraps its
-``AccessLogGenerator.write_entry`` (called from ``asgi.py``, before daphne builds its logger);
+Daphne writes its access log itself (not through ``logging``), so ``server.patches`` wraps its
+``AccessLogGenerator.write_entry`` (installed by ``asgi.py`` under daphne);
 ``settings.LOGGING`` puts :class:`RedactingFilter` on the console handler for everything else.
 """
 from __future__ import annotations
 
 import logging
 import re
-from typing import Any
 from urllib.parse import unquote_plus
 
 REDACTED = "[redacted]"
@@ -74,24 +73,3 @@ class RedactingFilter(logging.Filter):
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
         return True
-
-
-_installed = False
-
-
-def install() -> None:
-    """Redact daphne's access log (its request line names the path and query string)."""
-    global _installed
-    if _installed:
-        return
-    try:
-        from daphne.access import AccessLogGenerator
-    except ImportError:  # not served by daphne
-        return
-    original = AccessLogGenerator.write_entry
-
-    def write_entry(self: Any, host: Any, date: Any, request: str, *args: Any, **kwargs: Any) -> Any:
-        return original(self, host, date, redact(request), *args, **kwargs)
-
-    AccessLogGenerator.write_entry = write_entry  # type: ignore[method-assign]
-    _installed = True

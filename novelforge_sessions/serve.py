@@ -10,7 +10,7 @@ What this fixes that uvicorn's command line would leave to each deployment:
 - **The drain.** SIGTERM: stop listening; close every websocket with 1012 (service restart:
   the dashboard reconnects and resumes after its cursor); let the HTTP requests in flight
   finish and send their responses, for at most ``SHUTDOWN_GRACE_SECONDS`` (validated as under
-  daphne: ``live.shutdown.grace_seconds``); then cancel what is left. Uvicorn does each of these
+  daphne: ``server.drain.grace_seconds``); then cancel what is left. Uvicorn does each of these
   steps itself once ``timeout_graceful_shutdown`` is set; ``tests/live/test_graceful_shutdown.py``
   proves the same outcomes under both servers.
 - **The logs.** Uvicorn's loggers are left unconfigured (``log_config=None``), so its access
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()  # LOGGING applies before uvicorn logs anything
     import uvicorn
 
-    from novelforge_sessions.live.shutdown import grace_seconds
+    from novelforge_sessions.server.drain import grace_seconds
 
     config = uvicorn.Config(
         APP, host=args.host, port=args.port, lifespan="off", log_config=None,

@@ -84,6 +84,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "novelforge_sessions.unavailable.DatabaseUnavailableMiddleware",  # pages: a 503 page when PostgreSQL is gone
     "django.middleware.security.SecurityMiddleware",
+    "novelforge_sessions.health.probes",  # /healthz, /readyz: answered whatever the Host (health.py)
     "novelforge_sessions.middleware.CSPMiddleware",  # django-csp's, plus the websocket origin
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -165,6 +166,14 @@ _db.setdefault("OPTIONS", {})
 _db["OPTIONS"].setdefault("connect_timeout", 5)
 # Start every connection in UTC so Django need not send `SET TIME ZONE` on each new one.
 _db["OPTIONS"].setdefault("options", "-c TimeZone=UTC")
+# The one-statement writes (novelforge_sessions/commit.py) are prepared on a connection after
+# DB_PREPARE_THRESHOLD executions (psycopg's prepare_threshold; 0: on the first): they cost
+# PostgreSQL more to plan than to run. "none" turns preparing off, for a pooler in transaction
+# mode that cannot keep a connection's prepared statements. The ORM's queries are never prepared.
+_PREPARE = env.str("DB_PREPARE_THRESHOLD", default="0").strip().lower()
+if _PREPARE != "none" and not (_PREPARE.isdigit() and int(_PREPARE) <= 1000):
+    raise ImproperlyConfigured(f"DB_PREPARE_THRESHOLD must be a whole number from 0 to 1000, or none; got {_PREPARE!r}")
+_db["OPTIONS"].setdefault("prepare_threshold", None if _PREPARE == "none" else int(_PREPARE))
 DB_POOL_MAX_SIZE = _strict_int("DB_POOL_MAX_SIZE", default=0)
 if DB_POOL_MAX_SIZE:
     if _db["CONN_MAX_AGE"]:
@@ -326,6 +335,7 @@ LOGGING = {
     "filters": {
         "connection_loss": {"()": "novelforge_sessions.logconnection.ConnectionLossFilter"},
         "redact": {"()": "novelforge_sessions.logredact.RedactingFilter"},
+        "one_line": {"()": "novelforge_sessions.server.hosts.OneLine"},
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["connection_loss", "redact"]},
@@ -334,5 +344,7 @@ LOGGING = {
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
+        # A Host outside ALLOWED_HOSTS: one line, without Django's traceback (server/hosts.py).
+        "django.security.DisallowedHost": {"filters": ["one_line"]},
     },
 }

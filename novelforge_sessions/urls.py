@@ -7,6 +7,8 @@ from novelforge_sessions.api import api
 
 # A page that fails on the database answers 503 in plain words (novelforge_sessions.unavailable).
 handler500 = "novelforge_sessions.unavailable.server_error"
+# Below /api/, a Host outside ALLOWED_HOSTS is the typed disallowed_host (server/hosts.py).
+handler400 = "novelforge_sessions.server.hosts.bad_request"
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),

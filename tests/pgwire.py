@@ -1,4 +1,5 @@
-"""What this process's database connection sends: the Query messages of libpq's own trace."""
+"""What this process's database connection sends, read from libpq's own trace: the Query
+messages (``sent_queries``) and the round trips (``round_trips``)."""
 from __future__ import annotations
 
 import os
@@ -9,9 +10,8 @@ import psycopg
 from django.db import connection
 
 
-def sent_queries(action: Callable[[], object]) -> list[str]:
-    """The text of each Query message the client sent while ``action`` ran (simple protocol:
-    Django's client-side-binding cursor, BEGIN and COMMIT), in order."""
+def _frontend_messages(action: Callable[[], object]) -> list[tuple[str, str]]:
+    """(message type, its text) of each message the client sent while ``action`` ran, in order."""
     connection.ensure_connection()
     pgconn = connection.connection.pgconn
     with tempfile.NamedTemporaryFile("r", suffix=".trace") as out:
@@ -32,4 +32,32 @@ def sent_queries(action: Callable[[], object]) -> list[str]:
             messages.append(line)
         elif messages:  # a query's text spans lines
             messages[-1] += "\n" + line
-    return [m.split("\t", 3)[3].strip() for m in messages if m.startswith("F\t") and m.split("\t")[2] == "Query"]
+    sent = []
+    for m in messages:
+        parts = m.split("\t", 3)
+        if parts[0] == "F":
+            sent.append((parts[2], parts[3].strip() if len(parts) > 3 else ""))
+    return sent
+
+
+def sent_queries(action: Callable[[], object]) -> list[str]:
+    """The text of each Query message the client sent while ``action`` ran (simple protocol:
+    Django's client-side-binding cursor, BEGIN and COMMIT), in order."""
+    return [text for kind, text in _frontend_messages(action) if kind == "Query"]
+
+
+def round_trips(action: Callable[[], object]) -> list[list[tuple[str, str]]]:
+    """The messages the client sent while ``action`` ran, grouped by round trip: a simple Query,
+    or the extended protocol's messages up to their Sync (Parse carries a statement's text; a
+    prepared statement executed again sends only Bind and Execute)."""
+    trips: list[list[tuple[str, str]]] = []
+    pending: list[tuple[str, str]] = []
+    for kind, text in _frontend_messages(action):
+        if kind == "Query":
+            trips.append([(kind, text)])
+        elif kind == "Sync":
+            trips.append(pending + [(kind, text)])
+            pending = []
+        else:
+            pending.append((kind, text))
+    return trips

@@ -8,9 +8,11 @@ agent API needs none of the page middleware (sessions, CSRF: the API is token-au
 and csrf-exempt; auth, messages, WhiteNoise: no static files below /api/v1/). So this handler:
 
 - reads the body on the event loop, then makes ONE hop into a fixed pool of
-  ``API_THREADS`` threads that runs Django's sync handler with ``API_MIDDLEWARE`` only
-  (security headers and HTTPS redirect, the Content-Security-Policy header, the body limit,
-  X-Frame-Options: what API responses carried before);
+  ``API_THREADS`` threads that runs Django's sync request path (:class:`ApiHandler`, built from
+  Django's public pieces) with ``API_MIDDLEWARE`` only (security headers and HTTPS redirect, the
+  Content-Security-Policy header, X-Frame-Options: what API responses carried before);
+- refuses a Host outside ``ALLOWED_HOSTS`` first (``disallowed_host``, 400, one log line:
+  ``novelforge_sessions/server/hosts.py``), before any signal, middleware or view runs;
 - keeps each pool thread's database connection open across requests (with psycopg's pool,
   each thread holds one pooled connection instead of checking one out per request), closing
   it only when it failed, is unusable, or was left inside a transaction;
@@ -25,6 +27,7 @@ handler with the full ``MIDDLEWARE``.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import logging
 import queue
@@ -33,13 +36,22 @@ import threading
 from io import BytesIO
 from typing import Any, Callable
 
+from asyncio import iscoroutine, iscoroutinefunction
+
+from asgiref.sync import async_to_sync
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.handlers.asgi import ASGIRequest
-from django.core.handlers.base import BaseHandler
 from django.core.handlers.exception import convert_exception_to_response
+from django.core.signals import request_started
 from django.db import connections
-from django.urls import get_resolver, set_script_prefix
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+from django.urls import ResolverMatch, get_resolver, set_script_prefix, set_urlconf
+from django.utils.log import log_response
 from django.utils.module_loading import import_string
+
+from novelforge_sessions.server.hosts import api_refusal, refused_host
 
 log = logging.getLogger("novelforge.api")
 
@@ -50,44 +62,108 @@ RESOLVED_PATHS_MAX = 1024
 
 
 @functools.lru_cache(maxsize=RESOLVED_PATHS_MAX)
-def _resolve(resolver: Any, path: str) -> Any:
+def _resolve(resolver: Any, path: str) -> ResolverMatch:
     """``resolver.resolve(path)``, kept. Keyed by the resolver too: a changed ``ROOT_URLCONF``
     (``clear_url_caches``, as tests do) gives a new resolver, so nothing stale is answered. A
     path that resolves to nothing raises ``Resolver404`` and is not kept."""
     return resolver.resolve(path)
 
 
-class _SyncApiHandler(BaseHandler):
-    """Django's sync request path with ``settings.API_MIDDLEWARE`` instead of ``MIDDLEWARE``."""
+class ApiHandler:
+    """Django's sync request path, built from public pieces, with ``settings.API_MIDDLEWARE``.
 
-    def load_middleware(self, is_async: bool = False) -> None:  # mirrors BaseHandler's, sync only
-        self._view_middleware = []
-        self._template_response_middleware = []
-        self._exception_middleware = []
-        handler = convert_exception_to_response(self._get_response)
+    What ``BaseHandler`` does for a sync request, without its private state: each middleware of
+    ``API_MIDDLEWARE`` wraps the next (innermost: :meth:`view_response`), each behind
+    ``convert_exception_to_response`` (an exception becomes Django's response for it, as between
+    Django's own layers); their ``process_view``, ``process_template_response`` and
+    ``process_exception`` hooks run where Django runs them. ``ATOMIC_REQUESTS`` is refused (its
+    per-view opt-out is private to Django's handler): the API's actions own their transactions.
+    """
+
+    def __init__(self) -> None:
+        atomic = [alias for alias, db in settings.DATABASES.items() if db.get("ATOMIC_REQUESTS")]
+        if atomic:
+            raise ImproperlyConfigured(f"the lean API path (API_LEAN) does not support ATOMIC_REQUESTS (databases {atomic})")
+        self.view_middleware: list[Callable[..., Any]] = []
+        self.template_response_middleware: list[Callable[..., Any]] = []
+        self.exception_middleware: list[Callable[..., Any]] = []
+        handler = convert_exception_to_response(self.view_response)
         for path in reversed(settings.API_MIDDLEWARE):
             instance = import_string(path)(handler)
             if hasattr(instance, "process_view"):
-                self._view_middleware.insert(0, instance.process_view)
+                self.view_middleware.insert(0, instance.process_view)
             if hasattr(instance, "process_template_response"):
-                self._template_response_middleware.append(instance.process_template_response)
+                self.template_response_middleware.append(instance.process_template_response)
             if hasattr(instance, "process_exception"):
-                self._exception_middleware.append(instance.process_exception)
+                self.exception_middleware.append(instance.process_exception)
             handler = convert_exception_to_response(instance)
-        self._middleware_chain = handler
+        self.chain = handler
 
-    def resolve_request(self, request: Any) -> Any:
-        """As ``BaseHandler.resolve_request``, with the match kept per path (``_resolve``). Each
-        request gets its own copy, with its own ``kwargs`` (``args`` is a tuple), so nothing a
-        view or view middleware does to them reaches the next request."""
+    def get_response(self, request: HttpRequest) -> HttpResponseBase:
+        """The request through the middleware chain; a 4xx or 5xx logged as Django logs it."""
+        set_urlconf(settings.ROOT_URLCONF)
+        response = self.chain(request)
+        if response.status_code >= 400:
+            log_response("%s: %s", response.reason_phrase, request.path, response=response, request=request)
+        return response
+
+    def resolve_request(self, request: HttpRequest) -> ResolverMatch:
+        """The request's view, as Django resolves it, with the match kept per path (``_resolve``).
+        Each request gets its own copy, with its own ``kwargs`` (``args`` is a tuple), so nothing
+        a view or view middleware does to them reaches the next request. A request with its own
+        ``urlconf`` is resolved through it, uncached."""
         if hasattr(request, "urlconf"):
-            return super().resolve_request(request)
-        kept = _resolve(get_resolver(), request.path_info)
-        match = object.__new__(type(kept))  # ResolverMatch refuses copy.copy (it forbids pickling)
-        match.__dict__.update(kept.__dict__)
-        match.kwargs = dict(kept.kwargs)
+            set_urlconf(request.urlconf)
+            match = get_resolver(request.urlconf).resolve(request.path_info)
+        else:
+            kept = _resolve(get_resolver(), request.path_info)
+            match = object.__new__(type(kept))  # ResolverMatch refuses copy.copy (it forbids pickling)
+            match.__dict__.update(kept.__dict__)
+            match.kwargs = dict(kept.kwargs)
         request.resolver_match = match
         return match
+
+    def view_response(self, request: HttpRequest) -> HttpResponseBase:
+        """The innermost layer: view middleware, the view, template-response middleware."""
+        callback, args, kwargs = self.resolve_request(request)
+        response = None
+        for process_view in self.view_middleware:
+            response = process_view(request, callback, args, kwargs)
+            if response:
+                break
+        if response is None:
+            view = async_to_sync(callback) if iscoroutinefunction(callback) else callback
+            try:
+                response = view(request, *args, **kwargs)
+            except Exception as exc:
+                response = self.exception_response(exc, request)
+        self.check_response(response, callback)
+        if callable(getattr(response, "render", None)):
+            for process_template_response in self.template_response_middleware:
+                response = process_template_response(request, response)
+                self.check_response(response, process_template_response)
+            try:
+                response = response.render()
+            except Exception as exc:
+                response = self.exception_response(exc, request)
+        return response
+
+    def exception_response(self, exc: Exception, request: HttpRequest) -> HttpResponseBase:
+        """The first ``process_exception`` answer, else the exception goes on (to
+        ``convert_exception_to_response``)."""
+        for process_exception in self.exception_middleware:
+            response = process_exception(request, exc)
+            if response:
+                return response
+        raise exc
+
+    @staticmethod
+    def check_response(response: Any, callback: Any) -> None:
+        """A view or middleware that answered no response is a bug, reported as Django does."""
+        if response is None or iscoroutine(response):
+            name = getattr(callback, "__qualname__", None) or type(callback).__name__
+            what = "an unawaited coroutine" if response is not None else "None"
+            raise ValueError(f"The view {callback.__module__}.{name} didn't return an HttpResponse object. It returned {what} instead.")
 
 
 def _hold_connections(dbs: list[Any]) -> None:
@@ -109,7 +185,7 @@ def _drop_dead_connections(dbs: list[Any]) -> None:
     """Before a request: hand back a held connection the server has ended while it sat idle.
 
     The pool tests a connection as it leaves (``CONN_HEALTH_CHECKS``); one this thread holds
-    did not leave. PostgreSQL ends a backend (a restart, ``pg_terminate_backend``, an idle
+    did not leave (and Django's own check, one query, is what this replaces). PostgreSQL ends a backend (a restart, ``pg_terminate_backend``, an idle
     timeout) by sending a FATAL error and closing the socket, so an idle connection whose socket
     has anything to read is no longer one to use: it goes back to the pool (which discards it),
     and the request's first query checks out a tested one. No round trip for a live
@@ -125,6 +201,10 @@ def _drop_dead_connections(dbs: list[Any]) -> None:
             readable = True
         if readable or raw.closed:
             conn.close()
+        elif conn.health_check_done is False:
+            # request_started marked it unchecked; the select() above was this request's check,
+            # so its first query makes no round trip of CONN_HEALTH_CHECKS' own.
+            conn.health_check_done = True
 
 
 def _keep_or_close_connections(dbs: list[Any]) -> None:
@@ -164,14 +244,16 @@ class ApiThreads:
     """
 
     def __init__(self, size: int, name: str) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(size)]
-        for thread in self._threads:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self.work, name=f"{name}_{i}", daemon=True) for i in range(size)]
+        for thread in self.threads:
             thread.start()
-        threading._register_atexit(self.shutdown)  # as concurrent.futures does: before non-daemon joins
+        # At exit the threads (daemons: they never hold the interpreter up) finish what they hold:
+        # atexit runs while daemon threads still run.
+        atexit.register(self.shutdown)
 
-    def _work(self) -> None:
-        take = self._queue.get
+    def work(self) -> None:
+        take = self.jobs.get
         while True:
             item = take()
             if item is None:
@@ -192,14 +274,14 @@ class ApiThreads:
         """``fn(*args)`` on one of the threads; an awaitable of its result."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put((loop, future, fn, args))
+        self.jobs.put((loop, future, fn, args))
         return future
 
     def shutdown(self) -> None:
         """Let each thread finish its queued work and stop; wait for them."""
-        for _ in self._threads:
-            self._queue.put(None)
-        for thread in self._threads:
+        for _ in self.threads:
+            self.jobs.put(None)
+        for thread in self.threads:
             if thread is not threading.current_thread():
                 thread.join()
 
@@ -209,22 +291,27 @@ class LeanApiApplication:
 
     def __init__(self, fallback: Any) -> None:
         self.fallback = fallback
-        self.handler = _SyncApiHandler()
-        self.handler.load_middleware()
+        self.handler = ApiHandler()
         self.pool = ApiThreads(settings.API_THREADS, "nf-api")
 
-    def _run(self, scope: dict[str, Any], body: bytes) -> Any:
+    def respond(self, scope: dict[str, Any], body: bytes) -> Any:
         set_script_prefix(scope.get("root_path", "") or "/")
+        request = ASGIRequest(scope, BytesIO(body))
+        refused = refused_host(request)
+        if refused is not None:  # nothing runs for a Host outside ALLOWED_HOSTS: no signal, no view
+            return api_refusal(request, refused), None
+        # As Django's handler: request_started (close_old_connections: obsolete or broken ones go).
+        request_started.send(sender=type(self), scope=scope)
         # This thread's connection wrappers, looked up once per request: each ``connections[alias]``
         # is a thread-local lookup through asgiref's Local (two exceptions raised and caught).
         dbs = connections.all()
         _drop_dead_connections(dbs)
-        request = ASGIRequest(scope, BytesIO(body))
         try:
             response = self.handler.get_response(request)
             content = b"".join(response) if response.streaming else response.content
             _hold_connections(dbs)
-            response.close()
+            response.close()  # request_finished, as Django's handler has it sent
+            request.close()
             return response, content
         finally:
             _keep_or_close_connections(dbs)
@@ -241,53 +328,11 @@ class LeanApiApplication:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        response, content = await self.pool.run(self._run, scope, b"".join(chunks))
+        response, content = await self.pool.run(self.respond, scope, b"".join(chunks))
+        if content is None:  # refused before anything ran
+            content = response.content
         headers = [(k.encode("ascii"), v.encode("latin1")) for k, v in response.items()]
         for cookie in response.cookies.values():
             headers.append((b"Set-Cookie", cookie.output(header="").encode("ascii").strip()))
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
         await send({"type": "http.response.body", "body": content})
-
-
-def cache_twisted_content_type() -> bool:
-    """Under daphne: memoise Twisted's Content-Type parsing (a pure ``bytes -> bytes`` function).
-
-    ``twisted.web.http._parseContentType`` builds an ``email.message.EmailMessage`` for every
-    request with a body, to read the media type: under py-spy that was ~18 % of the server's
-    GIL time per checkpoint POST (the issue's "4 % parsing Content-Type with the email
-    package", before the rest shrank). Clients send a handful of distinct values, so a small
-    LRU cache returns the same answer without the parse. Only when Twisted is already loaded
-    (daphne); under uvicorn nothing is imported or changed.
-    """
-    import functools
-    import sys
-
-    http = sys.modules.get("twisted.web.http")
-    if http is None or not hasattr(http, "_parseContentType"):
-        return False
-    if not hasattr(http._parseContentType, "cache_info"):
-        http._parseContentType = functools.lru_cache(maxsize=64)(http._parseContentType)
-    return True
-
-
-def _no_request_log(self: Any, request: Any) -> None:
-    """``HTTPFactory.log`` under daphne: daphne's own access log is the access log."""
-
-
-def drop_twisted_request_log() -> bool:
-    """Under daphne: Twisted's own per-request log line (``HTTPFactory.log``) is not formatted.
-
-    Twisted formats a Combined Log Format line for every finished request and writes it to its
-    legacy log file, which daphne routes to the ``daphne.server`` logger at INFO, below the
-    level ``settings.LOGGING`` gives ``daphne``: the line was built (~1.4 % of the server's GIL
-    time per checkpoint POST under py-spy) and dropped. Daphne's own access log
-    (``AccessLogGenerator``, redacted by ``logredact``) is unchanged and is the one that says
-    which request was answered how. Only when daphne is loaded; under uvicorn nothing changes.
-    """
-    import sys
-
-    protocol = sys.modules.get("daphne.http_protocol")
-    if protocol is None:
-        return False
-    protocol.HTTPFactory.log = _no_request_log
-    return True

@@ -1,12 +1,13 @@
-"""A batch of a run's durable steps in ONE transaction: checkpoints and cursor advances.
+"""A batch of a run's durable steps in ONE statement: checkpoints and cursor advances.
 
 When an agent makes several steps together (it froze three boundaries while drafting, or it
 checkpoints and then advances its cursor), one request carries them all: every item is
-validated first (pure, nothing written), then the run is locked once, every checkpoint row is
-inserted by one statement, the run is updated once and every event is appended by one
-statement, then the transaction commits. All or nothing: the first refusal names its item
-(``details.item``, and ``field`` prefixed ``items[i].``) and nothing is written. Each item's
-result is its own typed object (the checkpoint written, or the cursor it set), in item order.
+validated first (pure, nothing written) and its refs resolved, then one statement, its own
+transaction (``commit.execute_write``), locks the run, decides (``checkpoints.decided_lock_sql``),
+inserts every checkpoint, updates the run once and appends every event. All or nothing: the
+first refusal names its item (``details.item``, and ``field`` prefixed ``items[i].``) and
+nothing is written. Each item's result is its own typed object (the checkpoint written, or the
+cursor it set), in item order.
 
 Same rules as the single writes (``control.checkpoints.record_checkpoint``,
 ``actions.runs.advance_cursor`` without ``runtime_id`` fencing): an open run, a live runtime
@@ -21,38 +22,69 @@ from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection, transaction
 from django.utils import timezone
 
 from novelforge_sessions import commit, events
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller, token_confirmed
-from novelforge_sessions.actions.lifecycle import BIGINT_MAX, acts_for_runtime, check, runtime_gone
+from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.checkpoints import (
-    _AUTHORITY_FIELDS, _resolve_approvals, artifact_refs, check_authority, lock_params, lock_run_sql,
+    Locked, _current_authority, _resolve_approvals, artifact_refs, decided_lock_sql, lock_params, refusal, run_scope,
 )
-from novelforge_sessions.errors import NotFound, RunNotOpen, ServiceError, ValidationFailed
-from novelforge_sessions.models import Checkpoint, Run
+from novelforge_sessions.errors import NotFound, ServiceError, ValidationFailed
+from novelforge_sessions.models import Checkpoint, Event, Run
 
 MAX_BATCH_ITEMS = rt.MAX_BATCH_ITEMS  # declared in the OpenAPI schema as maxItems
 
-_INSERT_CHECKPOINTS = f"""
-INSERT INTO {Checkpoint._meta.db_table}
-  (session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
-   schema_version, size_bytes, created_at)
-SELECT %(session)s, %(run)s, t.seq, t.boundary, t.cursor, t.artifacts, %(authority)s::jsonb, t.pending, t.approvals,
-       t.resume_policy, %(schema_version)s, t.size_bytes, t.created_at
-  FROM unnest(%(seq)s::int[], %(boundary)s::text[], %(cursor)s::jsonb[], %(artifacts)s::jsonb[], %(pending)s::jsonb[],
-              %(approvals)s::jsonb[], %(resume_policy)s::text[], %(size_bytes)s::int[], %(created_at)s::timestamptz[])
-       AS t(seq, boundary, cursor, artifacts, pending, approvals, resume_policy, size_bytes, created_at)
- ORDER BY t.seq
-RETURNING id, seq, created_at
+# The items in order (``t``, numbered ``ord``; ``n``: a checkpoint's number within the batch),
+# written from ``w`` (the run when nothing refuses and every ref resolved): the checkpoints
+# numbered after the locked row's count, the run's count and cursor, and one event per item with
+# ids reserved as one consecutive range in item order (``nf_event_ids``).
+_WRITE_SQL = f"""
+WITH l AS ({decided_lock_sql("r.seq")}),
+w AS (SELECT * FROM l WHERE l.refusal IS NULL AND %(write)s),
+t AS (
+  SELECT i.*, count(*) FILTER (WHERE i.kind = 'checkpoint') OVER (ORDER BY i.ord) AS n
+    FROM unnest(%(kind)s::text[], %(boundary)s::text[], %(cursor)s::jsonb[], %(artifacts)s::jsonb[],
+                %(pending)s::jsonb[], %(approvals)s::jsonb[], %(resume_policy)s::text[], %(size_bytes)s::int[],
+                %(created_at)s::timestamptz[], %(ev_payload)s::jsonb[])
+         WITH ORDINALITY AS i(kind, boundary, cursor, artifacts, pending, approvals, resume_policy, size_bytes,
+                              created_at, ev_payload, ord)
+), c AS (
+  INSERT INTO {Checkpoint._meta.db_table}
+    (session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
+     schema_version, size_bytes, created_at)
+  SELECT w.session_id, %(id)s, w.checkpoint_count + t.n, t.boundary, t.cursor, t.artifacts, {_current_authority("w")},
+         t.pending, t.approvals, t.resume_policy, %(schema_version)s, t.size_bytes, t.created_at
+    FROM w, t WHERE t.kind = 'checkpoint' ORDER BY t.ord
+  RETURNING id, seq, created_at
+), u AS (
+  UPDATE {Run._meta.db_table} AS r SET checkpoint_count = w.checkpoint_count + %(checkpoints)s,
+         cursor = %(run_cursor)s::jsonb
+    FROM w WHERE r.id = %(id)s
+), b AS (
+  SELECT nf_event_ids(%(events)s::int4) AS first FROM w
+), e AS (
+  INSERT INTO {Event._meta.db_table} (id, project_id, session_id, run_id, type, payload, actor, created_at)
+  SELECT b.first + t.ord - 1, w.project_id, w.session_id, %(id)s, t.kind_event,
+         t.ev_payload || CASE WHEN t.kind = 'checkpoint' THEN jsonb_build_object('checkpoint_id', c.id, 'seq', c.seq)
+                              ELSE jsonb_build_object('seq', w.c0) END,
+         %(actor)s, now()
+    FROM w, b, (SELECT t.*, CASE t.kind WHEN 'checkpoint' THEN %(checkpoint_event)s ELSE %(cursor_event)s END
+                  AS kind_event FROM t) AS t
+    LEFT JOIN c ON t.kind = 'checkpoint' AND c.seq = t.n + (SELECT checkpoint_count FROM w)
+   ORDER BY t.ord
+  RETURNING id
+)
+SELECT l.*, (SELECT array_agg(ARRAY[c.id, c.seq] ORDER BY c.seq) FROM c),
+       (SELECT array_agg(c.created_at ORDER BY c.seq) FROM c), (SELECT array_agg(id ORDER BY id) FROM e)
+  FROM l
 """
-# The single checkpoint's lock, reading the run's seq (for cursor events) instead of drawing an id.
-_LOCK_SQL = lock_run_sql("r.seq")
-_UPDATE_RUN = f"UPDATE {Run._meta.db_table} SET checkpoint_count = %s, cursor = %s::jsonb WHERE id = %s"
+#: What the statement fills in each event's payload (ids it draws, numbers it counts).
+_CHECKPOINT_FILLED = frozenset({"checkpoint_id", "seq"})
+_CURSOR_FILLED = frozenset({"seq"})
 
 
 @dataclass(frozen=True)
@@ -113,77 +145,83 @@ def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tu
             raise _at(index, exc) from None
         specs.append((kind, spec, body))
 
-    with transaction.atomic():
-        row = None
-        if 0 < run_id <= BIGINT_MAX:
-            events.before_order_lock()
-            with connection.cursor() as cur:
-                commit.execute_first(cur, _LOCK_SQL, lock_params(caller, run_id))  # BEGIN rides along
-                row = cur.fetchone()
-        if row is None:
+    # The authority each checkpoint item states, decided with the run's other refusals by the
+    # statement (``checkpoints.decided_lock_sql``); ``stated_by`` maps its index to the item.
+    stated_by = [index for index, (kind, _spec, _body) in enumerate(specs) if kind == "checkpoint"]
+    stated = [specs[index][1].authority for index in stated_by]
+    if not 0 < run_id <= BIGINT_MAX:
+        raise NotFound("run not found", run_id=run_id)
+    # Refs are resolved first; the first refusal among them is held until the statement has
+    # decided, so a more fundamental refusal (the run's) still wins.
+    session_id = project_id = None
+    if any(kind == "checkpoint" and (spec.artifacts or spec.approvals or any(spec.pending.values()))
+           for kind, spec, _body in specs):
+        scope = run_scope(caller, run_id)
+        if scope is None:
             raise NotFound("run not found", run_id=run_id)
-        state, count, session_id, project_id, status, runtime_live, token_valid, run_seq, *authority = row
-        token_confirmed(caller, token_valid)  # a recalled caller's token, checked again (api/auth.py)
-        if state != rt.RunState.OPEN:
-            raise RunNotOpen("steps are written by an open run", state=state)
-        if not runtime_live and acts_for_runtime(caller):  # the runtime is gone (its lease ran out)
-            raise runtime_gone(session_id, status)
-        current = dict(zip(_AUTHORITY_FIELDS, authority))
-        run_cursor = None
-        cols: dict[str, list[Any]] = {k: [] for k in ("seq", "boundary", "cursor", "artifacts", "pending", "approvals",
-                                                      "resume_policy", "size_bytes", "created_at")}
-        plan: list[tuple[str, int | dict[str, Any]]] = []  # (kind, index into cols | cursor)
-        for index, (kind, spec, body) in enumerate(specs):
-            try:
-                if kind == "cursor":
-                    run_cursor = spec
-                    plan.append((kind, spec))
-                    continue
-                check_authority(spec.authority, current)
-                artifacts = artifact_refs(caller, project_id, spec.artifacts)
-                approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
-                pending = (waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending)
-                           if spec.pending else {})
-            except ServiceError as exc:
-                raise _at(index, exc) from None
-            count += 1
+        session_id, project_id = scope
+    cols: dict[str, list[Any]] = {k: [] for k in ("kind", "boundary", "cursor", "artifacts", "pending", "approvals",
+                                                  "resume_policy", "size_bytes", "created_at", "ev_payload")}
+    refs_error: ServiceError | None = None
+    run_cursor: dict[str, Any] | None = None
+    for index, (kind, spec, body) in enumerate(specs):
+        if kind == "cursor":
+            run_cursor = spec
+            row = ("cursor", None, _dumps(spec), "[]", "{}", "[]", None, 0, None,
+                   _dumps(ev.RUN_CURSOR_ADVANCED.filled_by_statement(_CURSOR_FILLED, cursor=spec)))
+        else:
+            artifacts: list[dict[str, Any]] = []
+            approvals: list[Any] = []
+            pending: dict[str, Any] = {}
+            if refs_error is None:
+                try:
+                    artifacts = artifact_refs(caller, project_id, spec.artifacts)
+                    approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
+                    pending = (waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending)
+                               if spec.pending else {})
+                except ServiceError as exc:
+                    refs_error = _at(index, exc)
             run_cursor = spec.cursor
-            plan.append((kind, len(cols["seq"])))
-            cols["seq"].append(count)
-            cols["boundary"].append(spec.boundary.value)
-            cols["cursor"].append(_dumps(spec.cursor))
-            cols["artifacts"].append(_dumps(artifacts))
-            cols["pending"].append(_dumps(pending))
-            cols["approvals"].append(_dumps(approvals))
-            cols["resume_policy"].append(spec.resume_policy)
-            cols["size_bytes"].append(spec.size_bytes)
-            cols["created_at"].append(timezone.now())  # the application's clock, as auto_now_add
-        written: list[tuple[int, int, Any]] = []
-        with connection.cursor() as cur:
-            if cols["seq"]:
-                cur.execute(_INSERT_CHECKPOINTS, {
-                    **cols, "session": session_id, "run": run_id, "authority": _dumps(current),
-                    "schema_version": Checkpoint._meta.get_field("schema_version").default,
-                })
-                written = cur.fetchall()
-            cur.execute(_UPDATE_RUN, [count, _dumps(run_cursor), run_id])
-        results: list[ItemResult] = []
-        outbox: list[dict[str, Any]] = []
-        base = {"project_id": project_id, "session_id": session_id, "run_id": run_id, "actor": caller.label}
-        for kind, ref in plan:
-            if kind == "cursor":
-                results.append(ItemResult(kind="cursor", cursor=ref))
-                outbox.append({**base, "type": ev.RUN_CURSOR_ADVANCED, "payload": {"seq": run_seq, "cursor": ref}})
-                continue
-            checkpoint_id, seq, created_at = written[ref]
-            checkpoint = Checkpoint(
-                id=checkpoint_id, session_id=session_id, run_id=run_id, seq=seq, boundary=cols["boundary"][ref],
-                cursor=json.loads(cols["cursor"][ref]), artifacts=json.loads(cols["artifacts"][ref]), authority=current,
-                pending=json.loads(cols["pending"][ref]), approvals=json.loads(cols["approvals"][ref]),
-                resume_policy=cols["resume_policy"][ref], size_bytes=cols["size_bytes"][ref], created_at=created_at,
-            )
-            results.append(ItemResult(kind="checkpoint", checkpoint=checkpoint))
-            outbox.append({**base, "type": ev.CHECKPOINT_RECORDED, "payload": {
-                "checkpoint_id": checkpoint.id, "seq": seq, "boundary": checkpoint.boundary, "cursor": checkpoint.cursor}})
-        events.append_many(outbox, last=True)  # last: one statement for every event of the batch, and the COMMIT
+            row = ("checkpoint", spec.boundary.value, _dumps(spec.cursor), _dumps(artifacts), _dumps(pending),
+                   _dumps(approvals), spec.resume_policy, spec.size_bytes, timezone.now(),
+                   _dumps(ev.CHECKPOINT_RECORDED.filled_by_statement(
+                       _CHECKPOINT_FILLED, boundary=spec.boundary.value, cursor=spec.cursor)))
+        for name, value in zip(cols, row):
+            cols[name].append(value)
+    row = commit.execute_write(_WRITE_SQL, {
+        **lock_params(caller, run_id, stated), **cols, "write": refs_error is None, "checkpoints": len(stated_by),
+        "run_cursor": _dumps(run_cursor), "events": len(specs), "actor": caller.label,
+        "schema_version": rt.CHECKPOINT_SCHEMA_VERSION, "checkpoint_event": ev.CHECKPOINT_RECORDED.name,
+        "cursor_event": ev.RUN_CURSOR_ADVANCED.name,
+    })
+    if row is None:
+        raise NotFound("run not found", run_id=run_id)
+    locked = Locked.of(row[:-3])
+    written, created, event_ids = row[-3:]
+    refused = refusal(locked, stated, what="steps")
+    if refused is not None:
+        raise _at(stated_by[locked.stale_item], refused) if locked.refusal == "stale_authority" else refused
+    token_confirmed(caller, True)  # a recalled caller's token: the statement found it unchanged
+    if refs_error is not None:
+        raise refs_error
+    count = locked.checkpoint_count + len(stated_by)
+    results: list[ItemResult] = []
+    made = iter(zip(written or [], created or []))
+    for index, (kind, spec, _body) in enumerate(specs):
+        if kind == "cursor":
+            results.append(ItemResult(kind="cursor", cursor=spec))
+            continue
+        (checkpoint_id, seq), created_at = next(made)
+        checkpoint = Checkpoint(
+            id=checkpoint_id, session_id=locked.session_id, run_id=run_id, seq=seq, boundary=cols["boundary"][index],
+            cursor=spec.cursor, artifacts=json.loads(cols["artifacts"][index]), authority=locked.current,
+            pending=json.loads(cols["pending"][index]), approvals=json.loads(cols["approvals"][index]),
+            resume_policy=spec.resume_policy, size_bytes=spec.size_bytes, created_at=created_at,
+        )
+        checkpoint._state.adding = False
+        results.append(ItemResult(kind="checkpoint", checkpoint=checkpoint))
+    names = [ev.CHECKPOINT_RECORDED.name if kind == "checkpoint" else ev.RUN_CURSOR_ADVANCED.name
+             for kind, _spec, _body in specs]
+    events.recorded_many([(events.Staged({}, locked.project_id, locked.session_id, run_id, name, caller.label), event_id)
+                          for name, event_id in zip(names, event_ids or [])])
     return count, results

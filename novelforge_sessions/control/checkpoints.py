@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
 from novelforge_sessions import commit, events
@@ -20,7 +20,7 @@ from novelforge_sessions.actions.lifecycle import BIGINT_MAX, acts_for_runtime, 
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.models import ApprovalDecision, WriteIntent
 from novelforge_sessions.errors import (
-    IdempotencyKeyReused, NotFound, RunNotOpen, ServiceError, StaleAuthority, ValidationFailed,
+    IdempotencyKeyReused, NotFound, RunNotOpen, ServiceError, StaleAuthority, Unauthorized, ValidationFailed,
 )
 from novelforge_sessions.models import LIVE_RUNTIME_PARAMS, Checkpoint, Event, Project, Run, Session, live_runtime_sql
 
@@ -30,24 +30,15 @@ _AUTHORITY_FIELDS = tuple(Project().authority_ref())
 assert set(_AUTHORITY_FIELDS) == set(rt.AUTHORITY_REF_TYPES), "the stated authority refs are the project's"
 
 
-def check_authority(stated: dict[str, Any] | None, current: dict[str, Any]) -> None:
-    """``stale_authority`` when a stated ref (typed by ``rt.validate_authority_refs``) is not
-    the project's current one: the checkpoint was frozen against an old Canon."""
-    if stated:
-        differing = {k: {"stated": v, "current": current[k]} for k, v in stated.items() if v != current[k]}
-        if differing:
-            raise StaleAuthority("the checkpoint was frozen against outdated authority", differences=differing)
-
-# The hot path's one read, in SQL: building the equivalent ORM query (select_related through
-# session to project, scoped to the caller) cost ~0.7 ms CPU per checkpoint, most of the step.
-# Lock only the run (FOR UPDATE OF r): checkpoint numbering is per run. Session-level
-# transitions lock session then run, so this single lock cannot deadlock with them. Whether
-# the session still has a live runtime is read here too (the one rule in SQL,
-# ``models.live_runtime_sql``): a runtime whose lease ran out writes no checkpoint, at no extra
-# statement.
+# The run lock, in SQL: building the equivalent ORM query (select_related through session to
+# project, scoped to the caller) cost more than the rest of the step. Lock only the run (FOR
+# UPDATE OF r): checkpoint numbering is per run. Session-level transitions lock session then run,
+# so this single lock cannot deadlock with them. The session's ordering lock is taken first, in
+# the same statement (``events.order_lock_sql``). Whether the session still has a live runtime is
+# read here too (the one rule in SQL, ``models.live_runtime_sql``).
 def lock_run_sql(*columns: str) -> str:
     """The run lock, selecting ``state, checkpoint_count, session_id, project_id, status,
-    runtime_live, token_still_valid`` (a recalled caller's token checked again, ``access.
+    runtime_live, token_valid`` (a recalled caller's token checked again, ``access.
     TOKEN_STILL_VALID_SQL``), then ``columns``, then the project's authority fields
     (``_AUTHORITY_FIELDS``, in order)."""
     return f"""
@@ -64,67 +55,123 @@ SELECT r.state, r.checkpoint_count, r.session_id, s.project_id,
 """
 
 
-#: The single checkpoint's lock also draws the checkpoint's id.
-_LOCK_RUN_SQL = lock_run_sql(f"nextval(pg_get_serial_sequence('{Checkpoint._meta.db_table}', 'id'))")
-
-
-# The checkpoint, the run's counter and the checkpoint's event in ONE statement (the ORM's
-# insert plus update, and the event's own insert, cost three round trips and ~0.4 ms of query
-# building on the hottest path). The checkpoint's id was drawn by the lock above, so the
-# event's payload (which names it) is built and checked in Python (``events.stage``).
-_INSERT_SQL = f"""
-WITH c AS (
-  INSERT INTO {Checkpoint._meta.db_table}
-    (id, session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
-     schema_version, size_bytes, created_at, idempotency_key, request_digest)
-  VALUES (%(id)s, %(session)s, %(run)s, %(seq)s, %(boundary)s, %(cursor)s::jsonb, %(artifacts)s::jsonb,
-          %(authority)s::jsonb, %(pending)s::jsonb, %(approvals)s::jsonb, %(resume_policy)s, %(schema_version)s,
-          %(size_bytes)s, %(created_at)s, %(idempotency_key)s, %(request_digest)s)
-), u AS (
-  UPDATE {Run._meta.db_table} SET checkpoint_count = %(seq)s, cursor = %(cursor)s::jsonb WHERE id = %(run)s
-), e AS (
-  {events.STAGED_INSERT_SQL}
-)
-SELECT id FROM e
-"""
-
-
-# A checkpoint without refs or idempotency key (what an agent writes at nearly every step) in
-# ONE statement: the run lock above (``l``, its ordering lock first), the conditions under which
-# it may be written (``w``: the token still valid and none of ``_refuse_unwritable``'s refusals,
-# the same rules in SQL), and the three writes, each from ``w``, so a refusal writes nothing.
-# Sent as ``BEGIN; <this>; COMMIT`` (``commit.execute_only``): one round trip instead of two,
-# and the run lock is held for one statement only. The row of ``l`` comes back with the event's
-# id (NULL: nothing was written), and ``_record_in_one_statement`` runs the refusal order on it
-# as the two-statement path does, failing if the two ever disagree. The authority check is JSON
-# containment, which for the refs' scalar values (typed by ``rt.validate_authority_refs``) is
-# ``check_authority``'s equality. After a wait for the run lock the row is the latest version
-# (READ COMMITTED re-reads a locked row), so the count and the run's update are the committed
-# ones, as they were with two statements; ``created_at`` is stamped just before the statement
-# instead of under the lock, so two writers racing on one run may store stamps a lock wait
-# out of seq order.
-_LOCK_COLUMNS = ("state", "checkpoint_count", "session_id", "project_id", "status", "runtime_live", "token_valid",
-                 "checkpoint_id", *_AUTHORITY_FIELDS)
-
-
 def _current_authority(alias: str) -> str:
     """The project's current authority refs of the locked row ``alias`` as the JSON object the
     checkpoint stores (``Project.authority_ref()``'s keys)."""
     return "jsonb_build_object({})".format(", ".join(f"'{f}', {alias}.{f}" for f in _AUTHORITY_FIELDS))
 
 
+#: The refusals of a step written on a locked run, most fundamental first. This CASE is the only
+#: place they are decided, for the single checkpoint, the batch and the graph put alike;
+#: ``refusal`` maps each code to its catalogued error. ``%(stated_authority)s`` is a JSON array
+#: of the authority refs each checkpoint states (``{}``: none); ``stale_item`` is the index of
+#: the first one that is not the project's current authority. JSON containment is equality of
+#: each stated ref's scalar value (typed by ``rt.validate_authority_refs``).
+_REFUSAL_CASE = """CASE
+  WHEN NOT l.token_valid THEN 'token_changed'
+  WHEN l.state <> %(open)s THEN 'run_not_open'
+  WHEN NOT l.runtime_live AND %(acts_for_runtime)s THEN 'no_live_runtime'
+  WHEN st.stale_item IS NOT NULL THEN 'stale_authority'
+END"""
+REFUSAL_CODES = ("token_changed", "run_not_open", "no_live_runtime", "stale_authority")
+
+
+def decided_lock_sql(*columns: str) -> str:
+    """``lock_run_sql(*columns)`` with two more columns: ``stale_item`` and ``refusal``
+    (``_REFUSAL_CASE``, NULL when the step may be written)."""
+    names = ("state", "checkpoint_count", "session_id", "project_id", "status", "runtime_live", "token_valid",
+             *(f"c{i}" for i in range(len(columns))), *_AUTHORITY_FIELDS)
+    return f"""
+SELECT l.*, st.stale_item, {_REFUSAL_CASE} AS refusal
+  FROM ({lock_run_sql(*columns)}) AS l ({", ".join(names)}),
+       LATERAL (SELECT min(a.i) - 1 AS stale_item
+                  FROM jsonb_array_elements(%(stated_authority)s::jsonb) WITH ORDINALITY AS a(refs, i)
+                 WHERE NOT {_current_authority("l")} @> a.refs) AS st
+"""
+
+
+class Locked(NamedTuple):
+    """The locked run as ``decided_lock_sql`` read it (one extra column: ``extra``)."""
+
+    state: str
+    checkpoint_count: int
+    session_id: int
+    project_id: int
+    status: str
+    runtime_live: bool
+    token_valid: bool
+    extra: Any
+    current: dict[str, Any]
+    stale_item: int | None
+    refusal: str | None
+
+    @classmethod
+    def of(cls, row: tuple[Any, ...]) -> "Locked":
+        n = len(_AUTHORITY_FIELDS)
+        authority = row[8:8 + n]
+        return cls(*row[:8], dict(zip(_AUTHORITY_FIELDS, authority)), row[8 + n], row[9 + n])
+
+
+def _stale(locked: Locked, stated: list[dict[str, Any] | None]) -> StaleAuthority:
+    refs = stated[locked.stale_item or 0] or {}
+    current = locked.current
+    differing = {k: {"stated": v, "current": current.get(k)} for k, v in refs.items() if v != current.get(k)}
+    return StaleAuthority("the checkpoint was frozen against outdated authority", differences=differing)
+
+
+#: Each code of ``_REFUSAL_CASE`` and the catalogued error it answers (details read off the row).
+_REFUSAL_ERRORS: dict[str, Callable[[Locked, list[dict[str, Any] | None], str], ServiceError]] = {
+    "token_changed": lambda locked, stated, what: Unauthorized("the token changed while this request was answered"),
+    "run_not_open": lambda locked, stated, what: RunNotOpen(f"{what} are written by an open run", state=locked.state),
+    "no_live_runtime": lambda locked, stated, what: runtime_gone(locked.session_id, locked.status),
+    "stale_authority": lambda locked, stated, what: _stale(locked, stated),
+}
+assert set(_REFUSAL_ERRORS) == set(REFUSAL_CODES), "every refusal the statement decides has its error"
+
+
+def refusal(locked: Locked, stated: list[dict[str, Any] | None], *, what: str = "checkpoints") -> ServiceError | None:
+    """The catalogued error for the statement's decision on ``locked`` (``None``: none).
+    ``stated``: the authority refs each checkpoint stated, as passed to ``lock_params``."""
+    if locked.refusal is None:
+        return None
+    return _REFUSAL_ERRORS[locked.refusal](locked, stated, what)
+
+
+def lock_params(caller: Caller, run_id: int, stated: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """The parameters of ``decided_lock_sql`` (the single write's and the batch's)."""
+    return {"id": run_id, "projects": list(caller.project_ids), "bound": caller.session_id, "now": timezone.now(),
+            "open": rt.RunState.OPEN.value, "acts_for_runtime": acts_for_runtime(caller),
+            "stated_authority": _dumps([refs or {} for refs in stated]),
+            **LIVE_RUNTIME_PARAMS, **recheck_params(caller)}
+
+
+# Every single checkpoint, keyed or not, with refs or without, is ONE statement run as its own
+# transaction (``commit.execute_write``): one round trip. In order:
+#   l  the run lock and the decision (``decided_lock_sql``), the checkpoint's id drawn;
+#   k  the checkpoint this idempotency key already names, as the statement's snapshot sees it;
+#   w  the run, when nothing refuses, the caller's refs resolved (``%(write)s``) and no replay;
+#   c  the checkpoint, numbered from the locked row (READ COMMITTED re-reads a row it waited
+#      for, so the count is the committed one); a same-key writer that committed while this
+#      statement waited for the lock is not in k's snapshot, but its row is in the unique
+#      index, so the insert does nothing (ON CONFLICT) and ``record_checkpoint`` reads it;
+#   u  the run's count and cursor; e  the checkpoint's event, from w and c.
+# A refusal writes nothing: every write selects from w.
 _WRITE_SQL = f"""
-WITH l ({", ".join(_LOCK_COLUMNS)}) AS ({_LOCK_RUN_SQL}), w AS (
-  SELECT * FROM l
-   WHERE l.token_valid AND l.state = %(open)s AND (l.runtime_live OR NOT %(acts_for_runtime)s)
-     AND {_current_authority("l")} @> %(stated_authority)s::jsonb
+WITH l AS ({decided_lock_sql(f"nextval(pg_get_serial_sequence('{Checkpoint._meta.db_table}', 'id'))")}),
+k AS (
+  SELECT x.id, x.request_digest FROM {Checkpoint._meta.db_table} AS x
+   WHERE %(key)s::text IS NOT NULL AND x.run_id = %(id)s AND x.idempotency_key = %(key)s
+), w AS (
+  SELECT * FROM l WHERE l.refusal IS NULL AND %(write)s AND NOT EXISTS (SELECT FROM k)
 ), c AS (
   INSERT INTO {Checkpoint._meta.db_table}
     (id, session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
-     schema_version, size_bytes, created_at)
-  SELECT w.checkpoint_id, w.session_id, %(id)s, w.checkpoint_count + 1, %(boundary)s, %(cursor)s::jsonb, '[]',
-         {_current_authority("w")}, '{{}}', '[]', %(resume_policy)s, %(schema_version)s, %(size_bytes)s, %(created_at)s
+     schema_version, size_bytes, created_at, idempotency_key, request_digest)
+  SELECT w.c0, w.session_id, %(id)s, w.checkpoint_count + 1, %(boundary)s, %(cursor)s::jsonb, %(artifacts)s::jsonb,
+         {_current_authority("w")}, %(pending)s::jsonb, %(approvals)s::jsonb, %(resume_policy)s, %(schema_version)s,
+         %(size_bytes)s, %(created_at)s, %(key)s, %(digest)s
     FROM w
+  ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
   RETURNING id, seq
 ), u AS (
   UPDATE {Run._meta.db_table} AS r SET checkpoint_count = c.seq, cursor = %(cursor)s::jsonb FROM c WHERE r.id = %(id)s
@@ -135,20 +182,29 @@ WITH l ({", ".join(_LOCK_COLUMNS)}) AS ({_LOCK_RUN_SQL}), w AS (
     FROM w, c
   RETURNING id
 )
-SELECT l.*, (SELECT id FROM e) FROM l
+SELECT l.*, (SELECT id FROM k), (SELECT request_digest FROM k), (SELECT id FROM e) FROM l
 """
 #: The event payload's fields the statement fills (it draws the id and counts the seq).
 _FILLED = frozenset({"checkpoint_id", "seq"})
 
+# The run's session and project in the caller's reach, for resolving refs before the write
+# (scoped exactly as the lock is).
+_SCOPE_SQL = f"""
+SELECT r.session_id, s.project_id
+  FROM {Run._meta.db_table} AS r JOIN {Session._meta.db_table} AS s ON s.id = r.session_id
+ WHERE r.id = %(id)s AND s.project_id = ANY(%(projects)s) AND (%(bound)s::bigint IS NULL OR s.id = %(bound)s::bigint)
+"""
+
+
+def run_scope(caller: Caller, run_id: int) -> tuple[int, int] | None:
+    """(session id, project id) of ``run_id`` in the caller's reach (``None``: not found)."""
+    with connections[DEFAULT_DB_ALIAS].cursor() as cur:
+        cur.execute(_SCOPE_SQL, {"id": run_id, "projects": list(caller.project_ids), "bound": caller.session_id})
+        return cur.fetchone()
+
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder)
-
-
-def lock_params(caller: Caller, run_id: int) -> dict[str, Any]:
-    """The parameters of ``_LOCK_RUN_SQL`` (and the batch's form of it)."""
-    return {"id": run_id, "projects": list(caller.project_ids), "bound": caller.session_id, "now": timezone.now(),
-            **LIVE_RUNTIME_PARAMS, **recheck_params(caller)}
 
 
 def request_digest(payload: dict[str, Any]) -> str:
@@ -157,159 +213,118 @@ def request_digest(payload: dict[str, Any]) -> str:
 
 
 def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, refs_in_reach: bool = False) -> Checkpoint:
-    """Validate (pure) then write checkpoint N+1 of an open run, in one transaction: one
-    statement for a checkpoint without refs or idempotency key (``_WRITE_SQL``), else the run
-    lock, the replay and the refs' reads, then the insert.
+    """Validate (pure) then write checkpoint N+1 of an open run: ONE statement (``_WRITE_SQL``),
+    its own transaction, whether or not it carries an idempotency key or refs.
 
     With an ``idempotency_key``, a retry (same key, same body) returns the checkpoint the first
     request wrote, with ``replayed = True`` and nothing written, even if the run has ended since
     (the first outcome stands); the same key with another body is ``idempotency_key_reused``.
-    The run's row lock orders two racing requests with one key: the second finds the first.
+    Concurrent retries of one key leave one row: the run lock orders them and the unique index
+    turns the later ones into replays.
 
     Refusals, most fundamental first: not found → (a replay answers here, writing nothing) →
-    ``run_not_open`` → ``no_live_runtime`` (a write on a runtime's behalf once the session's
-    runtime is gone: its lease ran out, reconciled or not) → ``stale_authority`` → the refs.
+    the token changed (a recalled token, ``api/auth.py``) → ``run_not_open`` →
+    ``no_live_runtime`` (a write on a runtime's behalf once the session's runtime is gone) →
+    ``stale_authority`` → the refs. All but the first and the last are decided by the statement
+    (``_REFUSAL_CASE``).
 
     The authority refs are the project's *current* ones, read by the server; a client that
     states other refs is refused with ``stale_authority`` (it froze against an old Canon).
     Every artifact ref must name a real version of an artifact in this project within the
     caller's reach (``require_versions``: out of reach answers as missing; ``refs_in_reach``:
     the calling action resolved them in the caller's reach itself, a graph thread's own state
-    blobs); each is stored with its artifact's head at that moment (``artifact_refs``), read by
-    the same statement. Approval and pending refs are typed (pure core) and resolved here, then stored normalized
-    (``_resolve_approvals``, the wait kinds of ``control/waits.py``): a ref that does not
-    resolve is a 422 naming its field, and nothing is written. A checkpoint without refs runs
+    blobs); each is stored with its artifact's head at that moment (``artifact_refs``). Approval
+    and pending refs are typed (pure core) and resolved before the statement, then stored
+    normalized (``_resolve_approvals``, the wait kinds of ``control/waits.py``): a ref that does
+    not resolve is a 422 naming its field, and nothing is written. A checkpoint without refs runs
     no query for them.
     """
     caller.require("write")
     spec = check(
         rt.validate_checkpoint, payload, max_bytes=settings.CHECKPOINT_MAX_BYTES, pending_keys=waits.pending_keys(),
     )
-    if 0 < run_id <= BIGINT_MAX and spec.idempotency_key is None and not (spec.artifacts or spec.approvals or spec.pending):
-        return _record_in_one_statement(caller, run_id, spec)
-    db = connections[DEFAULT_DB_ALIAS]  # once: each use of the ``connection`` proxy is a thread-local lookup
-    with transaction.atomic():
-        row = None
-        if 0 < run_id <= BIGINT_MAX:  # a larger id names no row (as the ORM would say), never a 500
-            events.before_order_lock()
-            cur = commit.statement_cursor(db, _LOCK_RUN_SQL)
-            commit.execute_first(cur, _LOCK_RUN_SQL, lock_params(caller, run_id))  # BEGIN rides along
-            row = cur.fetchone()
-        if row is None:
+    if not 0 < run_id <= BIGINT_MAX:  # a larger id names no row (as the ORM would say), never a 500
+        raise NotFound("run not found", run_id=run_id)
+    artifacts: list[dict[str, Any]] = []
+    approvals: list[Any] = []
+    pending: dict[str, Any] = {}
+    refs_error: ServiceError | None = None
+    session_id = project_id = None
+    if spec.artifacts or spec.approvals or any(spec.pending.values()):
+        scope = run_scope(caller, run_id)
+        if scope is None:
             raise NotFound("run not found", run_id=run_id)
-        state, count, session_id, project_id, status, runtime_live, token_valid, checkpoint_id, *authority = row
-        token_confirmed(caller, token_valid)  # a recalled caller's token, checked again (api/auth.py)
-        digest = None
-        if spec.idempotency_key is not None:
-            digest = request_digest(payload)
-            first = Checkpoint.objects.filter(run_id=run_id, idempotency_key=spec.idempotency_key).first()
-            if first is not None:
-                if first.request_digest != digest:
-                    raise IdempotencyKeyReused(
-                        "this idempotency key already names another checkpoint of this run", checkpoint_id=first.id,
-                    )
-                first.replayed = True
-                return first
-        current = dict(zip(_AUTHORITY_FIELDS, authority))
-        _refuse_unwritable(caller, spec, state=state, session_id=session_id, status=status,
-                           runtime_live=runtime_live, current=current)
+        session_id, project_id = scope
+    try:  # held until the statement has decided: a more fundamental refusal (or a replay) wins
         artifacts = artifact_refs(None if refs_in_reach else caller, project_id, spec.artifacts)
         approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
-        pending = waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending) if spec.pending else {}
-        checkpoint = _checkpoint(spec, run_id, session_id, count + 1, checkpoint_id, current,
-                                 artifacts=artifacts, pending=pending, approvals=approvals, created_at=timezone.now())
-        event = events.stage(
-            project_id=project_id, session_id=session_id, run_id=run_id, type=ev.CHECKPOINT_RECORDED, actor=caller.label,
-            payload={"checkpoint_id": checkpoint.id, "seq": checkpoint.seq, "boundary": checkpoint.boundary,
-                     "cursor": checkpoint.cursor},
-        )
-        # Both statements on cursors kept for them (``commit.statement_cursor``: their adapters once).
-        cur = commit.statement_cursor(db, _INSERT_SQL)
-        # The last statement: the COMMIT rides along when this block ends the transaction.
-        commit.execute_last(cur, _INSERT_SQL, {
-            "id": checkpoint.id, "session": session_id, "run": run_id, "seq": checkpoint.seq,
-            "boundary": checkpoint.boundary, "cursor": _dumps(checkpoint.cursor),
-            "artifacts": _dumps(checkpoint.artifacts), "authority": _dumps(current), "pending": _dumps(pending),
-            "approvals": _dumps(approvals), "resume_policy": checkpoint.resume_policy,
-            "schema_version": checkpoint.schema_version, "size_bytes": checkpoint.size_bytes,
-            "created_at": checkpoint.created_at, "idempotency_key": spec.idempotency_key, "request_digest": digest,
-            **event.params,
-        })
-        events.recorded(event, cur.fetchone()[0])
-        checkpoint.idempotency_key, checkpoint.request_digest = spec.idempotency_key, digest
-    return checkpoint
-
-
-def _refuse_unwritable(
-    caller: Caller, spec: rt.CheckpointSpec, *, state: str, session_id: int, status: str, runtime_live: bool,
-    current: dict[str, Any],
-) -> None:
-    """The refusals after the replay, in order: ``run_not_open``, ``no_live_runtime`` (a write
-    on a runtime's behalf once the session's runtime is gone), ``stale_authority``. The one
-    statement's ``w`` (``_WRITE_SQL``) writes exactly when none of these applies."""
-    if state != rt.RunState.OPEN:
-        raise RunNotOpen("checkpoints are written by an open run", state=state)
-    if not runtime_live and acts_for_runtime(caller):
-        raise runtime_gone(session_id, status)
-    check_authority(spec.authority, current)
-
-
-def _checkpoint(
-    spec: rt.CheckpointSpec, run_id: int, session_id: int, seq: int, checkpoint_id: int, current: dict[str, Any], *,
-    artifacts: list[dict[str, Any]], pending: dict[str, Any], approvals: list[Any], created_at: datetime,
-) -> Checkpoint:
-    """The written checkpoint as the answer shows it (``created_at``: the application's clock,
-    which resume compares)."""
+        pending = (waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending)
+                   if spec.pending else {})
+    except ServiceError as exc:
+        refs_error = exc
+    key = spec.idempotency_key
+    digest = request_digest(payload) if key is not None else None
+    created_at = timezone.now()  # the application's clock, which resume compares
+    event = events.stage_in_locking_statement(
+        type=ev.CHECKPOINT_RECORDED, filled=_FILLED, actor=caller.label,
+        payload={"boundary": spec.boundary.value, "cursor": spec.cursor},
+    )
+    row = commit.execute_write(_WRITE_SQL, {
+        **lock_params(caller, run_id, [spec.authority]), "key": key, "digest": digest, "write": refs_error is None,
+        "boundary": spec.boundary.value, "cursor": _dumps(spec.cursor), "artifacts": _dumps(artifacts),
+        "pending": _dumps(pending), "approvals": _dumps(approvals), "resume_policy": spec.resume_policy,
+        "schema_version": rt.CHECKPOINT_SCHEMA_VERSION, "size_bytes": spec.size_bytes, "created_at": created_at,
+        **event,
+    })
+    if row is None:
+        raise NotFound("run not found", run_id=run_id)
+    locked = Locked.of(row[:-3])
+    replay_id, replay_digest, event_id = row[-3:]
+    if locked.refusal == "token_changed":  # before the replay: a changed token is answered afresh (api/auth.py)
+        raise refusal(locked, [spec.authority])
+    token_confirmed(caller, True)  # a recalled caller's token: the statement found it unchanged
+    if key is not None and event_id is None:
+        # A replay: the one this statement saw, or one committed while it waited for the run lock
+        # (then the insert found its key taken, or a refusal hid it: replays win over refusals).
+        first = _first_with_key(run_id, key) if replay_id is None else (replay_id, replay_digest)
+        if first is not None:
+            return _replay(run_id, key, digest, *first)
+    refused = refusal(locked, [spec.authority])
+    if refused is not None:
+        raise refused
+    if refs_error is not None:
+        raise refs_error
+    if event_id is None:  # the key's checkpoint vanished between the statement and its read: its session was forgotten
+        raise NotFound("run not found", run_id=run_id)
+    events.recorded(events.Staged({}, locked.project_id, locked.session_id, run_id, ev.CHECKPOINT_RECORDED.name,
+                                  caller.label), event_id)
     checkpoint = Checkpoint(
-        id=checkpoint_id, session_id=session_id, run_id=run_id, seq=seq, boundary=spec.boundary.value,
-        cursor=spec.cursor, artifacts=artifacts, authority=current, pending=pending, approvals=approvals,
-        resume_policy=spec.resume_policy, size_bytes=spec.size_bytes, created_at=created_at,
+        id=locked.extra, session_id=locked.session_id, run_id=run_id, seq=locked.checkpoint_count + 1,
+        boundary=spec.boundary.value, cursor=spec.cursor, artifacts=artifacts, authority=locked.current,
+        pending=pending, approvals=approvals, resume_policy=spec.resume_policy, size_bytes=spec.size_bytes,
+        created_at=created_at, idempotency_key=key, request_digest=digest,
     )
     checkpoint._state.adding = False
     checkpoint.replayed = False
     return checkpoint
 
 
-def _record_in_one_statement(caller: Caller, run_id: int, spec: rt.CheckpointSpec) -> Checkpoint:
-    """``record_checkpoint`` for a checkpoint without refs or idempotency key: ``_WRITE_SQL``,
-    one round trip. The statement decides whether to write (``w``); the refusal order is then
-    run on the locked row as on the two-statement path, and the two must agree (they check the
-    same conditions; ``tests/sessions/test_one_statement_checkpoint.py`` runs every refusal on
-    both paths)."""
-    db = connections[DEFAULT_DB_ALIAS]
-    created_at = timezone.now()
-    with transaction.atomic():
-        event = events.stage_in_locking_statement(
-            type=ev.CHECKPOINT_RECORDED, filled=_FILLED, actor=caller.label,
-            payload={"boundary": spec.boundary.value, "cursor": spec.cursor},
+def _first_with_key(run_id: int, key: str) -> tuple[int, str] | None:
+    """The checkpoint of ``run_id`` that ``key`` names, as committed now (a new snapshot)."""
+    found = Checkpoint.objects.filter(run_id=run_id, idempotency_key=key).values_list("id", "request_digest").first()
+    return None if found is None else (found[0], found[1])
+
+
+def _replay(run_id: int, key: str, digest: str | None, checkpoint_id: int, first_digest: str) -> Checkpoint:
+    """The first outcome of ``key`` stands: the same body gets its checkpoint again, another body
+    ``idempotency_key_reused``."""
+    if first_digest != digest:
+        raise IdempotencyKeyReused(
+            "this idempotency key already names another checkpoint of this run", checkpoint_id=checkpoint_id,
         )
-        events.before_order_lock()
-        cur = commit.statement_cursor(db, _WRITE_SQL)
-        commit.execute_only(cur, _WRITE_SQL, {
-            **lock_params(caller, run_id), "open": rt.RunState.OPEN.value, "acts_for_runtime": acts_for_runtime(caller),
-            "stated_authority": _dumps(spec.authority or {}), "boundary": spec.boundary.value,
-            "cursor": _dumps(spec.cursor), "resume_policy": spec.resume_policy,
-            "schema_version": rt.CHECKPOINT_SCHEMA_VERSION, "size_bytes": spec.size_bytes, "created_at": created_at,
-            **event,
-        })
-        row = cur.fetchone()
-        if row is None:
-            raise NotFound("run not found", run_id=run_id)
-        state, count, session_id, project_id, status, runtime_live, token_valid, checkpoint_id, *authority, event_id = row
-        current = dict(zip(_AUTHORITY_FIELDS, authority))
-        try:
-            token_confirmed(caller, token_valid)  # a recalled caller's token, checked again (api/auth.py)
-            _refuse_unwritable(caller, spec, state=state, session_id=session_id, status=status,
-                               runtime_live=runtime_live, current=current)
-        except ServiceError:
-            if event_id is not None:  # never: the statement wrote what the checks refuse
-                raise RuntimeError(f"checkpoint of run {run_id} written by its statement but refused by its checks")
-            raise
-        if event_id is None:  # never: the checks pass what the statement did not write
-            raise RuntimeError(f"checkpoint of run {run_id} passed its checks but its statement wrote nothing")
-        events.recorded(events.Staged({}, project_id, session_id, run_id, ev.CHECKPOINT_RECORDED.name, caller.label), event_id)
-    return _checkpoint(spec, run_id, session_id, count + 1, checkpoint_id, current,
-                       artifacts=[], pending={}, approvals=[], created_at=created_at)
+    first = Checkpoint.objects.get(id=checkpoint_id)
+    first.replayed = True
+    return first
 
 
 def artifact_refs(reach: Caller | None, project_id: int, refs: tuple[rt.ArtifactRef, ...]) -> list[dict[str, Any]]:

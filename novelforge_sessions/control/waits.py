@@ -73,7 +73,8 @@ class Repair:
 
 @dataclass(frozen=True)
 class WriteScope:
-    """Where a checkpoint is being written (the run is locked)."""
+    """Where a checkpoint is being written (its run in the caller's reach; its refs are resolved before
+    the write statement locks the run, and it decides after them: control/checkpoints.py)."""
 
     project_id: int
     session_id: int

@@ -155,3 +155,57 @@ def test_a_batch_checkpoint_declares_no_idempotency_key_and_one_is_refused(owner
     assert "idempotency_key" not in models.BatchCheckpointIn.model_fields
     with pytest.raises(ValidationError):
         models.BatchCheckpointIn(**CP, idempotency_key="k-1")
+
+
+def test_a_refs_refusal_in_a_batch_loses_to_the_runs_and_nothing_is_written(owner, new_session):
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    assert owner.post(f"/runs/{run_id}/end", {"outcome": "completed"}).status_code == 200
+    bad_ref = {**CP, "artifacts": [{"artifact_id": 2**40, "fingerprint": "sha256:" + "a" * 64}]}
+    before = _counts(run_id)
+    resp = owner.post(f"/runs/{run_id}/batch", {"items": [{"kind": "checkpoint", "checkpoint": bad_ref}]})
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "run_not_open", resp.content
+    assert _counts(run_id) == before
+
+
+def test_a_stale_authority_names_its_item_and_nothing_is_written(owner, new_session, project):
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    stale = {**CP, "authority": {"authority_version": project.authority_version + 1}}
+    items = [{"kind": "cursor", "cursor": {"step": 0}}, {"kind": "checkpoint", "checkpoint": CP},
+             {"kind": "checkpoint", "checkpoint": stale}]
+    before = _counts(run_id)
+    resp = owner.post(f"/runs/{run_id}/batch", {"items": items})
+    error = resp.json()["error"]
+    assert resp.status_code == 409 and error["code"] == "stale_authority", resp.content
+    assert error["details"]["item"] == 2 and "authority_version" in error["details"]["differences"]
+    assert _counts(run_id) == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_is_one_statement_with_one_event_per_item_in_item_order(owner, new_session):
+    from django.db import connection
+
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    items = [{"kind": "checkpoint", "checkpoint": {**CP, "cursor": {"step": n}}} for n in range(3)]
+    items.insert(1, {"kind": "cursor", "cursor": {"step": "c"}})
+    assert owner.post(f"/runs/{run_id}/batch", {"items": items[:1]}).status_code == 201  # the token, recalled
+    sent: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        resp = owner.post(f"/runs/{run_id}/batch", {"items": items})
+    assert resp.status_code == 201, resp.content
+    assert len(sent) == 1 and "FOR UPDATE" in sent[0] and "INSERT" in sent[0], sent
+    assert not any("BEGIN" in q or "COMMIT" in q for q in sent)
+    stored = list(Event.objects.filter(run_id=run_id).order_by("id").values_list("type", "payload"))[-4:]
+    assert [t for t, _ in stored] == ["checkpoint.recorded", "run.cursor_advanced", "checkpoint.recorded",
+                                      "checkpoint.recorded"]
+    seqs = [p.get("seq") for _, p in stored]
+    assert seqs[0] == 2 and seqs[2:] == [3, 4]  # the cursor event carries the run's seq
+    ids = [i["checkpoint"]["id"] for i in resp.json()["items"] if i["checkpoint"]]
+    assert [p["checkpoint_id"] for t, p in stored if t == "checkpoint.recorded"] == ids

@@ -1,5 +1,6 @@
-"""The lean /api/v1/ ASGI path (issue 13): same answers and headers as the full stack, through a real
-server; and the memoised Content-Type parse under daphne gives Twisted's own answers."""
+"""The lean /api/v1/ ASGI path: same answers and headers as the full stack, through a real server;
+its threads keep their connections and drop dead ones; its hop hands back results and errors.
+(Twisted's Content-Type parse and request log under daphne: tests/test_server_patches.py.)"""
 from __future__ import annotations
 
 import json
@@ -8,62 +9,11 @@ import re
 import httpx
 import pytest
 
-from novelforge_sessions.api.asgi import cache_twisted_content_type, drop_twisted_request_log
 from novelforge_sessions.api.auth import caller_for_token  # noqa: F401 (the app is configured)
 
 from tests.live import DaphneServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def test_twisted_content_type_cache_answers_as_twisted_does():
-    import twisted.web.http as http
-
-    raw = getattr(http._parseContentType, "__wrapped__", http._parseContentType)
-    assert cache_twisted_content_type()
-    assert hasattr(http._parseContentType, "cache_info")
-    for value in (b"application/json", b"application/json; charset=utf-8", b"Application/JSON",
-                  b"multipart/form-data; boundary=xyz", b"application/x-www-form-urlencoded", b"", b"garbage"):
-        assert http._parseContentType(value) == raw(value)
-        assert http._parseContentType(value) == raw(value)  # and again, from the cache
-
-
-class _FinishedRequest:
-    """What Twisted's request log reads of a finished request."""
-
-    method, uri, clientproto, code, sentLength = b"POST", b"/api/v1/runs/1/checkpoints", b"HTTP/1.1", 201, 441
-
-    def getClientAddress(self):
-        from twisted.internet.address import IPv4Address
-
-        return IPv4Address("TCP", "127.0.0.1", 40000)
-
-    def getHeader(self, name):
-        return None
-
-
-def test_twisted_request_log_line_is_not_built_under_daphne():
-    """Daphne's own access log is the access log; Twisted's line (dropped below the ``daphne``
-    logger's level) is no longer formatted at all."""
-    import daphne.http_protocol as daphne_http
-    from twisted.web import http
-
-    lines: list[str] = []
-
-    class Sink:
-        def write(self, line):
-            lines.append(line)
-
-    unpatched = daphne_http.HTTPFactory(server=None)
-    unpatched._logFile = Sink()
-    http.HTTPFactory.log(unpatched, _FinishedRequest())  # what Twisted does without the change
-    assert len(lines) == 1 and '"POST /api/v1/runs/1/checkpoints HTTP/1.1" 201 441' in lines[0]
-
-    assert drop_twisted_request_log()
-    factory = daphne_http.HTTPFactory(server=None)
-    factory._logFile = Sink()
-    factory.log(_FinishedRequest())
-    assert len(lines) == 1  # nothing more written
 
 
 @pytest.fixture
@@ -143,17 +93,17 @@ def test_a_lean_thread_keeps_its_connection_across_requests_and_drops_one_the_se
     app = LeanApiApplication(fallback=None)
     try:
         connection.close()
-        response, _ = app._run(_get_scope(raw), b"")
+        response, _ = app.respond(_get_scope(raw), b"")
         assert response.status_code == 200
         held = connection.connection
         assert held is not None, "request_finished handed the connection back"
-        response, _ = app._run(_get_scope(raw), b"")
+        response, _ = app.respond(_get_scope(raw), b"")
         assert response.status_code == 200 and connection.connection is held
 
         pid = held.info.backend_pid
         with psycopg.connect(database_url(), autocommit=True) as other:
             assert other.execute("SELECT pg_terminate_backend(%s, 10000)", [pid]).fetchone() == (True,)
-        response, content = app._run(_get_scope(raw), b"")
+        response, content = app.respond(_get_scope(raw), b"")
         assert response.status_code == 200, content  # not a 503 for the dead connection
         assert connection.connection is not None and connection.connection is not held
         assert connection.connection.info.backend_pid != pid
@@ -226,4 +176,4 @@ def test_api_threads_hand_back_results_and_errors_and_skip_requests_whose_client
     finally:
         pool.shutdown()
     assert ran == []  # the cancelled request never ran
-    assert all(not t.is_alive() for t in pool._threads)
+    assert all(not t.is_alive() for t in pool.threads)

@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import override_settings
 from django.urls import Resolver404, path
 
-from novelforge_sessions.api.asgi import RESOLVED_PATHS_MAX, _resolve, _SyncApiHandler
+from novelforge_sessions.api.asgi import RESOLVED_PATHS_MAX, ApiHandler, _resolve
 
 
 def other_view(request, run_id: int) -> HttpResponse:  # the URLconf below: not the API's view
@@ -25,11 +25,9 @@ def request_for(path_info: str) -> HttpRequest:
 
 
 @pytest.fixture
-def handler() -> _SyncApiHandler:
+def handler() -> ApiHandler:
     _resolve.cache_clear()
-    h = _SyncApiHandler()
-    h.load_middleware()
-    return h
+    return ApiHandler()
 
 
 def test_the_same_path_is_resolved_once_and_each_request_gets_its_own_match(handler):

@@ -22,7 +22,9 @@ from novelforge_sessions.api import answered_with_a_fresh_token
 from novelforge_sessions.api import auth
 from novelforge_sessions.api.auth import FRESH_TOKEN_ATTR
 from novelforge_sessions.models import ApiToken, Checkpoint, Event, Session
-from tests.pgwire import sent_queries
+from django.db import connection
+
+from tests.pgwire import round_trips
 
 BODY = {"boundary": "context_freeze", "cursor": {"step": 1}}
 
@@ -52,17 +54,35 @@ def test_a_recalled_token_is_checked_in_the_run_lock_one_round_trip_fewer(owner,
     s = new_session(run=True)
     _warm(owner, s["run"]["id"])
     answers = []
-    sent = sent_queries(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY)))
+    # the first recalled call prepares the statement for the recalled token's parameter types
+    assert owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY).status_code == 201
+    trips = round_trips(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY)))
     assert answers[0].status_code == 201, answers[0].content
-    assert len(sent) == 1, sent  # BEGIN + the run lock (with the token's check) and the writes + COMMIT
-    assert sent[0].strip('"').startswith("BEGIN;") and sent[0].strip('"').endswith("COMMIT")
-    assert "FOR UPDATE" in sent[0] and "revoked_at IS NULL" in sent[0] and "INSERT INTO" in sent[0]
-    assert not any("key_hash" in q for q in sent)  # no lookup of its own
+    # one statement, its own transaction (no BEGIN or COMMIT of its own), prepared on this
+    # connection by the call before: executed again with Bind and Execute only, no text, no Parse
+    assert len(trips) == 1, [[kind for kind, _ in trip] for trip in trips]
+    assert [kind for kind, _ in trips[0]] == ["Bind", "Describe", "Execute", "Sync"] or \
+        [kind for kind, _ in trips[0]] == ["Bind", "Execute", "Sync"], trips
+    # the first execution on a fresh connection carries the statement: the run lock with the
+    # token's check and the writes
+    connection.close()
+    trips = round_trips(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY)))
+    texts = [text for trip in trips for kind, text in trip if kind in ("Parse", "Query")]
+    write = [t for t in texts if "FOR UPDATE" in t]
+    assert len(write) == 1 and "revoked_at IS NULL" in write[0] and "INSERT INTO" in write[0], texts
+    assert not any("BEGIN" in t or "COMMIT" in t for t in texts)
+    assert not any("key_hash" in t for t in texts)  # no lookup of its own
+    # the typed client's default, a fresh idempotency key per call, costs the same one round trip
+    trips = round_trips(lambda: answers.append(
+        owner.post(f"/runs/{s['run']['id']}/checkpoints", {**BODY, "idempotency_key": "one-round-trip"})))
+    assert answers[-1].status_code == 201 and len(trips) == 1, trips
+    del answers[1:]
     settings.TOKEN_RECALL_SECONDS = 0  # off: looked up on every request
     auth.forget_recalled()
     _warm(owner, s["run"]["id"])
-    sent = sent_queries(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY)))
-    assert answers[1].status_code == 201 and len(sent) == 2 and "key_hash" in sent[0]
+    trips = round_trips(lambda: answers.append(owner.post(f"/runs/{s['run']['id']}/checkpoints", BODY)))
+    assert answers[1].status_code == 201 and len(trips) == 2, trips
+    assert "key_hash" in trips[0][0][1]
 
 
 @pytest.mark.django_db

@@ -52,8 +52,8 @@ def test_claim_heartbeat_and_delivery_query_counts(django_assert_max_num_queries
 
 
 def test_checkpoint_refs_cost_one_query_per_kind_of_ref(django_assert_num_queries):
-    """Typed refs are resolved at write time (issue 8, defect 3): a checkpoint without refs runs
-    none of those queries; approvals and each ``pending`` kind with refs add one query each."""
+    """Typed refs are resolved at write time: a checkpoint without refs runs none of those
+    queries; refs add the run's scope, and approvals and each ``pending`` kind with refs one query each."""
     from novelforge_sessions.actions.artifacts import add_artifact_version, create_artifact
     from novelforge_sessions.control.checkpoints import record_checkpoint
     from novelforge_sessions.control.intents import create_intent, read_before_state
@@ -69,8 +69,9 @@ def test_checkpoint_refs_cost_one_query_per_kind_of_ref(django_assert_num_querie
     intent = create_intent(who, kind="artifact.make_current", idempotency_key="k", artifact_id=art.id,
                            before_fingerprint=before.fingerprint, params={"version_id": v2.id}).intent
     body = {"boundary": "context_freeze", "cursor": {"step": 1}}
-    with django_assert_num_queries(4):  # BEGIN, run lock, insert + update run + event (one statement), COMMIT
+    with django_assert_num_queries(1):  # the one statement: run lock, decision, insert, run, event
         record_checkpoint(who, run.id, {**body, "approvals": [], "pending": {"handoffs": [], "gates": []}})
-    with django_assert_num_queries(6):  # + the intents (with their approvals), + the session's named handoffs
+    # + the run's scope, + the intents (with their approvals), + the session's named handoffs
+    with django_assert_num_queries(4):
         record_checkpoint(who, run.id, {**body, "approvals": [{"write_intent_id": intent.id}],
                                         "pending": {"handoffs": ["refs-1"], "gates": []}})

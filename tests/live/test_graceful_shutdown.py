@@ -2,7 +2,7 @@
 restart), lets the requests in flight finish, then exits 0; so every write a client got a 2xx for
 is in the database. With two processes sharing Redis, the other one keeps serving throughout.
 
-Both servers: daphne as ``make run`` serves (the drain is ``novelforge_sessions.live.shutdown``)
+Both servers: daphne as ``make run`` serves (the drain is ``novelforge_sessions.server.drain``)
 and the production server, uvicorn as ``python -m novelforge_sessions.serve`` configures it
 (``make serve-cluster``)."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
-from novelforge_sessions.live.shutdown import SHUTDOWN_CLOSE_CODE
+from novelforge_sessions.server.drain import SHUTDOWN_CLOSE_CODE
 from novelforge_sessions.models import Session, TranscriptEntry
 from tests.conftest import SESSION, make_project
 from tests.live import DaphneServer, database_url
@@ -186,7 +186,7 @@ def test_sigterm_on_one_of_two_processes_loses_no_acknowledged_write_while_the_o
 def test_the_grace_is_validated_at_start_up(monkeypatch):
     from django.core.exceptions import ImproperlyConfigured
 
-    from novelforge_sessions.live.shutdown import grace_seconds
+    from novelforge_sessions.server.drain import grace_seconds
 
     monkeypatch.delenv("SHUTDOWN_GRACE_SECONDS", raising=False)
     assert grace_seconds() == 20.0

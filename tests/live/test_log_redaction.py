@@ -43,7 +43,7 @@ def _log_since(server, start: int, expect: list[str], timeout: float = 10.0) -> 
 
 @pytest.fixture(params=["daphne", "uvicorn"])
 def logged_server(request, ws_server):
-    """daphne (``make run``; its own access log, wrapped by ``logredact.install``) and the production
+    """daphne (``make run``; its own access log, wrapped by ``server.patches``) and the production
     server (uvicorn through ``novelforge_sessions.serve``: its access log goes through ``LOGGING``)."""
     if request.param == "daphne":
         yield ws_server

@@ -1,4 +1,4 @@
-"""Graceful shutdown under daphne: SIGTERM drains instead of cutting.
+"""Graceful shutdown under daphne: SIGTERM drains instead of cutting (installed by ``server.patches``).
 
 What daphne does by itself (4.x, ``daphne/server.py``): Twisted's SIGTERM handler stops the
 reactor; a "before shutdown" trigger, ``Server.kill_all_applications``, *cancels* every running
@@ -7,8 +7,8 @@ drop; its transaction may still commit in the worker thread) and every websocket
 close frame (browsers see 1006). daphne has no ASGI lifespan support, so an application cannot
 hook the shutdown through ASGI.
 
-``install()`` (called by ``novelforge_sessions.asgi`` when it is loaded by daphne) replaces that
-trigger with a drain, in this order:
+``server.patches.install()`` (called by ``novelforge_sessions.asgi`` when it is loaded by daphne)
+replaces that trigger (``Server.kill_all_applications``) with :func:`drain_then_kill`, in this order:
 
 1. stop listening (new connections are refused, so a proxy such as nginx moves them to another
    upstream; ``proxy_next_upstream error`` retries a refused connection even for a POST);
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -56,21 +56,11 @@ def grace_seconds() -> float:
     return value
 
 
-def install() -> bool:
-    """Patch the daphne ``Server`` of this process (if daphne runs it); idempotent."""
-    server_module = sys.modules.get("daphne.server")
-    if server_module is None:  # not under daphne (runserver, tests, management commands)
-        return False
-    server_cls = server_module.Server
-    server_cls._novelforge_grace = grace_seconds()  # validated at start-up
-    if getattr(server_cls, "_novelforge_drain", False):
-        return True
-    server_cls.kill_all_applications = _drain_then_kill
-    server_cls._novelforge_drain = True
-    return True
+#: The grace the drain waits, read (and validated) by ``server.patches.install`` at start-up.
+GRACE = {"seconds": 20.0}
 
 
-def _drain_then_kill(server):  # noqa: ANN001 - a daphne.server.Server
+def drain_then_kill(server: Any) -> Any:  # a daphne.server.Server; returns a Deferred
     """The "before shutdown" trigger: returns a Deferred Twisted waits for."""
     from twisted.internet import defer, reactor
     from twisted.internet.interfaces import IListeningPort
@@ -91,7 +81,7 @@ def _drain_then_kill(server):  # noqa: ANN001 - a daphne.server.Server
                "shutdown: stopped listening, closed %d websocket(s) with %d", closed, SHUTDOWN_CLOSE_CODE)
 
     done = defer.Deferred()
-    deadline = time.monotonic() + server._novelforge_grace
+    deadline = time.monotonic() + GRACE["seconds"]
 
     def in_flight() -> int:
         count = 0
@@ -119,7 +109,7 @@ def _drain_then_kill(server):  # noqa: ANN001 - a daphne.server.Server
     return done
 
 
-def _cancel_the_rest(server):  # noqa: ANN001
+def _cancel_the_rest(server: Any) -> Any:
     """daphne's ``kill_all_applications``, minus its KeyError: a request that was upgraded to a
     websocket stays in ``server.connections`` without an ``application_instance`` until the
     next reap, and daphne's version indexes it (raised inside this drain, the shutdown would
