@@ -5,7 +5,6 @@ kills the server with SIGKILL at the second one. ``before_commit`` leaves nothin
 in the database; ``after_commit`` leaves it written, and the client gets no answer."""
 from __future__ import annotations
 
-import inspect
 import signal
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,7 +14,6 @@ from typing import Any
 import httpx
 import pytest
 
-from novelforge_sessions import commit
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.control.models import ConsumeReceipt, Handoff
 from novelforge_sessions.models import Checkpoint, RuntimeAttachment, Session
@@ -25,9 +23,6 @@ from tests.live import DaphneServer
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCHEMA = {"text": "string"}
-#: The one-statement checkpoint write calls ``faults.fire`` around its statement (commit.py);
-#: until it does, its COMMIT travels inside the statement and no kill point sees it.
-CHECKPOINT_FIRES = "faults.fire" in inspect.getsource(commit)
 
 
 @dataclass
@@ -133,15 +128,8 @@ CASES = {  # name: (path regex, case, handoffs claimed first)
 }
 
 
-def marks(name: str) -> list[Any]:
-    if "checkpoint" in name and not CHECKPOINT_FIRES:
-        return [pytest.mark.xfail(strict=True, reason="the one-statement checkpoint write does not call "
-                                                      "faults.fire yet (novelforge_sessions/commit.py)")]
-    return []
-
-
 @pytest.mark.parametrize("point", ["before_commit", "after_commit"])
-@pytest.mark.parametrize("name", [pytest.param(n, marks=marks(n)) for n in CASES])
+@pytest.mark.parametrize("name", list(CASES))
 def test_a_kill_point_fires_at_the_expected_commit(world: Callable[[str, int], World], name: str, point: str) -> None:
     regex, case, handoffs = CASES[name]
     w = world(f"{point}:2:{regex}", handoffs)
