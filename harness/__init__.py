@@ -1,2 +1,2 @@
-"""The reliability harness (issue 9): real daphne, real PostgreSQL and Redis on loopback, faults
+"""The reliability harness (`make harness`): real daphne, real PostgreSQL and Redis on loopback, faults
 injected on purpose, client histories checked against the database. ``python -m harness``."""

@@ -1,4 +1,5 @@
-"""``python -m harness`` (``make harness``): every fault, then the load, then the model-based test;
+"""``python -m harness`` (``make harness``): every fault (kill points on the handoff, delivery and
+heartbeat commits, and on the checkpoint write path), then the load, then the model-based test;
 prints the figures and exits non-zero unless every count that must be 0 is 0.
 
 Loopback only, bounded in time: a throwaway PostgreSQL cluster and redis-server on free ports in
@@ -23,17 +24,18 @@ PROFILES = {
     "full": {"rounds": 3, "agents": 6, "load_seconds": 30.0, "sockets": 6, "model_examples": 40, "gap": 1.0},
     "quick": {"rounds": 1, "agents": 2, "load_seconds": 2.0, "sockets": 2, "model_examples": 0, "gap": 0.3},
 }
-ALL = ("kill", "postgres", "redis", "load", "model")
+ALL = ("kill", "checkpoint", "postgres", "redis", "load", "model")
 
 
 def _table(results: list[dict[str, Any]]) -> str:
-    head = f"{'fault':44} {'rounds':>6} {'acked':>6} {'dup':>4} {'lost':>4} {'recovery max':>12}  ok"
+    head = f"{'fault':44} {'rounds':>6} {'acked':>6} {'dup':>4} {'lost':>4} {'gaps':>4} {'recovery max':>12}  ok"
     lines = [head, "-" * len(head)]
     for r in results:
         if r["fault"] in ("load", "model-based test"):
             continue
         lines.append(f"{r['fault']:44} {r.get('rounds', 0):>6} {r.get('acknowledged', 0):>6} {r.get('duplicates', 0):>4} "
-                     f"{r.get('lost', 0):>4} {r.get('recovery_max_s', 0):>10.2f} s  {'yes' if r['ok'] else 'NO'}")
+                     f"{r.get('lost', 0):>4} {r.get('seq_gaps', '-'):>4} {r.get('recovery_max_s', 0):>10.2f} s  "
+                     f"{'yes' if r['ok'] else 'NO'}")
     for r in results:
         if r["fault"] == "load":
             lines.append(
@@ -85,11 +87,16 @@ def main(argv: list[str] | None = None) -> int:
           + (f", Redis on 127.0.0.1:{infra.redis.port}" if infra.redis else "") + f" ({infra.base})", flush=True)
     try:
         scenarios.prepare(infra, [name for part, names in (
-            ("kill", ["kill_before_commit", "kill_after_commit"]), ("postgres", ["postgres"]), ("redis", ["redis"]),
+            ("kill", ["kill_before_commit", "kill_after_commit"]),
+            ("checkpoint", ["checkpoint_before_commit", "checkpoint_after_commit"]), ("postgres", ["postgres"]), ("redis", ["redis"]),
             ("load", ["load"])) if part in only for name in names])
         if "kill" in only:
             for point in ("before_commit", "after_commit"):
                 results.append(scenarios.kill_point(infra, point, rounds=cfg["rounds"], agents=cfg["agents"]))
+                print(json.dumps(results[-1]), flush=True)
+        if "checkpoint" in only:
+            for point in ("before_commit", "after_commit"):
+                results.append(scenarios.checkpoint_kill(infra, point, rounds=cfg["rounds"], agents=cfg["agents"]))
                 print(json.dumps(results[-1]), flush=True)
         if "postgres" in only:
             results.append(scenarios.postgres_faults(infra, rounds=cfg["rounds"], agents=cfg["agents"], gap=cfg["gap"]))

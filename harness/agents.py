@@ -164,6 +164,11 @@ class Agent:
         self.call("POST", f"/runs/{run_id}/checkpoints", {"boundary": "context_freeze", "cursor": {"step": step}},
                   op="checkpoint", key=f"{run_id}:{step}")
 
+    def heartbeat(self, runtime_id: int) -> None:
+        """Extend the runtime's lease (idempotent: a repeat extends it again), until ok."""
+        self.until_ok("POST", f"/runtimes/{runtime_id}/heartbeat", {"lease_seconds": RUNTIME["lease_seconds"]},
+                      op="heartbeat", key=str(runtime_id))
+
     def job(self, run_id: int, logical_id: str) -> None:
         """create → claim → deliver, every step retried until acknowledged."""
         h = self.handoff(run_id, logical_id)

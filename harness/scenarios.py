@@ -1,5 +1,6 @@
-"""The faults: kill points, PostgreSQL restarts and terminated backends, a Redis restart under
-two servers with open websockets, and a bounded load. Each returns one dict of figures."""
+"""The faults: kill points (on handoffs, deliveries and heartbeats, and on the checkpoint write
+path), PostgreSQL restarts and terminated backends, a Redis restart under two servers with open
+websockets, and a bounded load. Each returns one dict of figures."""
 from __future__ import annotations
 
 import json
@@ -13,9 +14,12 @@ import psycopg
 
 from harness import checks
 from harness.agents import Agent, History, percentile
-from harness.infra import ROOT, Infra
+from harness.infra import ROOT, Daphne, Infra
 
-KILL_PATHS = r"/handoffs$|/results$"
+KILL_PATHS = r"/handoffs$|/results$|/heartbeat$"
+#: The checkpoint write path: the single checkpoint (the batch takes no idempotency key, so a
+#: retry after a lost answer could write twice: it is not killed here).
+CHECKPOINT_PATHS = r"/checkpoints$"
 
 
 class Deployment:
@@ -75,27 +79,13 @@ def _first_ok_after(history: History, t: float) -> float | None:
 
 
 # ---- kill points -----------------------------------------------------------------------------------
-def kill_point(infra: Infra, point: str, *, rounds: int, agents: int, every: int = 3) -> dict[str, Any]:
-    """SIGKILL at ``point`` of a handoff or delivery commit, ``rounds`` times; after each kill the
-    harness starts the server again. Agents retry every step with the same logical id."""
-    dep = Deployment(infra, f"kill_{point}")
-    fault_env = {"NOVELFORGE_FAULT_POINTS": f"{point}:{every}:{KILL_PATHS}"}
-    server = infra.daphne(dep.env(), f"kill-{point}")
-    server.start(fault_env)  # the sessions and runs below do not commit on KILL_PATHS
-    history, stop = History(), threading.Event()
-    clients = [Agent(f"{point}-a{i}", server.url, dep.token, history, stop) for i in range(agents)]
-    runs = [c.open_session()[2] for c in clients]
-
-    def agent(i: int) -> None:
-        n = 0
-        while not stop.is_set():
-            clients[i].job(runs[i], f"{point}/a{i}/job{n}")
-            n += 1
-
-    threads, errors = _run_agents(agents, agent)
+def _kill_and_restart(server: Daphne, fault_env: dict[str, str], *, rounds: int, errors: list[BaseException],
+                      seconds: float = 120.0) -> tuple[list[float], list[float]]:
+    """Wait for the hook to kill ``server``, start it again (armed again, but the last time),
+    ``rounds`` times or until ``seconds`` passed or an agent failed: (kill times, restart seconds)."""
     kills: list[float] = []
     restarts: list[float] = []
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + seconds
     while len(kills) < rounds and time.monotonic() < deadline and not errors:
         assert server.proc is not None
         try:
@@ -105,6 +95,36 @@ def kill_point(infra: Infra, point: str, *, rounds: int, agents: int, every: int
         kills.append(time.monotonic())
         last = len(kills) == rounds
         restarts.append(server.start(None if last else fault_env))
+    return kills, restarts
+
+
+def _killed_by_hook(server: Daphne, point: str) -> int:
+    return sum(1 for line in server.log_path.read_text(errors="replace").splitlines()
+               if line.startswith(f"fault point {point}"))
+
+
+def kill_point(infra: Infra, point: str, *, rounds: int, agents: int, every: int = 3) -> dict[str, Any]:
+    """SIGKILL at ``point`` of a runtime heartbeat, handoff or delivery commit, ``rounds`` times;
+    after each kill the harness starts the server again. Agents retry every step with the same
+    logical id."""
+    dep = Deployment(infra, f"kill_{point}")
+    fault_env = {"NOVELFORGE_FAULT_POINTS": f"{point}:{every}:{KILL_PATHS}"}
+    server = infra.daphne(dep.env(), f"kill-{point}")
+    server.start(fault_env)  # the sessions and runs below do not commit on KILL_PATHS
+    history, stop = History(), threading.Event()
+    clients = [Agent(f"{point}-a{i}", server.url, dep.token, history, stop) for i in range(agents)]
+    opened = [c.open_session() for c in clients]
+
+    def agent(i: int) -> None:
+        n = 0
+        _, runtime, run = opened[i]
+        while not stop.is_set():
+            clients[i].heartbeat(runtime)
+            clients[i].job(run, f"{point}/a{i}/job{n}")
+            n += 1
+
+    threads, errors = _run_agents(agents, agent)
+    kills, restarts = _kill_and_restart(server, fault_env, rounds=rounds, errors=errors)
     time.sleep(0.5)  # a little traffic on the healthy server, then everyone finishes its job
     stop.set()
     for t in threads:
@@ -112,8 +132,7 @@ def kill_point(infra: Infra, point: str, *, rounds: int, agents: int, every: int
     for c in clients:
         c.close()
     recovery = [r for r in (_first_ok_after(history, k) for k in kills) if r is not None]
-    killed_by_hook = sum(1 for line in server.log_path.read_text(errors="replace").splitlines()
-                         if line.startswith(f"fault point {point}"))
+    killed_by_hook = _killed_by_hook(server, point)
     server.stop()
     result = dep.verdict(history)
     result.update(
@@ -123,6 +142,96 @@ def kill_point(infra: Infra, point: str, *, rounds: int, agents: int, every: int
     )
     result["ok"] = (result["rounds"] == rounds and killed_by_hook == rounds and not errors
                     and result["duplicates"] == 0 and result["lost"] == 0 and result["acknowledged"] > 0)
+    return result
+
+
+# ---- kill points on the checkpoint write path -------------------------------------------------------
+def checkpoint_kill(infra: Infra, point: str, *, rounds: int, agents: int, every: int = 3,
+                    seconds: float = 60.0) -> dict[str, Any]:
+    """SIGKILL at ``point`` of a checkpoint write, ``rounds`` times (every ``every``-th commit on
+    ``CHECKPOINT_PATHS``), the server started again after each. Agents write through the shipped
+    typed client (``novelforge_client.Client.checkpoint``), one idempotency key per logical step;
+    the client retries a step with its key until it is acknowledged (a refused connection while
+    the server is down, an answer lost with the process). Then, from the database: every
+    acknowledged checkpoint is there with the body sent (0 lost), one row per key (0
+    duplicates), and each run's seqs are 1..n with n its checkpoint count (0 gaps)."""
+    from novelforge_client import Client, RetryPolicy, TransportError
+
+    dep = Deployment(infra, f"checkpoint_{point}")
+    fault_env = {"NOVELFORGE_FAULT_POINTS": f"{point}:{every}:{CHECKPOINT_PATHS}"}
+    server = infra.daphne(dep.env(), f"checkpoint-{point}")
+    server.start(fault_env)  # the sessions and runs below do not commit on CHECKPOINT_PATHS
+    history, stop = History(), threading.Event()
+    setup = [Agent(f"cp-{point}-a{i}", server.url, dep.token, history, stop) for i in range(agents)]
+    runs = [c.open_session()[2] for c in setup]
+    for c in setup:
+        c.close()
+    # Retries spaced 0.05 s doubling to 0.5 s, for about two minutes: past any restart.
+    retry = RetryPolicy(attempts=250, backoff=0.05, max_backoff=0.5)
+    clients = [Client(server.url, dep.token, timeout=30.0, retry=retry) for _ in range(agents)]
+    acked: dict[str, tuple[int, int, int, dict[str, Any], float]] = {}  # key → (run, id, seq, cursor, acked at)
+    sent: dict[str, int] = {}  # key → run: every step begun, acknowledged or not
+    lock = threading.Lock()
+
+    def agent(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            key = f"{point}/a{i}/step{n}"
+            cursor = {"agent": i, "step": n, "key": key}
+            with lock:
+                sent[key] = runs[i]
+            deadline = time.monotonic() + 120
+            while True:  # the client retries within a call; a call that gives up is repeated, same key
+                try:
+                    out = clients[i].checkpoint(runs[i], boundary="context_freeze", cursor=cursor, idempotency_key=key)
+                    break
+                except TransportError:
+                    if time.monotonic() > deadline:
+                        raise
+            with lock:
+                acked[key] = (runs[i], out.id, out.seq, cursor, time.monotonic())
+            n += 1
+
+    threads, errors = _run_agents(agents, agent)
+    kills, restarts = _kill_and_restart(server, fault_env, rounds=rounds, errors=errors, seconds=seconds)
+    time.sleep(0.5)  # a little traffic on the healthy server, then every agent finishes its step
+    stop.set()
+    for t in threads:
+        t.join(timeout=150)
+    for c in clients:
+        c.close_client()
+    killed_by_hook = _killed_by_hook(server, point)
+    server.stop()
+
+    cp, run_table = dep.tables["Checkpoint"], dep.tables["Run"]
+    with psycopg.connect(dep.url, autocommit=True) as conn:
+        rows = conn.execute(f"SELECT id, run_id, seq, idempotency_key, cursor FROM {cp} WHERE run_id = ANY(%s)",
+                            [runs]).fetchall()
+        counts = dict(conn.execute(f"SELECT id, checkpoint_count FROM {run_table} WHERE id = ANY(%s)", [runs]).fetchall())
+    by_id = {r[0]: r for r in rows}
+    per_key: dict[str | None, int] = {}
+    for r in rows:
+        per_key[r[3]] = per_key.get(r[3], 0) + 1
+    duplicates = sorted(str(k) for k, n in per_key.items() if n > 1 or k is None)
+    lost = sorted(k for k, (run, cid, seq, cursor, _) in acked.items()
+                  if cid not in by_id or by_id[cid][1:] != (run, seq, k, cursor))
+    gaps = []
+    for run in runs:
+        seqs = sorted(r[2] for r in rows if r[1] == run)
+        if seqs != list(range(1, len(seqs) + 1)) or counts.get(run) != len(seqs):
+            gaps.append(run)
+    unacked_written = sum(1 for k in sent if k not in acked and per_key.get(k))
+    recovery = [min((t for *_, t in acked.values() if t >= k), default=k) - k for k in kills]
+    result = {
+        "fault": f"kill checkpoint {point}", "rounds": len(kills), "killed_by_hook": killed_by_hook,
+        "acknowledged": len(acked), "rows": len(rows), "duplicates": len(duplicates), "lost": len(lost),
+        "seq_gaps": len(gaps), "duplicate_ids": duplicates[:10], "lost_ids": lost[:10], "gap_runs": gaps[:10],
+        "steps_unacknowledged": len(sent) - len(acked), "steps_unacknowledged_written": unacked_written,
+        "restart_max_s": round(max(restarts, default=0), 2), "recovery_max_s": round(max(recovery, default=0), 2),
+        "errors": [repr(e)[:300] for e in errors],
+    }
+    result["ok"] = (result["rounds"] == rounds and killed_by_hook == rounds and not errors and not duplicates
+                    and not lost and not gaps and result["acknowledged"] > 0)
     return result
 
 

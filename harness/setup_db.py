@@ -25,9 +25,9 @@ def main() -> None:
         names = names[1:]
     from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
     from novelforge_sessions.control.models import ConsumeReceipt, Handoff, ResultDelivery
-    from novelforge_sessions.models import Checkpoint, Event, Project, Session
+    from novelforge_sessions.models import Checkpoint, Event, Project, Run, Session
 
-    tables = {m.__name__: m._meta.db_table for m in (ConsumeReceipt, Handoff, ResultDelivery, Checkpoint, Event, Session)}
+    tables = {m.__name__: m._meta.db_table for m in (ConsumeReceipt, Handoff, ResultDelivery, Checkpoint, Event, Run, Session)}
     out = {}
     for name in names:
         slug = name.replace("_", "-")

@@ -1,4 +1,4 @@
-"""A test-only fault hook: the server SIGKILLs itself at a chosen commit (the harness, issue 9).
+"""A test-only fault hook: the server SIGKILLs itself at a chosen commit (used by ``harness/``).
 
 Off unless the process starts with ``NOVELFORGE_FAULT_POINTS`` in its environment; it is read
 once, by the settings, and nothing a request sends can turn it on, move it or read it. The
@@ -11,6 +11,19 @@ SIGKILL, either just *before* the commit (``before_commit``: the transaction is 
 connection) or just *after* it (``after_commit``: committed, but no response is ever sent).
 Example: ``NOVELFORGE_FAULT_POINTS='after_commit:3:/results$'``.
 
+Which commits it sees, through public interfaces only:
+
+- every real commit of a transaction: Django's ``connection_created`` signal hands over each
+  new (or, with psycopg's pool, handed-out-again) psycopg connection, and ``install`` replaces
+  that instance's public ``commit`` method, once, with one that fires ``before_commit`` and
+  ``after_commit`` around it. ``transaction.atomic()`` ends its outermost block with that
+  method. A ``commit()`` with no transaction open on the server (psycopg then sends nothing:
+  the transaction was already ended, e.g. by a statement carrying its own ``COMMIT``) is not a
+  commit and is not counted;
+- a write that is one statement executed as its own transaction in autocommit mode commits
+  without calling ``commit()``: the code that executes it calls ``fire("before_commit")`` just
+  before the statement and ``fire("after_commit")`` just after it returns.
+
 Counted per process: a restarted server counts again from zero (``harness/`` restarts it).
 """
 from __future__ import annotations
@@ -21,9 +34,12 @@ import re
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from psycopg.pq import TransactionStatus
 
 POINTS = ("before_commit", "after_commit")
 ENV = "NOVELFORGE_FAULT_POINTS"
@@ -60,6 +76,8 @@ def parse(spec: str) -> list[FaultPoint]:
 _current_path: contextvars.ContextVar[str | None] = contextvars.ContextVar("nf_fault_path", default=None)
 _points: list[FaultPoint] = []
 _lock = threading.Lock()
+#: The psycopg connections whose ``commit`` is already wrapped (``_watch``).
+_watched: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def fire(point: str) -> None:
@@ -78,27 +96,39 @@ def fire(point: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def install(points: list[FaultPoint]) -> None:
-    """Wrap the PostgreSQL backend's real commit (idempotent). Called by the app's ready()."""
-    from django.db.backends.postgresql.base import DatabaseWrapper
-
-    _points[:] = points
-    if getattr(DatabaseWrapper._commit, "_nf_fault", False):
+def _watch(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """``connection_created`` receiver: fire the kill points around this psycopg connection's
+    real commits. Idempotent: psycopg's pool hands the same connection out again, and Django
+    sends the signal each time."""
+    raw = connection.connection
+    if raw is None or raw in _watched:
         return
-    real: Callable[[Any], Any] = DatabaseWrapper._commit
+    real: Callable[[], Any] = raw.commit
 
-    def _commit(self: Any) -> Any:
+    def commit() -> Any:
+        if raw.info.transaction_status == TransactionStatus.IDLE:
+            return real()  # nothing to commit: psycopg sends nothing, so no commit to kill at
         fire("before_commit")
-        result = real(self)
+        result = real()
         fire("after_commit")
         return result
 
-    _commit._nf_fault = True  # type: ignore[attr-defined]
-    DatabaseWrapper._commit = _commit  # type: ignore[method-assign]
+    raw.commit = commit
+    _watched.add(raw)
+
+
+def install(points: list[FaultPoint]) -> None:
+    """Arm ``points`` and watch every connection Django opens from now on (idempotent). Called
+    by the app's ready(), before any request."""
+    from django.db.backends.signals import connection_created
+
+    _points[:] = points
+    connection_created.connect(_watch, dispatch_uid="novelforge_sessions.faults")
 
 
 class FaultMiddleware:
-    """Marks the request being served (only in MIDDLEWARE when the hook is configured)."""
+    """Marks the request being served: first in MIDDLEWARE and in API_MIDDLEWARE (the lean API
+    path, api/asgi.py) when the hook is configured (settings.py), in neither otherwise."""
 
     def __init__(self, get_response: Callable[[Any], Any]) -> None:
         self.get_response = get_response

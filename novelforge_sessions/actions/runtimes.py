@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from novelforge_sessions import events, leases
+from novelforge_sessions import events, faults, leases
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
@@ -258,11 +258,15 @@ def heartbeat_runtime(caller: Caller, runtime_id: int, *, lease_seconds: int | N
     now = timezone.now()
     expires = now + timedelta(seconds=lease)
     with connection.cursor() as cur:
+        # One statement in autocommit mode: its own transaction, committed without a commit()
+        # call, so the harness's kill points are fired around it here (faults.py).
+        faults.fire("before_commit")
         cur.execute(
             _HEARTBEAT_SQL,
             {**_HEARTBEAT_PARAMS, "now": now, "expires": expires, "lease": lease, "id": runtime_id,
              "projects": list(caller.project_ids), "bound": caller.session_id},
         )
+        faults.fire("after_commit")
         row = cur.fetchone()
     if row is None:
         attachment = visible_runtime(caller, runtime_id)

@@ -23,13 +23,16 @@ def _django(code: str, **env: str) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
-def test_off_unless_the_environment_sets_it():
+def test_off_unless_the_environment_sets_it(db: None) -> None:
     assert settings.FAULT_POINTS == []
     assert "novelforge_sessions.faults.FaultMiddleware" not in settings.MIDDLEWARE
-    # Nothing wrapped the commit: the hook is not installed in this (test) process.
-    from django.db.backends.postgresql.base import DatabaseWrapper
+    # The hook is not installed in this (test) process: no receiver, no connection watched.
+    from django.db import connection
+    from django.db.backends.signals import connection_created
 
-    assert not getattr(DatabaseWrapper._commit, "_nf_fault", False)
+    assert not connection_created.disconnect(dispatch_uid="novelforge_sessions.faults")
+    connection.ensure_connection()
+    assert connection.connection not in faults._watched
 
 
 @pytest.mark.parametrize("env", [
@@ -77,3 +80,35 @@ def test_other_paths_and_work_outside_requests_are_untouched():
     proc = _django(KILL_AT_SECOND_COMMIT, NOVELFORGE_FAULT_POINTS="before_commit:1:/handoffs$")
     assert proc.returncode == 0, proc.stderr[-800:]
     assert proc.stdout.split()[-2:] == ["committed", "3"]
+
+
+# With psycopg's pool, closing hands the connection back and a later connect() may get the
+# same one, with Django's connection_created sent again (as here, by hand, twice): its commit
+# is wrapped once, so each commit still counts once. An atomic block whose transaction was
+# already ended on the server (here by a statement carrying its own COMMIT), or that never
+# began one, is no commit.
+AGAIN = """
+from django.db import connection, transaction
+from django.db.backends.signals import connection_created
+from novelforge_sessions import faults
+token = faults._current_path.set("/api/v1/handoffs/1/results")
+for n in range(3):
+    with transaction.atomic():
+        connection.cursor().execute("SELECT 1")
+    print("committed", n + 1, flush=True)
+    if n == 0:
+        with transaction.atomic():
+            connection.cursor().execute("SELECT 1; COMMIT")
+        with transaction.atomic():
+            pass
+        print("not commits", flush=True)
+        for _ in range(2):
+            connection_created.send(sender=type(connection), connection=connection)
+"""
+
+
+def test_a_connection_handed_out_again_counts_each_commit_once() -> None:
+    proc = _django(AGAIN, NOVELFORGE_FAULT_POINTS="before_commit:3:/results$", DB_POOL_MAX_SIZE="5")
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr[-800:])
+    assert proc.stdout.splitlines() == ["committed 1", "not commits", "committed 2"]
+    assert "fault point before_commit #3 on /api/v1/handoffs/1/results: SIGKILL" in proc.stderr

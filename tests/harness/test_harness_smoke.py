@@ -21,8 +21,9 @@ def test_the_harness_runs_and_every_guarantee_holds(tmp_path):
     figures = json.loads(out.read_text())
     assert figures["ok"] is True
     by_fault = {r["fault"]: r for r in figures["results"]}
+    checkpoint_faults = {"kill checkpoint before_commit", "kill checkpoint after_commit"}
     assert set(by_fault) == {"kill before_commit", "kill after_commit", "postgres restart + pg_terminate_backend",
-                             "redis restart (2 servers, open websockets)", "load"}
+                             "redis restart (2 servers, open websockets)", "load", *checkpoint_faults}
     for name, r in by_fault.items():
         assert r["ok"] is True, (name, r)
         assert (r["duplicates"], r["lost"]) == (0, 0), (name, r)
@@ -31,6 +32,10 @@ def test_the_harness_runs_and_every_guarantee_holds(tmp_path):
         r = by_fault[f"kill {point}"]
         assert r["rounds"] == r["killed_by_hook"] == 1, r
         assert r["history"].get("unknown", 0) + r["history"].get("fail", 0) > 0, "the kill cost some client a request"
+    for name in checkpoint_faults:
+        r = by_fault[name]
+        assert r["rounds"] == r["killed_by_hook"] == 1 and r["seq_gaps"] == 0, r
+        assert r["rows"] == r["acknowledged"] + r["steps_unacknowledged_written"], r
     pg = by_fault["postgres restart + pg_terminate_backend"]
     assert pg["rounds"] == 2 and pg["server_restarted"] is False and pg["server_500"] == 0, pg
     redis = by_fault["redis restart (2 servers, open websockets)"]
