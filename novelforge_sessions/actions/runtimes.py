@@ -23,10 +23,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from novelforge_sessions import events, faults, leases
+from novelforge_sessions import commit, events, leases
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
@@ -257,17 +257,12 @@ def heartbeat_runtime(caller: Caller, runtime_id: int, *, lease_seconds: int | N
     lease = _lease(lease_seconds)
     now = timezone.now()
     expires = now + timedelta(seconds=lease)
-    with connection.cursor() as cur:
-        # One statement in autocommit mode: its own transaction, committed without a commit()
-        # call, so the harness's kill points are fired around it here (faults.py).
-        faults.fire("before_commit")
-        cur.execute(
-            _HEARTBEAT_SQL,
-            {**_HEARTBEAT_PARAMS, "now": now, "expires": expires, "lease": lease, "id": runtime_id,
-             "projects": list(caller.project_ids), "bound": caller.session_id},
-        )
-        faults.fire("after_commit")
-        row = cur.fetchone()
+    # One statement, its own transaction (commit.execute_write: one round trip, prepared, seen by
+    # the fault hook).
+    row = commit.execute_write(_HEARTBEAT_SQL, {
+        **_HEARTBEAT_PARAMS, "now": now, "expires": expires, "lease": lease, "id": runtime_id,
+        "projects": list(caller.project_ids), "bound": caller.session_id,
+    })
     if row is None:
         attachment = visible_runtime(caller, runtime_id)
         raise RuntimeNotLive(
