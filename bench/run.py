@@ -66,13 +66,13 @@ def ensure_venv() -> None:
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     if not STAMP.exists() or STAMP.read_text().strip() != wanted_stamp():
         log("installing the project (editable) and the peers into bench/.venv")
-        if pip("-e", str(ROOT), "-r", str(REQUIREMENTS)):
+        if pip("-e", f"{ROOT}[langgraph,mcp]", "-r", str(REQUIREMENTS)):
             STAMP.write_text(wanted_stamp() + "\n")
         else:
             # Keep the bench usable without a peer that cannot be installed here: install the
             # project alone, then each peer on its own; a missing peer is reported as skipped.
             log("installing everything at once failed; trying the project and each peer separately")
-            if not pip("-e", str(ROOT)):
+            if not pip("-e", f"{ROOT}[langgraph,mcp]") and not pip("-e", str(ROOT)):
                 sys.exit("[bench] cannot install the project into bench/.venv")
             for line in REQUIREMENTS.read_text().splitlines():
                 requirement = line.split("#", 1)[0].strip()
