@@ -72,16 +72,41 @@ def machine_busy_jiffies() -> int:
     return user + nice + system + irq + softirq + steal
 
 
-def git_state() -> dict[str, Any]:
-    """The commit measured and whether the tree had uncommitted changes."""
-    import subprocess
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process below it (clients, servers, the MCP servers they launch)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
 
-    def git(*args: str) -> str:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
-        return out.stdout.strip()
 
-    return {"commit": git("rev-parse", "HEAD") or "unknown",
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+def own_cpu_ticks(db_url: str) -> dict[int, int]:
+    """CPU ticks so far of this workload's processes and of the PostgreSQL backends connected to
+    its database (by pid): the diagnostic "own CPU", which another tenant of the machine does not
+    inflate. PostgreSQL's background writers are not in it."""
+    import psycopg
+
+    dbname = db_url.rsplit("/", 1)[1].split("?", 1)[0]
+    with psycopg.connect(db_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        backends = [int(r[0]) for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,)).fetchall()]
+    ticks = {}
+    for pid in process_tree(os.getpid()) + backends:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone, or another machine's PostgreSQL
+        ticks[pid] = int(fields[11]) + int(fields[12])
+    return ticks
 
 
 # ---------------------------------------------------------------- one client's clock
@@ -428,8 +453,10 @@ def run_workload(args: argparse.Namespace) -> dict[str, Any]:
         window[0], window[1] = start, start + args.seconds
         time.sleep(max(0.0, start - time.monotonic()))
         busy0, server0, load0 = machine_busy_jiffies(), server.cpu_seconds() if server else 0.0, os.getloadavg()[0]
+        own0 = own_cpu_ticks(args.db_url)
         time.sleep(max(0.0, window[1] - time.monotonic()))
         busy1, server1 = machine_busy_jiffies(), server.cpu_seconds() if server else 0.0
+        own1 = own_cpu_ticks(args.db_url)
         elapsed = window[1] - window[0]
         while len(results) < args.clients:
             try:
@@ -462,12 +489,14 @@ def run_workload(args: argparse.Namespace) -> dict[str, Any]:
     latencies = sorted(x for r in results.values() for x in r[1])
     hz = os.sysconf("SC_CLK_TCK")
     busy_s = (busy1 - busy0) / hz
+    own_s = sum(t - own0.get(pid, 0) for pid, t in own1.items()) / hz
     return {
         "workload": name, "clients": args.clients, "seconds": round(elapsed, 3), "steps": steps,
         "steps_per_s": round(steps / elapsed, 1),
         "machine_cpu_ms_per_step": round(busy_s / steps * 1000, 3),
         "machine_busy_cores": round(busy_s / elapsed, 2),
         "server_cpu_ms_per_step": round((server1 - server0) / steps * 1000, 3) if server else None,
+        "own_cpu_ms_per_step": round(own_s / steps * 1000, 3),
         "per_client_steps": [results[i][0] for i in sorted(results)],
         "latency_ms": {"p50": round(statistics.median(latencies) * 1000, 2),
                        "p99": round(latencies[int(0.99 * (len(latencies) - 1))] * 1000, 2)},
