@@ -7,7 +7,7 @@ ratios, with min-max when there are several. Beside each workload's steps/s the 
 whole machine's CPU per step (``/proc/stat``); the server's own CPU is a diagnostic column, never
 a verdict. Two counts on the server (P2, P3) and the sustained RSS row complete it.
 
-Plug-in modules. Any of ``bench/stream.py`` and ``bench/scaling.py`` (or another name in
+Plug-in modules. Any of ``bench/stream.py``, ``bench/scaling.py``, ``bench/fleet.py`` (or another name in
 ``PLUGINS``) that exists is imported and asked for its rows:
 
     def goals(quick: bool, server_url: str) -> list[dict]
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
-PLUGINS = ("stream", "scaling")
+PLUGINS = ("stream", "scaling", "fleet")
 CLIENTS = 8  # the "8 clients"
 #: The workloads of one round, in this order (reversed every other round). Pairs that a goal
 #: compares sit near each other where they can.
