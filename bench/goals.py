@@ -208,19 +208,17 @@ def print_workloads(rows: list[dict[str, Any]]) -> None:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
+    """goal | met | measured | target | detail: the verdict beside the goal, however long the figures."""
     def met(v: Any) -> str:
         return "MET" if v is True else "MISSED" if v is False else "-"
 
-    widths = [max(len("goal"), *(len(str(r["goal"])) for r in rows)), max(8, *(len(str(r["measured"])) for r in rows)),
-              max(6, *(len(str(r["target"])) for r in rows)), 6]
-    widths[0] = min(widths[0], 96)
-    head = f"{'goal':<{widths[0]}}  {'measured':<{widths[1]}}  {'target':<{widths[2]}}  {'met':<6}  detail"
+    goal_w = min(96, max(len("goal"), *(len(str(r["goal"])) for r in rows)))
+    head = f"{'goal':<{goal_w}}  {'met':<6}  measured  [target]  detail"
     print()
     print(head)
-    print("-" * min(len(head) + 40, 220))
+    print("-" * min(len(head) + 60, 220))
     for r in rows:
-        print(f"{str(r['goal'])[:widths[0]]:<{widths[0]}}  {str(r['measured']):<{widths[1]}}  {str(r['target']):<{widths[2]}}  "
-              f"{met(r['met']):<6}  {r['detail']}")
+        print(f"{str(r['goal'])[:goal_w]:<{goal_w}}  {met(r['met']):<6}  {r['measured']}  [{r['target']}]  {r['detail']}")
     print()
     print("measured: median over the rounds of the per-round ratio (min–max). Every ratio is steps per second of two")
     print("whole workloads of the same round (8 client processes, client + server + PostgreSQL on this machine).")

@@ -392,6 +392,7 @@ def goals_main(args: argparse.Namespace) -> int:
 
     rounds_n = 1 if args.quick and args.rounds == 1 else max(args.rounds, 1 if args.quick else 3)
     started = datetime.now(timezone.utc)
+    git = git_state()  # what is measured: the tree as it is when the run starts
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     RESULTS.mkdir(parents=True, exist_ok=True)
     log_file = RESULTS / f"{stamp}.log"
@@ -446,7 +447,8 @@ def goals_main(args: argparse.Namespace) -> int:
     out = RESULTS / f"{stamp}.json"
     goals.dump(out, {
         "started_at": started.isoformat(timespec="seconds"), "finished_at": finished.isoformat(timespec="seconds"),
-        "git": git_state(), "mode": "quick" if args.quick else "full", "rounds": rounds_n,
+        "git": {**git, "changed_during_run": git_state() != git}, "mode": "quick" if args.quick else "full",
+        "rounds": rounds_n,
         "method": "steps/s of whole workloads (8 client processes), whole-machine CPU per step from /proc/stat; "
                   "goals are medians of per-round steps/s ratios",
         "workloads": workloads, "goals": rows, "errors": errors,
@@ -455,7 +457,6 @@ def goals_main(args: argparse.Namespace) -> int:
         "scenarios": {name: argv for name, argv in plan.items()}, "per_round": rounds, "counts": counted,
         "sustained": drift,
     })
-    git = git_state()
     print(f"\ncommit {git['commit'][:12]}{' (dirty tree)' if git['dirty'] else ''}, {rounds_n} round(s), "
           f"{plan[next(iter(plan))][-1]} s windows, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end")
     goals.print_workloads(workloads)
