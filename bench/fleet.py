@@ -144,10 +144,11 @@ def level(url: str, token: str, project_id: int, db_url: str, n: int, args: argp
     agents = open_agents(url, token, n)
     subs = _subscribers(url, token, project_id, args.dashboards)
     low = last_event_id(db_url, project_id)
-    procs = []
+    procs, specs = [], []
     try:
         for k in range(AGENT_PROCESSES):
             spec = Path(args.log_file).with_name(f"fleet-agents-{os.getpid()}-{k}.json")
+            specs.append(spec)
             spec.write_text(json.dumps(agents[k::AGENT_PROCESSES]))
             procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--_agents", url, token, str(spec), str(args.hold)],
@@ -157,6 +158,8 @@ def level(url: str, token: str, project_id: int, db_url: str, n: int, args: argp
         for p in procs:
             if p.poll() is None:
                 p.kill()
+        for spec in specs:
+            spec.unlink(missing_ok=True)
         expected = events_between(db_url, project_id, low)
         received, _frames = _subscribers_stop(subs, expected * args.dashboards)
     latencies: list[float] = []
