@@ -7,8 +7,8 @@
 #   make serve-cluster  N uvicorn processes (N=2, python -m novelforge_sessions.serve) on $(CLUSTER_BASE_PORT)..
 #                   sharing Redis, the reconciler beside them; all stopped together (deploy/nginx.conf in front)
 #   make reconcile  manage.py reconcile_runtimes --loop
-#   make bench      python bench/run.py $(BENCH_ARGS): every goal of issue 13 in one table (3 rounds)
-#   make bench-quick  the same table, small and one round (< ~3 min; make bench BENCH_ARGS=--quick)
+#   make bench      python bench/run.py $(BENCH_ARGS): the goals as users run the systems, steps/s (3 rounds)
+#   make bench-quick  the same table, one round of 5 s windows (a few minutes; make bench BENCH_ARGS=--quick)
 #   make harness    python -m harness $(HARNESS_ARGS): faults (kill points, PostgreSQL and Redis
 #                   restarts), load and the model-based test on throwaway loopback servers (minutes)
 #   make stop-local stop the project-local PostgreSQL/Redis the bootstrap may have started
@@ -118,7 +118,9 @@ reconcile:
 bench:
 	@$(call bootstrap,run)
 	# bench/run.py re-executes itself in bench/.venv (created on first use; the project's .venv
-	# only starts it). It uses DATABASE_URL's server and recreates the nfbench_* databases there.
+	# only starts it). It uses DATABASE_URL's server and recreates the nfbench_* databases there
+	# (BENCH_ARGS="--db-prefix NAME" for others). Each workload is 8 client processes on this
+	# machine; verdicts are steps/s ratios, whole-machine CPU per step beside them (bench/README.md).
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 # The reliability harness (README, Guarantees): it starts its own PostgreSQL cluster, redis-server

@@ -1,12 +1,13 @@
-"""The goals of issue 13 in one table: `python bench/run.py [--quick] [--rounds N]` (bench/README.md).
+"""The goals table: `python bench/run.py [--quick] [--rounds N]` (bench/README.md).
 
-Every row is a goal with its measured value, its target and met/missed, from this run only.
-Ratios are computed between scenarios of the same round and then summarised over the rounds
-(median, with min-max when there are several). On a shared machine the stable figure is the
-server's CPU time per request (read from /proc for the server's processes), so the API ratios
-are CPU ratios; the throughput ratio of the same pair is in each row's detail.
+Every goal is a ratio of **steps per second of whole workloads** (``bench/users.py``: 8 client
+processes, client, server and PostgreSQL on this machine's cores, a fixed window), taken between
+workloads of the same round and summarised over the rounds as the median of the per-round
+ratios, with min-max when there are several. Beside each workload's steps/s the table prints the
+whole machine's CPU per step (``/proc/stat``); the server's own CPU is a diagnostic column, never
+a verdict. Two counts on the server (P2, P3) and the sustained RSS row complete it.
 
-Plug-in modules. Any of ``bench/stream.py`` and ``bench/scaling.py`` (or another name in
+Plug-in modules. Any of ``bench/stream.py``, ``bench/scaling.py``, ``bench/fleet.py`` (or another name in
 ``PLUGINS``) that exists is imported and asked for its rows:
 
     def goals(quick: bool, server_url: str) -> list[dict]
@@ -14,7 +15,8 @@ Plug-in modules. Any of ``bench/stream.py`` and ``bench/scaling.py`` (or another
 each row a dict with ``goal`` (str), ``measured`` (str or number), ``target`` (str),
 ``met`` (bool, or None when the row is informational) and ``detail`` (str). ``server_url`` is
 the PostgreSQL server URL (``postgresql://user@host:port/postgres``; the module makes its own
-databases there). A module that raises gets one row saying so (met None), the table still prints.
+databases there, named after ``NFBENCH_DB_PREFIX``). A module that raises gets one row saying so
+(met None), the table still prints.
 """
 from __future__ import annotations
 
@@ -28,33 +30,40 @@ from pathlib import Path
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
-PLUGINS = ("stream", "scaling")
+PLUGINS = ("stream", "scaling", "fleet")
 CLIENTS = 8  # the issue's "8 clients"
+#: The workloads of one round, in this order (reversed every other round). Pairs that a goal
+#: compares sit near each other where they can.
+WORKLOADS = ("client", "langgraph_pg", "dbos", "langgraph_ours", "batch", "raw", "stream_on", "mcp", "floor")
+#: Which database each workload uses (the others use ours).
+DATABASE_OF = {"langgraph_pg": "langgraph", "dbos": "dbos"}
+WHAT = {
+    "client": "novelforge_client.Client.checkpoint() as shipped (fresh idempotency key per call)",
+    "langgraph_ours": "LangGraph loop graph on NovelForgeSaver, durability=sync (per superstep)",
+    "langgraph_pg": "LangGraph loop graph on PostgresSaver, durability=sync (per superstep)",
+    "dbos": "DBOS workflow looping over @DBOS.step() (per step)",
+    "raw": "raw POST /runs/{id}/checkpoints, no idempotency key, http.client (reference)",
+    "batch": "POST /runs/{id}/batch of 10 checkpoints (reference; per checkpoint)",
+    "stream_on": "raw, with 10 websocket subscribers on the project (P5)",
+    "mcp": "MCP checkpoint tool, SDK client over stdio, one novelforge-mcp per client",
+    "floor": "bare django-ninja one-insert endpoint, same ASGI entry and daphne as ours",
+}
+
+
+def window_seconds(quick: bool) -> float:
+    return 5.0 if quick else 10.0
 
 
 def scenarios(quick: bool) -> dict[str, list[str]]:
-    """name -> workloads.py arguments (besides --db-url/--log-file)."""
-    n = 500 if quick else 1500
-    secs = "20" if quick else "40"
-    http = ["--scenario", "http", "--workers", str(CLIENTS), "--max-seconds", secs]
-    # In this order (reversed every other round): the rate ratio P5 compares two neighbours,
-    # "single" and "stream_on", so that the machine's load drifts as little as possible between
-    # them; the CPU ratios (the other goals) hold up across the plan.
-    plan = {
-        "floor": [*http, "--kind", "floor", "--steps", str(n)],
-        "single": [*http, "--kind", "single", "--steps", str(n)],
-        "stream_on": [*http, "--kind", "single", "--steps", str(n), "--subscribers", "10"],
-        "uvicorn": [*http, "--kind", "single", "--steps", str(n), "--server", "uvicorn"],
-        "dbos": ["--scenario", "dbos_step_in_workflow", "--workers", str(CLIENTS), "--steps", str(n),
-                 "--max-seconds", secs, "--fast"],
-        "langgraph": ["--scenario", "langgraph_sync", "--workers", str(CLIENTS), "--steps", str(n), "--max-seconds", secs],
-        "batch": [*http, "--kind", "batch", "--steps", str(n // 5)],
-    }
-    if not quick:
-        plan["full_stack"] = [*http, "--kind", "single", "--steps", str(n), "--lean", "0"]
-        plan["uvicorn_x2"] = [*http, "--kind", "single", "--steps", str(n), "--server", "uvicorn",
-                              "--server-workers", "2"]
-    return plan
+    """name -> users.py arguments (besides --db-url/--log-file)."""
+    secs = str(window_seconds(quick))
+    return {name: ["--workload", name, "--clients", str(CLIENTS), "--seconds", secs] for name in WORKLOADS}
+
+
+def counts(quick: bool) -> dict[str, list[str]]:
+    """The write counts on the server, once per run."""
+    n = "50" if quick else "100"
+    return {"p2": ["--workload", "p2", "--count", n], "p3": ["--workload", "p3", "--count", n]}
 
 
 def sustained(quick: bool) -> list[str]:
@@ -74,78 +83,87 @@ def _summary(values: list[float], fmt: str = ".2f") -> str:
     return f"{format(med, fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
 
 
+def per_round(rounds: list[dict[str, dict[str, Any]]], fn: Callable[[dict[str, dict[str, Any]]], float | None]) -> list[float]:
+    out = []
+    for r in rounds:
+        try:
+            value = fn(r)
+        except (KeyError, TypeError, ZeroDivisionError):
+            value = None
+        if value is not None:
+            out.append(value)
+    return out
+
+
+def workload_rows(rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per workload: steps/s, machine CPU ms per step, server CPU ms per step (diagnostic)."""
+    rows = []
+    for name in WORKLOADS:
+        def get(key: str, sub: str | None = None) -> list[float]:
+            return per_round(rounds, lambda r: r[name][key][sub] if sub else r[name][key])
+
+        rows.append({"workload": name, "what": WHAT[name], "rounds": len(get("steps_per_s")),
+                     "steps_per_s": _summary(get("steps_per_s"), ".0f"),
+                     "machine_cpu_ms_per_step": _summary(get("machine_cpu_ms_per_step")),
+                     "server_cpu_ms_per_step": _summary(get("server_cpu_ms_per_step")),
+                     "own_cpu_ms_per_step": _summary(get("own_cpu_ms_per_step")),
+                     "p50_ms": _summary(get("latency_ms", "p50"), ".1f"),
+                     "busy_cores": _summary(get("machine_busy_cores"))})
+    return rows
+
+
 def _ratio_rows(rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    def per_round(fn: Callable[[dict[str, dict[str, Any]]], float | None]) -> list[float]:
-        out = []
-        for r in rounds:
-            try:
-                value = fn(r)
-            except (KeyError, TypeError, ZeroDivisionError):
-                value = None
-            if value is not None:
-                out.append(value)
-        return out
+    def rate(a: str, b: str) -> list[float]:
+        return per_round(rounds, lambda r: r[a]["steps_per_s"] / r[b]["steps_per_s"])
 
-    def cpu(r: dict, name: str, per: str = "cpu_ms_per_request") -> float:
-        return r[name][per]
+    def cpu(a: str, b: str) -> str:
+        return _summary(per_round(rounds, lambda r: r[a]["machine_cpu_ms_per_step"] / r[b]["machine_cpu_ms_per_step"]))
 
-    def row(goal: str, target: float, values: list[float], detail: str, *, higher: bool = True,
-            target_text: str | None = None, informational: bool = False) -> dict[str, Any]:
+    def row(goal: str, a: str, b: str, target: float, *, informational: bool = False) -> dict[str, Any]:
+        values = rate(a, b)
         med = statistics.median(values) if values else None
-        met = None if med is None or informational else (med >= target if higher else med <= target)
-        return {"goal": goal, "measured": _summary(values) + ("×" if higher and target_text is None else ""),
-                "target": target_text or f"≥ {target}×", "met": met, "detail": detail}
+        met = None if med is None or informational else med >= target
+        return {"goal": goal, "measured": _summary(values) + "×", "target": "-" if informational else f"≥ {target}×",
+                "met": met, "detail": f"steps/s {a}/{b}, same round; machine CPU per step {a}/{b} {cpu(a, b)}×"}
 
-    single_cpu = per_round(lambda r: cpu(r, "single"))
-    floor_cpu = per_round(lambda r: cpu(r, "floor"))
-    batch_cpu = per_round(lambda r: cpu(r, "batch", "cpu_ms_per_step"))
     rows = [
-        row("checkpoint POST vs bare django-ninja one-insert endpoint (8 clients, daphne, make-run config)", 0.8,
-            per_round(lambda r: cpu(r, "floor") / cpu(r, "single")),
-            f"CPU ratio floor/ours; server CPU ms/request ours {_summary(single_cpu)}, floor {_summary(floor_cpu)}; "
-            f"throughput ratio {_summary(per_round(lambda r: r['single']['requests_per_s'] / r['floor']['requests_per_s']))}"),
-        row("checkpoint POST vs DBOS step-in-workflow (in-process, 8 workers)", 1.5,
-            per_round(lambda r: r["dbos"]["cpu_ms_per_step"] / cpu(r, "single")),
-            f"CPU ratio DBOS/ours per step; DBOS {_summary(per_round(lambda r: r['dbos']['cpu_ms_per_step']))} ms; "
-            f"throughput ratio {_summary(per_round(lambda r: r['single']['steps_per_s'] / r['dbos']['steps_per_s']))}"),
-        row("checkpoint POST vs LangGraph superstep (PostgresSaver, sync), one per request", 0.8,
-            per_round(lambda r: r["langgraph"]["cpu_ms_per_step"] / cpu(r, "single")),
-            f"CPU ratio LangGraph/ours per step; LangGraph {_summary(per_round(lambda r: r['langgraph']['cpu_ms_per_step']))} ms; "
-            f"throughput ratio {_summary(per_round(lambda r: r['single']['steps_per_s'] / r['langgraph']['steps_per_s']))}"),
-        row("batch of 10 checkpoints vs LangGraph superstep, per checkpoint", 1.5,
-            per_round(lambda r: r["langgraph"]["cpu_ms_per_step"] / cpu(r, "batch", "cpu_ms_per_step")),
-            f"CPU ms per checkpoint in a batch {_summary(batch_cpu)}; "
-            f"throughput ratio {_summary(per_round(lambda r: r['batch']['steps_per_s'] / r['langgraph']['steps_per_s']))}; "
-            f"vs DBOS (CPU) {_summary(per_round(lambda r: r['dbos']['cpu_ms_per_step'] / cpu(r, 'batch', 'cpu_ms_per_step')))}×"),
-        row("P5: writers' insert rate with live streaming on (10 subscribers) vs off", 0.8,
-            per_round(lambda r: r["stream_on"]["requests_per_s"] / r["single"]["requests_per_s"]),
-            f"CPU ms/request on {_summary(per_round(lambda r: cpu(r, 'stream_on')))} vs off {_summary(single_cpu)} "
-            f"(on includes delivering every event to 10 sockets; the subscribers run in a process of their own); "
-            f"events delivered {_summary(per_round(lambda r: r['stream_on']['events_received']), '.0f')} of "
-            f"{_summary(per_round(lambda r: r['stream_on'].get('events_expected', 0)), '.0f')}, in "
-            f"{_summary(per_round(lambda r: r['stream_on'].get('frames_received')), '.0f')} frames"),
-        row("server choice: the production server (uvicorn, python -m novelforge_sessions.serve) vs daphne (informational)", 0.0,
-            per_round(lambda r: cpu(r, "single") / cpu(r, "uvicorn")),
-            f"CPU ratio daphne/uvicorn (>1: uvicorn cheaper); uvicorn {_summary(per_round(lambda r: cpu(r, 'uvicorn')))} ms/request; "
-            f"throughput ratio uvicorn/daphne {_summary(per_round(lambda r: r['uvicorn']['requests_per_s'] / r['single']['requests_per_s']))}",
-            target_text="choose by it", informational=True),
-        row("checkpoint POST as the production server serves it vs DBOS (informational: the goals above are daphne's)", 0.0,
-            per_round(lambda r: r["dbos"]["cpu_ms_per_step"] / cpu(r, "uvicorn")),
-            f"CPU ratio DBOS/ours per step; vs LangGraph, one per request: "
-            f"{_summary(per_round(lambda r: r['langgraph']['cpu_ms_per_step'] / cpu(r, 'uvicorn')))}×",
-            target_text="-", informational=True),
+        row("shipped client checkpoint vs DBOS step-in-workflow (steps/s)", "client", "dbos", 1.5),
+        row("shipped client checkpoint vs LangGraph PostgresSaver superstep (steps/s)", "client", "langgraph_pg", 1.0),
+        row("LangGraph graph on NovelForgeSaver vs the same graph on PostgresSaver", "langgraph_ours", "langgraph_pg", 0.8),
+        row("batch of 10 vs LangGraph PostgresSaver, per checkpoint", "batch", "langgraph_pg", 3.0),
+        row("P5: writers' rate with 10 websocket subscribers vs none (raw POST)", "stream_on", "raw", 0.8),
+        row("raw POST (no key) vs the floor: bare django-ninja one-insert (informational)", "raw", "floor", 0.0,
+            informational=True),
+        row("shipped client vs raw POST (informational)", "client", "raw", 0.0, informational=True),
+        row("MCP checkpoint tool vs shipped client (informational)", "mcp", "client", 0.0, informational=True),
     ]
-    if all("full_stack" in r for r in rounds):
-        rows.append(row("lean /api/v1/ path vs the full middleware stack (informational)", 0.0,
-                        per_round(lambda r: cpu(r, "full_stack") / cpu(r, "single")),
-                        f"CPU ratio full/lean; full stack {_summary(per_round(lambda r: cpu(r, 'full_stack')))} ms/request",
-                        target_text="-", informational=True))
-    if all("uvicorn_x2" in r for r in rounds):
-        rows.append(row("uvicorn, 2 processes behind one port vs 1 (throughput, informational)", 0.0,
-                        per_round(lambda r: r["uvicorn_x2"]["requests_per_s"] / r["uvicorn"]["requests_per_s"]),
-                        f"req/s x2 {_summary(per_round(lambda r: r['uvicorn_x2']['requests_per_s']), '.0f')}, "
-                        f"x1 {_summary(per_round(lambda r: r['uvicorn']['requests_per_s']), '.0f')}",
-                        target_text="-", informational=True))
+    got = per_round(rounds, lambda r: r["stream_on"]["events_received"] / r["stream_on"]["events_expected"])
+    if got:
+        rows[4]["detail"] += f"; events delivered / expected {_summary(got, '.3f')}"
+    return rows
+
+
+def count_rows(p2: dict[str, Any], p3: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    if "write_xacts_per_checkpoint" in p2:
+        v = p2["write_xacts_per_checkpoint"]
+        rows.append({"goal": "P2: write transactions per Client.checkpoint(), counted on the server", "measured": f"{v:.3f}",
+                     "target": "≤ 1", "met": v <= 1.0,
+                     "detail": f"distinct writer xids of our database per checkpoint ({p2['checkpoints_per_try']} per try, "
+                               f"worst try); rows per checkpoint {p2['rows_per_checkpoint']}; cluster-wide xids per "
+                               f"checkpoint {p2['cluster_xids_per_checkpoint']} (other writers on the cluster add to it)"})
+    else:
+        rows.append({"goal": "P2: write transactions per Client.checkpoint()", "measured": "ERROR", "target": "≤ 1",
+                     "met": None, "detail": str(p2.get("error") or p2.get("skipped"))})
+    if "rows_per_replay" in p3:
+        v = p3["rows_per_replay"]
+        rows.append({"goal": "P3: rows written by an already_consumed result replay", "measured": f"{v:.3f}",
+                     "target": "≤ 1 (its delivery row)", "met": v <= 1.0 and set(p3["rows_per_replay_by_table"]) <= {"control_resultdelivery"},
+                     "detail": f"{p3['replays']} replays, pg_stat_user_tables deltas per replay minus a baseline of as many "
+                               f"reads: {p3['rows_per_replay_by_table']}"})
+    else:
+        rows.append({"goal": "P3: rows written by an already_consumed replay", "measured": "ERROR", "target": "≤ 1",
+                     "met": None, "detail": str(p3.get("error") or p3.get("skipped"))})
     return rows
 
 
@@ -176,27 +194,39 @@ def plugin_rows(quick: bool, server_url: str) -> list[dict[str, Any]]:
     return rows
 
 
+def print_workloads(rows: list[dict[str, Any]]) -> None:
+    head = (f"{'workload':<15}{'steps/s':>20}{'machine CPU ms/step':>24}{'own CPU ms/step*':>24}{'server CPU ms/step*':>24}"
+            f"{'p50 ms':>20}  what")
+    print()
+    print(head)
+    print("-" * (len(head) + 40))
+    for r in rows:
+        print(f"{r['workload']:<15}{r['steps_per_s']:>20}{r['machine_cpu_ms_per_step']:>24}{r['own_cpu_ms_per_step']:>24}"
+              f"{r['server_cpu_ms_per_step']:>24}{r['p50_ms']:>20}  {r['what']}")
+    print("* diagnostics only, never a verdict: own = the workload's processes (clients, server, MCP servers) and its")
+    print("  database's PostgreSQL backends, which other tenants of the machine do not inflate; server = daphne alone.")
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
+    """goal | met | measured | target | detail: the verdict beside the goal, however long the figures."""
     def met(v: Any) -> str:
         return "MET" if v is True else "MISSED" if v is False else "-"
 
-    widths = [max(len("goal"), *(len(str(r["goal"])) for r in rows)), max(8, *(len(str(r["measured"])) for r in rows)),
-              max(6, *(len(str(r["target"])) for r in rows)), 6]
-    widths[0] = min(widths[0], 96)
-    head = f"{'goal':<{widths[0]}}  {'measured':<{widths[1]}}  {'target':<{widths[2]}}  {'met':<6}  detail"
+    goal_w = min(96, max(len("goal"), *(len(str(r["goal"])) for r in rows)))
+    head = f"{'goal':<{goal_w}}  {'met':<6}  measured  [target]  detail"
     print()
     print(head)
-    print("-" * min(len(head) + 40, 220))
+    print("-" * min(len(head) + 60, 220))
     for r in rows:
-        print(f"{str(r['goal'])[:widths[0]]:<{widths[0]}}  {str(r['measured']):<{widths[1]}}  {str(r['target']):<{widths[2]}}  "
-              f"{met(r['met']):<6}  {r['detail']}")
+        print(f"{str(r['goal'])[:goal_w]:<{goal_w}}  {met(r['met']):<6}  {r['measured']}  [{r['target']}]  {r['detail']}")
     print()
-    print("measured: median over the rounds (min–max). API ratios are server CPU ms per request/step, read from /proc;")
-    print("the throughput ratio of the same pair is in the detail. Every pair comes from the same round.")
+    print("measured: median over the rounds of the per-round ratio (min–max). Every ratio is steps per second of two")
+    print("whole workloads of the same round (8 client processes, client + server + PostgreSQL on this machine).")
 
 
-def summarise(rounds: list[dict[str, dict[str, Any]]], drift: list[dict[str, Any]], plugins: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    rows = _ratio_rows(rounds)
+def summarise(rounds: list[dict[str, dict[str, Any]]], drift: list[dict[str, Any]], plugins: list[dict[str, Any]],
+              p2: dict[str, Any], p3: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = _ratio_rows(rounds) + count_rows(p2, p3)
     values = [d["rss_drift"] * 100 for d in drift if d.get("rss_drift") is not None]
     med = statistics.median(values) if values else None
     rows.append({

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Measure one durable step of ours against DBOS and LangGraph, in one run (DESIGN §12).
+"""The performance goals, measured as users run the systems: ``python bench/run.py [--quick] [--rounds N]``.
 
-    python bench/run.py [--steps 500] [--workers 4] [--max-seconds 60] [--only ours,dbos,...]
-
-Any Python 3.11+ can start it: it creates ``bench/.venv`` (the project installed editable, plus
-``bench/requirements.txt``), re-executes itself there, recreates the databases ``nfbench_ours``,
-``nfbench_dbos`` and ``nfbench_langgraph`` on the server named by ``DATABASE_URL`` (default
-127.0.0.1:5432, user postgres), runs every scenario in its own process (``bench/workloads.py``),
-prints a table and writes ``bench/results/<timestamp>.json``. See bench/README.md.
+Any Python 3.11+ can start it: it creates ``bench/.venv`` (the project installed editable with its
+``langgraph`` and ``mcp`` extras, plus ``bench/requirements.txt``), re-executes itself there,
+recreates the databases ``<prefix>_ours``, ``<prefix>_dbos`` and ``<prefix>_langgraph``
+(``--db-prefix``, default ``nfbench``) on the server named by ``DATABASE_URL`` (default
+127.0.0.1:5432, user postgres), runs every workload of ``bench/goals.py`` in its own process
+(``bench/users.py``), round after round with the order reversed every other round, prints the
+table and writes ``bench/results/<timestamp>.json`` (with the commit measured). ``--classic``
+runs the older per-step comparison (``bench/workloads.py``). See bench/README.md.
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ REQUIREMENTS = BENCH_DIR / "requirements.txt"
 STAMP = VENV / ".nfbench-installed.sha256"
 RESULTS = BENCH_DIR / "results"
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
-DATABASES = {"floor": "nfbench_ours", "ours": "nfbench_ours", "dbos": "nfbench_dbos", "langgraph": "nfbench_langgraph"}
+#: --classic: the database of each system, after the --db-prefix (default nfbench_ours, ...).
+DATABASES = {"floor": "ours", "ours": "ours", "dbos": "dbos", "langgraph": "langgraph"}
 # Bound on one scenario process beyond its own --max-seconds: start-up, warm-up, DBOS's idle
 # windows (~14 s) and teardown. A scenario that overruns is killed and reported as an error.
 SCENARIO_OVERHEAD_S = 120.0
@@ -66,13 +68,13 @@ def ensure_venv() -> None:
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     if not STAMP.exists() or STAMP.read_text().strip() != wanted_stamp():
         log("installing the project (editable) and the peers into bench/.venv")
-        if pip("-e", str(ROOT), "-r", str(REQUIREMENTS)):
+        if pip("-e", f"{ROOT}[langgraph,mcp]", "-r", str(REQUIREMENTS)):
             STAMP.write_text(wanted_stamp() + "\n")
         else:
             # Keep the bench usable without a peer that cannot be installed here: install the
             # project alone, then each peer on its own; a missing peer is reported as skipped.
             log("installing everything at once failed; trying the project and each peer separately")
-            if not pip("-e", str(ROOT)):
+            if not pip("-e", f"{ROOT}[langgraph,mcp]") and not pip("-e", str(ROOT)):
                 sys.exit("[bench] cannot install the project into bench/.venv")
             for line in REQUIREMENTS.read_text().splitlines():
                 requirement = line.split("#", 1)[0].strip()
@@ -277,8 +279,13 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=60.0, help="time bound on each scenario's measured steps")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the whole plan; the table shows medians")
     parser.add_argument("--only", default="floor,ours,dbos,langgraph", help="comma-separated systems to run (--classic)")
-    parser.add_argument("--quick", action="store_true", help="the goals table, small and one round (< ~3 min)")
+    parser.add_argument("--quick", action="store_true", help="the goals table, one round of 5 s windows (a few minutes)")
     parser.add_argument("--classic", action="store_true", help="the per-step comparison table (transactions per step)")
+    parser.add_argument("--seconds", type=float, default=0.0, help="goals table: the measured window per workload "
+                        "(default 10, --quick 5)")
+    parser.add_argument("--db-prefix", default="nfbench", help="goals table: databases are <prefix>_ours, _dbos, "
+                        "_langgraph (and the plug-ins' <prefix>_stream, <prefix>_scaling_*), dropped and recreated")
+    parser.add_argument("--no-plugins", action="store_true", help="goals table: skip bench/stream.py and bench/scaling.py")
     args = parser.parse_args()
     if not args.classic:
         ensure_venv()
@@ -296,12 +303,12 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     log_file = RESULTS / f"{stamp}.log"
     server = server_url()
-    names = sorted({DATABASES[s] for s in only})
+    names = sorted({f"{args.db_prefix}_{DATABASES[s]}" for s in only})
     pg_settings = recreate_databases(server, names)
-    urls = {s: database_url(server, DATABASES[s]) for s in DATABASES}
+    urls = {s: database_url(server, f"{args.db_prefix}_{DATABASES[s]}") for s in DATABASES}
 
     if only & {"ours"}:
-        log("migrating nfbench_ours")
+        log(f"migrating {args.db_prefix}_ours")
         env = {**os.environ, "DATABASE_URL": urls["ours"], "LOG_LEVEL": "WARNING"}
         with open(log_file, "ab") as err:
             subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, stdout=err, stderr=err, check=True)
@@ -326,6 +333,7 @@ def main() -> int:
     add_ratios(results)
     finished = datetime.now(timezone.utc)
     report = {
+        "git": git_state(),
         "started_at": started.isoformat(timespec="seconds"),
         "finished_at": finished.isoformat(timespec="seconds"),
         "args": {"steps": args.steps, "workers": args.workers, "rounds": args.rounds, "max_seconds": args.max_seconds,
@@ -348,8 +356,9 @@ def main() -> int:
     return 0 if all("error" not in r for r in runs) else 1
 
 
-def run_goal_scenario(name: str, argv: list[str], *, db_url: str, log_file: Path, timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, str(BENCH_DIR / "workloads.py"), *argv, "--db-url", db_url, "--log-file", str(log_file)]
+def run_goal_scenario(name: str, argv: list[str], *, db_url: str, log_file: Path, timeout: float,
+                      script: str = "workloads.py") -> dict[str, Any]:
+    cmd = [sys.executable, str(BENCH_DIR / script), *argv, "--db-url", db_url, "--log-file", str(log_file)]
     env = {**os.environ, "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
     env.pop("REDIS_URL", None)
     with open(log_file, "ab") as err:
@@ -365,60 +374,92 @@ def run_goal_scenario(name: str, argv: list[str], *, db_url: str, log_file: Path
     return {"error": f"no result (exit {proc.returncode}); see {log_file}"}
 
 
+def git_state() -> dict[str, Any]:
+    """The commit this run measured, and whether the work tree had changes to tracked files."""
+    def git(*argv: str) -> str:
+        out = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD") or "unknown",
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
 def goals_main(args: argparse.Namespace) -> int:
-    """The issue-13 goals table (bench/goals.py): every goal, measured, target, met/missed."""
+    """The goals table (bench/goals.py): user workloads interleaved round after round, then the
+    write counts, the sustained run and the plug-ins; every goal, measured, target, met/missed."""
     sys.path.insert(0, str(BENCH_DIR))
     import goals
 
     rounds_n = 1 if args.quick and args.rounds == 1 else max(args.rounds, 1 if args.quick else 3)
     started = datetime.now(timezone.utc)
+    git = git_state()  # what is measured: the tree as it is when the run starts
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     RESULTS.mkdir(parents=True, exist_ok=True)
     log_file = RESULTS / f"{stamp}.log"
     server = server_url()
-    pg_settings = recreate_databases(server, sorted(set(DATABASES.values())))
-    urls = {s: database_url(server, DATABASES[s]) for s in DATABASES}
-    log("migrating nfbench_ours")
+    names = {system: f"{args.db_prefix}_{system}" for system in ("ours", "dbos", "langgraph")}
+    pg_settings = recreate_databases(server, sorted(names.values()))
+    urls = {s: database_url(server, n) for s, n in names.items()}
+    log(f"migrating {names['ours']}")
     env = {**os.environ, "DATABASE_URL": urls["ours"], "LOG_LEVEL": "WARNING"}
     with open(log_file, "ab") as err:
         subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, stdout=err, stderr=err, check=True)
     plan = goals.scenarios(args.quick)
-    system_of = {"dbos": "dbos", "langgraph": "langgraph"}
+    if args.seconds:
+        plan = {name: [*argv[:-1], str(args.seconds)] for name, argv in plan.items()}
     rounds: list[dict[str, dict[str, Any]]] = []
     errors: list[str] = []
+    timeout = max(float(argv[-1]) for argv in plan.values()) + SCENARIO_OVERHEAD_S + 180
     for round_no in range(1, rounds_n + 1):
-        names = list(plan) if round_no % 2 else list(plan)[::-1]  # interleaved: the order alternates
+        names_order = list(plan) if round_no % 2 else list(plan)[::-1]  # interleaved: the order alternates
         results: dict[str, dict[str, Any]] = {}
-        for name in names:
+        for name in names_order:
             log(f"round {round_no}/{rounds_n}: {name} ...")
-            result = run_goal_scenario(name, plan[name], db_url=urls[system_of.get(name, "ours")], log_file=log_file,
-                                       timeout=args.max_seconds + SCENARIO_OVERHEAD_S)
+            db = urls[goals.DATABASE_OF.get(name, "ours")]
+            result = run_goal_scenario(name, plan[name], db_url=db, log_file=log_file, timeout=timeout, script="users.py")
             if "error" in result or "skipped" in result:
-                errors.append(f"{name}: {result.get('error') or result.get('skipped')}")
+                errors.append(f"{name} (round {round_no}): {result.get('error') or result.get('skipped')}")
                 log(f"  {errors[-1]}")
             else:
-                result.pop("latencies_ms", None)  # per-step arrays: the classic mode's JSON keeps them
                 results[name] = result
-                log(f"  {result.get('steps')} steps, {result.get('steps_per_s')}/s, "
-                    f"cpu {result.get('cpu_ms_per_request', result.get('cpu_ms_per_step'))} ms")
+                log(f"  {result['steps']} steps, {result['steps_per_s']}/s, machine {result['machine_cpu_ms_per_step']} ms/step "
+                    f"({result['machine_busy_cores']} cores busy), server {result['server_cpu_ms_per_step']} ms/step")
         rounds.append(results)
+    counted: dict[str, dict[str, Any]] = {}
+    for name, argv in goals.counts(args.quick).items():
+        log(f"{name}: counting on the server ...")
+        counted[name] = run_goal_scenario(name, argv, db_url=urls["ours"], log_file=log_file, timeout=300, script="users.py")
+        if "error" in counted[name] or "skipped" in counted[name]:
+            errors.append(f"{name}: {counted[name].get('error') or counted[name].get('skipped')}")
     log("sustained load (RSS drift) ...")
     drift = [run_goal_scenario("sustained", goals.sustained(args.quick), db_url=urls["ours"], log_file=log_file,
                                timeout=400)]
     if "error" in drift[0]:
         errors.append(f"sustained: {drift[0]['error']}")
-    log("plug-in modules ...")
-    plugins = goals.plugin_rows(args.quick, server)
-    rows = goals.summarise(rounds, [d for d in drift if "error" not in d], plugins)
+    plugins: list[dict[str, Any]] = []
+    if not args.no_plugins:
+        log("plug-in modules ...")
+        os.environ["NFBENCH_DB_PREFIX"] = args.db_prefix
+        plugins = goals.plugin_rows(args.quick, server)
+    rows = goals.summarise(rounds, [d for d in drift if "error" not in d], plugins, counted["p2"], counted["p3"])
+    workloads = goals.workload_rows(rounds)
     finished = datetime.now(timezone.utc)
     out = RESULTS / f"{stamp}.json"
     goals.dump(out, {
         "started_at": started.isoformat(timespec="seconds"), "finished_at": finished.isoformat(timespec="seconds"),
-        "mode": "quick" if args.quick else "full", "rounds": rounds_n, "goals": rows, "errors": errors,
+        "git": {**git, "changed_during_run": git_state() != git}, "mode": "quick" if args.quick else "full",
+        "rounds": rounds_n,
+        "method": "steps/s of whole workloads (8 client processes), whole-machine CPU per step from /proc/stat; "
+                  "goals are medians of per-round steps/s ratios",
+        "workloads": workloads, "goals": rows, "errors": errors,
         "environment": {"cpus": os.cpu_count(), "platform": platform.platform(), "postgres": pg_settings,
-                        "versions": versions(), "loadavg": os.getloadavg()},
-        "scenarios": {name: argv for name, argv in plan.items()}, "per_round": rounds, "sustained": drift,
+                        "versions": versions(), "loadavg": os.getloadavg(), "databases": names},
+        "scenarios": {name: argv for name, argv in plan.items()}, "per_round": rounds, "counts": counted,
+        "sustained": drift,
     })
+    print(f"\ncommit {git['commit'][:12]}{' (dirty tree)' if git['dirty'] else ''}, {rounds_n} round(s), "
+          f"{plan[next(iter(plan))][-1]} s windows, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end")
+    goals.print_workloads(workloads)
     goals.print_table(rows)
     for e in errors:
         print(f"ERROR {e}")

@@ -35,7 +35,8 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 from daphne_server import process_cpu_seconds  # noqa: E402
 
-DBNAME = "nfbench_scaling"
+# run.py --db-prefix: another run's databases are left alone (default nfbench).
+DBNAME = os.environ.get("NFBENCH_DB_PREFIX", "nfbench") + "_scaling"
 SIZES_FULL = [10_000, 100_000, 1_000_000]
 SIZES_QUICK = [10_000, 100_000]
 GOAL = 1.5

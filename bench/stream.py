@@ -38,7 +38,8 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 from daphne_server import Daphne, process_cpu_seconds  # noqa: E402
 
-DBNAME = "nfbench_stream"
+# run.py --db-prefix: another run's databases are left alone (default nfbench).
+DBNAME = os.environ.get("NFBENCH_DB_PREFIX", "nfbench") + "_stream"
 SCENARIOS = [(1, 20), (10, 20), (50, 20), (200, 50)]
 GOAL = 2.0
 
