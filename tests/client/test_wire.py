@@ -2,10 +2,17 @@
 the loopback proxy of tests/client/proxy.py (which counts connections and can close them): calls
 share one keep-alive connection, a connection the server closed while idle is replaced without
 being taken for a lost answer, a retried checkpoint reuses its idempotency key, concurrent threads
-each get a connection, and an environment proxy sends the client through httpx."""
+each get a connection, https trusts what httpx would and checks the certificate, and an environment
+proxy sends the client through httpx."""
 from __future__ import annotations
 
+import json
+import shutil
+import ssl
+import subprocess
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +132,54 @@ def test_an_environment_proxy_sends_the_client_through_httpx(monkeypatch):
     assert usable("http://127.0.0.1:8000") and not usable("https://nf.example")
     monkeypatch.setenv("ALL_PROXY", "http://proxy.example:3128")
     assert not usable("http://127.0.0.1:8000")
+
+
+class _NotFound(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        body = json.dumps({"error": {"code": "not_found", "message": "no such session", "details": {}}}).encode()
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path):
+    """A TLS HTTP server with a self-signed certificate for 127.0.0.1: (its URL, the certificate)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"https://127.0.0.1:{httpd.server_address[1]}", cert
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_https_trusts_what_httpx_would_and_checks_the_certificate_and_its_name(tls_server, monkeypatch):
+    url, cert = tls_server
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(E.TransportError) as info:  # self-signed, not in certifi: refused before sending
+        Client(url, "nfs_x", retry=RetryPolicy(attempts=1)).session(1)
+    assert info.value.maybe_committed is False and "CERTIFICATE_VERIFY_FAILED" in str(info.value)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # httpx's create_ssl_context trusts SSL_CERT_FILE
+    with pytest.raises(E.NotFound) as found:  # the round trip over TLS: the server's typed answer
+        Client(url, "nfs_x", retry=RetryPolicy(attempts=1)).session(1)
+    assert found.value.status == 404 and found.value.code == "not_found"
+    with pytest.raises(E.TransportError) as mismatch:  # trusted, but issued for 127.0.0.1, not localhost
+        Client(url.replace("127.0.0.1", "localhost"), "nfs_x", retry=RetryPolicy(attempts=1)).session(1)
+    assert mismatch.value.maybe_committed is False and "CERTIFICATE_VERIFY_FAILED" in str(mismatch.value)
