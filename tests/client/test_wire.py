@@ -1,4 +1,4 @@
-"""The sync client's default transport (novelforge_client/_wire.py) against a live server, through
+"""The clients' default transports (novelforge_client/_wire.py) against a live server, through
 the loopback proxy of tests/client/proxy.py (which counts connections and can close them): calls
 share one keep-alive connection, a connection the server closed while idle is replaced without
 being taken for a lost answer, a retried checkpoint reuses its idempotency key, concurrent threads
@@ -6,6 +6,7 @@ each get a connection, https trusts what httpx would and checks the certificate,
 proxy sends the client through httpx."""
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import ssl
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from novelforge_client import Client, RetryPolicy
+from novelforge_client import AsyncClient, Client, RetryPolicy
 from novelforge_client import errors as E
 from novelforge_client._wire import usable
 from novelforge_sessions.models import Checkpoint, Event, TranscriptEntry
@@ -183,3 +184,76 @@ def test_https_trusts_what_httpx_would_and_checks_the_certificate_and_its_name(t
     with pytest.raises(E.TransportError) as mismatch:  # trusted, but issued for 127.0.0.1, not localhost
         Client(url.replace("127.0.0.1", "localhost"), "nfs_x", retry=RetryPolicy(attempts=1)).session(1)
     assert mismatch.value.maybe_committed is False and "CERTIFICATE_VERIFY_FAILED" in str(mismatch.value)
+
+
+def test_https_the_same_for_the_async_client(tls_server, monkeypatch):
+    url, cert = tls_server
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+
+    async def session(u: str) -> None:
+        async with AsyncClient(u, "nfs_x", retry=RetryPolicy(attempts=1)) as nf:
+            await nf.session(1)
+
+    with pytest.raises(E.TransportError) as info:
+        asyncio.run(session(url))
+    assert info.value.maybe_committed is False and "CERTIFICATE_VERIFY_FAILED" in str(info.value)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    with pytest.raises(E.NotFound):
+        asyncio.run(session(url))
+    with pytest.raises(E.TransportError) as mismatch:
+        asyncio.run(session(url.replace("127.0.0.1", "localhost")))
+    assert "CERTIFICATE_VERIFY_FAILED" in str(mismatch.value)
+
+
+def test_the_async_client_keeps_one_connection_and_replaces_one_closed_while_idle(proxy, token):
+    async def scenario() -> tuple[int, int]:
+        async with AsyncClient(proxy.url, token, retry=RetryPolicy(attempts=1)) as nf:
+            s = await nf.create_session(**WRITER, runtime={"runtime_family": "cli", "lease_seconds": 300})
+            run = await nf.start_run(s.id, cursor={"step": "a"})
+            for i in range(3):
+                await nf.checkpoint(run.id, boundary="context_freeze", cursor={"step": i})
+            assert proxy.connections == 1
+            proxy.close_connections()
+            await nf.append_transcript(s.id, "assistant", "after the idle close")
+            return s.id, run.id
+
+    session_id, run_id = asyncio.run(scenario())
+    assert proxy.connections == 2
+    assert list(TranscriptEntry.objects.filter(session_id=session_id).values_list("content", flat=True)) == [
+        "after the idle close"]
+    assert Checkpoint.objects.filter(run_id=run_id).count() == 3
+
+
+ANSWERS = {
+    # an interim 100, then a chunked answer split inside the JSON, with a chunk extension and a trailer
+    "chunked": (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" b"d;x=1\r\n{\"error\": {\"c\r\n"
+                b"26\r\node\": \"not_found\", \"message\": \"gone\"}}\r\n0\r\nX-Trailer: 1\r\n\r\n"),
+    # no length: the body ends where the server closes
+    "close-delimited": (b"HTTP/1.1 404 Not Found\r\nConnection: close\r\n\r\n"
+                        b"{\"error\": {\"code\": \"not_found\", \"message\": \"gone\"}}"),
+}
+
+
+@pytest.mark.parametrize("framing", sorted(ANSWERS))
+def test_the_async_transport_reads_every_http_1_1_framing(framing):
+    async def scenario() -> E.NovelForgeError:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(ANSWERS[framing])
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with AsyncClient(f"http://127.0.0.1:{port}", "nfs_x", retry=RetryPolicy(attempts=1)) as nf:
+                with pytest.raises(E.NotFound) as info:
+                    await nf.session(1)
+                return info.value
+        finally:
+            server.close()
+
+    err = asyncio.run(scenario())
+    assert err.status == 404 and err.message == "gone"
