@@ -173,12 +173,16 @@ class AsyncWire:
             host = f"{host}:{parts.port}"
         fixed = "".join(f"{k}: {v}\r\n" for k, v in _checked({"Host": host, **headers}).items())
         self._fixed = fixed.encode("latin-1")
-        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._idle: list[tuple[asyncio.AbstractEventLoop, asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._closed = False
 
     async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        loop = asyncio.get_running_loop()
         while self._idle:
-            reader, writer = self._idle.pop()
+            opened_on, reader, writer = self._idle.pop()
+            if opened_on is not loop:  # a connection of another (maybe closed) loop cannot serve this one
+                _close_quietly(writer)
+                continue
             # A close (or stray bytes) from the server while idle: an EOF the loop already read, or
             # still unread on the socket.
             if not reader.at_eof() and not writer.is_closing() and not _readable(writer.get_extra_info("socket")):
@@ -222,8 +226,8 @@ class AsyncWire:
             except OSError as exc:
                 raise httpx.ReadError(str(exc)) from exc
         finally:
-            if reusable and not self._closed:
-                self._idle.append((reader, writer))
+            if reusable and not self._closed and len(self._idle) < MAX_IDLE:
+                self._idle.append((asyncio.get_running_loop(), reader, writer))
             else:
                 writer.close()
         return status, content
@@ -272,5 +276,12 @@ class AsyncWire:
     async def aclose(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
-        for _, writer in idle:
-            writer.close()
+        for _, _, writer in idle:
+            _close_quietly(writer)
+
+
+def _close_quietly(writer: asyncio.StreamWriter) -> None:
+    try:
+        writer.close()
+    except RuntimeError:  # its event loop is closed: so is the connection's transport
+        pass

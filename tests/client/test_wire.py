@@ -257,3 +257,23 @@ def test_the_async_transport_reads_every_http_1_1_framing(framing):
 
     err = asyncio.run(scenario())
     assert err.status == 404 and err.message == "gone"
+
+
+def test_the_async_client_serves_a_second_event_loop_after_the_first_closed(server, token):
+    """Connections belong to the loop that opened them: a client used again under a new
+    ``asyncio.run`` opens a fresh connection instead of writing to the dead loop's."""
+    nf = AsyncClient(server.url, token, retry=RetryPolicy(attempts=1))
+
+    async def create() -> int:
+        return (await nf.create_session(**WRITER)).id
+
+    first = asyncio.run(create())
+    second = asyncio.run(create())
+
+    async def read_back() -> list[int]:
+        try:
+            return [s.id for s in (await nf.list_sessions()).items]
+        finally:
+            await nf.aclose()
+
+    assert {first, second} <= set(asyncio.run(read_back())) and first != second
