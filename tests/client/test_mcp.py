@@ -169,7 +169,8 @@ def test_refusals_are_tool_errors_with_the_code_and_the_tokens_scope_holds(mcp_b
     assert Checkpoint.objects.count() == 0
 
 
-def test_the_checkpoint_tool_acts_through_one_client_and_a_retried_or_repeated_call_writes_once(mcp_backend, project):
+def test_the_checkpoint_tool_acts_through_one_client_and_a_retried_or_repeated_call_writes_once(
+        mcp_backend: DaphneServer, project: Any) -> None:
     """Every tool call of a stdio server goes through one client (one keep-alive connection, a second
     only after the proxy dropped one); a checkpoint whose answer was lost is retried by that client
     with the same idempotency key, and a host repeating a whole call with its `idempotency_key`

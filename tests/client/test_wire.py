@@ -13,7 +13,9 @@ import ssl
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,18 +33,18 @@ WRITER = dict(role="writer", memory_policy="bounded", task_mode="drafting", runt
 
 
 @pytest.fixture
-def proxy(server):
+def proxy(server: Any) -> Iterator[DroppingProxy]:
     p = DroppingProxy(server.port)
     yield p
     p.close()
 
 
-def _running(nf: Client):
+def _running(nf: Client) -> tuple[Any, Any]:
     s = nf.create_session(**WRITER, runtime={"runtime_family": "cli", "lease_seconds": 300})
     return s, nf.start_run(s.id, cursor={"step": "outline"})
 
 
-def test_calls_share_one_keep_alive_connection(proxy, token):
+def test_calls_share_one_keep_alive_connection(proxy: DroppingProxy, token: str) -> None:
     with Client(proxy.url, token, retry=FAST) as nf:
         s, run = _running(nf)
         cps = [nf.checkpoint(run.id, boundary="context_freeze", cursor={"step": i}) for i in range(5)]
@@ -51,7 +53,7 @@ def test_calls_share_one_keep_alive_connection(proxy, token):
     assert proxy.forwarded[("POST", f"/api/v1/runs/{run.id}/checkpoints")] == 5
 
 
-def test_a_connection_closed_while_idle_is_replaced_not_taken_for_a_lost_answer(proxy, token):
+def test_a_connection_closed_while_idle_is_replaced_not_taken_for_a_lost_answer(proxy: DroppingProxy, token: str) -> None:
     """An unkeyed write after the server closed the idle connection is sent once on a new
     connection: never ``TransportError(maybe_committed=True)``, never written twice."""
     nf = Client(proxy.url, token, retry=RetryPolicy(attempts=1))  # no retry could hide a failure
@@ -63,7 +65,7 @@ def test_a_connection_closed_while_idle_is_replaced_not_taken_for_a_lost_answer(
         (entry.seq, "after the idle close")]
 
 
-def test_a_retried_checkpoint_sends_the_same_idempotency_key_and_the_server_holds_one_row(proxy, token):
+def test_a_retried_checkpoint_sends_the_same_idempotency_key_and_the_server_holds_one_row(proxy: DroppingProxy, token: str) -> None:
     nf = Client(proxy.url, token, retry=FAST)
     s, run = _running(nf)
     proxy.drop_responses = 1
@@ -78,7 +80,7 @@ def test_a_retried_checkpoint_sends_the_same_idempotency_key_and_the_server_hold
     assert Event.objects.filter(type="checkpoint.recorded", session_id=s.id).count() == 2
 
 
-def test_an_answer_lost_for_an_unkeyed_write_is_not_retried(proxy, token):
+def test_an_answer_lost_for_an_unkeyed_write_is_not_retried(proxy: DroppingProxy, token: str) -> None:
     nf = Client(proxy.url, token, retry=FAST)
     s, _ = _running(nf)
     proxy.drop_responses = 1
@@ -88,7 +90,7 @@ def test_an_answer_lost_for_an_unkeyed_write_is_not_retried(proxy, token):
     assert TranscriptEntry.objects.filter(session_id=s.id).count() == 1
 
 
-def test_threads_share_the_client_each_on_its_own_connection(proxy, token):
+def test_threads_share_the_client_each_on_its_own_connection(proxy: DroppingProxy, token: str) -> None:
     nf = Client(proxy.url, token, retry=FAST)
     runs = [_running(nf)[1] for _ in range(4)]
     barrier = threading.Barrier(len(runs))
@@ -112,7 +114,7 @@ def test_threads_share_the_client_each_on_its_own_connection(proxy, token):
     assert 1 <= proxy.connections <= len(runs)
 
 
-def test_a_refused_connection_is_a_transport_error_that_was_never_sent(token):
+def test_a_refused_connection_is_a_transport_error_that_was_never_sent(token: str) -> None:
     import socket
 
     with socket.socket() as sock:
@@ -124,7 +126,7 @@ def test_a_refused_connection_is_a_transport_error_that_was_never_sent(token):
     assert info.value.maybe_committed is False
 
 
-def test_an_environment_proxy_sends_the_client_through_httpx(monkeypatch):
+def test_an_environment_proxy_sends_the_client_through_httpx(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
     assert usable("http://127.0.0.1:8000") and usable("https://nf.example")
@@ -151,7 +153,7 @@ class _NotFound(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def tls_server(tmp_path: Path):
+def tls_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A TLS HTTP server with a self-signed certificate for 127.0.0.1: (its URL, the certificate)."""
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make a certificate")
@@ -170,7 +172,7 @@ def tls_server(tmp_path: Path):
     httpd.server_close()
 
 
-def test_https_trusts_what_httpx_would_and_checks_the_certificate_and_its_name(tls_server, monkeypatch):
+def test_https_trusts_what_httpx_would_and_checks_the_certificate_and_its_name(tls_server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     url, cert = tls_server
     for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
         monkeypatch.delenv(name, raising=False)
@@ -186,7 +188,7 @@ def test_https_trusts_what_httpx_would_and_checks_the_certificate_and_its_name(t
     assert mismatch.value.maybe_committed is False and "CERTIFICATE_VERIFY_FAILED" in str(mismatch.value)
 
 
-def test_https_the_same_for_the_async_client(tls_server, monkeypatch):
+def test_https_the_same_for_the_async_client(tls_server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     url, cert = tls_server
     for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
         monkeypatch.delenv(name, raising=False)
@@ -206,7 +208,7 @@ def test_https_the_same_for_the_async_client(tls_server, monkeypatch):
     assert "CERTIFICATE_VERIFY_FAILED" in str(mismatch.value)
 
 
-def test_the_async_client_keeps_one_connection_and_replaces_one_closed_while_idle(proxy, token):
+def test_the_async_client_keeps_one_connection_and_replaces_one_closed_while_idle(proxy: DroppingProxy, token: str) -> None:
     async def scenario() -> tuple[int, int]:
         async with AsyncClient(proxy.url, token, retry=RetryPolicy(attempts=1)) as nf:
             s = await nf.create_session(**WRITER, runtime={"runtime_family": "cli", "lease_seconds": 300})
@@ -237,7 +239,7 @@ ANSWERS = {
 
 
 @pytest.mark.parametrize("framing", sorted(ANSWERS))
-def test_the_async_transport_reads_every_http_1_1_framing(framing):
+def test_the_async_transport_reads_every_http_1_1_framing(framing: str) -> None:
     async def scenario() -> E.NovelForgeError:
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await reader.readuntil(b"\r\n\r\n")
@@ -259,7 +261,7 @@ def test_the_async_transport_reads_every_http_1_1_framing(framing):
     assert err.status == 404 and err.message == "gone"
 
 
-def test_the_async_client_serves_a_second_event_loop_after_the_first_closed(server, token):
+def test_the_async_client_serves_a_second_event_loop_after_the_first_closed(server: Any, token: str) -> None:
     """Connections belong to the loop that opened them: a client used again under a new
     ``asyncio.run`` opens a fresh connection instead of writing to the dead loop's."""
     nf = AsyncClient(server.url, token, retry=RetryPolicy(attempts=1))
