@@ -24,9 +24,11 @@ guessing: read the state back (the call's ``GET``) and decide.
 """
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, TypeVar
+from urllib.parse import urlencode
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
@@ -71,19 +73,52 @@ class Call(Generic[T]):
     params: dict[str, Any] = field(default_factory=dict)
     idempotent: bool = False
     then: Callable[[Any], Any] | None = None
+    _content: bytes | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.method == "GET":
             self.idempotent = True
 
     def request_kwargs(self) -> dict[str, Any]:
+        """The call as ``httpx`` request arguments (the body serialized once: see :meth:`content`)."""
         kwargs: dict[str, Any] = {}
         params = {k: v for k, v in self.params.items() if v is not None}
         if params:
             kwargs["params"] = params
-        if self.body is not None:
-            kwargs["json"] = self.body
+        content = self.content()
+        if content is not None:
+            kwargs["content"] = content
+            kwargs["headers"] = JSON_CONTENT
         return kwargs
+
+    def target(self) -> str:
+        """The path with its query string (``None`` parameters left out, lists repeated, booleans
+        ``true``/``false``: what ``httpx`` sends for ``params=``)."""
+        pairs = [(k, _query_value(item)) for k, v in self.params.items() if v is not None
+                 for item in (v if isinstance(v, (list, tuple)) else (v,))]
+        return f"{self.path}?{urlencode(pairs)}" if pairs else self.path
+
+    def content(self) -> bytes | None:
+        """The JSON body, serialized once per call (every retry sends these same bytes, idempotency
+        key included), the way ``httpx``'s ``json=`` serializes it."""
+        if self.body is None:
+            return None
+        if self._content is None:
+            self._content = json.dumps(self.body, ensure_ascii=False, separators=(",", ":"),
+                                       allow_nan=False).encode("utf-8")
+        return self._content
+
+
+#: The header of a JSON request body.
+JSON_CONTENT = {"Content-Type": "application/json"}
+
+
+def _query_value(value: Any) -> str:
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return str(value)
 
 
 def body_of(model_cls: type[BaseModel], **fields: Any) -> dict[str, Any]:
@@ -98,19 +133,26 @@ _adapters: dict[Any, TypeAdapter] = {}
 
 def decode(call: Call[T], response: httpx.Response) -> T:
     """The model of a successful answer, or the typed exception of a refusal."""
-    if response.status_code >= 400:
+    return decode_body(call, response.status_code, response.content)
+
+
+def decode_body(call: Call[T], status: int, content: bytes) -> T:
+    """:func:`decode` from the status and body bytes. The answer is validated against the call's
+    model straight from the JSON bytes (one pass, no intermediate dicts); a body that is not the
+    model raises pydantic's ``ValidationError``."""
+    if status >= 400:
         try:
-            payload = response.json()
+            payload = json.loads(content) if content else None
         except ValueError:
             payload = None
-        raise error_for(response.status_code, payload)
-    if call.model is None or response.status_code == 204 or not response.content:
+        raise error_for(status, payload)
+    if call.model is None or status == 204 or not content:
         result: Any = None
     else:
         adapter = _adapters.get(call.model)
         if adapter is None:
             adapter = _adapters[call.model] = TypeAdapter(call.model)
-        result = adapter.validate_python(response.json())
+        result = adapter.validate_json(content)
     return call.then(result) if call.then is not None else result
 
 

@@ -22,7 +22,10 @@ from typing import Any
 import httpx
 
 from novelforge_client import models as m
-from novelforge_client._core import Call, RetryPolicy, body_of, decode, should_retry, transport_error
+from novelforge_client._core import (
+    JSON_CONTENT, Call, RetryPolicy, body_of, decode_body, should_retry, transport_error,
+)
+from novelforge_client._wire import AsyncWire, Wire, usable
 
 __all__ = ["AsyncClient", "Client"]
 
@@ -411,13 +414,22 @@ GATE_OPEN = "pending"  # the review gate state of a gate still waiting for verdi
 
 
 class Client(_Operations):
-    """Synchronous client (``httpx.Client``). Use as a context manager or call :meth:`close_client`."""
+    """Synchronous client. Use as a context manager or call :meth:`close_client`.
+
+    Requests go over keep-alive connections of the standard library (:mod:`novelforge_client._wire`:
+    the same timeouts, TLS trust and retry rules as ``httpx``, for a fraction of the CPU per call);
+    through ``httpx.Client`` when ``transport`` is given or the environment sets a proxy."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retry: RetryPolicy | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
         super().__init__(base_url, token, timeout=timeout, retry=retry)
-        self._http = httpx.Client(base_url=self.base_url + "/api/v1", headers=self._headers(), timeout=timeout,
-                                  transport=transport)
+        self._wire: Wire | None = None
+        self._http: httpx.Client | None = None
+        if transport is None and usable(self.base_url):
+            self._wire = Wire(self.base_url + "/api/v1", self._headers(), timeout)
+        else:
+            self._http = httpx.Client(base_url=self.base_url + "/api/v1", headers=self._headers(), timeout=timeout,
+                                      transport=transport)
 
     def __enter__(self) -> Client:
         return self
@@ -426,23 +438,35 @@ class Client(_Operations):
         self.close_client()
 
     def close_client(self) -> None:
-        self._http.close()
+        if self._wire is not None:
+            self._wire.close()
+        if self._http is not None:
+            self._http.close()
+
+    def _send(self, call: Call[Any]) -> tuple[int, bytes]:
+        if self._wire is not None:
+            content = call.content()
+            return self._wire.request(call.method, call.target(), content,
+                                      JSON_CONTENT if content is not None else {})
+        assert self._http is not None
+        response = self._http.request(call.method, call.path, **call.request_kwargs())
+        return response.status_code, response.content
 
     def _call(self, call: Call[Any]) -> Any:
         attempt = 0
         while True:
             attempt += 1
             try:
-                response = self._http.request(call.method, call.path, **call.request_kwargs())
+                status, content = self._send(call)
             except httpx.TransportError as exc:
                 if attempt < self.retry.attempts and should_retry(call, exc=exc):
                     time.sleep(self.retry.delay(attempt))
                     continue
                 raise transport_error(call, exc) from exc
-            if attempt < self.retry.attempts and should_retry(call, status=response.status_code):
+            if attempt < self.retry.attempts and should_retry(call, status=status):
                 time.sleep(self.retry.delay(attempt))
                 continue
-            return decode(call, response)
+            return decode_body(call, status, content)
 
     def _iterate(self, page_method: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
         after = kwargs.pop("after", None)
@@ -520,14 +544,21 @@ class Client(_Operations):
 
 
 class AsyncClient(_Operations):
-    """Asynchronous client (``httpx.AsyncClient``): the same methods as :class:`Client`, awaited;
-    the iterating ones are async iterators. Use ``async with`` or ``await aclose()``."""
+    """Asynchronous client: the same methods as :class:`Client`, awaited; the iterating ones are
+    async iterators. Use ``async with`` or ``await aclose()``. Requests go over keep-alive asyncio
+    connections (:class:`~novelforge_client._wire.AsyncWire`), through ``httpx.AsyncClient`` when
+    ``transport`` is given or the environment sets a proxy."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retry: RetryPolicy | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         super().__init__(base_url, token, timeout=timeout, retry=retry)
-        self._http = httpx.AsyncClient(base_url=self.base_url + "/api/v1", headers=self._headers(),
-                                       timeout=timeout, transport=transport)
+        self._wire: AsyncWire | None = None
+        self._http: httpx.AsyncClient | None = None
+        if transport is None and usable(self.base_url):
+            self._wire = AsyncWire(self.base_url + "/api/v1", self._headers(), timeout)
+        else:
+            self._http = httpx.AsyncClient(base_url=self.base_url + "/api/v1", headers=self._headers(),
+                                           timeout=timeout, transport=transport)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -536,23 +567,35 @@ class AsyncClient(_Operations):
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._wire is not None:
+            await self._wire.aclose()
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def _send(self, call: Call[Any]) -> tuple[int, bytes]:
+        if self._wire is not None:
+            content = call.content()
+            return await self._wire.request(call.method, call.target(), content,
+                                            JSON_CONTENT if content is not None else {})
+        assert self._http is not None
+        response = await self._http.request(call.method, call.path, **call.request_kwargs())
+        return response.status_code, response.content
 
     async def _call(self, call: Call[Any]) -> Any:  # type: ignore[override]
         attempt = 0
         while True:
             attempt += 1
             try:
-                response = await self._http.request(call.method, call.path, **call.request_kwargs())
+                status, content = await self._send(call)
             except httpx.TransportError as exc:
                 if attempt < self.retry.attempts and should_retry(call, exc=exc):
                     await asyncio.sleep(self.retry.delay(attempt))
                     continue
                 raise transport_error(call, exc) from exc
-            if attempt < self.retry.attempts and should_retry(call, status=response.status_code):
+            if attempt < self.retry.attempts and should_retry(call, status=status):
                 await asyncio.sleep(self.retry.delay(attempt))
                 continue
-            return decode(call, response)
+            return decode_body(call, status, content)
 
     async def _iterate(self, page_method: str, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         after = kwargs.pop("after", None)

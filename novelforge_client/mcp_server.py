@@ -294,10 +294,17 @@ async def checkpoint(
     cursor: Annotated[Json, Field(description="the workflow cursor: a small JSON object, never a transcript")],
     artifacts: Annotated[list[Json], Field(description='[{"artifact_id", "fingerprint"}] the cursor relies on')] = [],  # noqa: B006
     pending: Annotated[Json, Field(description='what the run waits on: {"handoffs": [...], "gates": [{"gate_id"}]}')] = {},  # noqa: B006
+    idempotency_key: Annotated[str | None, Field(
+        min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$",
+        description="repeat this call with the same key (and arguments) and it answers the checkpoint the first "
+                    "call wrote instead of writing a second one; without it, one fresh key per call")] = None,
 ) -> CallToolResult:
-    """Record a bounded checkpoint of an open run (refused `checkpoint_not_bounded` for transcript-like bodies)."""
+    """Record a bounded checkpoint of an open run (refused `checkpoint_not_bounded` for transcript-like bodies).
+    Give an `idempotency_key` when this call may be repeated (a host retrying after a timeout)."""
+    # The client resends the same key on its own retries within this call; a key given here also
+    # covers the host repeating the whole tool call.
     return await _run(lambda c: c.checkpoint(run_id, boundary=boundary, cursor=cursor, artifacts=artifacts or None,
-                                             pending=pending or None))
+                                             pending=pending or None, idempotency_key=idempotency_key))
 
 
 @_tool(_WRITE)

@@ -24,12 +24,24 @@ class DroppingProxy:
         self.fail_with_503 = 0  # how many requests to answer 503 without forwarding
         self.forwarded: Counter[tuple[str, str]] = Counter()
         self.dropped = 0
+        self.connections = 0  # client connections accepted (keep-alive reuse keeps this low)
+        self._open: list[socket.socket] = []  # both sides of every connection, for close_connections()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def close(self) -> None:
         self._closed = True
         self.listener.close()
+
+    def close_connections(self) -> None:
+        """Close every open connection, as a server closes idle keep-alive connections."""
+        with self.lock:
+            socks, self._open = self._open, []
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _take(self, name: str) -> bool:
         with self.lock:
@@ -44,6 +56,9 @@ class DroppingProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            with self.lock:
+                self.connections += 1
+                self._open.append(client)
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
@@ -56,6 +71,8 @@ class DroppingProxy:
                 client.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 return
             upstream = socket.create_connection(self.upstream)
+            with self.lock:
+                self._open.append(upstream)
             threading.Thread(target=self._pump_requests, args=(client, upstream, first), daemon=True).start()
             while True:
                 chunk = upstream.recv(65536)

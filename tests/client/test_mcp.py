@@ -32,6 +32,7 @@ from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.control.models import ConsumeReceipt
 from novelforge_sessions.models import ApiToken, Checkpoint, Run, RuntimeAttachment, Session
 from reviews.models import ReviewGate
+from tests.client.proxy import DroppingProxy
 from tests.live import DaphneServer, free_port
 from tests.reviews.factories import CHAPTER, RUBRIC, agent_reviewer, agent_verdict
 
@@ -52,7 +53,7 @@ def mcp_backend(django_db_setup, django_db_blocker) -> Iterator[DaphneServer]:
     srv.stop()
 
 
-def stdio(backend: DaphneServer, token: str) -> StdioServerParameters:
+def stdio(backend: DaphneServer | DroppingProxy, token: str) -> StdioServerParameters:
     """``novelforge-mcp`` as a host launches it (the module behind the console script)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT),
            "NOVELFORGE_URL": backend.url, "NOVELFORGE_TOKEN": token}
@@ -166,6 +167,43 @@ def test_refusals_are_tool_errors_with_the_code_and_the_tokens_scope_holds(mcp_b
     asyncio.run(scenario())
     assert Session.objects.count() == before + 1  # the reader's refused open wrote nothing
     assert Checkpoint.objects.count() == 0
+
+
+def test_the_checkpoint_tool_acts_through_one_client_and_a_retried_or_repeated_call_writes_once(
+        mcp_backend: DaphneServer, project: Any) -> None:
+    """Every tool call of a stdio server goes through one client (one keep-alive connection, a second
+    only after the proxy dropped one); a checkpoint whose answer was lost is retried by that client
+    with the same idempotency key, and a host repeating a whole call with its `idempotency_key`
+    gets the first checkpoint back: one row each."""
+    _, token = create_token(project, name="mcp-keyed", permissions=["read", "write"])
+    proxy = DroppingProxy(mcp_backend.port)
+
+    async def scenario() -> tuple[int, list[dict[str, Any]]]:
+        async with Client(stdio(proxy, token)) as c:
+            s = await ok(c, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
+                         runtime_family="claude-code")
+            run = await ok(c, "start_run", session_id=s["id"])
+            first = await ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 1})
+            proxy.drop_responses = 1  # lost after the server committed: the client retries it
+            second = await ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 2})
+            keyed = await ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 3},
+                             idempotency_key="host-step-3")
+            repeated = await ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 3},
+                                idempotency_key="host-step-3")
+            await refused(c, "checkpoint", "idempotency_key_reused", run_id=run["id"], boundary="context_freeze",
+                          cursor={"step": 4}, idempotency_key="host-step-3")
+            return run["id"], [first, second, keyed, repeated]
+
+    try:
+        run_id, cps = asyncio.run(scenario())
+    finally:
+        proxy.close()
+    assert proxy.dropped == 1
+    assert proxy.forwarded[("POST", f"/api/v1/runs/{run_id}/checkpoints")] == 6  # 1, 2 (sent twice), 3, 3 again, 4
+    assert [cp["seq"] for cp in cps] == [1, 2, 3, 3] and cps[3]["id"] == cps[2]["id"]
+    assert list(Checkpoint.objects.filter(run_id=run_id).order_by("seq").values_list("seq", "cursor")) == [
+        (1, {"step": 1}), (2, {"step": 2}), (3, {"step": 3})]
+    assert proxy.connections == 2  # one client for every call; the second connection replaced the dropped one
 
 
 class HttpServer:
