@@ -1,6 +1,7 @@
 """The clients' default transports: keep-alive HTTP/1.1 connections to the service, over the
-standard library's :mod:`http.client` (:class:`Wire`, for :class:`~novelforge_client.Client`) and
-asyncio streams (:class:`AsyncWire`, for :class:`~novelforge_client.AsyncClient`).
+standard library's :mod:`http.client` (:class:`Wire`, for :class:`~novelforge_client.Client`; and,
+one worker thread per request in flight, :class:`AsyncWire` for :class:`~novelforge_client.AsyncClient`).
+The standard library reads and writes HTTP; nothing here parses it.
 
 Why not ``httpx`` for every call: an agent checkpoints at every boundary, on the same machine as
 the service and its database, so the client's CPU per call is taken from the server. Through
@@ -155,133 +156,20 @@ def _checked(headers: dict[str, str]) -> dict[str, str]:
 
 
 class AsyncWire:
-    """:class:`Wire` for asyncio: keep-alive HTTP/1.1 connections (asyncio streams) to one origin,
-    one request at a time each, with the same timeouts, TLS context, stale-connection check and
-    ``httpx`` exceptions. Its connections belong to the event loop that opened them, as
-    ``httpx.AsyncClient``'s do."""
+    """:class:`Wire` for asyncio: each request runs on the same keep-alive ``http.client``
+    connections in a worker thread (``asyncio.to_thread``), so the standard library reads and
+    writes HTTP for both clients, with the same timeouts, TLS context, stale-connection check and
+    ``httpx`` exceptions. A thread hop costs far less than ``httpx.AsyncClient``'s request
+    machinery, and no HTTP parsing is written here. A request whose caller is cancelled still
+    finishes in its thread, as a request already sent would on the server."""
 
     def __init__(self, base_url: str, headers: dict[str, str], timeout: float) -> None:
-        parts = urlsplit(base_url)
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname or "localhost"
-        self.port = parts.port or (443 if self.https else 80)
-        self.prefix = parts.path.rstrip("/")
-        self.timeout = timeout
-        self._ssl = httpx.create_ssl_context() if self.https else None
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        if parts.port is not None and parts.port != (443 if self.https else 80):
-            host = f"{host}:{parts.port}"
-        fixed = "".join(f"{k}: {v}\r\n" for k, v in _checked({"Host": host, **headers}).items())
-        self._fixed = fixed.encode("latin-1")
-        self._idle: list[tuple[asyncio.AbstractEventLoop, asyncio.StreamReader, asyncio.StreamWriter]] = []
-        self._closed = False
-
-    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        loop = asyncio.get_running_loop()
-        while self._idle:
-            opened_on, reader, writer = self._idle.pop()
-            if opened_on is not loop:  # a connection of another (maybe closed) loop cannot serve this one
-                _close_quietly(writer)
-                continue
-            # A close (or stray bytes) from the server while idle: an EOF the loop already read, or
-            # still unread on the socket.
-            if not reader.at_eof() and not writer.is_closing() and not _readable(writer.get_extra_info("socket")):
-                return reader, writer
-            writer.close()  # closed by the server while idle: not reusable
-        try:
-            async with asyncio.timeout(self.timeout):
-                return await asyncio.open_connection(self.host, self.port, ssl=self._ssl,
-                                                     server_hostname=self.host if self.https else None)
-        except TimeoutError as exc:
-            raise httpx.ConnectTimeout(f"connecting to {self.host}:{self.port}: timed out") from exc
-        except OSError as exc:  # refused, unreachable, a TLS handshake refused: nothing was sent
-            raise httpx.ConnectError(f"connecting to {self.host}:{self.port}: {exc}") from exc
+        self._wire = Wire(base_url, headers, timeout)
 
     async def request(self, method: str, target: str, body: bytes | None,
                       headers: dict[str, str]) -> tuple[int, bytes]:
         """As :meth:`Wire.request`."""
-        reader, writer = await self._connection()
-        reusable = False
-        try:
-            head = [f"{method} {self.prefix}{target} HTTP/1.1\r\n".encode("ascii"), self._fixed]
-            if headers:
-                head.append("".join(f"{k}: {v}\r\n" for k, v in _checked(headers).items()).encode("latin-1"))
-            if body is not None or method in ("POST", "PUT", "PATCH"):
-                head.append(b"Content-Length: %d\r\n" % len(body or b""))
-            head.append(b"\r\n")
-            try:
-                async with asyncio.timeout(self.timeout):
-                    writer.write(b"".join(head) + (body or b""))
-                    await writer.drain()
-            except TimeoutError as exc:
-                raise httpx.WriteTimeout("writing the request: timed out") from exc
-            except OSError as exc:
-                raise httpx.WriteError(str(exc)) from exc
-            try:
-                status, content, reusable = await self._response(reader, method)
-            except TimeoutError as exc:
-                raise httpx.ReadTimeout("reading the answer: timed out") from exc
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-                raise httpx.RemoteProtocolError(f"{type(exc).__name__}: {exc}") from exc
-            except OSError as exc:
-                raise httpx.ReadError(str(exc)) from exc
-        finally:
-            if reusable and not self._closed and len(self._idle) < MAX_IDLE:
-                self._idle.append((asyncio.get_running_loop(), reader, writer))
-            else:
-                writer.close()
-        return status, content
-
-    async def _response(self, reader: asyncio.StreamReader, method: str) -> tuple[int, bytes, bool]:
-        """Status, body, and whether the connection may carry another request. Every read is
-        bounded by ``timeout`` on its own (httpx's read timeout)."""
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(self.timeout) as deadline:
-            while True:
-                block = await reader.readuntil(b"\r\n\r\n")
-                lines = block[:-4].decode("latin-1").split("\r\n")
-                version, _, rest = lines[0].partition(" ")
-                if not version.startswith("HTTP/1."):
-                    raise ValueError(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
-                status = int(rest[:3])
-                if not 100 <= status < 200:
-                    break  # an interim 1xx answer is followed by the real one
-                deadline.reschedule(loop.time() + self.timeout)
-            fields: dict[str, str] = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if not sep:
-                    raise ValueError(f"malformed header line {line[:80]!r}")
-                fields[name.strip().lower()] = value.strip()
-            keep = version == "HTTP/1.1" and "close" not in fields.get("connection", "").lower()
-            if method == "HEAD" or status in (204, 304):
-                return status, b"", keep
-            chunks: list[bytes] = []
-            if "chunked" in fields.get("transfer-encoding", "").lower():
-                while True:
-                    deadline.reschedule(loop.time() + self.timeout)
-                    size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
-                    if size == 0:
-                        while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
-                            pass
-                        return status, b"".join(chunks), keep
-                    chunks.append((await reader.readexactly(size + 2))[:-2])
-            if "content-length" in fields:
-                return status, await reader.readexactly(int(fields["content-length"])), keep
-            while data := await reader.read(65536):  # delimited by the server closing
-                deadline.reschedule(loop.time() + self.timeout)
-                chunks.append(data)
-            return status, b"".join(chunks), False
+        return await asyncio.to_thread(self._wire.request, method, target, body, headers)
 
     async def aclose(self) -> None:
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for _, _, writer in idle:
-            _close_quietly(writer)
-
-
-def _close_quietly(writer: asyncio.StreamWriter) -> None:
-    try:
-        writer.close()
-    except RuntimeError:  # its event loop is closed: so is the connection's transport
-        pass
+        self._wire.close()
