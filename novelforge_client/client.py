@@ -545,9 +545,9 @@ class Client(_Operations):
 
 class AsyncClient(_Operations):
     """Asynchronous client: the same methods as :class:`Client`, awaited; the iterating ones are
-    async iterators. Use ``async with`` or ``await aclose()``. Requests go over keep-alive asyncio
-    connections (:class:`~novelforge_client._wire.AsyncWire`), through ``httpx.AsyncClient`` when
-    ``transport`` is given or the environment sets a proxy."""
+    async iterators. Use ``async with`` or ``await aclose()``. Requests go over keep-alive
+    ``http.client`` connections from a worker thread (:class:`~novelforge_client._wire.AsyncWire`),
+    through ``httpx.AsyncClient`` when ``transport`` is given or the environment sets a proxy."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retry: RetryPolicy | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
