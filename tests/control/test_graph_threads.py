@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from novelforge_sessions.control.models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
 from novelforge_sessions.models import Artifact, Checkpoint, Event, Run, Session
@@ -335,3 +336,32 @@ def test_the_open_spec_is_checked_on_every_call_not_only_when_it_opens_the_threa
         assert err["details"]["field"] == field, err
     stored = writer.post(f"/graph-threads/{route}", {**body, "open": {"task_mode": "drafting"}})
     assert stored.status_code in (200, 201), stored.content
+
+
+def _queries_of(writer: Api, path: str, body: dict[str, Any], status: int) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        ok(writer.post(path, body), status)
+    return len(captured.captured_queries)
+
+
+def test_a_put_and_a_write_run_the_same_statements_for_one_blob_and_for_twenty(writer):
+    """Set-based: the graph routes write and resolve blobs with a fixed set of statements, not
+    one round trip (or several) per blob; the count of 1 blob and of 20 is the same."""
+    ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"seed": "x"})), 201)
+    counted = {}
+    for n in (1, 20):
+        values = {f"c{i}": f"value {i} of {n}" for i in range(n)}
+        counted[("put", n)] = _queries_of(writer, "/graph-threads/checkpoints",
+                                          put_body("t-1", f"put-{n}", "0001", blobs=values), 201)
+        counted[("writes", n)] = _queries_of(writer, "/graph-threads/writes", {
+            "thread_id": "t-1", "checkpoint_id": f"put-{n}", "task_id": "task",
+            "writes": [{"idx": i, "channel": f"c{i}", "value": blob(f"write {i} of {n}")} for i in range(n)],
+        }, 200)
+    assert counted[("put", 1)] == counted[("put", 20)], counted
+    assert counted[("writes", 1)] == counted[("writes", 20)], counted
+    # every value landed: 1 + 20 channel blobs, 1 + 20 writes, each content once
+    assert GraphWrite.objects.count() == 21
+    assert Artifact.objects.filter(kind="graph-blob").count() == 1 + 2 * 21
+    [newest] = get(writer, thread_id="t-1", checkpoint_id="put-20")
+    assert len(newest["blobs"]) == 20 and len(newest["pending_writes"]) == 20
+    assert base64.b64decode(newest["blobs"]["c19"]["data"]).decode() == "value 19 of 20"
