@@ -423,7 +423,7 @@ class GraphBlobOut(ResponseModel):
 class GraphBlobsAskIn(RequestModel):
     """GraphBlobsAskIn"""
 
-    fingerprints: list[Any]
+    fingerprints: list[str]
 
 
 class GraphBlobsMissingOut(ResponseModel):

@@ -163,7 +163,7 @@ class GraphBlobChunkOut(Schema):
 
 class GraphBlobsAskIn(Strict):
     fingerprints: list[str] = Field(..., max_length=actions.MAX_ASKED_FINGERPRINTS,
-                                    json_schema_extra={"items": FINGERPRINT})
+                                    json_schema_extra={"items": {"type": "string", **FINGERPRINT}})
 
 
 class GraphBlobsMissingOut(Schema):

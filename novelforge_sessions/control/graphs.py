@@ -427,6 +427,8 @@ def open_thread(caller: Caller, thread_id: str, spec: ThreadSpec) -> tuple[Graph
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------------
+#: Every blob lookup below is a scalar subquery per row of the request (one index probe each):
+#: as a join, the planner's estimates for young tables chose to scan all of the project's blobs.
 #: The put's (channel, version) → blob rows, and what the checkpoint cites, in one statement:
 #: the upsert of the put's rows (the latest value at a (channel, version) stands, as in
 #: LangGraph's own savers); the stored rows of the channels the put did not bring (read from the
@@ -440,13 +442,19 @@ WITH upsert AS (
     ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO UPDATE SET fingerprint = EXCLUDED.fingerprint
     RETURNING 1
 )
-SELECT g.channel, g.fingerprint, a.id
-FROM {_GB} g JOIN {_A} a ON a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || g.fingerprint
-WHERE g.thread_id = %(thread)s AND g.checkpoint_ns = %(ns)s
-  AND (g.channel, g.version) IN (SELECT * FROM unnest(%(old_channels)s::text[], %(old_versions)s::text[]))
+SELECT o.channel, o.fingerprint, o.artifact_id FROM (
+    SELECT o.channel, g.fingerprint,
+           (SELECT a.id FROM {_A} a WHERE a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || g.fingerprint)
+               AS artifact_id
+    FROM unnest(%(old_channels)s::text[], %(old_versions)s::text[]) AS o(channel, version)
+    JOIN {_GB} g ON g.thread_id = %(thread)s AND g.checkpoint_ns = %(ns)s AND g.channel = o.channel
+                AND g.version = o.version
+) o WHERE o.artifact_id IS NOT NULL
 UNION ALL
-SELECT NULL, substr(a.name, {len(BLOB_PREFIX) + 1}), a.id
-FROM {_A} a WHERE a.project_id = %(project)s AND a.name = ANY(%(names)s)
+SELECT NULL, substr(n.name, {len(BLOB_PREFIX) + 1}), n.artifact_id FROM (
+    SELECT n.name, (SELECT a.id FROM {_A} a WHERE a.project_id = %(project)s AND a.name = n.name) AS artifact_id
+    FROM unnest(%(names)s::text[]) AS n(name)
+) n WHERE n.artifact_id IS NOT NULL
 """
 
 
@@ -556,10 +564,11 @@ def put_checkpoint(
 #: Nothing is written when a value names a blob the project does not hold (``missing``).
 _PUT_WRITES_SQL = f"""
 WITH vals AS MATERIALIZED (
-    SELECT w.idx, w.channel, w.fp, v.id AS value_id
+    SELECT w.idx, w.channel, w.fp, (
+        SELECT v.id FROM {_A} a JOIN {_AV} v ON v.artifact_id = a.id AND v.number = 1
+        WHERE a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || w.fp
+    ) AS value_id
     FROM unnest(%(idx)s::int[], %(channels)s::text[], %(fps)s::text[]) AS w(idx, channel, fp)
-    LEFT JOIN {_A} a ON a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || w.fp
-    LEFT JOIN {_AV} v ON v.artifact_id = a.id AND v.number = 1
 ), missing AS (
     SELECT array_agg(DISTINCT fp ORDER BY fp) AS fps FROM vals WHERE value_id IS NULL
 ), kept AS (
