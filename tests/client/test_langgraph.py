@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator
 
 from datetime import timedelta
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import httpx
 import pytest
@@ -245,6 +245,19 @@ class Recording(httpx.HTTPTransport):
         return [f"{method} {path}" for method, path, _ in self.sent[since:]]
 
 
+class AsyncRecording(httpx.AsyncHTTPTransport):
+    """:class:`Recording` for the async client."""
+
+    def __init__(self) -> None:
+        super().__init__(retries=2)
+        self.sent: list[tuple[str, str, int]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        self.sent.append((request.method, request.url.path.removeprefix("/api/v1"), len(body)))
+        return await super().handle_async_request(request)
+
+
 def test_a_thread_whose_state_holds_8_mb_of_messages_is_saved_and_reloaded(graph_server, graph_token):
     """A chat of four 2 MiB turns (its messages channel 8 MiB and more): every request stays under
     the API's body limit (large values go up in chunks), and a fresh saver reloads all of it."""
@@ -328,3 +341,50 @@ def test_a_value_is_sent_once_and_a_superstep_costs_one_put_and_its_writes(graph
     assert Artifact.objects.filter(name="blob:" + stored.document["blobs"]["doc"]).count() == 1
     assert graph.get_state({"configurable": {"thread_id": "doc-2"}}).values["doc"] == document
     saver.close()
+
+
+def test_a_value_the_server_does_not_hold_after_all_is_sent_again_once(graph_server, graph_token):
+    """The saver believes the server holds a value (its memory of fingerprints is only a belief:
+    another server, a restored database): the put is refused 409 graph_blob_missing, the saver
+    forgets the fingerprint and sends the value itself, and the put lands."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    wire = Recording()
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, transport=wire)
+    value = ["a value the server never saw", os.urandom(16).hex()]
+    saver._remember([saver._value(value).fingerprint])  # the false belief
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"], checkpoint["channel_versions"] = {"notes": value}, {"notes": 1}
+    config = {"configurable": {"thread_id": "believed", "checkpoint_ns": ""}}
+    stored = saver.put(config, checkpoint, {"source": "input", "step": -1}, {"notes": 1})
+    assert wire.paths() == ["POST /graph-threads/checkpoints"] * 2  # refused by fingerprint, then sent inline
+    assert saver.get_tuple(stored).checkpoint["channel_values"] == {"notes": value}
+    saver.close()
+
+
+def test_the_async_saver_uploads_a_large_value_in_chunks_and_reads_it_back(graph_server, graph_token):
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    wire = AsyncRecording()
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, async_transport=wire)
+    large = os.urandom(400 * 1024).hex()  # 800 KiB of text: several chunks
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"], checkpoint["channel_versions"] = {"draft": large}, {"draft": 1}
+    config = {"configurable": {"thread_id": "async-large", "checkpoint_ns": ""}}
+
+    async def roundtrip() -> Any:
+        stored = await saver.aput(config, checkpoint, {"source": "input", "step": -1}, {"draft": 1})
+        await saver.aput_writes(stored, [("draft", large)], "task-1")  # held now: named, not sent
+        found = await saver.aget_tuple(stored)
+        await saver.aclose()
+        return found
+
+    found = asyncio.run(roundtrip())
+    assert found.checkpoint["channel_values"] == {"draft": large}
+    assert found.pending_writes == [("task-1", "draft", large)]
+    calls = [f"{m} {p}" for m, p, _ in wire.sent]
+    assert calls[0] == "POST /graph-blobs/missing" and calls.count("POST /graph-blobs") >= 4
+    assert calls[-3:] == ["POST /graph-threads/checkpoints", "POST /graph-threads/writes", "GET /graph-threads/checkpoints"]
+    assert max(size for _, p, size in wire.sent if p.startswith("/graph-threads")) < 16 * 1024  # named, never inline
+    fingerprint = GraphCheckpoint.objects.get(thread__thread_id="async-large").document["blobs"]["draft"]
+    assert Artifact.objects.filter(name="blob:" + fingerprint).count() == 1
