@@ -75,6 +75,9 @@ MAX_BLOB_DATA_CHARS = 4 * math.ceil(MAX_BLOB_BYTES / 3)
 #: fields a chunk's body stays under the API's default body limit (256 KiB, ``bodylimit.py``).
 MAX_CHUNK_CHARS = 192 * 1024
 MAX_CHUNKS = math.ceil(MAX_BLOB_DATA_CHARS / MAX_CHUNK_CHARS)
+#: Staged chunks of an upload that never completed are dropped after this long (by the next
+#: upload of the project that starts): staging holds no abandoned upload forever.
+STALE_CHUNK_SECONDS = 24 * 3600
 #: How many fingerprints one ``POST /graph-blobs/missing`` asks about.
 MAX_ASKED_FINGERPRINTS = 500
 
@@ -328,6 +331,9 @@ def upload_chunk(caller: Caller, *, fingerprint: str, serde: str, index: int, co
         cursor.execute(f"SELECT 1 FROM {_A} WHERE project_id = %s AND name = %s", [project.id, BLOB_PREFIX + fingerprint])
         if cursor.fetchone() is not None:
             return ChunkStored(fingerprint, True, count)
+        if index == 0:
+            cursor.execute(f"DELETE FROM {_CHUNK} WHERE project_id = %s AND created_at < now() - make_interval(secs => %s)",
+                           [project.id, STALE_CHUNK_SECONDS])
         cursor.execute(
             f"""INSERT INTO {_CHUNK} (project_id, fingerprint, serde, index, count, data, created_at)
             VALUES (%s, %s, %s, %s, %s, %s, now())

@@ -496,3 +496,21 @@ def test_eight_writers_uploading_one_blob_s_chunks_at_once_store_it_once(project
     assert sum(out["complete"] for _, out in results) == 1
     assert sorted(out["received"] for _, out in results) == list(range(1, 9))
     assert Artifact.objects.filter(name="blob:" + fp).count() == 1 and not GraphBlobChunk.objects.exists()
+
+
+def test_an_abandoned_upload_s_chunks_are_dropped_when_a_later_upload_starts(writer):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    abandoned, chunks = chunked("never finished " * 200, 2)
+    ok(writer.post("/graph-blobs", {"fingerprint": abandoned, "serde": "json", "index": 0, "count": 2, "data": chunks[0]}))
+    fresh = GraphBlobChunk.objects.get()
+    GraphBlobChunk.objects.update(created_at=timezone.now() - timedelta(seconds=graphs.STALE_CHUNK_SECONDS + 60))
+    other, pieces = chunked("another value " * 200, 2)
+    ok(writer.post("/graph-blobs", {"fingerprint": other, "serde": "json", "index": 1, "count": 2, "data": pieces[1]}))
+    assert GraphBlobChunk.objects.filter(id=fresh.id).exists()  # only the first chunk of an upload sweeps
+    ok(writer.post("/graph-blobs", {"fingerprint": other, "serde": "json", "index": 0, "count": 2, "data": pieces[0]}))
+    assert not GraphBlobChunk.objects.exists()  # the stale one swept, the new one stored as its blob
+    assert Artifact.objects.filter(name="blob:" + other).exists()
+    assert not Artifact.objects.filter(name="blob:" + abandoned).exists()
