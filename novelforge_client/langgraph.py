@@ -72,7 +72,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "novelforge_client.langgraph needs LangGraph: pip install 'novelforge-sessions[langgraph]'"
     ) from exc
 
-from novelforge_client.errors import GraphBlobMissing, error_for
+from novelforge_client.errors import GraphBlobMissing, PayloadTooLarge, error_for
 
 __all__ = ["NovelForgeSaver", "ThreadSpec", "review_gate", "REVIEW_GATE_KEY"]
 
@@ -213,8 +213,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self.runtimes: dict[str, int] = {}
         #: threads this saver moved to ``awaiting_user`` (a plain interrupt): the next put continues them.
         self._waiting_on_user: set[str] = set()
-        self.max_body_bytes = max_body_bytes
-        self._chunk_chars = max(4, min(MAX_CHUNK_CHARS, (max_body_bytes - 1024) // 4 * 4))
+        self._limit_body(max_body_bytes)
         #: fingerprints the server holds (LangGraph calls a saver from several threads: locked).
         self._known: OrderedDict[str, None] = OrderedDict()
         #: fingerprint → done event of the request carrying that value now.
@@ -255,6 +254,19 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         return self.serde.loads_typed((blob["serde"], base64.b64decode(blob["data"])))
 
     # ---- values: inline, by fingerprint, or uploaded in chunks ---------------------------------------
+    def _limit_body(self, max_body_bytes: int) -> None:
+        self.max_body_bytes = max_body_bytes
+        self._chunk_chars = max(4, min(MAX_CHUNK_CHARS, (max_body_bytes - 1024) // 4 * 4))
+
+    def _learn_limit(self, exc: PayloadTooLarge) -> bool:
+        """A server with a smaller body limit than this saver assumed said so (its 413 names the
+        limit): plan with it from now on. False when there is nothing to learn."""
+        limit = exc.details.get("limit")
+        if isinstance(limit, int) and 2048 < limit < self.max_body_bytes:
+            self._limit_body(limit)
+            return True
+        return False
+
     def _remember(self, fingerprints: Sequence[str]) -> None:
         """Held by the server (call with the lock held)."""
         for fp in fingerprints:
@@ -362,6 +374,9 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                     raise
                 retried = True
                 self._forget(exc.details.get("missing") or plan.named)
+            except PayloadTooLarge as exc:
+                if not self._learn_limit(exc):
+                    raise
             finally:
                 self._release(plan, stored=stored)
 
@@ -389,6 +404,9 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                     raise
                 retried = True
                 self._forget(exc.details.get("missing") or plan.named)
+            except PayloadTooLarge as exc:
+                if not self._learn_limit(exc):
+                    raise
             finally:
                 self._release(plan, stored=stored)
 

@@ -388,3 +388,26 @@ def test_the_async_saver_uploads_a_large_value_in_chunks_and_reads_it_back(graph
     assert max(size for _, p, size in wire.sent if p.startswith("/graph-threads")) < 16 * 1024  # named, never inline
     fingerprint = GraphCheckpoint.objects.get(thread__thread_id="async-large").document["blobs"]["draft"]
     assert Artifact.objects.filter(name="blob:" + fingerprint).count() == 1
+
+
+def test_a_server_with_a_smaller_body_limit_teaches_the_saver_its_limit(graph_token):
+    """The saver plans for the default body limit; a server configured lower refuses the first
+    oversized request with 413 naming its limit, and the saver plans with that limit from then on."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    small = DaphneServer(extra_env={"API_MAX_BODY_BYTES": "65536"})
+    try:
+        wire = Recording()
+        saver = NovelForgeSaver(url=small.url, token=graph_token, transport=wire)
+        value = os.urandom(60 * 1024).hex()  # 120 KiB: inline under the default limit, not under 64 KiB
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"], checkpoint["channel_versions"] = {"draft": value}, {"draft": 1}
+        config = {"configurable": {"thread_id": "small-limit", "checkpoint_ns": ""}}
+        stored = saver.put(config, checkpoint, {"source": "input", "step": -1}, {"draft": 1})
+        assert saver.max_body_bytes == 65536
+        assert wire.paths()[0] == "POST /graph-threads/checkpoints"  # refused: 413
+        assert "POST /graph-blobs" in wire.paths()[1:]  # then uploaded in chunks under the limit
+        assert saver.get_tuple(stored).checkpoint["channel_values"] == {"draft": value}
+        saver.close()
+    finally:
+        small.stop()
