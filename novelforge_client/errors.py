@@ -319,6 +319,18 @@ class GraphCheckpointConflict(Conflict):
     code = "graph_checkpoint_conflict"
 
 
+class GraphBlobMissing(Conflict):
+    """A put or write named a state blob by fingerprint that the server does not hold (``details["missing"]``)."""
+
+    code = "graph_blob_missing"
+
+
+class GraphBlobMismatch(ValidationFailed):
+    """An uploaded state blob's chunks do not make the content its fingerprint names; nothing of it was kept."""
+
+    code = "graph_blob_mismatch"
+
+
 #: code → class, for every code of the service's catalog (and the two grouping classes).
 CODES: dict[str, type[NovelForgeError]] = {
     cls.code: cls

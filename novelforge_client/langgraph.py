@@ -27,15 +27,25 @@ Usage::
 
 Sync and async (``aget_tuple``, ``alist``, ``aput``, ``aput_writes``, ``adelete_thread``) share one
 request builder; requests go through httpx.
+
+Values travel once: each is named by its fingerprint (the sha256 of its content, as the server
+computes it). A value the server holds (this saver sent it, or the server said so) is sent by
+fingerprint only; a new small one rides inline in the put or write itself; a value too large for
+one request body is uploaded first in chunks (``POST /graph-blobs``), then named. A superstep
+therefore costs LangGraph's own calls (one request per ``put_writes``, one per ``put``) and no
+more, unless a value is larger than what fits inline.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import os
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -62,7 +72,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "novelforge_client.langgraph needs LangGraph: pip install 'novelforge-sessions[langgraph]'"
     ) from exc
 
-from novelforge_client.errors import error_for
+from novelforge_client.errors import GraphBlobMissing, PayloadTooLarge, error_for
 
 __all__ = ["NovelForgeSaver", "ThreadSpec", "review_gate", "REVIEW_GATE_KEY"]
 
@@ -71,6 +81,53 @@ REVIEW_GATE_KEY = "novelforge_review_gate"
 _API = "/api/v1"
 #: The server's page maximum (``?limit=`` is 1..200 on every list route; out of range is a 422).
 PAGE_MAX = 200
+#: The server's default request body limit (``API_MAX_BODY_BYTES``); pass ``max_body_bytes=`` for another.
+DEFAULT_MAX_BODY_BYTES = 256 * 1024
+#: The largest chunk of a blob's base64 text the server takes (``control/graphs.MAX_CHUNK_CHARS``).
+MAX_CHUNK_CHARS = 192 * 1024
+#: Room left in a body for what is not a value (ids, checkpoint document, JSON punctuation).
+_BODY_MARGIN = 4 * 1024
+#: How many fingerprints the saver remembers as held by the server (the oldest are forgotten:
+#: such a value is then sent again, which the server stores once).
+KNOWN_MAX = 100_000
+#: How many fingerprints one ``POST /graph-blobs/missing`` may ask about.
+_ASK_MAX = 500
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A serialized value: its serializer tag, its bytes in base64, and its fingerprint."""
+
+    serde: str
+    data: str
+    fingerprint: str
+
+    @property
+    def size(self) -> int:
+        """Its bytes inline in a JSON body (the value object, with room for its keys)."""
+        return len(self.data) + len(self.serde) + 64
+
+
+def _value_of(serde: str, data: str) -> _Value:
+    # The server's fingerprint of a blob: sha256 of the compact, key-sorted JSON of both fields.
+    content = json.dumps({"serde": serde, "data": data}, sort_keys=True, separators=(",", ":"))
+    return _Value(serde, data, "sha256:" + hashlib.sha256(content.encode()).hexdigest())
+
+
+@dataclass
+class _Plan:
+    """A put's or write's body, and the chunk uploads that must land before it."""
+
+    body: dict[str, Any]
+    ask: list[str]
+    uploads: list[_Value]
+    named: list[str]
+    #: the values this request carries (inline or uploaded) that no other request of this saver
+    #: carries at the same time; set when this request is done
+    claimed: list[str] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    #: requests carrying values this one names: wait for them, then plan again
+    waits: list[threading.Event] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -137,7 +194,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     def __init__(
         self, *, url: str | None = None, token: str | None = None, thread_spec: ThreadSpec | None = None,
         serde: SerializerProtocol | None = None, timeout: float = 30.0, transport: httpx.BaseTransport | None = None,
-        async_transport: httpx.AsyncBaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         super().__init__(serde=serde)
         self.url = (url or os.environ.get("NOVELFORGE_URL") or "http://127.0.0.1:8000").rstrip("/")
@@ -156,6 +213,12 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self.runtimes: dict[str, int] = {}
         #: threads this saver moved to ``awaiting_user`` (a plain interrupt): the next put continues them.
         self._waiting_on_user: set[str] = set()
+        self._limit_body(max_body_bytes)
+        #: fingerprints the server holds (LangGraph calls a saver from several threads: locked).
+        self._known: OrderedDict[str, None] = OrderedDict()
+        #: fingerprint → done event of the request carrying that value now.
+        self._inflight: dict[str, threading.Event] = {}
+        self._known_lock = threading.Lock()
 
     # ---- plumbing ---------------------------------------------------------------------------------
     def _async_client(self) -> httpx.AsyncClient:
@@ -183,31 +246,190 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         for client in clients:
             await client.aclose()
 
-    def _blob(self, value: Any) -> dict[str, str]:
+    def _value(self, value: Any) -> _Value:
         serde, data = self.serde.dumps_typed(value)
-        return {"serde": serde, "data": base64.b64encode(data).decode()}
+        return _value_of(serde, base64.b64encode(data).decode())
 
     def _load(self, blob: Mapping[str, str]) -> Any:
         return self.serde.loads_typed((blob["serde"], base64.b64decode(blob["data"])))
 
+    # ---- values: inline, by fingerprint, or uploaded in chunks ---------------------------------------
+    def _limit_body(self, max_body_bytes: int) -> None:
+        self.max_body_bytes = max_body_bytes
+        self._chunk_chars = max(4, min(MAX_CHUNK_CHARS, (max_body_bytes - 1024) // 4 * 4))
+
+    def _learn_limit(self, exc: PayloadTooLarge) -> bool:
+        """A server with a smaller body limit than this saver assumed said so (its 413 names the
+        limit): plan with it from now on. False when there is nothing to learn."""
+        limit = exc.details.get("limit")
+        if isinstance(limit, int) and 2048 < limit < self.max_body_bytes:
+            self._limit_body(limit)
+            return True
+        return False
+
+    def _remember(self, fingerprints: Sequence[str]) -> None:
+        """Held by the server (call with the lock held)."""
+        for fp in fingerprints:
+            self._known[fp] = None
+            self._known.move_to_end(fp)
+        while len(self._known) > KNOWN_MAX:
+            self._known.popitem(last=False)
+
+    def _forget(self, fingerprints: Sequence[str]) -> None:
+        with self._known_lock:
+            for fp in fingerprints:
+                self._known.pop(fp, None)
+
+    def _plan(self, body: dict[str, Any], key: str, entries: list[tuple[dict[str, Any], _Value]], *,
+              wait: bool) -> _Plan:
+        """Fill ``body[key]`` with the entries, each value by fingerprint when the server holds it,
+        inline while the body stays under the limit (smallest first), else by fingerprint after
+        a chunked upload.
+
+        LangGraph sends a task's writes and the checkpoint that follows from different threads at
+        once, and a node's write is often the very value of the channel it sets: a value another
+        request of this saver is carrying is waited for (``wait``) and then named, not sent twice.
+        Requests are planned one at a time and wait only for requests planned before them, so no
+        two wait for each other."""
+        fixed = len(json.dumps(body)) + sum(len(json.dumps(e)) + 100 for e, _ in entries)
+        budget = self.max_body_bytes - _BODY_MARGIN - fixed
+        inline: set[str] = set()
+        uploads: dict[str, _Value] = {}
+        plan = _Plan({}, [], [], sorted({v.fingerprint for _, v in entries}))
+        with self._known_lock:
+            for _, v in sorted(entries, key=lambda e: e[1].size):
+                fp = v.fingerprint
+                if fp in inline or fp in uploads:
+                    continue
+                if fp in self._known:
+                    self._known.move_to_end(fp)
+                    continue
+                carrier = self._inflight.get(fp)
+                if carrier is not None and wait:
+                    plan.waits.append(carrier)
+                    continue
+                if carrier is None:
+                    self._inflight[fp] = plan.done
+                    plan.claimed.append(fp)
+                if v.size <= budget:
+                    inline.add(fp)
+                    budget -= v.size
+                else:
+                    uploads[fp] = v
+        items = []
+        for entry, v in entries:
+            if v.fingerprint in inline:
+                items.append({**entry, "value": {"serde": v.serde, "data": v.data}})
+                inline.discard(v.fingerprint)  # a value repeated in one body travels once
+            else:
+                items.append({**entry, "fingerprint": v.fingerprint})
+        plan.body = {**body, key: items}
+        plan.uploads = list(uploads.values())
+        # Several chunks to send: ask first whether the server holds them already (another
+        # process may have sent the same value).
+        plan.ask = [fp for fp, v in uploads.items() if len(v.data) > self._chunk_chars][:_ASK_MAX]
+        return plan
+
+    def _release(self, plan: _Plan, *, stored: bool) -> None:
+        with self._known_lock:
+            if stored:
+                self._remember(plan.named)
+            for fp in plan.claimed:
+                if self._inflight.get(fp) is plan.done:
+                    del self._inflight[fp]
+        plan.done.set()
+
+    def _chunks(self, value: _Value) -> Iterator[dict[str, Any]]:
+        n = self._chunk_chars
+        pieces = [value.data[i:i + n] for i in range(0, len(value.data), n)] or [""]
+        for index, piece in enumerate(pieces):
+            yield {"fingerprint": value.fingerprint, "serde": value.serde, "index": index, "count": len(pieces),
+                   "data": piece}
+
+    def _send(self, path: str, make: Callable[[bool], _Plan]) -> Any:
+        """Upload what the plan needs, then send its body; a value the server turns out not to hold
+        (forgotten by the server, or another server behind the URL) is sent again, once."""
+        retried = False
+        while True:
+            plan = make(True)
+            if plan.waits:
+                self._release(plan, stored=False)
+                for carrier in plan.waits:
+                    carrier.wait(self._timeout)
+                continue
+            stored = False
+            try:
+                held = set(plan.ask) - set(self._call("POST", "/graph-blobs/missing",
+                                                      json={"fingerprints": plan.ask})["missing"]) if plan.ask else set()
+                for value in plan.uploads:
+                    if value.fingerprint not in held:
+                        for chunk in self._chunks(value):
+                            if self._call("POST", "/graph-blobs", json=chunk)["complete"]:
+                                break
+                out = self._call("POST", path, json=plan.body)
+                stored = True
+                return out
+            except GraphBlobMissing as exc:
+                if retried:
+                    raise
+                retried = True
+                self._forget(exc.details.get("missing") or plan.named)
+            except PayloadTooLarge as exc:
+                if not self._learn_limit(exc):
+                    raise
+            finally:
+                self._release(plan, stored=stored)
+
+    async def _asend(self, path: str, make: Callable[[bool], _Plan]) -> Any:
+        """:meth:`_send` on the async client; it never blocks the loop waiting for another request
+        (a value in flight elsewhere is sent along: the server stores it once)."""
+        retried = False
+        while True:
+            plan = make(False)
+            stored = False
+            try:
+                held = set(plan.ask) - set((await self._acall("POST", "/graph-blobs/missing",
+                                                              json={"fingerprints": plan.ask}))["missing"]) \
+                    if plan.ask else set()
+                for value in plan.uploads:
+                    if value.fingerprint not in held:
+                        for chunk in self._chunks(value):
+                            if (await self._acall("POST", "/graph-blobs", json=chunk))["complete"]:
+                                break
+                out = await self._acall("POST", path, json=plan.body)
+                stored = True
+                return out
+            except GraphBlobMissing as exc:
+                if retried:
+                    raise
+                retried = True
+                self._forget(exc.details.get("missing") or plan.named)
+            except PayloadTooLarge as exc:
+                if not self._learn_limit(exc):
+                    raise
+            finally:
+                self._release(plan, stored=stored)
+
     # ---- request builders and response readers (shared by sync and async) --------------------------
-    def _put_body(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
-                  new_versions: ChannelVersions) -> dict[str, Any]:
+    def _put_plan(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                  new_versions: ChannelVersions) -> Callable[[bool], _Plan]:
         conf = _configurable(config)
         document = dict(checkpoint)
         values: dict[str, Any] = document.pop("channel_values", {}) or {}
-        blobs = [
-            {"channel": channel, "version": version,
-             "value": self._blob(values[channel]) if channel in values else {"serde": "empty", "data": ""}}
+        # Serialized once, planned on each attempt (what the server holds may change between them).
+        entries = [
+            ({"channel": channel, "version": version},
+             self._value(values[channel]) if channel in values else _value_of("empty", ""))
             for channel, version in new_versions.items()
         ]
-        return {
+        body = {
             "thread_id": str(conf["thread_id"]), "checkpoint_ns": conf.get("checkpoint_ns", ""),
             "checkpoint_id": checkpoint["id"], "parent_checkpoint_id": conf.get("checkpoint_id"),
             "checkpoint": _jsonable(document, "the checkpoint"),
             "metadata": _jsonable(get_serializable_checkpoint_metadata(config, metadata), "checkpoint metadata"),
-            "blobs": blobs, "open": asdict(self.thread_spec),
+            "open": asdict(self.thread_spec),
         }
+        return lambda wait: self._plan(body, "blobs", entries, wait=wait)
 
     def _stored(self, out: Mapping[str, Any]) -> RunnableConfig:
         if out.get("runtime_id"):
@@ -215,16 +437,17 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         return {"configurable": {"thread_id": out["thread_id"], "checkpoint_ns": out["checkpoint_ns"],
                                  "checkpoint_id": out["checkpoint_id"]}}
 
-    def _writes_body(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
-                     task_path: str) -> dict[str, Any]:
+    def _writes_plan(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                     task_path: str) -> Callable[[bool], _Plan]:
         conf = _configurable(config)
-        return {
+        body = {
             "thread_id": str(conf["thread_id"]), "checkpoint_ns": conf.get("checkpoint_ns", ""),
             "checkpoint_id": conf["checkpoint_id"], "task_id": task_id, "task_path": task_path,
-            "writes": [{"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel, "value": self._blob(value)}
-                       for i, (channel, value) in enumerate(writes)],
             "open": asdict(self.thread_spec),
         }
+        entries = [({"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel}, self._value(value))
+                   for i, (channel, value) in enumerate(writes)]
+        return lambda wait: self._plan(body, "writes", entries, wait=wait)
 
     def _tuple(self, item: Mapping[str, Any]) -> CheckpointTuple:
         document = {k: v for k, v in item["checkpoint"].items() if k != "blobs"}
@@ -297,12 +520,12 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
         self._continue_if_waiting(config)
-        return self._stored(self._call("POST", "/graph-threads/checkpoints",
-                                       json=self._put_body(config, checkpoint, metadata, new_versions)))
+        return self._stored(self._send("/graph-threads/checkpoints",
+                                       self._put_plan(config, checkpoint, metadata, new_versions)))
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                    task_path: str = "") -> None:
-        self._call("POST", "/graph-threads/writes", json=self._writes_body(config, writes, task_id, task_path))
+        self._send("/graph-threads/writes", self._writes_plan(config, writes, task_id, task_path))
         for channel, value in writes:
             if channel == INTERRUPT:
                 self._on_interrupt(config, value)
@@ -339,12 +562,12 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                    new_versions: ChannelVersions) -> RunnableConfig:
         if str(_configurable(config).get("thread_id")) in self._waiting_on_user:
             await asyncio.to_thread(self._continue_if_waiting, config)
-        return self._stored(await self._acall("POST", "/graph-threads/checkpoints",
-                                              json=self._put_body(config, checkpoint, metadata, new_versions)))
+        return self._stored(await self._asend("/graph-threads/checkpoints",
+                                              self._put_plan(config, checkpoint, metadata, new_versions)))
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                           task_path: str = "") -> None:
-        await self._acall("POST", "/graph-threads/writes", json=self._writes_body(config, writes, task_id, task_path))
+        await self._asend("/graph-threads/writes", self._writes_plan(config, writes, task_id, task_path))
         for channel, value in writes:
             if channel == INTERRUPT:
                 # The wait's requests are few and rare: run them off the loop with the sync client.

@@ -387,11 +387,29 @@ class GateOut(ResponseModel):
     completed_at: datetime | None
 
 
+class GraphBlobChunkIn(RequestModel):
+    """GraphBlobChunkIn"""
+
+    fingerprint: str = Field(description="the whole blob's fingerprint (checked when its last chunk arrives)")
+    serde: str = Field(description="the graph serializer's type tag, the same on every chunk")
+    index: int = Field(description="this chunk's place, from 0 to `count` - 1")
+    count: int = Field(description='how many chunks the blob has, the same on every chunk')
+    data: str = Field(description="this chunk of the blob's base64 text: whole base64 quanta (a multiple of 4 characters)")
+
+
+class GraphBlobChunkOut(ResponseModel):
+    """GraphBlobChunkOut"""
+
+    fingerprint: str
+    complete: bool = Field(description='the blob is stored (now or before): it may be named by fingerprint')
+    received: int = Field(description='chunks staged so far (all of them once complete)')
+
+
 class GraphBlobIn(RequestModel):
     """GraphBlobIn"""
 
     serde: str = Field(description="the graph serializer's type tag (LangGraph `dumps_typed`)")
-    data: str = Field(description='the serialized bytes, base64')
+    data: str = Field(description='the serialized bytes (at most 10485760), base64; a value that does not fit in one request body is uploaded in chunks (`POST /graph-blobs`) and named by fingerprint')
 
 
 class GraphBlobOut(ResponseModel):
@@ -402,12 +420,25 @@ class GraphBlobOut(ResponseModel):
     data: str
 
 
+class GraphBlobsAskIn(RequestModel):
+    """GraphBlobsAskIn"""
+
+    fingerprints: list[str]
+
+
+class GraphBlobsMissingOut(ResponseModel):
+    """GraphBlobsMissingOut"""
+
+    missing: list[str] = Field(description='the fingerprints asked about that name no blob of the project, sorted')
+
+
 class GraphChannelBlobIn(RequestModel):
     """GraphChannelBlobIn"""
 
     channel: str
     version: int | float | str = Field(description='the channel\'s new version (LangGraph `new_versions`): a number from -9223372036854775808 to 9223372036854775807 (kept as sent: `7.0` is not `7`), or a string of at most 98 printable ASCII characters other than `"` and `\\`')
-    value: GraphBlobIn
+    value: GraphBlobIn | None = Field(default=None, description='the value inline (or `fingerprint`)')
+    fingerprint: str | None = Field(default=None, description='the fingerprint of a blob the project holds: `sha256:` and the hex sha256 of the compact JSON `{"data":<base64>,"serde":<tag>}` (keys sorted, no spaces); unknown: 409 `graph_blob_missing`')
 
 
 class GraphCheckpointOut(ResponseModel):
@@ -502,7 +533,8 @@ class GraphWriteIn(RequestModel):
 
     idx: int = Field(description="the write's index in the task (LangGraph's special channels use negative ones)")
     channel: str
-    value: GraphBlobIn
+    value: GraphBlobIn | None = Field(default=None, description='the value inline (or `fingerprint`)')
+    fingerprint: str | None = Field(default=None, description='the fingerprint of a blob the project holds: `sha256:` and the hex sha256 of the compact JSON `{"data":<base64>,"serde":<tag>}` (keys sorted, no spaces); unknown: 409 `graph_blob_missing`')
 
 
 class GraphWritesIn(RequestModel):

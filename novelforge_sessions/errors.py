@@ -351,6 +351,20 @@ class GraphCheckpointConflict(Conflict):
     code = "graph_checkpoint_conflict"
 
 
+class GraphBlobMissing(Conflict):
+    """A graph put or write names a state blob by fingerprint that this project does not hold
+    (``details.missing``): upload it (``POST /graph-blobs``) and send the request again."""
+
+    code = "graph_blob_missing"
+
+
+class GraphBlobMismatch(ValidationFailed):
+    """An uploaded graph blob's chunks do not make the content its fingerprint names (or do not
+    agree on its serializer or chunk count): nothing of it is kept."""
+
+    code = "graph_blob_mismatch"
+
+
 #: The closed catalog, in one explicit list: every code the service answers with.
 _CATALOGUED: tuple[type[ServiceError], ...] = (
     # generic refusals
@@ -368,7 +382,7 @@ _CATALOGUED: tuple[type[ServiceError], ...] = (
     # reviews
     IndependenceViolation, StaleFingerprint, AlreadyClaimed, VerdictConflict, GateClosed,
     # graph threads
-    GraphCheckpointConflict,
+    GraphCheckpointConflict, GraphBlobMissing, GraphBlobMismatch,
 )
 
 #: code → class. Codes are unique (checked here at import, and by the tests).

@@ -26,12 +26,24 @@ router = Router(tags=["graph threads"])
 GraphRole = Literal[tuple(r.value for r in rt.SessionRole if r is not rt.SessionRole.OTHER)]  # type: ignore[valid-type]
 
 
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+FINGERPRINT = {"pattern": rt.FINGERPRINT_PATTERN}
+
+
 class GraphBlobIn(Strict):
     serde: str = Field(..., min_length=1, max_length=64, description="the graph serializer's type tag (LangGraph `dumps_typed`)")
-    data: str = Field(..., description="the serialized bytes, base64", json_schema_extra={
-        "contentEncoding": "base64",
-        "pattern": r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
-    })
+    data: str = Field(..., max_length=actions.MAX_BLOB_DATA_CHARS,
+                      description=f"the serialized bytes (at most {actions.MAX_BLOB_BYTES}), base64; a value that does "
+                      "not fit in one request body is uploaded in chunks (`POST /graph-blobs`) and named by fingerprint",
+                      json_schema_extra={"contentEncoding": "base64", "pattern": BASE64_PATTERN})
+
+
+#: A blob is named by the sha256 of its content: the compact JSON ``{"data":…,"serde":…}``
+#: (keys sorted, no spaces), as ``control/graphs.blob_content`` builds it.
+FINGERPRINT_DOC = ('the fingerprint of a blob the project holds: `sha256:` and the hex sha256 of the compact JSON '
+                   '`{"data":<base64>,"serde":<tag>}` (keys sorted, no spaces); unknown: 409 `graph_blob_missing`')
+#: Exactly one of the value and the fingerprint.
+ONE_OF_VALUE = {"oneOf": [{"required": ["value"]}, {"required": ["fingerprint"]}]}
 
 
 #: A channel version as ``control/graphs.py`` measures it (``_version_key``).
@@ -47,10 +59,13 @@ VERSION_DOC = (
 
 
 class GraphChannelBlobIn(Strict):
+    model_config = {"json_schema_extra": ONE_OF_VALUE}
+
     channel: str = Field(..., min_length=1, max_length=200)
     version: int | float | str = Field(..., json_schema_extra=VERSION,
                                        description="the channel's new version (LangGraph `new_versions`): " + VERSION_DOC)
-    value: GraphBlobIn
+    value: GraphBlobIn | None = Field(None, description="the value inline (or `fingerprint`)")
+    fingerprint: str | None = Field(None, description=FINGERPRINT_DOC, json_schema_extra=FINGERPRINT)
 
 
 class GraphThreadSpecIn(Strict):
@@ -104,10 +119,13 @@ class GraphPutOut(Schema):
 
 
 class GraphWriteIn(Strict):
+    model_config = {"json_schema_extra": ONE_OF_VALUE}
+
     idx: int = Field(..., ge=-(2**31), le=2**31 - 1, description="the write's index in the task (LangGraph's special "
                      "channels use negative ones)")
     channel: str = Field(..., min_length=1, max_length=200)
-    value: GraphBlobIn
+    value: GraphBlobIn | None = Field(None, description="the value inline (or `fingerprint`)")
+    fingerprint: str | None = Field(None, description=FINGERPRINT_DOC, json_schema_extra=FINGERPRINT)
 
 
 class GraphWritesIn(Strict):
@@ -124,6 +142,32 @@ class GraphWritesIn(Strict):
 
 class GraphWritesOut(Schema):
     stored: int
+
+
+class GraphBlobChunkIn(Strict):
+    fingerprint: str = Field(..., description="the whole blob's fingerprint (checked when its last chunk arrives)",
+                             json_schema_extra=FINGERPRINT)
+    serde: str = Field(..., min_length=1, max_length=64, description="the graph serializer's type tag, the same on every chunk")
+    index: int = Field(..., ge=0, lt=actions.MAX_CHUNKS, description="this chunk's place, from 0 to `count` - 1")
+    count: int = Field(..., ge=1, le=actions.MAX_CHUNKS, description="how many chunks the blob has, the same on every chunk")
+    data: str = Field(..., max_length=actions.MAX_CHUNK_CHARS,
+                      description="this chunk of the blob's base64 text: whole base64 quanta (a multiple of 4 characters)",
+                      json_schema_extra={"contentEncoding": "base64", "pattern": BASE64_PATTERN})
+
+
+class GraphBlobChunkOut(Schema):
+    fingerprint: str
+    complete: bool = Field(..., description="the blob is stored (now or before): it may be named by fingerprint")
+    received: int = Field(..., description="chunks staged so far (all of them once complete)")
+
+
+class GraphBlobsAskIn(Strict):
+    fingerprints: list[str] = Field(..., max_length=actions.MAX_ASKED_FINGERPRINTS,
+                                    json_schema_extra={"items": {"type": "string", **FINGERPRINT}})
+
+
+class GraphBlobsMissingOut(Schema):
+    missing: list[str] = Field(..., description="the fingerprints asked about that name no blob of the project, sorted")
 
 
 class GraphBlobOut(Schema):
@@ -172,8 +216,8 @@ class GraphDeleteOut(Schema):
     session_id: int | None
 
 
-def _blob(b: GraphBlobIn) -> actions.Blob:
-    return actions.Blob(serde=b.serde, data=b.data)
+def _blob(b: GraphBlobIn | None) -> actions.Blob | None:
+    return actions.Blob(serde=b.serde, data=b.data) if b is not None else None
 
 
 def _out(items: list[GraphCheckpoint], project_ids) -> list[dict[str, Any]]:
@@ -207,7 +251,8 @@ def put_checkpoint(request: HttpRequest, body: GraphPutIn):
     stored = actions.put_checkpoint(
         caller(request), thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns, checkpoint_id=body.checkpoint_id,
         parent_checkpoint_id=body.parent_checkpoint_id, checkpoint=body.checkpoint, metadata=body.metadata,
-        blobs=[actions.ChannelBlob(channel=b.channel, version=b.version, value=_blob(b.value)) for b in body.blobs],
+        blobs=[actions.ChannelBlob(channel=b.channel, version=b.version, value=_blob(b.value), fingerprint=b.fingerprint)
+               for b in body.blobs],
         open_spec=open_spec,
     )
     g = stored.graph
@@ -219,17 +264,37 @@ def put_checkpoint(request: HttpRequest, body: GraphPutIn):
 
 
 @router.post(
-    "/graph-threads/writes", response={200: GraphWritesOut, **errors(403, 404, 413)},
+    "/graph-threads/writes", response={200: GraphWritesOut, **errors(403, 404, 409, 413)},
     summary="Store a task's pending writes against a graph checkpoint id (a repeated (task, idx) is stored once)",
 )
 def put_writes(request: HttpRequest, body: GraphWritesIn):
     stored = actions.put_writes(
         caller(request), thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns, checkpoint_id=body.checkpoint_id,
         task_id=body.task_id, task_path=body.task_path,
-        writes=[actions.WriteSpec(idx=w.idx, channel=w.channel, value=_blob(w.value)) for w in body.writes],
+        writes=[actions.WriteSpec(idx=w.idx, channel=w.channel, value=_blob(w.value), fingerprint=w.fingerprint)
+                for w in body.writes],
         open_spec=actions.ThreadSpec(**body.open.model_dump()) if body.open is not None else None,
     )
     return {"stored": stored}
+
+
+@router.post(
+    "/graph-blobs", response={200: GraphBlobChunkOut, **errors(403, 404, 413)},
+    summary="Upload a chunk of a state blob too large for one request (the last chunk stores the blob, "
+    "checked against its fingerprint; a chunk of a stored blob is accepted and ignored)",
+)
+def upload_blob_chunk(request: HttpRequest, body: GraphBlobChunkIn):
+    out = actions.upload_chunk(caller(request), fingerprint=body.fingerprint, serde=body.serde, index=body.index,
+                               count=body.count, data=body.data)
+    return {"fingerprint": out.fingerprint, "complete": out.complete, "received": out.received}
+
+
+@router.post(
+    "/graph-blobs/missing", response={200: GraphBlobsMissingOut, **errors(403, 404, 413)},
+    summary="Which of these blob fingerprints the project does not hold (to upload before naming them)",
+)
+def missing_blobs(request: HttpRequest, body: GraphBlobsAskIn):
+    return {"missing": actions.missing_blobs(caller(request), body.fingerprints)}
 
 
 @router.get(

@@ -25,26 +25,28 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q, QuerySet
 
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions import runs as run_actions
 from novelforge_sessions.actions import sessions as session_actions
-from novelforge_sessions.actions.artifacts import MAX_ARTIFACT_BYTES
 from novelforge_sessions.actions.lifecycle import check, live_runtime, lock_session, open_run
 from novelforge_sessions.actions.runtimes import MAX_LEASE_SECONDS, RuntimeSpec
 from novelforge_sessions.control.checkpoints import record_checkpoint
-from novelforge_sessions.control.models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
-from novelforge_sessions.errors import GraphCheckpointConflict, NoOpenRun, NotFound, ServiceError, ValidationFailed
-from novelforge_sessions.models import Artifact, ArtifactVersion, Project, content_fingerprint
+from novelforge_sessions.control.models import GraphBlob, GraphBlobChunk, GraphCheckpoint, GraphThread, GraphWrite
+from novelforge_sessions.errors import (
+    GraphBlobMismatch, GraphBlobMissing, GraphCheckpointConflict, NoOpenRun, NotFound, ServiceError, ValidationFailed,
+)
+from novelforge_sessions.models import Artifact, ArtifactVersion, content_fingerprint
 
 #: The artifact kind of state blobs, and the prefix of their names (``blob:<fingerprint>``).
 BLOB_KIND = "graph-blob"
@@ -63,6 +65,21 @@ MAX_VERSION_NUMBER = 2**63 - 1
 MAX_VERSION_LENGTH = 98
 VERSION_TEXT_PATTERN = r"^[ !#-\[\]-~]*$"
 _VERSION_TEXT_RE = re.compile(VERSION_TEXT_PATTERN)
+_FINGERPRINT_RE = re.compile(rt.FINGERPRINT_PATTERN)
+#: A state blob (one channel value or pending write) holds at most this many serialized bytes,
+#: so a thread's state of up to 10 MiB is saved; its base64 text is at most MAX_BLOB_DATA_CHARS.
+MAX_BLOB_BYTES = 10 * 1024 * 1024
+MAX_BLOB_DATA_CHARS = 4 * math.ceil(MAX_BLOB_BYTES / 3)
+#: A blob larger than one request body is uploaded in chunks of at most this many base64
+#: characters (a multiple of 4, so each chunk is base64 by itself): with the request's other
+#: fields a chunk's body stays under the API's default body limit (256 KiB, ``bodylimit.py``).
+MAX_CHUNK_CHARS = 192 * 1024
+MAX_CHUNKS = math.ceil(MAX_BLOB_DATA_CHARS / MAX_CHUNK_CHARS)
+#: Staged chunks of an upload that never completed are dropped after this long (by the next
+#: upload of the project that starts): staging holds no abandoned upload forever.
+STALE_CHUNK_SECONDS = 24 * 3600
+#: How many fingerprints one ``POST /graph-blobs/missing`` asks about.
+MAX_ASKED_FINGERPRINTS = 500
 
 
 @dataclass(frozen=True)
@@ -73,7 +90,15 @@ class Blob:
     data: str
 
     def content(self) -> str:
-        return json.dumps({"serde": self.serde, "data": self.data}, sort_keys=True, separators=(",", ":"))
+        return blob_content(self.serde, self.data)
+
+    def fingerprint(self) -> str:
+        return content_fingerprint(self.content().encode())
+
+
+def blob_content(serde: str, data: str) -> str:
+    """A blob's stored content, whose sha256 is its fingerprint (the client computes the same)."""
+    return json.dumps({"serde": serde, "data": data}, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -90,18 +115,23 @@ class ThreadSpec:
 
 @dataclass(frozen=True)
 class ChannelBlob:
-    """A channel's new value at a new version (LangGraph's ``new_versions``)."""
+    """A channel's new value at a new version (LangGraph's ``new_versions``): the value itself, or
+    the fingerprint of a blob the project already holds (sent before, or uploaded in chunks)."""
 
     channel: str
     version: Any
-    value: Blob
+    value: Blob | None = None
+    fingerprint: str | None = None
 
 
 @dataclass(frozen=True)
 class WriteSpec:
+    """A pending write: its value inline, or the fingerprint of a blob the project holds."""
+
     idx: int
     channel: str
-    value: Blob
+    value: Blob | None = None
+    fingerprint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,15 +160,36 @@ def _name(value: Any, field_name: str, *, max_length: int = MAX_NAME_LENGTH, emp
     return value
 
 
+def _base64(data: Any, field_name: str, max_length: int) -> str:
+    if not isinstance(data, str) or len(data) > max_length:
+        raise ValidationFailed(f"{field_name} must be base64 text of at most {max_length} characters",
+                               field=field_name, limit=max_length)
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValidationFailed(f"{field_name} must be base64", field=field_name) from None
+    return data
+
+
+def _fingerprint(value: Any, field_name: str) -> str:
+    if not isinstance(value, str) or not _FINGERPRINT_RE.fullmatch(value):
+        raise ValidationFailed(f"{field_name} must be sha256:<64 hex digits>", field=field_name)
+    return value
+
+
 def _blob(value: Blob, field_name: str) -> Blob:
     _name(value.serde, f"{field_name}.serde", max_length=64)
-    try:
-        base64.b64decode(value.data, validate=True)
-    except (binascii.Error, ValueError):
-        raise ValidationFailed(f"{field_name}.data must be base64", field=f"{field_name}.data") from None
-    if len(value.content()) > MAX_ARTIFACT_BYTES:
-        raise ValidationFailed(f"{field_name} is over {MAX_ARTIFACT_BYTES} bytes", field=field_name)
+    _base64(value.data, f"{field_name}.data", MAX_BLOB_DATA_CHARS)
     return value
+
+
+def _value_fingerprint(value: Blob | None, fingerprint: str | None, where: str, value_field: str) -> str:
+    """The fingerprint of a blob sent inline (named ``value_field`` in refusals) or by reference."""
+    if (value is None) == (fingerprint is None):
+        raise ValidationFailed(f"{where} carries either its value or its fingerprint", field=where)
+    if value is not None:
+        return _blob(value, value_field).fingerprint()
+    return _fingerprint(fingerprint, f"{where}.fingerprint")
 
 
 def _version_key(value: Any, field_name: str) -> str:
@@ -190,47 +241,139 @@ def _document(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     return check(rt.validate_metadata, dict(checkpoint), "checkpoint", settings.CHECKPOINT_MAX_BYTES)
 
 
-def _channel_fingerprints(thread: GraphThread, checkpoint_ns: str, versions: Mapping[str, Any]) -> dict[str, str]:
-    """channel → fingerprint of its value at the checkpoint's version (channels with no stored
-    value at that version are absent, as LangGraph expects). One query."""
-    if not versions:
-        return {}
-    wanted = Q()
-    for channel, version in versions.items():
-        wanted |= Q(channel=channel, version=json.dumps(version))
-    rows = GraphBlob.objects.filter(wanted, thread=thread, checkpoint_ns=checkpoint_ns).values_list(
-        "channel", "version", "fingerprint")
-    found = {(ch, v): fp for ch, v, fp in rows}
-    return {ch: found[(ch, json.dumps(v))] for ch, v in sorted(versions.items()) if (ch, json.dumps(v)) in found}
-
-
 # ---- blobs ---------------------------------------------------------------------------------------------
-def _store_blobs(project: Project, blobs: Iterable[Blob], actor: str) -> dict[str, ArtifactVersion]:
-    """Content → its artifact version, creating the missing ones (one artifact per distinct content)."""
-    by_fp = {content_fingerprint(b.content().encode()): b for b in blobs}
-    if not by_fp:
-        return {}
-    found = {
-        v.fingerprint: v for v in ArtifactVersion.objects.filter(
-            artifact__project=project, artifact__name__in=[BLOB_PREFIX + fp for fp in by_fp], number=1,
+# Set-based: a request's blobs are written and resolved by a fixed number of statements, however
+# many it carries (one row per blob through ``unnest`` of parallel arrays).
+_A = Artifact._meta.db_table
+_AV = ArtifactVersion._meta.db_table
+_GB = GraphBlob._meta.db_table
+_GW = GraphWrite._meta.db_table
+_CHUNK = GraphBlobChunk._meta.db_table
+
+#: New blobs, one statement. Each artifact is inserted already naming its version's id (drawn
+#: from the versions' sequence): both foreign keys between the two tables are checked at commit
+#: (Django declares them DEFERRABLE INITIALLY DEFERRED), so no UPDATE of the new artifacts is
+#: needed. A content another writer stored first (committed, or committing: ON CONFLICT waits
+#: for it) is skipped; the resolving statements read it afterwards.
+_INSERT_BLOBS_SQL = f"""
+WITH input AS MATERIALIZED (
+    SELECT i.fp, i.content, nextval(pg_get_serial_sequence('{_AV}', 'id')) AS version_id
+    FROM unnest(%s::text[], %s::text[]) AS i(fp, content)
+), created AS (
+    INSERT INTO {_A} (project_id, name, kind, current_version_id, created_at)
+    SELECT %s, '{BLOB_PREFIX}' || fp, '{BLOB_KIND}', version_id, now() FROM input
+    ON CONFLICT (project_id, name) DO NOTHING
+    RETURNING id, name, current_version_id
+)
+INSERT INTO {_AV} (id, artifact_id, number, content, fingerprint, created_by, created_at)
+SELECT c.current_version_id, c.id, 1, i.content, i.fp, %s, now()
+FROM created c JOIN input i ON c.name = '{BLOB_PREFIX}' || i.fp
+"""
+
+
+def _insert_blobs(project_id: int, blobs: Mapping[str, str], actor: str) -> None:
+    """Store the contents (fingerprint → content) the project does not hold yet: one statement."""
+    if not blobs:
+        return
+    fps = sorted(blobs)
+    with connection.cursor() as cursor:
+        cursor.execute(_INSERT_BLOBS_SQL, [fps, [blobs[fp] for fp in fps], project_id, actor])
+
+
+def missing_blobs(caller: Caller, fingerprints: list[str]) -> list[str]:
+    """Which of these fingerprints name no blob of the caller's project (one query): what a
+    client must upload before it may name them in a put or a write."""
+    caller.require("write")
+    if len(fingerprints) > MAX_ASKED_FINGERPRINTS:
+        raise ValidationFailed(f"at most {MAX_ASKED_FINGERPRINTS} fingerprints", field="fingerprints",
+                               limit=MAX_ASKED_FINGERPRINTS)
+    for i, fp in enumerate(fingerprints):
+        _fingerprint(fp, f"fingerprints[{i}]")
+    project = caller.single_project()
+    held = set(Artifact.objects.filter(
+        project_id=project.id, name__in=[BLOB_PREFIX + fp for fp in fingerprints]).values_list("name", flat=True))
+    return sorted({fp for fp in fingerprints if BLOB_PREFIX + fp not in held})
+
+
+@dataclass(frozen=True)
+class ChunkStored:
+    fingerprint: str
+    complete: bool
+    received: int
+
+
+def upload_chunk(caller: Caller, *, fingerprint: str, serde: str, index: int, count: int, data: str) -> ChunkStored:
+    """Stage one chunk of a blob; with its last chunk, write the blob (an artifact named by its
+    fingerprint) from the staged chunks and drop them.
+
+    Refusals, writing nothing: invalid fields (422) → the chunks do not make the content the
+    fingerprint names, or disagree on serializer or count (422 ``graph_blob_mismatch``: every
+    staged chunk of that fingerprint is dropped too, so a fresh upload starts clean). A chunk of
+    a blob the project already holds is accepted and ignored (``complete``): uploads are safe to
+    repeat. A chunk sent again replaces the staged one.
+    """
+    caller.require("write")
+    _fingerprint(fingerprint, "fingerprint")
+    _name(serde, "serde", max_length=64)
+    if not isinstance(count, int) or not 1 <= count <= MAX_CHUNKS:
+        raise ValidationFailed(f"count must be from 1 to {MAX_CHUNKS}", field="count", limit=MAX_CHUNKS)
+    if not isinstance(index, int) or not 0 <= index < count:
+        raise ValidationFailed("index must be from 0 to count - 1", field="index")
+    _base64(data, "data", MAX_CHUNK_CHARS)
+    if len(data) % 4:
+        raise ValidationFailed("a chunk is whole base64 quanta (a multiple of 4 characters)", field="data")
+    project = caller.single_project()
+    refusal: ServiceError | None = None
+    with transaction.atomic(), connection.cursor() as cursor:
+        # The chunks of one fingerprint are staged one writer at a time: the writer of the last
+        # chunk then sees every other chunk, and only one writer assembles the blob.
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"graph-blob:{project.id}:{fingerprint}"])
+        cursor.execute(f"SELECT 1 FROM {_A} WHERE project_id = %s AND name = %s", [project.id, BLOB_PREFIX + fingerprint])
+        if cursor.fetchone() is not None:
+            return ChunkStored(fingerprint, True, count)
+        if index == 0:
+            cursor.execute(f"DELETE FROM {_CHUNK} WHERE project_id = %s AND created_at < now() - make_interval(secs => %s)",
+                           [project.id, STALE_CHUNK_SECONDS])
+        cursor.execute(
+            f"""INSERT INTO {_CHUNK} (project_id, fingerprint, serde, index, count, data, created_at)
+            VALUES (%s, %s, %s, %s, %s, %s, now())
+            ON CONFLICT (project_id, fingerprint, index) DO UPDATE
+            SET serde = EXCLUDED.serde, count = EXCLUDED.count, data = EXCLUDED.data, created_at = EXCLUDED.created_at
+            RETURNING (SELECT count(*) FROM {_CHUNK} WHERE project_id = %s AND fingerprint = %s AND index <> %s) + 1""",
+            [project.id, fingerprint, serde, index, count, data, project.id, fingerprint, index],
         )
-    }
-    for fp, blob in by_fp.items():
-        if fp in found:
-            continue
-        try:
-            # A savepoint per blob: a concurrent writer storing the same content wins the name's
-            # unique constraint, and this one reads the winner's (committed) version.
-            with transaction.atomic():
-                artifact = Artifact.objects.create(project=project, name=BLOB_PREFIX + fp, kind=BLOB_KIND)
-                version = ArtifactVersion.objects.create(
-                    artifact=artifact, number=1, content=blob.content(), fingerprint=fp, created_by=actor,
-                )
-                Artifact.objects.filter(id=artifact.id).update(current_version=version)
-        except IntegrityError:
-            version = ArtifactVersion.objects.get(artifact__project=project, artifact__name=BLOB_PREFIX + fp, number=1)
-        found[fp] = version
-    return found
+        received = cursor.fetchone()[0]
+        if received < count:
+            return ChunkStored(fingerprint, False, received)
+        # Every chunk is here (or more than ``count`` of them, from an upload that said otherwise):
+        # the staged chunks go either way, into the blob or refused.
+        cursor.execute(f"DELETE FROM {_CHUNK} WHERE project_id = %s AND fingerprint = %s RETURNING index, serde, count, data",
+                       [project.id, fingerprint])
+        chunks = sorted(cursor.fetchall())
+        whole = "".join(c[3] for c in chunks)
+        agree = [c[0] for c in chunks] == list(range(count)) and all((c[1], c[2]) == (serde, count) for c in chunks)
+        content = blob_content(serde, whole)
+        if len(whole) > MAX_BLOB_DATA_CHARS:
+            refusal = ValidationFailed(f"a blob is at most {MAX_BLOB_BYTES} bytes ({MAX_BLOB_DATA_CHARS} base64 "
+                                       "characters)", field="data", limit=MAX_BLOB_DATA_CHARS)
+        elif not agree or content_fingerprint(content.encode()) != fingerprint or not _is_base64(whole):
+            refusal = GraphBlobMismatch("the uploaded chunks do not make the content this fingerprint names",
+                                        fingerprint=fingerprint, chunks=len(chunks), count=count)
+        else:
+            _insert_blobs(project.id, {fingerprint: content}, caller.label)
+    if refusal is not None:
+        # Raised after the commit: the refused upload's staged chunks stay dropped (a fresh upload
+        # starts clean) and no blob was written.
+        raise refusal
+    return ChunkStored(fingerprint, True, count)
+
+
+def _is_base64(data: str) -> bool:
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
 
 
 def blob_contents(project_ids: Iterable[int], fingerprints: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -290,6 +433,37 @@ def open_thread(caller: Caller, thread_id: str, spec: ThreadSpec) -> tuple[Graph
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------------
+#: Every blob lookup below is a scalar subquery per row of the request (one index probe each):
+#: as a join, the planner's estimates for young tables chose to scan all of the project's blobs.
+#: The put's (channel, version) → blob rows, and what the checkpoint cites, in one statement:
+#: the upsert of the put's rows (the latest value at a (channel, version) stands, as in
+#: LangGraph's own savers); the stored rows of the channels the put did not bring (read from the
+#: statement's snapshot, which the upsert does not touch: they are other pairs); the artifact of
+#: every fingerprint the put names (inline ones were inserted by the statement before).
+_RESOLVE_PUT_SQL = f"""
+WITH upsert AS (
+    INSERT INTO {_GB} (thread_id, checkpoint_ns, channel, version, fingerprint)
+    SELECT %(thread)s, %(ns)s, u.channel, u.version, u.fp
+    FROM unnest(%(put_channels)s::text[], %(put_versions)s::text[], %(put_fps)s::text[]) AS u(channel, version, fp)
+    ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO UPDATE SET fingerprint = EXCLUDED.fingerprint
+    RETURNING 1
+)
+SELECT o.channel, o.fingerprint, o.artifact_id FROM (
+    SELECT o.channel, g.fingerprint,
+           (SELECT a.id FROM {_A} a WHERE a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || g.fingerprint)
+               AS artifact_id
+    FROM unnest(%(old_channels)s::text[], %(old_versions)s::text[]) AS o(channel, version)
+    JOIN {_GB} g ON g.thread_id = %(thread)s AND g.checkpoint_ns = %(ns)s AND g.channel = o.channel
+                AND g.version = o.version
+) o WHERE o.artifact_id IS NOT NULL
+UNION ALL
+SELECT NULL, substr(n.name, {len(BLOB_PREFIX) + 1}), n.artifact_id FROM (
+    SELECT n.name, (SELECT a.id FROM {_A} a WHERE a.project_id = %(project)s AND a.name = n.name) AS artifact_id
+    FROM unnest(%(names)s::text[]) AS n(name)
+) n WHERE n.artifact_id IS NOT NULL
+"""
+
+
 def put_checkpoint(
     caller: Caller, *, thread_id: str, checkpoint_ns: str, checkpoint_id: str, parent_checkpoint_id: str | None,
     checkpoint: Mapping[str, Any], metadata: Mapping[str, Any] | None, blobs: list[ChannelBlob],
@@ -297,9 +471,14 @@ def put_checkpoint(
 ) -> Stored:
     """Record one graph checkpoint as a bounded checkpoint of the thread's open run.
 
+    A fixed set of statements whatever the number of blobs: find the thread, lock its session,
+    insert the new inline blobs, resolve (and upsert) the channel blobs, the idempotency check,
+    the open run, the checkpoint (``record_checkpoint``), the graph row.
+
     Refusals, writing nothing: invalid ids, blobs or bookkeeping (422) → the thread is unknown
     and ``open_spec`` is None (404) → the session has no open run (409 ``no_open_run``: resume
-    it) → the id already names a different checkpoint (409 ``graph_checkpoint_conflict``).
+    it) → a blob named by fingerprint is not in the project (409 ``graph_blob_missing``) → the
+    id already names a different checkpoint (409 ``graph_checkpoint_conflict``).
     A retried identical put returns the stored checkpoint.
     """
     caller.require("write")
@@ -307,10 +486,15 @@ def put_checkpoint(
     _name(checkpoint_ns, "checkpoint_ns", empty=True)
     _name(checkpoint_id, "checkpoint_id", max_length=MAX_ID_LENGTH)
     parent = _name(parent_checkpoint_id or "", "parent_checkpoint_id", max_length=MAX_ID_LENGTH, empty=True)
+    put: dict[tuple[str, str], str] = {}  # (channel, version key) → fingerprint; the last one sent stands
+    inline: dict[str, str] = {}  # fingerprint → content
     for i, b in enumerate(blobs):
         _name(b.channel, f"blobs[{i}].channel")
-        _version_key(b.version, f"blobs[{i}].version")
-        _blob(b.value, f"blobs[{i}]")
+        key = _version_key(b.version, f"blobs[{i}].version")
+        fp = _value_fingerprint(b.value, b.fingerprint, f"blobs[{i}]", f"blobs[{i}]")
+        if b.value is not None:
+            inline[fp] = b.value.content()
+        put[(b.channel, key)] = fp
     document = _document(checkpoint)
     meta = check(rt.validate_metadata, dict(metadata or {}), "metadata", MAX_METADATA_BYTES)
     _check_open(open_spec)
@@ -325,14 +509,31 @@ def put_checkpoint(
                 raise NotFound("graph thread not found", thread_id=thread_id)
         # The session lock serialises the thread's writers (lock order: session, then run).
         session = lock_session(caller, thread.session_id)
-        _store_blobs(session.project, (b.value for b in blobs), caller.label)
-        for b in blobs:
-            # The latest value at a (channel, version) stands, as in LangGraph's own savers.
-            GraphBlob.objects.update_or_create(
-                thread=thread, checkpoint_ns=checkpoint_ns, channel=b.channel, version=json.dumps(b.version),
-                defaults={"fingerprint": content_fingerprint(b.value.content().encode())},
-            )
-        fps = _channel_fingerprints(thread, checkpoint_ns, document.get("channel_versions") or {})
+        _insert_blobs(session.project_id, inline, caller.label)
+        versions = {ch: json.dumps(v) for ch, v in sorted((document.get("channel_versions") or {}).items())}
+        old = [(ch, v) for ch, v in versions.items() if (ch, v) not in put]
+        named = sorted(set(put.values()))
+        with connection.cursor() as cursor:
+            cursor.execute(_RESOLVE_PUT_SQL, {
+                "thread": thread.id, "ns": checkpoint_ns, "project": session.project_id,
+                "put_channels": [ch for ch, _ in put], "put_versions": [v for _, v in put],
+                "put_fps": list(put.values()),
+                "old_channels": [ch for ch, _ in old], "old_versions": [v for _, v in old],
+                "names": [BLOB_PREFIX + fp for fp in named],
+            })
+            rows = cursor.fetchall()
+        artifact_of = {fp: artifact_id for _, fp, artifact_id in rows}
+        missing = [fp for fp in named if fp not in artifact_of]
+        if missing:
+            raise GraphBlobMissing("a blob named by fingerprint is not in this project: upload it first",
+                                   missing=missing)
+        stored = {ch: fp for ch, fp, _ in rows if ch is not None}
+        fps: dict[str, str] = {}
+        for ch, v in versions.items():
+            if (ch, v) in put:
+                fps[ch] = put[(ch, v)]
+            elif ch in stored:
+                fps[ch] = stored[ch]
         document["blobs"] = fps
         existing = GraphCheckpoint.objects.filter(thread=thread, checkpoint_ns=checkpoint_ns,
                                                   checkpoint_id=checkpoint_id).first()
@@ -345,18 +546,15 @@ def put_checkpoint(
         if run is None:
             raise NoOpenRun("the thread's session has no open run: resume the session first",
                             status=session.status, session_id=session.id)
-        artifact_ids = dict(ArtifactVersion.objects.filter(
-            artifact__project_id=session.project_id, artifact__name__in=[BLOB_PREFIX + fp for fp in fps.values()], number=1,
-        ).values_list("fingerprint", "artifact_id"))
-        refs = sorted({(artifact_ids[fp], fp) for fp in fps.values()})
-        cursor: dict[str, Any] = {"graph": {"checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}}
+        refs = sorted({(artifact_of[fp], fp) for fp in fps.values()})
+        cursor_doc: dict[str, Any] = {"graph": {"checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}}
         if isinstance(meta.get("step"), int):
-            cursor["graph"]["step"] = meta["step"]
+            cursor_doc["graph"]["step"] = meta["step"]
         # The refs are this thread's own state blobs (their content came in this thread's puts,
         # which the caller reaches), not a citation of what another session holds: a blob stored
         # once per project may have been written first by another thread's token.
         record = record_checkpoint(caller, run.id, {
-            "boundary": rt.CheckpointBoundary.CONTEXT_FREEZE.value, "cursor": cursor,
+            "boundary": rt.CheckpointBoundary.CONTEXT_FREEZE.value, "cursor": cursor_doc,
             "artifacts": [{"artifact_id": a, "fingerprint": fp} for a, fp in refs],
         }, refs_in_reach=True)
         graph = GraphCheckpoint.objects.create(
@@ -366,22 +564,63 @@ def put_checkpoint(
     return Stored(graph, thread, opened_runtime, True)
 
 
+#: A task's writes, one statement: their values resolved to the blobs' versions; writes with a
+#: non-negative index are stored once (a repeated (task, idx) is the same write delivered again),
+#: LangGraph's special channels (negative index: error, interrupt, resume…) keep the latest value.
+#: Nothing is written when a value names a blob the project does not hold (``missing``).
+_PUT_WRITES_SQL = f"""
+WITH vals AS MATERIALIZED (
+    SELECT w.idx, w.channel, w.fp, (
+        SELECT v.id FROM {_A} a JOIN {_AV} v ON v.artifact_id = a.id AND v.number = 1
+        WHERE a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || w.fp
+    ) AS value_id
+    FROM unnest(%(idx)s::int[], %(channels)s::text[], %(fps)s::text[]) AS w(idx, channel, fp)
+), missing AS (
+    SELECT array_agg(DISTINCT fp ORDER BY fp) AS fps FROM vals WHERE value_id IS NULL
+), kept AS (
+    INSERT INTO {_GW} (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value_id, created_at)
+    SELECT %(thread)s, %(ns)s, %(cp)s, %(task)s, %(path)s, idx, channel, value_id, now() FROM vals
+    WHERE idx >= 0 AND (SELECT fps FROM missing) IS NULL
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
+    RETURNING 1
+), latest AS (
+    INSERT INTO {_GW} (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value_id, created_at)
+    SELECT %(thread)s, %(ns)s, %(cp)s, %(task)s, %(path)s, idx, channel, value_id, now() FROM vals
+    WHERE idx < 0 AND (SELECT fps FROM missing) IS NULL
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE
+    SET channel = EXCLUDED.channel, value_id = EXCLUDED.value_id, task_path = EXCLUDED.task_path
+    RETURNING 1
+)
+SELECT (SELECT fps FROM missing), (SELECT count(*) FROM kept) + (SELECT count(*) FROM latest)
+"""
+
+
 def put_writes(
     caller: Caller, *, thread_id: str, checkpoint_ns: str, checkpoint_id: str, task_id: str, task_path: str,
     writes: list[WriteSpec], open_spec: ThreadSpec | None = None,
 ) -> int:
     """Store a task's pending writes against a graph checkpoint id; returns how many rows are new
     or updated. The checkpoint need not have landed yet (graphs store checkpoints in the
-    background); an unknown thread is opened with ``open_spec``, else 404."""
+    background); an unknown thread is opened with ``open_spec``, else 404. A value named by
+    fingerprint must be a blob of the project (else 409 ``graph_blob_missing``, nothing written).
+    A fixed set of statements whatever the number of writes."""
     caller.require("write")
     _name(thread_id, "thread_id")
     _name(checkpoint_ns, "checkpoint_ns", empty=True)
     _name(checkpoint_id, "checkpoint_id", max_length=MAX_ID_LENGTH)
     _name(task_id, "task_id", max_length=MAX_ID_LENGTH)
     _name(task_path, "task_path", empty=True)
+    rows: dict[int, tuple[str, str]] = {}  # idx → (channel, fingerprint)
+    inline: dict[str, str] = {}
     for i, w in enumerate(writes):
         _name(w.channel, f"writes[{i}].channel")
-        _blob(w.value, f"writes[{i}].value")
+        fp = _value_fingerprint(w.value, w.fingerprint, f"writes[{i}]", f"writes[{i}].value")
+        if w.value is not None:
+            inline[fp] = w.value.content()
+        if w.idx < 0 or w.idx not in rows:
+            # a repeated (task, idx) in one call: the first stands, as stored ones do; a special
+            # channel's latest value stands
+            rows[w.idx] = (w.channel, fp)
     _check_open(open_spec)
     if open_spec is not None:
         thread, _ = _open_thread(caller, thread_id, open_spec)  # committed first, as in put_checkpoint
@@ -391,20 +630,17 @@ def put_writes(
             if thread is None:
                 raise NotFound("graph thread not found", thread_id=thread_id)
         session = lock_session(caller, thread.session_id)
-        versions = _store_blobs(session.project, (w.value for w in writes), caller.label)
-        changed = 0
-        key = {"thread": thread, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id, "task_id": task_id}
-        for w in writes:
-            value = versions[content_fingerprint(w.value.content().encode())]
-            defaults = {"channel": w.channel, "value": value, "task_path": task_path}
-            if w.idx < 0:
-                # LangGraph's special channels (error, interrupt, resume…): the latest value stands.
-                GraphWrite.objects.update_or_create(**key, idx=w.idx, defaults=defaults)
-                changed += 1
-            else:
-                # A repeated (task, idx) is the same write delivered again: stored once.
-                _, created = GraphWrite.objects.get_or_create(**key, idx=w.idx, defaults=defaults)
-                changed += int(created)
+        _insert_blobs(session.project_id, inline, caller.label)
+        with connection.cursor() as cursor:
+            cursor.execute(_PUT_WRITES_SQL, {
+                "idx": list(rows), "channels": [ch for ch, _ in rows.values()], "fps": [fp for _, fp in rows.values()],
+                "project": session.project_id, "thread": thread.id, "ns": checkpoint_ns, "cp": checkpoint_id,
+                "task": task_id, "path": task_path,
+            })
+            missing, changed = cursor.fetchone()
+        if missing:
+            raise GraphBlobMissing("a blob named by fingerprint is not in this project: upload it first",
+                                   missing=list(missing))
     return changed
 
 

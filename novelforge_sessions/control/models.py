@@ -425,10 +425,32 @@ class GraphWrite(models.Model):
         ]
 
 
+class GraphBlobChunk(models.Model):
+    """One chunk of a state blob being uploaded (``POST /graph-blobs``), staged until the last arrives.
+
+    A value larger than one request body travels in chunks; the blob itself (the artifact named
+    by its fingerprint) is written only when every chunk is here and their content hashes to the
+    fingerprint, in the transaction that removes the staged chunks. A chunk is never read as state.
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    fingerprint = models.CharField(max_length=71)
+    serde = models.CharField(max_length=64)
+    index = models.IntegerField()
+    count = models.IntegerField()
+    data = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "fingerprint", "index"], name="graph_blob_chunk_unique_index"),
+        ]
+
+
 __all__ = [
     "INTENT_EXECUTED_EVENTS",
     "Approval", "ApprovalDecision", "AuthorityChange", "ConsumeReceipt", "DeliveryOutcome",
-    "GraphBlob", "GraphCheckpoint", "GraphThread", "GraphWrite",
+    "GraphBlob", "GraphBlobChunk", "GraphCheckpoint", "GraphThread", "GraphWrite",
     "Handoff", "HandoffPurpose", "HandoffState", "IntentKind", "IntentState", "ResultDelivery", "ResultValidation", "WriteIntent",
     "UNBOUND_STATES",
 ]

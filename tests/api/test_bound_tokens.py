@@ -162,6 +162,8 @@ def _body(method: str, path: str, ids: dict[str, int], world: World) -> Any:
         "POST /graph-threads/checkpoints": {"thread_id": THREAD, "checkpoint_id": "cp-2", "checkpoint": {"v": 1}},
         "POST /graph-threads/writes": {"thread_id": THREAD, "checkpoint_id": "cp-1", "task_id": "t",
                                        "writes": [{"idx": 0, "channel": "c", "value": {"serde": "json", "data": ""}}]},
+        "POST /graph-blobs": {"fingerprint": "sha256:" + "0" * 64, "serde": "json", "index": 0, "count": 1, "data": ""},
+        "POST /graph-blobs/missing": {"fingerprints": ["sha256:" + "0" * 64]},
         "POST /review-packets/{packet_id}/verdicts": {"packet_fingerprint": fp, "artifact_fingerprint": fp, "decision": "pass",
                                                       "scores": {"clarity": 4, "pacing": 6}, "confidence": 0.5},
     }

@@ -80,6 +80,10 @@ CONFIG = schemathesis.Config.from_dict({
             # a graph checkpoint is one bounded checkpoint of the thread's run (the same byte and
             # transcript-shape bounds), its blobs' versions must match the channel versions it names
             "POST /api/v1/graph-threads/checkpoints",
+            # a graph write may name its value by the fingerprint of a blob the project holds
+            "POST /api/v1/graph-threads/writes",
+            # an uploaded blob's chunks must hash to the fingerprint they name (index < count: two fields)
+            "POST /api/v1/graph-blobs",
             # a batch's checkpoints carry the same stored-row refs and bounds as single checkpoints
             "POST /api/v1/runs/{run_id}/batch",
             # the metadata filter is a JSON object carried in a query string: OpenAPI parameters

@@ -7,10 +7,11 @@ a verdict through the API, and the graph resumes through the session's resume re
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 
 from datetime import timedelta
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import httpx
 import pytest
@@ -19,7 +20,9 @@ from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
 
-from langgraph.graph import END, START, StateGraph
+from django.conf import settings
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.types import Command, interrupt
 
 from novelforge_client.errors import GraphCheckpointConflict
@@ -223,3 +226,188 @@ def test_a_plain_interrupt_waits_on_the_user_and_the_same_process_continues(grap
     session.refresh_from_db()
     assert session.status == "running" and session.generation == 1
     saver.close()
+
+
+# ---- values of any size, each sent once ------------------------------------------------------------------
+class Recording(httpx.HTTPTransport):
+    """The saver's HTTP layer, recording each request's method, API path and body size."""
+
+    def __init__(self) -> None:
+        super().__init__(retries=2)
+        self.sent: list[tuple[str, str, int]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        body = request.read()
+        self.sent.append((request.method, request.url.path.removeprefix("/api/v1"), len(body)))
+        return super().handle_request(request)
+
+    def paths(self, since: int = 0) -> list[str]:
+        return [f"{method} {path}" for method, path, _ in self.sent[since:]]
+
+
+class AsyncRecording(httpx.AsyncHTTPTransport):
+    """:class:`Recording` for the async client."""
+
+    def __init__(self) -> None:
+        super().__init__(retries=2)
+        self.sent: list[tuple[str, str, int]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        self.sent.append((request.method, request.url.path.removeprefix("/api/v1"), len(body)))
+        return await super().handle_async_request(request)
+
+
+def test_a_thread_whose_state_holds_8_mb_of_messages_is_saved_and_reloaded(graph_server, graph_token):
+    """A chat of four 2 MiB turns (its messages channel 8 MiB and more): every request stays under
+    the API's body limit (large values go up in chunks), and a fresh saver reloads all of it."""
+    turn = 2 * 1024 * 1024
+    contents = [os.urandom(turn // 2).hex() for _ in range(4)]  # distinct: no value repeats another
+
+    def talk(state: MessagesState) -> dict:
+        done = len(state["messages"]) - 1
+        return {"messages": [AIMessage(content=contents[done], id=f"turn-{done}")]}
+
+    def more(state: MessagesState) -> str:
+        return "talk" if len(state["messages"]) <= len(contents) else END
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("talk", talk)
+    builder.add_edge(START, "talk")
+    builder.add_conditional_edges("talk", more, ["talk", END])
+    wire = Recording()
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, transport=wire)
+    config = {"configurable": {"thread_id": "long-chat"}}
+    out = builder.compile(checkpointer=saver).invoke({"messages": [HumanMessage("Tell it all.", id="ask")]}, config)
+    assert [m.content for m in out["messages"][1:]] == contents
+    saver.close()
+
+    assert max(size for _, _, size in wire.sent) <= settings.API_MAX_BODY_BYTES
+    assert "POST /graph-blobs" in wire.paths()  # the large values went up in chunks
+    reloaded = NovelForgeSaver(url=graph_server.url, token=graph_token)
+    state = builder.compile(checkpointer=reloaded).get_state(config)
+    messages = state.values["messages"]
+    assert [m.content for m in messages] == ["Tell it all.", *contents]
+    assert sum(len(m.content) for m in messages) >= 8 * 1024 * 1024
+    assert state.next == ()  # the graph ended; its last checkpoint is the one reloaded
+    reloaded.close()
+
+
+def test_a_value_is_sent_once_and_a_superstep_costs_one_put_and_its_writes(graph_server, graph_token):
+    """A value travels once: the node's write carries it, the checkpoint that follows names it by
+    fingerprint, later checkpoints (the channel unchanged) do not name it, and another thread
+    holding the same value names it too. A superstep is LangGraph's own calls: one write request
+    per task and one put, no blob uploads."""
+
+    class Doc(TypedDict, total=False):
+        doc: str
+        count: int
+
+    document = os.urandom(50 * 1024).hex()  # 100 KiB: inline in one request
+    steps = 6
+
+    def draft(state: Doc) -> Doc:
+        return {"doc": document, "count": 1}
+
+    def count(state: Doc) -> Doc:
+        return {"count": state["count"] + 1}
+
+    builder = StateGraph(Doc)
+    builder.add_node("draft", draft)
+    builder.add_node("count", count)
+    builder.add_edge(START, "draft")
+    builder.add_edge("draft", "count")
+    builder.add_conditional_edges("count", lambda s: "count" if s["count"] < steps else END, ["count", END])
+    wire = Recording()
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, transport=wire)
+    graph = builder.compile(checkpointer=saver)
+
+    assert graph.invoke({}, {"configurable": {"thread_id": "doc-1"}}, durability="sync")["count"] == steps
+    carried = [size for _, _, size in wire.sent if size >= len(document)]
+    assert len(carried) == 1  # the draft's write; its checkpoint named the value by fingerprint
+    assert sum(size for _, _, size in wire.sent) < len(document) * 4 / 3 + 64 * 1024
+    calls = wire.paths()
+    assert "POST /graph-blobs" not in calls and "POST /graph-blobs/missing" not in calls
+    supersteps = steps + 1  # draft, then count until it reaches `steps`
+    # the input's checkpoint, then each superstep's one task write and one checkpoint
+    assert calls.count("POST /graph-threads/checkpoints") == supersteps + 1
+    assert calls.count("POST /graph-threads/writes") == supersteps
+    assert len(calls) == 2 * supersteps + 2  # + the one read of the thread's latest checkpoint
+
+    before = len(wire.sent)
+    assert graph.invoke({}, {"configurable": {"thread_id": "doc-2"}})["count"] == steps
+    assert max(size for _, _, size in wire.sent[before:]) < len(document)  # the held value is never sent again
+    [stored] = [g for g in GraphCheckpoint.objects.filter(thread__thread_id="doc-2") if "doc" in g.document["blobs"]][:1]
+    assert Artifact.objects.filter(name="blob:" + stored.document["blobs"]["doc"]).count() == 1
+    assert graph.get_state({"configurable": {"thread_id": "doc-2"}}).values["doc"] == document
+    saver.close()
+
+
+def test_a_value_the_server_does_not_hold_after_all_is_sent_again_once(graph_server, graph_token):
+    """The saver believes the server holds a value (its memory of fingerprints is only a belief:
+    another server, a restored database): the put is refused 409 graph_blob_missing, the saver
+    forgets the fingerprint and sends the value itself, and the put lands."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    wire = Recording()
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, transport=wire)
+    value = ["a value the server never saw", os.urandom(16).hex()]
+    saver._remember([saver._value(value).fingerprint])  # the false belief
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"], checkpoint["channel_versions"] = {"notes": value}, {"notes": 1}
+    config = {"configurable": {"thread_id": "believed", "checkpoint_ns": ""}}
+    stored = saver.put(config, checkpoint, {"source": "input", "step": -1}, {"notes": 1})
+    assert wire.paths() == ["POST /graph-threads/checkpoints"] * 2  # refused by fingerprint, then sent inline
+    assert saver.get_tuple(stored).checkpoint["channel_values"] == {"notes": value}
+    saver.close()
+
+
+def test_the_async_saver_uploads_a_large_value_in_chunks_and_reads_it_back(graph_server, graph_token):
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    wire = AsyncRecording()
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, async_transport=wire)
+    large = os.urandom(400 * 1024).hex()  # 800 KiB of text: several chunks
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"], checkpoint["channel_versions"] = {"draft": large}, {"draft": 1}
+    config = {"configurable": {"thread_id": "async-large", "checkpoint_ns": ""}}
+
+    async def roundtrip() -> Any:
+        stored = await saver.aput(config, checkpoint, {"source": "input", "step": -1}, {"draft": 1})
+        await saver.aput_writes(stored, [("draft", large)], "task-1")  # held now: named, not sent
+        found = await saver.aget_tuple(stored)
+        await saver.aclose()
+        return found
+
+    found = asyncio.run(roundtrip())
+    assert found.checkpoint["channel_values"] == {"draft": large}
+    assert found.pending_writes == [("task-1", "draft", large)]
+    calls = [f"{m} {p}" for m, p, _ in wire.sent]
+    assert calls[0] == "POST /graph-blobs/missing" and calls.count("POST /graph-blobs") >= 4
+    assert calls[-3:] == ["POST /graph-threads/checkpoints", "POST /graph-threads/writes", "GET /graph-threads/checkpoints"]
+    assert max(size for _, p, size in wire.sent if p.startswith("/graph-threads")) < 16 * 1024  # named, never inline
+    fingerprint = GraphCheckpoint.objects.get(thread__thread_id="async-large").document["blobs"]["draft"]
+    assert Artifact.objects.filter(name="blob:" + fingerprint).count() == 1
+
+
+def test_a_server_with_a_smaller_body_limit_teaches_the_saver_its_limit(graph_token):
+    """The saver plans for the default body limit; a server configured lower refuses the first
+    oversized request with 413 naming its limit, and the saver plans with that limit from then on."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    small = DaphneServer(extra_env={"API_MAX_BODY_BYTES": "65536"})
+    try:
+        wire = Recording()
+        saver = NovelForgeSaver(url=small.url, token=graph_token, transport=wire)
+        value = os.urandom(60 * 1024).hex()  # 120 KiB: inline under the default limit, not under 64 KiB
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"], checkpoint["channel_versions"] = {"draft": value}, {"draft": 1}
+        config = {"configurable": {"thread_id": "small-limit", "checkpoint_ns": ""}}
+        stored = saver.put(config, checkpoint, {"source": "input", "step": -1}, {"draft": 1})
+        assert saver.max_body_bytes == 65536
+        assert wire.paths()[0] == "POST /graph-threads/checkpoints"  # refused: 413
+        assert "POST /graph-blobs" in wire.paths()[1:]  # then uploaded in chunks under the limit
+        assert saver.get_tuple(stored).checkpoint["channel_values"] == {"draft": value}
+        saver.close()
+    finally:
+        small.stop()

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
-from novelforge_sessions.control.models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
+from novelforge_sessions.control import graphs
+from novelforge_sessions.control.models import GraphBlob, GraphBlobChunk, GraphCheckpoint, GraphThread, GraphWrite
 from novelforge_sessions.models import Artifact, Checkpoint, Event, Run, Session
 from tests.conftest import Api
 from tests.control.conftest import ok, refused, token_api
@@ -335,3 +337,180 @@ def test_the_open_spec_is_checked_on_every_call_not_only_when_it_opens_the_threa
         assert err["details"]["field"] == field, err
     stored = writer.post(f"/graph-threads/{route}", {**body, "open": {"task_mode": "drafting"}})
     assert stored.status_code in (200, 201), stored.content
+
+
+def _queries_of(writer: Api, path: str, body: dict[str, Any], status: int) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        ok(writer.post(path, body), status)
+    return len(captured.captured_queries)
+
+
+def test_a_put_and_a_write_run_the_same_statements_for_one_blob_and_for_twenty(writer):
+    """Set-based: the graph routes write and resolve blobs with a fixed set of statements, not
+    one round trip (or several) per blob; the count of 1 blob and of 20 is the same."""
+    ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"seed": "x"})), 201)
+    counted = {}
+    for n in (1, 20):
+        values = {f"c{i}": f"value {i} of {n}" for i in range(n)}
+        counted[("put", n)] = _queries_of(writer, "/graph-threads/checkpoints",
+                                          put_body("t-1", f"put-{n}", "0001", blobs=values), 201)
+        counted[("writes", n)] = _queries_of(writer, "/graph-threads/writes", {
+            "thread_id": "t-1", "checkpoint_id": f"put-{n}", "task_id": "task",
+            "writes": [{"idx": i, "channel": f"c{i}", "value": blob(f"write {i} of {n}")} for i in range(n)],
+        }, 200)
+    assert counted[("put", 1)] == counted[("put", 20)], counted
+    assert counted[("writes", 1)] == counted[("writes", 20)], counted
+    # every value landed: 1 + 20 channel blobs, 1 + 20 writes, each content once
+    assert GraphWrite.objects.count() == 21
+    assert Artifact.objects.filter(kind="graph-blob").count() == 1 + 2 * 21
+    [newest] = get(writer, thread_id="t-1", checkpoint_id="put-20")
+    assert len(newest["blobs"]) == 20 and len(newest["pending_writes"]) == 20
+    assert base64.b64decode(newest["blobs"]["c19"]["data"]).decode() == "value 19 of 20"
+
+
+# ---- blobs by fingerprint, and uploaded in chunks --------------------------------------------------------
+def fingerprint_of(serde: str, data: str) -> str:
+    return graphs.Blob(serde=serde, data=data).fingerprint()
+
+
+def chunked(text: str, pieces: int) -> tuple[str, list[str]]:
+    """The fingerprint of ``text`` as a json blob, and its base64 split into whole-quantum chunks."""
+    data = base64.b64encode(text.encode()).decode()
+    size = -(-len(data) // pieces // 4) * 4
+    return fingerprint_of("json", data), [data[i:i + size] for i in range(0, len(data), size)]
+
+
+def upload(api: Api, fp: str, chunks: list[str], serde: str = "json") -> list[dict[str, Any]]:
+    return [ok(api.post("/graph-blobs", {"fingerprint": fp, "serde": serde, "index": i, "count": len(chunks),
+                                         "data": c})) for i, c in enumerate(chunks)]
+
+
+def test_a_blob_uploaded_in_chunks_is_stored_on_its_last_chunk_and_named_by_fingerprint(writer):
+    text = "a long turn of the chat. " * 4000
+    fp, chunks = chunked(text, 3)
+    assert len(chunks) == 3
+    assert ok(writer.post("/graph-blobs/missing", {"fingerprints": [fp]}))["missing"] == [fp]
+    answers = upload(writer, fp, chunks)
+    assert [(a["complete"], a["received"]) for a in answers] == [(False, 1), (False, 2), (True, 3)]
+    assert not GraphBlobChunk.objects.exists()  # staged chunks go with the blob they made
+    version = Artifact.objects.get(name="blob:" + fp).current_version
+    assert version.fingerprint == fp and version.content == graphs.blob_content("json", "".join(chunks))
+    assert ok(writer.post("/graph-blobs/missing", {"fingerprints": [fp, fingerprint_of("json", "")]}))["missing"] == [
+        fingerprint_of("json", "")]
+    # A chunk of a blob the project holds is accepted and ignored: uploads are safe to repeat.
+    again = {"fingerprint": fp, "serde": "json", "index": 1, "count": 3, "data": chunks[1]}
+    assert ok(writer.post("/graph-blobs", again)) == {"fingerprint": fp, "complete": True, "received": 3}
+    assert not GraphBlobChunk.objects.exists()
+    body = put_body(versions={"messages": 1})
+    body["blobs"] = [{"channel": "messages", "version": 1, "fingerprint": fp}]
+    ok(writer.post("/graph-threads/checkpoints", body), 201)
+    ok(writer.post("/graph-threads/writes", {"thread_id": "t-1", "checkpoint_id": "0001", "task_id": "t",
+                                             "writes": [{"idx": 0, "channel": "messages", "fingerprint": fp}]}), 200)
+    [item] = get(writer, thread_id="t-1")
+    assert base64.b64decode(item["blobs"]["messages"]["data"]).decode() == text
+    assert base64.b64decode(item["pending_writes"][0]["data"]).decode() == text
+    record = Checkpoint.objects.get(id=item["record_id"])
+    assert [(r["artifact_id"], r["fingerprint"]) for r in record.artifacts] == [(version.artifact_id, fp)]
+    assert Artifact.objects.filter(kind="graph-blob").count() == 1
+
+
+@pytest.mark.parametrize("spoil", ["other content", "serde differs", "count differs", "not base64 once joined"])
+def test_chunks_that_do_not_make_their_fingerprint_are_refused_and_nothing_is_kept(writer, spoil):
+    fp, chunks = chunked("the real content " * 100, 2)
+    sent = [{"fingerprint": fp, "serde": "json", "index": i, "count": 2, "data": c} for i, c in enumerate(chunks)]
+    if spoil == "other content":
+        sent[1]["data"] = base64.b64encode(b"something else").decode()
+    elif spoil == "serde differs":
+        sent[1]["serde"] = "msgpack"
+    elif spoil == "count differs":
+        sent[0]["count"] = 3
+    else:
+        sent[0]["data"] = "QQ=="  # valid alone, but padding in the middle of the joined text
+    before = counts()
+    assert ok(writer.post("/graph-blobs", sent[0]))["complete"] is False
+    err = refused(writer.post("/graph-blobs", sent[1]), 422, "graph_blob_mismatch")
+    assert err["details"]["fingerprint"] == fp
+    assert counts() == before and not Artifact.objects.filter(name="blob:" + fp).exists()
+    assert not GraphBlobChunk.objects.exists()  # a fresh upload starts clean
+    assert [a["complete"] for a in upload(writer, fp, chunks)] == [False, True]  # …and then succeeds
+
+
+@pytest.mark.parametrize(("chunk", "field"), [
+    ({"index": 2, "count": 2}, "index"),
+    ({"count": graphs.MAX_CHUNKS + 1}, "count"),
+    ({"data": "abc"}, "data"),
+    ({"data": "A" * (graphs.MAX_CHUNK_CHARS + 4)}, "data"),
+    ({"fingerprint": "sha256:xyz"}, "fingerprint"),
+])
+def test_an_invalid_chunk_is_422_and_stages_nothing(writer, chunk, field):
+    body = {"fingerprint": "sha256:" + "0" * 64, "serde": "json", "index": 0, "count": 2, "data": "QUJD", **chunk}
+    err = refused(writer.post("/graph-blobs", body), 422, "validation_error")
+    assert field in str(err)
+    assert not GraphBlobChunk.objects.exists()
+
+
+@pytest.mark.parametrize("route", ["checkpoints", "writes"])
+def test_a_value_named_by_an_unknown_fingerprint_is_409_and_nothing_is_written(writer, route):
+    ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"a": "seed"})), 201)
+    unknown = "sha256:" + "e" * 64
+    if route == "checkpoints":
+        body = put_body("t-1", "0002", "0001", versions={"a": 2, "b": 1}, blobs={"b": "a new inline value"})
+        body["blobs"].append({"channel": "a", "version": 2, "fingerprint": unknown})
+    else:
+        body = {"thread_id": "t-1", "checkpoint_id": "0001", "task_id": "t",
+                "writes": [{"idx": 0, "channel": "b", "value": blob("a new inline value")},
+                           {"idx": 1, "channel": "a", "fingerprint": unknown}]}
+    before = counts()
+    err = refused(writer.post(f"/graph-threads/{route}", body), 409, "graph_blob_missing")
+    assert err["details"]["missing"] == [unknown]
+    assert counts() == before  # not even the inline value of the refused request
+
+
+@pytest.mark.parametrize("entry", [{}, {"value": blob("v"), "fingerprint": "sha256:" + "0" * 64}])
+def test_a_value_is_inline_or_by_fingerprint_never_both_nor_neither(writer, entry):
+    body = put_body(versions={"a": 1})
+    body["blobs"] = [{"channel": "a", "version": 1, **entry}]
+    before = counts()
+    refused(writer.post("/graph-threads/checkpoints", body), 422, "validation_error")
+    assert counts() == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eight_writers_uploading_one_blob_s_chunks_at_once_store_it_once(project):
+    """The chunks of one fingerprint are staged one writer at a time: whichever lands last sees
+    all of them and stores the blob; every other answer is an incomplete or complete upload."""
+    from tests.sessions.test_concurrency import race
+
+    api_token = token_api(project, "writer", ["read", "write"]).token
+    fp, chunks = chunked("eight pieces of one value " * 300, 8)
+    assert len(chunks) == 8
+
+    def send(i: int) -> dict[str, Any]:
+        resp = Api(api_token).post("/graph-blobs", {"fingerprint": fp, "serde": "json", "index": i, "count": 8,
+                                                    "data": chunks[i]})
+        assert resp.status_code == 200, resp.content
+        return resp.json()
+
+    results = race(send, 8)
+    assert all(kind == "ok" for kind, _ in results), results
+    assert sum(out["complete"] for _, out in results) == 1
+    assert sorted(out["received"] for _, out in results) == list(range(1, 9))
+    assert Artifact.objects.filter(name="blob:" + fp).count() == 1 and not GraphBlobChunk.objects.exists()
+
+
+def test_an_abandoned_upload_s_chunks_are_dropped_when_a_later_upload_starts(writer):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    abandoned, chunks = chunked("never finished " * 200, 2)
+    ok(writer.post("/graph-blobs", {"fingerprint": abandoned, "serde": "json", "index": 0, "count": 2, "data": chunks[0]}))
+    fresh = GraphBlobChunk.objects.get()
+    GraphBlobChunk.objects.update(created_at=timezone.now() - timedelta(seconds=graphs.STALE_CHUNK_SECONDS + 60))
+    other, pieces = chunked("another value " * 200, 2)
+    ok(writer.post("/graph-blobs", {"fingerprint": other, "serde": "json", "index": 1, "count": 2, "data": pieces[1]}))
+    assert GraphBlobChunk.objects.filter(id=fresh.id).exists()  # only the first chunk of an upload sweeps
+    ok(writer.post("/graph-blobs", {"fingerprint": other, "serde": "json", "index": 0, "count": 2, "data": pieces[0]}))
+    assert not GraphBlobChunk.objects.exists()  # the stale one swept, the new one stored as its blob
+    assert Artifact.objects.filter(name="blob:" + other).exists()
+    assert not Artifact.objects.filter(name="blob:" + abandoned).exists()
