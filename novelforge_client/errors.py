@@ -124,6 +124,12 @@ class MalformedBody(BadRequest):
     code = "malformed_body"
 
 
+class HostNotAllowed(BadRequest):
+    """The base URL's host is not one the server answers to (its ``ALLOWED_HOSTS``)."""
+
+    code = "disallowed_host"
+
+
 class IllegalTransition(Conflict):
     code = "illegal_transition"
 
