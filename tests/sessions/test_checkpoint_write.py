@@ -264,3 +264,24 @@ def test_concurrent_keyed_retries_of_many_steps_number_each_step_once():
     stored = list(Checkpoint.objects.filter(run_id=run.id).order_by("seq").values_list("seq", "idempotency_key"))
     assert [seq for seq, _ in stored] == list(range(1, steps + 1))
     assert sorted(key for _, key in stored) == sorted(f"step-{n}" for n in range(steps))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_retries_of_one_keyed_checkpoint_with_refs_leave_one_row():
+    caller = caller_for(make_project("keyed-refs-retries"))
+    run = Run.objects.get(session=running_session(caller))
+    art = create_artifact(caller, name="cited-by-retries", kind="document", content="cited")
+    body = {"boundary": "context_freeze", "cursor": {"step": 3}, "idempotency_key": "retried-with-refs",
+            "artifacts": [{"artifact_id": art.id, "fingerprint": art.current_version.fingerprint}]}
+
+    def retry(_: int) -> tuple[int, bool]:
+        c = checkpoints.record_checkpoint(caller, run.id, dict(body))
+        return c.id, c.replayed
+
+    results = race(retry, RETRIES)
+    assert [kind for kind, _ in results] == ["ok"] * RETRIES, results
+    assert len({cid for _, (cid, _) in results}) == 1
+    assert sorted(replayed for _, (_, replayed) in results) == [False] + [True] * (RETRIES - 1)
+    stored = Checkpoint.objects.get(run_id=run.id)
+    assert stored.artifacts[0]["artifact_id"] == art.id
+    assert Event.objects.filter(run_id=run.id, type="checkpoint.recorded").count() == 1
