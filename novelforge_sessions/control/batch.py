@@ -31,7 +31,7 @@ from novelforge_sessions.access import Caller, token_confirmed
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.checkpoints import (
-    Locked, _current_authority, _resolve_approvals, artifact_refs, decided_lock_sql, lock_params, refusal, run_scope,
+    Locked, current_authority_sql, _resolve_approvals, artifact_refs, decided_lock_sql, lock_params, refusal, run_scope,
 )
 from novelforge_sessions.errors import NotFound, ServiceError, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Event, Run
@@ -56,7 +56,7 @@ t AS (
   INSERT INTO {Checkpoint._meta.db_table}
     (session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
      schema_version, size_bytes, created_at)
-  SELECT w.session_id, %(id)s, w.checkpoint_count + t.n, t.boundary, t.cursor, t.artifacts, {_current_authority("w")},
+  SELECT w.session_id, %(id)s, w.checkpoint_count + t.n, t.boundary, t.cursor, t.artifacts, {current_authority_sql("w")},
          t.pending, t.approvals, t.resume_policy, %(schema_version)s, t.size_bytes, t.created_at
     FROM w, t WHERE t.kind = 'checkpoint' ORDER BY t.ord
   RETURNING id, seq, created_at

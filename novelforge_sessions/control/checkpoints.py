@@ -55,7 +55,7 @@ SELECT r.state, r.checkpoint_count, r.session_id, s.project_id,
 """
 
 
-def _current_authority(alias: str) -> str:
+def current_authority_sql(alias: str) -> str:
     """The project's current authority refs of the locked row ``alias`` as the JSON object the
     checkpoint stores (``Project.authority_ref()``'s keys)."""
     return "jsonb_build_object({})".format(", ".join(f"'{f}', {alias}.{f}" for f in _AUTHORITY_FIELDS))
@@ -86,7 +86,7 @@ SELECT l.*, st.stale_item, {_REFUSAL_CASE} AS refusal
   FROM ({lock_run_sql(*columns)}) AS l ({", ".join(names)}),
        LATERAL (SELECT min(a.i) - 1 AS stale_item
                   FROM jsonb_array_elements(%(stated_authority)s::jsonb) WITH ORDINALITY AS a(refs, i)
-                 WHERE NOT {_current_authority("l")} @> a.refs) AS st
+                 WHERE NOT {current_authority_sql("l")} @> a.refs) AS st
 """
 
 
@@ -168,7 +168,7 @@ k AS (
     (id, session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
      schema_version, size_bytes, created_at, idempotency_key, request_digest)
   SELECT w.c0, w.session_id, %(id)s, w.checkpoint_count + 1, %(boundary)s, %(cursor)s::jsonb, %(artifacts)s::jsonb,
-         {_current_authority("w")}, %(pending)s::jsonb, %(approvals)s::jsonb, %(resume_policy)s, %(schema_version)s,
+         {current_authority_sql("w")}, %(pending)s::jsonb, %(approvals)s::jsonb, %(resume_policy)s, %(schema_version)s,
          %(size_bytes)s, %(created_at)s, %(key)s, %(digest)s
     FROM w
   ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING

@@ -518,33 +518,22 @@ def test_an_abandoned_upload_s_chunks_are_dropped_when_a_later_upload_starts(wri
 
 @pytest.mark.django_db(transaction=True)
 def test_sixteen_concurrent_retries_of_one_put_store_one_checkpoint(project):
+    from tests.sessions.test_concurrency import race
+
     api_token = token_api(project, "writer", ["read", "write"]).token
     opened = Api(api_token).post("/graph-threads/checkpoints", put_body("retried", "0001", blobs={"messages": "hi"}))
     assert opened.status_code == 201, opened.content
     body = put_body("retried", "0002", "0001", blobs={"messages": "hi there"}, versions={"messages": 2}, open_=False)
-    start = threading.Barrier(16, timeout=30)
-    answers: list[tuple[int, int]] = []
-    errors: list[BaseException] = []
 
-    def retry(i: int) -> None:
-        try:
-            api = Api(api_token)
-            start.wait()
-            resp = api.post("/graph-threads/checkpoints", body)
-            answers.append((resp.status_code, resp.json()["record_id"]))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
+    def retry(_: int) -> tuple[int, int]:
+        resp = Api(api_token).post("/graph-threads/checkpoints", body)
+        return resp.status_code, resp.json()["record_id"]
 
-    workers = [threading.Thread(target=retry, args=(i,)) for i in range(16)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=120)
-    assert errors == [] and len(answers) == 16
+    results = race(retry, 16)
+    assert [kind for kind, _ in results] == ["ok"] * 16, results
+    answers = [answer for _, answer in results]
     assert {status for status, _ in answers} <= {200, 201}, answers
-    assert len({answer for _, answer in answers}) == 1, answers  # every retry answers the one record
+    assert len({record for _, record in answers}) == 1, answers  # every retry answers the one record
     assert GraphCheckpoint.objects.filter(checkpoint_id="0002").count() == 1
     assert Checkpoint.objects.filter(id=answers[0][1]).exists()
     assert Checkpoint.objects.count() == 2 and Run.objects.count() == 1
