@@ -21,12 +21,15 @@ What this fixes that uvicorn's command line would leave to each deployment:
   completed drain (0) from a kill (137).
 - **No lifespan.** Channels' router does not speak ASGI lifespan; ``lifespan="off"`` keeps
   uvicorn from probing it.
+- **Where a stuck process is.** SIGUSR1 writes every thread's stack to stderr
+  (``faulthandler``), so a process that does not exit after SIGTERM tells where it waits.
 - **Proxy headers only from loopback** (uvicorn's default ``forwarded_allow_ips``): nginx on the
   same host (``deploy/nginx.conf``) is the only one whose ``X-Forwarded-*`` is believed.
 """
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -53,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=grace_seconds(),  # type: ignore[arg-type]  # seconds; a float works
         ws="websockets-sansio", server_header=False,
     )
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Uvicorn puts back this handler when it has drained, then raises the signal it caught again.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.Server(config).run()

@@ -7,8 +7,10 @@ and the production server, uvicorn as ``python -m novelforge_sessions.serve`` co
 (``make serve-cluster``)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -19,13 +21,16 @@ import psycopg
 import pytest
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
-from novelforge_sessions.server.drain import SHUTDOWN_CLOSE_CODE
+from novelforge_sessions.server.drain import SHUTDOWN_CLOSE_CODE, grace_seconds
 from novelforge_sessions.models import Session, TranscriptEntry
 from tests.conftest import SESSION, make_project
 from tests.live import DaphneServer, database_url
 from tests.live.conftest import NO_SWEEP, TIMEOUT, api_post
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+#: The servers' drain grace: ``SHUTDOWN_GRACE_SECONDS`` as the servers read it from this environment.
+GRACE = grace_seconds()
 
 
 def post_transcript(server: DaphneServer, token: str, session_id: int, content: str) -> int:
@@ -49,6 +54,22 @@ def refuses_connections(server: DaphneServer) -> bool:
     except urllib.error.URLError as exc:
         return isinstance(exc.reason, ConnectionRefusedError)
     return False
+
+
+def exit_code_after_drain(server: DaphneServer, grace: float) -> int:
+    """The server's exit code once its drain is over: it may take the whole grace (requests still
+    in flight are cancelled when it ends) plus the usual margin. A process still alive then is
+    stuck: the failure carries its threads' stacks (uvicorn's ``serve`` dumps them on SIGUSR1)
+    and the end of its log."""
+    try:
+        return server.proc.wait(timeout=grace + TIMEOUT)
+    except subprocess.TimeoutExpired:
+        if server.server == "uvicorn":
+            server.proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.proc.wait(timeout=2)  # the dump is written by then; the process stays stuck
+        tail = server.log_path.read_text(errors="replace")[-6000:]
+        raise AssertionError(f"{server.server} did not exit after its drain; the end of its log:\n{tail}") from None
 
 
 def wait_for(predicate, what: str, timeout: float = TIMEOUT) -> None:
@@ -98,7 +119,7 @@ def test_sigterm_finishes_the_request_in_flight_and_closes_sockets_with_1012(ope
 
         writer.join(TIMEOUT)
         assert result == {"status": 201}
-        assert server.proc.wait(timeout=TIMEOUT) == 0
+        assert exit_code_after_drain(server, GRACE) == 0
         assert list(TranscriptEntry.objects.filter(session_id=session_id).values_list("content", flat=True)) == [
             "in flight"
         ]
@@ -153,7 +174,7 @@ def test_sigterm_on_one_of_two_processes_loses_no_acknowledged_write_while_the_o
         a.proc.send_signal(signal.SIGTERM)
         code, _frames = sock_a.closed_with()
         assert code == 1012
-        assert a.proc.wait(timeout=TIMEOUT) == 0
+        assert exit_code_after_drain(a, GRACE) == 0
         on_a, on_b = writers[:2], writers[2:]
         for w in on_a:
             w.join(TIMEOUT)
