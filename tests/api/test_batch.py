@@ -1,4 +1,4 @@
-"""POST /runs/{id}/batch: several durable steps in one transaction, all or nothing (issue 13)."""
+"""POST /runs/{id}/batch: several durable steps in one transaction, all or nothing."""
 from __future__ import annotations
 
 import pytest

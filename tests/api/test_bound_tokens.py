@@ -1,4 +1,4 @@
-"""Session-bound tokens reach only what their session owns or was given (issue 9, finding 3).
+"""Session-bound tokens reach only what their session owns or was given (docs/model.md#access).
 
 The matrix is one table, ``access.BOUND_TOKEN_MATRIX``; every API route is walked from the
 OpenAPI schema with three tokens against the objects of a writer session W:

@@ -1,4 +1,4 @@
-"""The hot write paths use a small, fixed number of queries (DESIGN §12).
+"""The hot write paths use a small, fixed number of queries (docs/model.md#one-transaction-per-write).
 
 Pinned so the write path cannot silently grow. Counts include the token lookup and the
 BEGIN/COMMIT of the one write transaction (psycopg 3 reports both as queries).

@@ -1,4 +1,4 @@
-"""The OpenAPI schema declares the limits the validators enforce (issue 9, finding 9), from the
+"""The OpenAPI schema declares the limits the validators enforce, from the
 same constants, so the two cannot drift: clients generated from the schema send what the core
 accepts. The fuzz (tests/api/test_fuzz.py) runs every schemathesis check against it."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Handoffs: frozen jobs, claims under leases, fencing tokens (contract §08, §11)."""
+"""Handoffs: frozen jobs, claims under leases, fencing tokens (docs/model.md#handoffs)."""
 from __future__ import annotations
 
 import hashlib

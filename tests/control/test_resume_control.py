@@ -1,4 +1,4 @@
-"""Resume as revalidation (contract §07, §12): every failing step, the success path, dry run."""
+"""Resume as revalidation (docs/model.md#resume, docs/model.md#stop-conditions): every failing step, the success path, dry run."""
 from __future__ import annotations
 
 from datetime import timedelta

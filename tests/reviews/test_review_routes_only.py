@@ -1,4 +1,4 @@
-"""Issue 8, defect 7: a review slot's handoff is reachable only through the review routes.
+"""A review slot's handoff is reachable only through the review routes.
 
 The plain handoff routes (`/handoffs/claim`, `/handoffs/{id}/heartbeat`, `…/results`,
 `…/cancel`) never claim, renew, answer or cancel a review handoff — not for a plain worker,

@@ -1,4 +1,4 @@
-"""Liveness is derived from the lease, never stored (DESIGN §13; issue 8 defects 1, 2 and 4).
+"""Liveness is derived from the lease, never stored (docs/model.md#runtimes-and-leases).
 
 A runtime whose record still says ``live`` after its lease ran out is not live: it blocks no
 resume, attach or forget (each tidies it inline, as the reconciler would), starts no run, reads

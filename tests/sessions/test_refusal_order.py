@@ -1,4 +1,4 @@
-"""The most fundamental refusal wins (issue 8, defect 4): one table of (state, action) → code.
+"""The most fundamental refusal wins (docs/model.md#refusal-order): one table of (state, action) → code.
 
 The order every session/run write checks in: not found → lifecycle legality → stale generation
 → missing runtime/run → conflict flags → business checks. So starting a run in a terminated,
