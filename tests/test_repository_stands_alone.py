@@ -3,7 +3,7 @@
 A comment that cites a section of some other document is useless to a reader who does not have that
 document, and it rots silently when the document changes. So nothing tracked here cites a
 document outside the repository (a design brief, a contract's section numbers, a pitfalls
-list, an issue tracker's numbers); the model is written down in ``docs/model.md`` and cited by
+list, an issue tracker's or an audit report's numbers); the model is written down in ``docs/model.md`` and cited by
 its headings' anchors, and every anchor of that page cited anywhere must resolve to one of
 its headings.
 
@@ -37,6 +37,12 @@ OUTSIDE = {
     "shared folder": re.compile(r"\.\./" + "sha" + "red|/work/" + "sha" + "red"),
     "issue number": re.compile(r"\biss" + r"ue\s*#?\d", re.I),
     "seed number": re.compile(r"\bse" + r"ed\s*\d", re.I),
+    "audit report finding": re.compile(
+        r"\baud" + r"it(?:'s)?\s+(?:findings?|reproduction|request|ordering)\b"
+        r"|\b(?:lifecycle|security)\s+aud" + r"it\b|\boutside (?:security )?aud" + r"it\b(?! polling)"
+        r"|\bfin" + r"dings?\s+F\d|\bdef" + r"ect\s+\d",
+        re.I,
+    ),
 }
 ANCHOR_CITATION = re.compile(r"docs/model\.md#([A-Za-z0-9_-]+)")
 #: In docs/model.md itself, links to its own headings: ``(#anchor)``.
@@ -88,10 +94,11 @@ def test_the_patterns_catch_what_they_are_for():
         "shared folder": "../sha" + "red/seeds",
         "issue number": "(iss" + "ue #8)",
         "seed number": "Se" + "ed 003's operations",
+        "audit report finding": "(lifecycle aud" + "it F2)",
     }
     for name, sample in samples.items():
         assert OUTSIDE[name].search(sample), (name, sample)
-    fine = ["UTF-8 without a BOM (RFC 8259 " + SECTION + "8.1)", "the issue is the lease", "seed=None",
+    fine = ["UTF-8 without a BOM (RFC 8259 " + SECTION + "8.1)", "the issue is the lease", "seed=None", "an outside aud" + "it polling the list", "Finding 1: Line 99",
             "docs/model.md" + "#resume"]
     for text in fine:
         assert not any(p.search(text) for p in OUTSIDE.values()), text

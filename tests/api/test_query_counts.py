@@ -29,7 +29,7 @@ def test_checkpoint_write_queries(owner, new_session, django_assert_max_num_quer
 def test_a_session_bound_checkpoint_resolves_its_refs_within_its_reach_in_the_same_statement(
     project, new_session, django_assert_max_num_queries,
 ):
-    """A bound token's artifact refs are resolved within its reach (security F1): the reach is a
+    """A bound token's artifact refs are resolved within its reach: the reach is a
     subquery of the one artifact check, so the count is the unbound token's."""
     from novelforge_sessions.actions.tokens import create_token
     from novelforge_sessions.models import Session

@@ -1,4 +1,4 @@
-"""A settled wait wakes a session only if a runtime is live to run it (lifecycle audit F1).
+"""A settled wait wakes a session only if a runtime is live to run it.
 
 A waiting session (``awaiting_external`` on a handoff, ``awaiting_user`` on a page gate) keeps
 waiting when its runtime is closed or lost (docs/model.md#runtimes-and-leases). When the wait then settles — its result
@@ -122,7 +122,7 @@ def test_an_expired_record_is_recorded_lost_in_the_delivery_itself(owner, new_se
 
 
 def test_the_end_state_does_not_depend_on_a_reconciler_pass(owner, new_session, worker):
-    """The audit's ordering case: the same facts, with and without a reconciler pass between the
+    """The ordering case: the same facts, with and without a reconciler pass between the
     lease running out and the result arriving, end in the same state (before: failed in one,
     running with no runtime and unresumable in the other)."""
     ends = []

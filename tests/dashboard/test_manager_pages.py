@@ -148,7 +148,7 @@ def test_resolving_refusals_write_nothing(mgr_client, manager, make_session, pro
 
 @pytest.mark.parametrize("resolution", ["kept\x00 the first", "kept \ud800 the first"])
 def test_a_resolution_the_database_cannot_store_is_refused_by_the_action_in_plain_words(mgr_client, make_session, resolution):
-    """Outside audit: a NUL in the resolution reached PostgreSQL from the page (a 500). The action
+    """A NUL in the resolution reached PostgreSQL from the page (a 500). The action
     itself refuses text it cannot store (422 naming ``resolution``), so the page and the API give
     the same refusal; the page says it in plain words and nothing is written."""
     from novelforge_sessions.control.results import resolve_conflict

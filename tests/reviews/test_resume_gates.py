@@ -190,7 +190,7 @@ def refused(world: World) -> dict[str, Any]:
     return report
 
 
-# A verdict judged the candidate, not the artifact: the audit's reproduction. The gate completed,
+# A verdict judged the candidate, not the artifact. The gate completed,
 # then the artifact's head moved on through artifact.make_current; the cursor would continue at
 # its "reviewed" step on content nobody reviewed (docs/model.md#stop-conditions: a fingerprint changed unexpectedly).
 @pytest.mark.parametrize("decision", ["pass", "revise", "reject"])
@@ -209,7 +209,7 @@ def test_a_complete_gate_whose_candidate_changed_refuses_resume_with_re_review_a
 
 
 def test_the_api_answers_409_resume_refused_for_a_complete_gate_whose_candidate_changed(world: World):
-    """The audit's request: it answered 200 and continued the cursor at the reviewed step."""
+    """Over HTTP too: it once answered 200 and continued the cursor at the reviewed step."""
     gate = world.gate(route="page")
     complete(world, gate)
     freeze(world, gates=[{"gate_id": gate.id}])
