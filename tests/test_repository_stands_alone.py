@@ -147,3 +147,12 @@ def test_every_cited_model_anchor_resolves_to_a_heading():
                         broken.append(f"{path.relative_to(ROOT)}:{lineno}: #{anchor}")
     assert cited > 0, "no file cites docs/model.md: the scan found nothing to check"
     assert not broken, f"anchors with no heading in docs/model.md {sorted(anchors)}:\n" + "\n".join(broken)
+
+
+def test_the_modules_and_tests_the_model_page_names_exist():
+    """The page proves its rules by naming where they are enforced; a renamed module or test
+    must not leave it pointing at nothing."""
+    named = re.findall(r"`((?:novelforge_sessions|reviews|tests)/[\w/]+\.py)`", MODEL.read_text(encoding="utf-8"))
+    assert named, "docs/model.md names no module or test"
+    missing = sorted({path for path in named if not (ROOT / path).is_file()})
+    assert not missing, missing
