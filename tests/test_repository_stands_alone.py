@@ -98,7 +98,8 @@ def test_the_patterns_catch_what_they_are_for():
     }
     for name, sample in samples.items():
         assert OUTSIDE[name].search(sample), (name, sample)
-    fine = ["UTF-8 without a BOM (RFC 8259 " + SECTION + "8.1)", "the issue is the lease", "seed=None", "an outside aud" + "it polling the list", "Finding 1: Line 99",
+    fine = ["UTF-8 without a BOM (RFC 8259 " + SECTION + "8.1)", "the issue is the lease", "seed=None",
+            "an outside aud" + "it polling the list", "Finding 1: Line 99",
             "docs/model.md" + "#resume"]
     for text in fine:
         assert not any(p.search(text) for p in OUTSIDE.values()), text

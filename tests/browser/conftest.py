@@ -2,7 +2,8 @@
 
 Run in their own pytest process (``pytest -m browser``): sync Playwright and pytest-asyncio do
 not share an event loop (sync Playwright
-runs its own loop in the test's thread, where pytest-asyncio's would already be running). Every test here is marked ``browser`` automatically.
+runs its own loop in the test's thread, where pytest-asyncio's would already be running).
+Every test here is marked ``browser`` automatically.
 """
 from __future__ import annotations
 
