@@ -6,7 +6,8 @@ requests stay read-only on the auth path (docs/model.md#one-transaction-per-writ
 
 **Recalled callers** (``TokenAuth(recall=True)``: the checkpoint and batch writes, the hottest
 routes). The lookup is a round trip of its own, on the routes an agent calls most. On these
-routes a token looked up in the last ``TOKEN_RECALL_SECONDS`` is recalled from this process's memory (keyed by its hash, never the token) as a ``Caller`` whose
+routes a token looked up in the last ``TOKEN_RECALL_SECONDS`` is recalled from this process's
+memory (keyed by its hash, never the token) as a ``Caller`` whose
 ``recheck`` holds what the token's row said; the action checks that row again in its own first
 statement, the run lock that it runs anyway (``access.TOKEN_STILL_VALID_SQL``), so the token is
 checked in every request, in the statement that takes the lock its write needs, one round trip
