@@ -1,4 +1,4 @@
-"""Pages and filters at 10 k / 100 k / 1 M events (issue 13): the dashboard ``/``,
+"""Pages and filters at 10 k / 100 k / 1 M events: the dashboard ``/``,
 ``GET /api/v1/events?type=<rare>``, and the session page of a session with many checkpoints
 (against a small session's page).
 

@@ -1,4 +1,4 @@
-"""The live stream against bare Channels ``group_send`` on the same server (issue 13).
+"""The live stream against bare Channels ``group_send`` on the same server.
 
 One daphne (``bench/stream_asgi.py``: the project plus a bare ``/ws/bare/`` consumer) on its
 own database ``nfbench_stream``, with the Redis channel layer (the production layout; a bare

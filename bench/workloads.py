@@ -369,7 +369,7 @@ def run_ours_api(args: argparse.Namespace, counters: Counters) -> dict[str, Any]
     )
 
 
-# ---------------------------------------------------------------- the goals (issue 13): HTTP
+# ---------------------------------------------------------------- the goals: HTTP
 BATCH_SIZE = 10
 
 

@@ -37,7 +37,8 @@ def _pg_bin() -> Path:
 
 
 def _as_owner(cmd: list[str]) -> list[str]:
-    # PostgreSQL refuses to run as root (PITFALLS.md): run it as the postgres user then.
+    # initdb and postgres refuse to run as root (so that a compromised server cannot own the
+    # machine): run them as the postgres user then.
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
 

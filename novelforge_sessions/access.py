@@ -1,4 +1,4 @@
-"""Who is calling, and what they may see (DESIGN §10).
+"""Who is calling, and what they may see (docs/model.md#access).
 
 A :class:`Caller` is built at the edge — from a bearer token (agents) or from a logged-in
 user's memberships (managers) — and handed to actions. Every object lookup goes through

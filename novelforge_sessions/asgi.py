@@ -30,7 +30,8 @@ from novelforge_sessions import server
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "novelforge_sessions.settings")
 server.install()  # under daphne only: every server patch, version-checked, in one place
-# Build the Django app before importing anything that touches models (PITFALLS.md).
+# Build the Django app before importing anything that touches models: a model imported before the
+# app registry is ready raises AppRegistryNotReady.
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
@@ -58,10 +59,9 @@ application = ProtocolTypeRouter(
 )
 
 # Everything imported and built up to here (Django, the apps, the URLconf, the API's schemas:
-# ~150,000 objects) lives as long as the process. Left to the collector, each full collection
-# scanned all of it: 2 in the first 20 s of checkpoint POSTs, ~120 ms each with every request
-# and every websocket frame of the process waiting (measured with gc.callbacks under the
-# bench's load). Frozen, a full collection scans only what requests allocate (~5 ms). The
-# price: a frozen object that later becomes cyclic garbage is never reclaimed, and what is
-# alive at start-up is the process's code and configuration, which stays anyway.
+# a large heap) lives as long as the process. Left to the collector, every full collection would
+# scan all of it, with every request and websocket frame of the process waiting; frozen, a full
+# collection scans only what requests allocate. The price: a frozen object that later becomes
+# cyclic garbage is never reclaimed, and what is alive at start-up is the process's code and
+# configuration, which stays anyway.
 gc.freeze()

@@ -86,7 +86,7 @@ CHECKPOINT_RECORDED = _declare("checkpoint.recorded", "checkpoint_id seq boundar
 ARTIFACT_CREATED = _declare("artifact.created", "artifact_id name version fingerprint")
 ARTIFACT_VERSION_ADDED = _declare("artifact.version_added", "artifact_id version fingerprint")
 
-# ---- handoffs and results (contract §08) -------------------------------------------------------------
+# ---- handoffs and results (docs/model.md#results-and-idempotent-delivery) -----------------------------
 HANDOFF_CREATED = _declare(
     "handoff.created", "handoff_id logical_id job_fingerprint required_capabilities timeout_seconds inputs purpose"
 )
@@ -105,7 +105,7 @@ HANDOFF_RESULT_CONFLICT = _declare(
 )
 HANDOFF_CONFLICT_RESOLVED = _declare("handoff.conflict_resolved", "handoff_id logical_id resolution open_conflict")
 
-# ---- write intents and authority (contract §08, §13.7) ------------------------------------------------
+# ---- write intents and authority (docs/model.md#write-intents-and-authority) ----------------------------
 WRITE_INTENT_CREATED = _declare(
     "write_intent.created", "intent_id kind artifact_id params before_fingerprint idempotency_key requires_approval"
 )
@@ -120,7 +120,7 @@ ARTIFACT_CURRENT_CHANGED = _declare("artifact.current_changed", "intent_id befor
 AUTHORITY_SETTLED = _declare("authority.settled", "intent_id before after params")
 FRAMEWORK_CHANGED = _declare("framework.changed", "intent_id before after params")
 
-# ---- review (contract §09) ------------------------------------------------------------------------
+# ---- review (docs/model.md#reviews-and-independence) ---------------------------------------------------
 REVIEW_GATE_OPENED = _declare(
     "review.gate_opened",
     "gate_id packet_id route required_verdicts candidate_version_id candidate_fingerprint packet_fingerprint state",

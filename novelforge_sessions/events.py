@@ -2,8 +2,8 @@
 
 Ordering guarantee, without a global lock. A plain ``bigserial`` hands out ids at insert time,
 so a transaction that got id 7 may commit after one that got id 8; a reader who saw 8 and
-remembers "after 8" would never see 7. Until issue 13 every insert took one global advisory
-lock held to commit, serialising all writers. Now an event's id is the writing transaction's
+remembers "after 8" would never see 7. One global advisory lock held to commit would fix that by serialising all
+writers; instead an event's id is the writing transaction's
 top-level ``xid8`` shifted left by 16 bits plus its n-th event in that transaction
 (``nf_event_ids``, migration 0004): ids of a later transaction are larger, ids of one
 transaction consecutive. Readers see only ids below the *watermark* (``watermark()``, the
@@ -28,7 +28,8 @@ it cannot see yet re-reads shortly (the live feed does: ``live/fanout.py``).
 
 Broadcast. After commit, one wake-up per transaction and project goes to the channel layer
 group ``events.project.<id>``; subscribers then read the table. The channel layer is
-at-most-once and only a wake-up; the table is the truth (PITFALLS.md). With the in-memory
+at-most-once and only a wake-up; the table is the truth (a message to a
+full or vanished channel is dropped without an error). With the in-memory
 layer, a group whose members are all hubs of this process (``live/fanout.py``) is woken
 directly on the hub's loop (``LOCAL_WAKERS``); any other layer's send runs on this process's
 one sender loop (``_Sender``). Neither starts a thread or an event loop per commit.

@@ -1,4 +1,4 @@
-"""Liveness from leases: the one predicate (DESIGN §13; seed 003).
+"""Liveness from leases: the one predicate (docs/model.md#runtimes-and-leases).
 
 A record saying ``live`` is an observation; the lease is the proof. A runtime is live when its
 record says live *and* its lease has not run out. Every refusal, read-out and page asks these

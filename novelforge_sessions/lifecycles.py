@@ -1,7 +1,7 @@
-"""Every record's lifecycle, declared once as data (DESIGN §13, issue #8).
+"""Every record's lifecycle, declared once as data (docs/model.md#record-lifecycles).
 
 The pure core of the service, beside :mod:`novelforge_sessions.session_runtime` (which owns
-the contract's session table, §04). Each record that has states — session, run, runtime
+the session table, docs/model.md#session-lifecycle). Each record that has states — session, run, runtime
 attachment, handoff, write intent, review gate, review assignment — declares here its states
 (an enum), its initial state and its table of legal transitions. Nothing else in the service
 spells a state name: models take their choices and constraints from these enums, actions
@@ -135,10 +135,10 @@ def _table(rows: Mapping[StrEnum, Iterable[StrEnum]]) -> dict[StrEnum, frozenset
 
 S, R, T, H, I, G, A = SessionStatus, RunState, RuntimeState, HandoffState, IntentState, GateState, AssignmentState
 
-#: The contract's §04 table, owned by ``session_runtime``.
+#: The session table (docs/model.md#session-lifecycle), owned by ``session_runtime``.
 SESSION = Lifecycle("session", SessionStatus, S.CREATED, rt.LIFECYCLE, field="status")
 
-#: A run is open until it ends, once (contract §05). Which end follows which session move is
+#: A run is open until it ends, once (docs/model.md#runs). Which end follows which session move is
 #: ``session_runtime.RUN_END_ON_STATUS``.
 RUN = Lifecycle("run", RunState, R.OPEN, _table({
     R.OPEN: {R.COMPLETED, R.FAILED, R.ABORTED, R.INTERRUPTED, R.TERMINATED},
@@ -152,7 +152,7 @@ RUNTIME = Lifecycle("runtime", RuntimeState, T.LIVE, _table({
     T.CLOSED: (), T.LOST: (),
 }))
 
-#: A frozen external job (contract §08). ``claimed → claimed`` is a re-claim after the lease ran
+#: A frozen external job (docs/model.md#handoffs). ``claimed → claimed`` is a re-claim after the lease ran
 #: out (attempt + 1, new fencing token); ``conflicted → bound`` is a manager's resolution (the
 #: consumed result stands).
 HANDOFF = Lifecycle("handoff", HandoffState, H.PENDING, _table({
@@ -163,10 +163,10 @@ HANDOFF = Lifecycle("handoff", HandoffState, H.PENDING, _table({
     H.CANCELLED: (),
 }))
 
-#: A consequential write (contract §08). Revoking an approval returns it to ``proposed``; a
+#: A consequential write (docs/model.md#write-intents-and-authority). Revoking an approval returns it to ``proposed``; a
 #: project that needs no approval executes (or refuses) a proposed intent directly.
 #: ``approved → approved``: a re-approval supersedes a standing approval that went stale (the
-#: project's authority moved since; DESIGN §4's "re-approve" repair route).
+#: project's authority moved since; resume's "re-approve" repair route).
 WRITE_INTENT = Lifecycle("write intent", IntentState, I.PROPOSED, _table({
     I.PROPOSED: {I.APPROVED, I.REJECTED, I.EXECUTED, I.REFUSED},
     I.APPROVED: {I.PROPOSED, I.APPROVED, I.REJECTED, I.EXECUTED, I.REFUSED},
@@ -209,7 +209,7 @@ RUN_OUTCOMES: Mapping[RunState, tuple[SessionStatus, frozenset[SessionStatus]]] 
     R.FAILED: (S.FAILED, frozenset({S.FAILED})),
 }
 
-#: Session statuses that take no more external work (DESIGN §4: they can only end, or never run
+#: Session statuses that take no more external work (docs/model.md#session-lifecycle: they can only end, or never run
 #: again on their old bindings): entering one withdraws what the session waits on — its unbound
 #: handoffs and pending review gates are cancelled in the same transaction
 #: (``actions.lifecycle.apply_transition``) — no worker claims its jobs, and a late result,

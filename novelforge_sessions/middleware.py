@@ -36,9 +36,8 @@ class ApiCSPMiddleware(CSPMiddleware):
 
     An API response is JSON: nothing in it takes a nonce, and no API view changes the policy
     per response, so its headers depend only on the host and the scheme (the websocket origin
-    in ``connect-src``). django-csp builds them from the settings for every response (~3 % of
-    a checkpoint POST's server time under py-spy); here the first response per (host, scheme)
-    builds them through django-csp and the rest reuse them. Whatever does not fit (a nonce was
+    in ``connect-src``). django-csp would build them from the settings for every response; here
+    the first response per (host, scheme) builds them through django-csp and the rest reuse them. Whatever does not fit (a nonce was
     used, a per-response policy, a header already set, ``DEBUG``'s exempt codes, excluded
     prefixes) goes through django-csp as before. ``tests/api/test_lean_path.py`` compares the
     headers with the full stack's.

@@ -1,8 +1,8 @@
-"""Durable records of the Session Runtime (DESIGN §3).
+"""Durable records of the Session Runtime (docs/model.md#identities).
 
-Identities are kept apart on purpose (contract §01, §13.1): a Project is not a Session, a
+Identities are kept apart on purpose: a Project is not a Session, a
 Session is not a Run, a Run is not a Checkpoint. Provider-native ids live in
-``provider_metadata`` JSON and nothing keys on them (§13.2).
+``provider_metadata`` JSON and nothing keys on them: they are metadata, never authority.
 
 Statuses are never assigned directly: every status write goes through
 ``session_runtime.check_transition`` inside an action (``novelforge_sessions/actions``).
@@ -55,7 +55,7 @@ class Project(models.Model):
 
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
-    # Authority: only an approved write changes these (contract §13.7).
+    # Authority: only an executed write intent changes these (docs/model.md#write-intents-and-authority).
     authority_version = models.PositiveIntegerField(default=1)
     lock_fingerprint = models.CharField(max_length=80, default="")
     framework_version = models.CharField(max_length=64, default="1")
@@ -77,7 +77,7 @@ class Project(models.Model):
 
 
 class Membership(models.Model):
-    """A human's role in a project: managers supervise, reviewers review (DESIGN §10)."""
+    """A human's role in a project: managers supervise, reviewers review (docs/model.md#access)."""
 
     class Role(models.TextChoices):
         MANAGER = "manager"
@@ -130,7 +130,7 @@ class ArtifactVersion(models.Model):
 
 
 class Session(models.Model):
-    """A resumable execution container (contract §01). Role is responsibility, not authority."""
+    """A resumable execution container (docs/model.md#identities). Role is responsibility, not authority."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="sessions")
     role = models.CharField(max_length=32, choices=_choices(rt.SessionRole))
@@ -138,13 +138,13 @@ class Session(models.Model):
     memory_policy = models.CharField(max_length=32, choices=_choices(rt.MemoryPolicy))
     task_mode = models.CharField(max_length=64)
     runtime_family = models.CharField(max_length=64)
-    # Provider-native thread/conversation ids: metadata only, never a key (contract §13.2).
+    # Provider-native thread/conversation ids: metadata only, never a key.
     provider_metadata = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=32, choices=_choices(rt.SessionStatus), default=rt.SessionStatus.CREATED.value)
     status_reason = models.CharField(max_length=200, blank=True, default="")
     # Bumped by every status change: the optimistic-concurrency token clients may send.
     version = models.PositiveIntegerField(default=1)
-    # Last runtime generation handed out (seed 003's runtime_generation).
+    # Last runtime generation handed out (docs/model.md#runtimes-and-leases).
     generation = models.PositiveIntegerField(default=0)
     run_count = models.PositiveIntegerField(default=0)
     transcript_length = models.PositiveIntegerField(default=0)
@@ -163,7 +163,7 @@ class Session(models.Model):
             models.CheckConstraint(condition=_in_enum("status", rt.SessionStatus), name="session_status_enum"),
             models.CheckConstraint(condition=_in_enum("role", rt.SessionRole), name="session_role_enum"),
             models.CheckConstraint(condition=_in_enum("memory_policy", rt.MemoryPolicy), name="session_memory_policy_enum"),
-            # role `other` only with an explicit extension name (contract §02).
+            # role `other` only with an explicit extension name (docs/model.md#roles-and-memory-policies).
             models.CheckConstraint(
                 condition=(Q(role="other") & ~Q(role_extension="")) | (~Q(role="other") & Q(role_extension="")),
                 name="session_role_extension_only_for_other",
@@ -175,7 +175,7 @@ class Session(models.Model):
 
 
 class RuntimeAttachmentQuerySet(models.QuerySet):
-    """Liveness in SQL, the same rule as ``leases.runtime_is_live`` (DESIGN §13)."""
+    """Liveness in SQL, the same rule as ``leases.runtime_is_live`` (docs/model.md#runtimes-and-leases)."""
 
     def live(self, now: datetime | None = None) -> RuntimeAttachmentQuerySet:
         """Live: the record says live and the lease has not run out."""
@@ -187,7 +187,7 @@ class RuntimeAttachmentQuerySet(models.QuerySet):
 
 
 class RuntimeAttachment(models.Model):
-    """One live process/chat/worker serving a session for one generation (seed 003 SessionProcess).
+    """One live process/chat/worker serving a session for one generation (docs/model.md#runtimes-and-leases).
 
     ``state`` is the record; whether the runtime *is* live is derived from the lease
     (``live`` / ``lease_expired`` here, ``objects.live()`` in SQL).
@@ -242,7 +242,7 @@ def live_runtime_sql(session_id: str) -> str:
     """``RuntimeAttachment.objects.live()`` as a boolean SQL expression, for the hand-written
     locking statements of the hot paths (the checkpoint's run lock, the transition's session
     lock): does the session whose id is the SQL expression ``session_id`` have a live runtime,
-    its record live and its lease not run out at ``%(now)s``? The same one rule (DESIGN §13;
+    its record live and its lease not run out at ``%(now)s``? The same one rule (docs/model.md#runtimes-and-leases;
     ``tests/sessions/test_expired_lease_writes.py`` checks that the two agree); parameters
     ``LIVE_RUNTIME_PARAMS`` and ``now``, by name."""
     return (
@@ -252,7 +252,7 @@ def live_runtime_sql(session_id: str) -> str:
 
 
 class Run(models.Model):
-    """One invocation inside a session (contract §05)."""
+    """One invocation inside a session (docs/model.md#runs)."""
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runs")
     seq = models.PositiveIntegerField()
@@ -281,7 +281,7 @@ class Run(models.Model):
 
 
 class Checkpoint(models.Model):
-    """A validated cursor plus fingerprints and preconditions (contract §06). Immutable."""
+    """A validated cursor plus fingerprints and preconditions (docs/model.md#checkpoints). Immutable."""
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="checkpoints")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
@@ -319,7 +319,7 @@ class Checkpoint(models.Model):
 
 
 class TranscriptEntry(models.Model):
-    """Per-session, append-only, bounded. Not memory, not authority (seed 003)."""
+    """Per-session, append-only, bounded. Not memory, not authority (docs/model.md#transcript)."""
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="transcript")
     seq = models.PositiveIntegerField()

@@ -1,4 +1,5 @@
-"""The Session Runtime contract's deterministic core (contract §04–§06, §11).
+"""The Session Runtime's deterministic core: the session lifecycle (docs/model.md#session-lifecycle) and the
+validation of session, run and checkpoint payloads (docs/model.md#checkpoints).
 
 This module owns the lifecycle table and the validation of session, run and checkpoint
 payloads. It imports nothing from Django and does no I/O, so every rule here is testable in
@@ -30,7 +31,7 @@ class SessionStatus(StrEnum):
 
 S = SessionStatus
 
-#: Contract §04, exactly. Anything not listed is illegal.
+#: docs/model.md#session-lifecycle, exactly. Anything not listed is illegal.
 LIFECYCLE: Mapping[SessionStatus, frozenset[SessionStatus]] = {
     S.CREATED: frozenset({S.RUNNING}),
     S.RUNNING: frozenset(
@@ -69,7 +70,7 @@ class MemoryPolicy(StrEnum):
 
 
 class CheckpointBoundary(StrEnum):
-    """Contract §06: the places where repeating or forgetting work would be dangerous."""
+    """docs/model.md#checkpoints: the places where repeating or forgetting work would be dangerous."""
 
     CONTEXT_FREEZE = "context_freeze"
     CANDIDATE_FROZEN = "candidate_frozen"
@@ -349,7 +350,7 @@ def validate_metadata(value: Mapping[str, Any] | None, field_name: str, max_byte
 
 
 # --------------------------------------------------------------------------------------
-# Checkpoints (contract §06: bounded resume state, never a transcript)
+# Checkpoints (docs/model.md#checkpoints: bounded resume state, never a transcript)
 # --------------------------------------------------------------------------------------
 #: Keys that mean "a copy of the conversation or of private reasoning" wherever they appear.
 TRANSCRIPT_KEYS = frozenset(

@@ -65,7 +65,7 @@ ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "te
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
-    "daphne",  # must come first so runserver is the ASGI one (PITFALLS.md)
+    "daphne",  # first: of the apps that define runserver the first listed wins, and daphne's is the ASGI one
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -156,7 +156,8 @@ if _db.get("ENGINE") != "django.db.backends.postgresql":
         f"DATABASE_URL must point at PostgreSQL (postgres://...), got engine {_db.get('ENGINE')!r}"
     )
 # Under ASGI every sync view runs in a worker thread; persistent per-thread connections
-# pile up (PITFALLS.md), so connections are closed at the end of each request by default —
+# pile up (a thread outlives its request and nothing else closes its connection), so
+# connections are closed at the end of each request by default —
 # or, with DB_POOL_MAX_SIZE > 0, returned to psycopg's pool (Django ≥ 5.1), which saves a
 # connection start-up (a transaction of its own on the server) on every request. The lean API
 # path's API_THREADS fixed threads are the exception: each keeps its connection for its life

@@ -1,4 +1,4 @@
-"""Who is reviewing, and which packets they may see (DESIGN §9–§10; contract §02, §13.8).
+"""Who is reviewing, and which packets they may see (docs/model.md#reviews-and-independence, docs/model.md#access).
 
 A :class:`ReviewerIdentity` is built at the edge — from a logged-in human with a reviewer
 membership, or from an agent's bearer token bound to its own ``semantic_reviewer`` session —
@@ -23,11 +23,11 @@ from novelforge_sessions.errors import (
 from novelforge_sessions.models import Membership, RuntimeAttachment, Session
 from reviews.models import ReviewAssignment, ReviewGate
 
-#: Memory policies an independent reviewer may run with (contract §03).
+#: Memory policies an independent reviewer may run with (docs/model.md#roles-and-memory-policies).
 INDEPENDENT_MEMORY = frozenset({rt.MemoryPolicy.NONE.value, rt.MemoryPolicy.BOUNDED.value})
 #: The capability an agent reviewer's runtime declares to take review slots: every agent-review
 #: handoff requires it, routing looks for it, and a reviewer whose live runtime does not declare
-#: it claims nothing and binds nothing (contract §10: capabilities are proven, not assumed).
+#: it claims nothing and binds nothing (docs/model.md#runtime-routing: capabilities are proven, not assumed).
 REVIEW_CAPABILITY = "review"
 
 
@@ -102,8 +102,8 @@ def reviewer_runtimes(project_ids: Iterable[int], *, now: datetime | None = None
 
 def check_reviewer_can_work(session_id: int, status: str, runtime_id: int | None, capabilities: Sequence[str]) -> None:
     """An agent reviewer's claim, heartbeat and verdict are work of its own session (a verdict is
-    bound to ``session:<id>``), so that session must be able to work (DESIGN §13: liveness is the
-    lease). Refused, nothing written, most fundamental first: the session can never run again
+    bound to ``session:<id>``), so that session must be able to work (docs/model.md#runtimes-and-leases: liveness is
+    the lease). Refused, nothing written, most fundamental first: the session can never run again
     (``completed``, ``stale``, ``terminated``: 409 ``session_terminated``) → it has no live
     runtime by its lease (none attached, closed, lost or its lease ran out: 409
     ``no_live_runtime``) → that runtime does not declare ``review`` (409
@@ -200,7 +200,7 @@ def check_blind(user, project_id: int, *, field: str | None = None, **details) -
 
 def check_independence(identity: ReviewerIdentity, gate: ReviewGate, candidate_created_by: str) -> None:
     """The reviewer is not the writer: not its session, not who opened the gate, not the
-    candidate's author (contract §13.8); a human reviewer still cannot see past the packet
+    candidate's author (docs/model.md#reviews-and-independence); a human reviewer still cannot see past the packet
     (not a manager of the project, not a superuser, no admin view of the writer's records:
     checked again here, at verdict time, since a role can be granted after the assignment).
     Otherwise 403 ``independence_violation``."""

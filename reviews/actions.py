@@ -72,7 +72,7 @@ AGENT_REVIEW_LEASE_SECONDS = 600
 #: What an agent review handoff's result (the bound verdict) looks like to the control plane.
 _VERDICT_RESULT_SCHEMA = {"decision": "string", "scores": "object", "findings": "array", "confidence": "number",
                           "packet_fingerprint": "string", "artifact_fingerprint": "string"}
-#: Sessions that may open a gate on their own work (contract §02: writer, or the manager).
+#: Sessions that may open a gate on their own work (docs/model.md#roles-and-memory-policies: writer, or the manager).
 GATE_OPENER_ROLES = frozenset({rt.SessionRole.WRITER.value, rt.SessionRole.MANAGER.value})
 
 
@@ -89,7 +89,7 @@ class GateSpec:
     reviewers: list[str] = field(default_factory=list)  # usernames (page/relay)
     reviewer_session_ids: list[int] = field(default_factory=list)  # agent route, optional
     calibration: dict[str, Any] | None = None
-    #: the opening runtime (generation fencing, DESIGN §13): required once the session has had a
+    #: the opening runtime (docs/model.md#generation-fencing): required once the session has had a
     #: second generation, checked against the live runtime whenever given
     runtime_id: int | None = None
 
@@ -172,7 +172,7 @@ ROUTING_LISTED = 10
 
 
 def _live_agent_reviewers(writer: Session) -> dict[str, Any]:
-    """Routing (contract §09): before a gate waits on a person, record which connected agent
+    """Routing (docs/model.md#runtime-routing): before a gate waits on a person, record which connected agent
     reviewers could have taken it instead — the live runtimes of eligible reviewer sessions that
     declare ``review`` (``access.reviewer_runtimes``, the rule a claim applies), never the
     writer's own. The record names up to ``ROUTING_LISTED`` and counts them all (one statement);

@@ -1,4 +1,4 @@
-"""Review gates, bounded blind packets, assignments and typed verdicts (contract §02, §03, §09).
+"""Review gates, bounded blind packets, assignments and typed verdicts (docs/model.md#reviews-and-independence).
 
 Four records, kept apart on purpose:
 
@@ -94,7 +94,7 @@ class GateCalibration(models.Model):
     """Hidden calibration material: an expected verdict and an answer key.
 
     Read only by the calibration scoring for managers. Never passed to ``packets.build_packet``,
-    never rendered for reviewers, never in an event (contract §03: no hidden expected verdicts,
+    never rendered for reviewers, never in an event (no hidden expected verdicts,
     no regression answer keys in an independent reviewer's context).
     """
 
@@ -205,7 +205,7 @@ class Verdict(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [
-            # Contract §09 / DESIGN §9: a second, different verdict from the same reviewer on the
+            # docs/model.md#reviews-and-independence: a second, different verdict from the same reviewer on the
             # same packet is refused — here, by the database.
             models.UniqueConstraint(fields=["packet", "reviewer"], name="verdict_one_per_reviewer_per_packet"),
             models.CheckConstraint(condition=_enum("decision", DECISIONS), name="verdict_decision_enum"),

@@ -1,7 +1,7 @@
 """The bounded blind packet: rubric validation, verdict schema, packet building (pure).
 
 No Django, no I/O. :func:`build_packet` takes its inputs as explicit keyword arguments — its
-signature *is* the allowlist (contract §03): the frozen candidate (content + fingerprint), the
+signature *is* the allowlist (docs/model.md#reviews-and-independence): the frozen candidate (content + fingerprint), the
 typed rubric, the verdict schema derived from it, the evidence the rubric declares, and fixed
 instructions. There is no parameter through which a writer's transcript, private reasoning,
 run state, calibration material or another reviewer's verdict could enter, and the function
@@ -226,7 +226,7 @@ class EvidenceItem:
 
 
 def validate_evidence(value: Any, rubric: Rubric, field: str = "evidence") -> tuple[EvidenceItem, ...]:
-    """Only evidence the rubric declares (contract §03): each item's key must be allowed."""
+    """Only evidence the rubric declares: each item's key must be allowed."""
     if value is None:
         return ()
     if not isinstance(value, list):

@@ -19,7 +19,7 @@ gates to the new run — without the control plane importing anything from ``rev
 * An agent gate's slots are ``review`` handoffs, and who may claim one is this kind's rule
   (``claimants``), not a matching capability: resume's ``capabilities`` step counts only the
   live runtimes of eligible reviewer sessions independent of the gate, never the writer's.
-* Every pending gate of a run *holds* it (DESIGN §9, §13): a page or relay gate keeps the session
+* Every pending gate of a run *holds* it (docs/model.md#waits): a page or relay gate keeps the session
   ``awaiting_user``, an agent gate (its review not done: verdicts still unbound) ``awaiting_external``.
   Until the required verdicts are bound or the gate is cancelled, the run may not continue by a
   plain transition nor end ``completed``, and resume leaves the continuing run in that state.
@@ -145,7 +145,7 @@ def revalidate(scope: ResumeScope) -> WaitCheck:
             problems.append({"gate_id": row["id"], "problem": "review gate cancelled", "repair": Repair.REREVIEW})
         elif row["state"] == ReviewGate.State.COMPLETE:
             # A verdict judged the candidate, not the artifact: once the head moved on, whatever
-            # the outcome, it no longer speaks for what the cursor would continue on (§12).
+            # the outcome, it no longer speaks for what the cursor would continue on (docs/model.md#stop-conditions).
             if _candidate_moved(row):
                 problems.append(_candidate_changed(row))
             else:

@@ -1,4 +1,4 @@
-"""The fresh-machine path of ``scripts/bootstrap.sh`` (issue 10, item 1).
+"""The fresh-machine path of ``scripts/bootstrap.sh``.
 
 With no usable PostgreSQL the bootstrap starts a project-local cluster (and, in test mode, a local
 Redis). The daemons outlive the script, so they must not inherit the pipe of the caller's

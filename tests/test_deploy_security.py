@@ -1,4 +1,4 @@
-"""Deployment security (issue 9, finding 7): the README's production profile passes
+"""Deployment security: the README's production profile passes
 ``manage.py check --deploy --fail-level WARNING`` with no warning (and the defaults do not, so the
 test can fail); the HTTPS settings come from the environment, strictly parsed; the probes answer
 over plain HTTP behind the SSL redirect; every page sends a strict Content-Security-Policy with a

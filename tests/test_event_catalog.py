@@ -1,4 +1,4 @@
-"""Issue 8: typed event constructors. Every event type is a catalog constant with declared
+"""Typed event constructors. Every event type is a catalog constant with declared
 payload fields; ``events.append`` and ``Outbox.add`` take only those constants; every constant
 is emitted somewhere (no dead types) and no emission site names a type by string."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every event-table query of the pages and filters stays flat in the number of events (issue 13).
+"""Every event-table query of the pages and filters stays flat in the number of events.
 
 A log of ~120 k events is generated set-based (``generate_series``) inside the test's
 transaction and ANALYZEd, shaped like a long-lived project: one session with tens of thousands

@@ -1,4 +1,4 @@
-"""`make run` starts the lease reconciler beside the server and stops it with the server (issue 8)."""
+"""`make run` starts the lease reconciler beside the server and stops it with the server."""
 from __future__ import annotations
 
 import re
@@ -35,7 +35,7 @@ def test_make_run_keeps_the_default_sweep_because_notify_wakes_the_server():
 
 
 def test_make_run_prints_the_address_it_serves_on():
-    """Issue 10, item 4: the printed curl line and the banner follow RUN_HOST / RUN_PORT."""
+    """The printed curl line and the banner follow RUN_HOST / RUN_PORT."""
     recipe = subprocess.run(["make", "--no-print-directory", "-n", "run", "RUN_HOST=127.0.0.2", "RUN_PORT=8123"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout
     assert "manage.py load_demo --base-url http://127.0.0.2:8123\n" in recipe, recipe

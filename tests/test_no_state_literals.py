@@ -1,4 +1,4 @@
-"""No state name is written as a literal outside the pure core (issue #8).
+"""No state name is written as a literal outside the pure core (docs/model.md#record-lifecycles).
 
 Every lifecycle is declared once in ``novelforge_sessions/lifecycles.py`` (and the contract's
 session table in ``session_runtime.py``). Everywhere else — actions, SQL, models, API schemas,
@@ -65,7 +65,7 @@ def test_the_scan_would_catch_a_literal():
         assert not any(p.search(harmless) for p in PATTERNS), harmless
 
 
-# ---- every status write goes through the one transition helper (issue #8) ---------------------
+# ---- every status write goes through the one transition helper -----------------------------
 HELPER = ROOT / "novelforge_sessions" / "actions" / "lifecycle.py"
 _UPDATE_CALL = re.compile(r"\.update\(((?:[^()]|\([^()]*\))*)\)", re.S)
 _STATE_KWARG = re.compile(r"(?<![\w.])(?:state|status)\s*=(?!=)")

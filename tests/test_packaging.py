@@ -1,4 +1,4 @@
-"""An installed (non-editable) package is self-contained (issue 10, item 2): ``pip install .`` ships
+"""An installed (non-editable) package is self-contained: ``pip install .`` ships
 the checkout's top-level ``templates/`` and ``static/`` as package data (``novelforge_sessions/_site/``,
 mapped in pyproject.toml), and the pages, static files and ``/api/docs`` with its assets are served
 from a folder outside the checkout; the README's Production section works verbatim on a clean database.

@@ -1,4 +1,4 @@
-"""Projects and their people without the admin (issue 10, item 2): ``create_project`` and
+"""Projects and their people without the admin: ``create_project`` and
 ``add_member`` create what is missing, change nothing on a second run, and refuse before writing."""
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def test_good_settings_load():
 
 def test_the_served_application_is_built_then_frozen_out_of_the_collectors_reach():
     """``novelforge_sessions.asgi`` ends with ``gc.freeze()``: a full collection in a server then
-    scans what requests allocate, not the start-up heap (a 120 ms pause each, unfrozen)."""
+    scans what requests allocate, not the start-up heap."""
     probe = (
         "import gc; before = gc.get_freeze_count(); import novelforge_sessions.asgi; "
         "print(before, gc.get_freeze_count(), len(gc.get_objects()))"

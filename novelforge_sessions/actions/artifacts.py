@@ -1,7 +1,7 @@
 """Artifacts and their immutable, content-addressed versions.
 
 Adding a version never changes what is current: making a version current is a consequential
-write (a write intent, contract §08). The first version of a new artifact is current.
+write (a write intent, docs/model.md#write-intents-and-authority). The first version of a new artifact is current.
 """
 from __future__ import annotations
 

@@ -60,7 +60,8 @@ class Outbox:
 
 
 # ``lock_session(..., project=False)`` and ``open_run`` in SQL: these are the hot paths' reads
-# (every transition), and compiling the equivalent ORM queries cost ~0.3 ms CPU each. Scoping
+# (every transition), where compiling the equivalent ORM queries would cost more CPU than running
+# them. Scoping
 # matches ``Caller.sessions()``: the caller's projects, and only its session for a bound token.
 # The session's liveness rides along (``session.runtime_live``, the one rule in SQL): the
 # transition's runtime check costs no statement of its own.
@@ -125,7 +126,7 @@ def open_run(session: Session, *, lock: bool = True) -> Run | None:
 
 def live_runtime(session: Session, *, lock: bool = True, now: datetime | None = None) -> RuntimeAttachment | None:
     """The session's live runtime: its record says live *and* its lease has not run out
-    (``RuntimeAttachment.objects.live``; DESIGN §13). A record whose lease expired is not live."""
+    (``RuntimeAttachment.objects.live``; docs/model.md#runtimes-and-leases). A record whose lease expired is not live."""
     qs = RuntimeAttachment.objects.live(now).filter(session=session)
     if lock:
         qs = qs.select_for_update()
@@ -341,7 +342,7 @@ LOOKUP: Any = object()
 def fence_runtime(
     caller: Caller, session: Session, runtime_id: int | None, *, attachment: RuntimeAttachment | None | Any = LOOKUP,
 ) -> None:
-    """Refuse a write from a superseded runtime generation (generation fencing; DESIGN §13).
+    """Refuse a write from a superseded runtime generation (docs/model.md#generation-fencing).
 
     Call it under the session row lock, after the lifecycle checks and before anything is
     written. ``attachment`` is the session's live-state runtime if the action already holds it.
@@ -395,7 +396,7 @@ def runtime_gone(session_id: int, status: str) -> NoLiveRuntime:
 def require_live_runtime(caller: Caller, session: Session, *, live: bool | None = None) -> None:
     """Refuse the runtime's own work on its run (ending it, moving out of ``running`` as
     ``lifecycles.runtime_move`` says, a checkpoint, a cursor, a handoff, a review gate) once the
-    session has no live runtime by its lease (DESIGN §13): 409 ``no_live_runtime``, nothing
+    session has no live runtime by its lease (docs/model.md#runtimes-and-leases): 409 ``no_live_runtime``, nothing
     written. A runtime whose lease ran out is gone before any reconciler pass records it lost, so
     a write made on its behalf is refused the moment the lease runs out, and still after the pass.
 

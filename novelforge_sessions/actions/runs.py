@@ -1,4 +1,4 @@
-"""Runs: one invocation inside a session (contract §05). At most one open run per session."""
+"""Runs: one invocation inside a session (docs/model.md#runs). At most one open run per session."""
 from __future__ import annotations
 
 from typing import Any
@@ -81,7 +81,7 @@ def start_run(
         if attachment is None:
             raise NoLiveRuntime("attach a runtime before starting a run", status=session.status)
         if session.open_conflict:
-            # A conflicting result is a hard stop (contract §08): no new work until a manager resolves it.
+            # A conflicting result is a hard stop (docs/model.md#runs): no new work until a manager resolves it.
             raise OpenConflict("the session has an open conflict; a manager must resolve it first",
                                reason=session.open_conflict)
         require_versions(caller, session.project_id, cited, what="frozen_inputs")

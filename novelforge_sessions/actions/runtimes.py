@@ -1,8 +1,8 @@
 """Runtime attachments: attach, heartbeat, detach, and the reconciler for lost leases.
 
-A runtime is one generation of a live process/chat/worker serving a session (seed 003). The
+A runtime is one generation of a live process/chat/worker serving a session. The
 record saying ``live`` is an observation; liveness is the lease (``novelforge_sessions.leases``,
-DESIGN §13). A lease that ran out means the runtime is gone, whether or not a record says so
+docs/model.md#runtimes-and-leases). A lease that ran out means the runtime is gone, whether or not a record says so
 yet: no resume, attach or forget is blocked by its record, and no write made on its behalf is
 accepted (``actions.lifecycle.require_live_runtime``). ``expire_runtime`` turns that into records and
 events — the runtime ends ``lost`` and, if the session was ``running``, the session moves to
@@ -146,7 +146,7 @@ def wake_waiting_session(
 ) -> rt.SessionStatus:
     """A locked ``awaiting_*`` session's wait was settled (its results or verdicts bound, or what
     it waited on cancelled) and nothing else holds its run: the run continues (``→ running``,
-    ``reason``) — if a runtime is live to run it, by its lease (DESIGN §13). Otherwise nothing
+    ``reason``) — if a runtime is live to run it, by its lease (docs/model.md#runtimes-and-leases). Otherwise nothing
     would run it, and no lease could ever run out to tidy it: :func:`fail_without_runtime`
     (``failed / runtime_lost``, its run interrupted, an expired record recorded lost), the same
     end state whether or not a reconciler pass recorded the runtime lost first. Resume is then the
@@ -192,7 +192,7 @@ def attach_runtime(caller: Caller, session_id: int, spec: RuntimeSpec) -> Runtim
     session still holds an open run, waiting on a person or a worker, whose runtime is gone).
 
     A new runtime never takes over an open run: continuing a run under another execution
-    identity is what resume is for, a fresh validation act (contract §07: authority, fingerprints,
+    identity is what resume is for, a fresh validation act (docs/model.md#resume: authority, fingerprints,
     approvals and capabilities checked again). Resume works from the waiting state itself: the
     waiting run ends superseded and a new run carries what it waits on (still waiting, if a gate
     holds it). Left alone, the session keeps waiting and fails ``runtime_lost`` when the wait

@@ -1,6 +1,6 @@
-"""Session actions: create, transition, close, abort, forget (seed 003; contract §04).
+"""Session actions: create, transition, close, abort, forget (docs/model.md#session-operations).
 
-Resume lives in ``control/resume.py``: it is a validation act of its own (contract §07).
+Resume lives in ``control/resume.py``: it is a validation act of its own (docs/model.md#resume).
 Each action: authorize (``caller``), validate (pure core), then one ``transaction.atomic()``
 that locks the session row, writes, and appends its events last.
 """

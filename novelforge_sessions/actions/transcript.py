@@ -1,4 +1,4 @@
-"""The session transcript: append-only and bounded. Not memory, not authority (seed 003).
+"""The session transcript: append-only and bounded. Not memory, not authority (docs/model.md#transcript).
 
 Nothing in the service reads it back to reconstruct state: resume uses checkpoints, and
 review packets are built from an allowlist that does not include it. Events about it carry

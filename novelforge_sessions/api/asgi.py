@@ -17,8 +17,8 @@ and csrf-exempt; auth, messages, WhiteNoise: no static files below /api/v1/). So
   each thread holds one pooled connection instead of checking one out per request), closing
   it only when it failed, is unusable, or was left inside a transaction;
 - resolves each path once (``_resolve``: the URL resolver's answer kept per path, up to
-  ``RESOLVED_PATHS_MAX``): Django tries the API's patterns in order on every request, ~3.6 %
-  of a checkpoint POST's GIL time under py-spy, and an agent writes to the same run's URLs;
+  ``RESOLVED_PATHS_MAX``): Django would try the API's patterns in order on every request, and
+  an agent writes to the same run's URLs again and again, so the answer is worth keeping;
 - answers exactly as the full handler would (same views, same error shapes).
 
 Everything else (pages, /api/docs, /api/openapi.json, static files) goes through Django's
@@ -172,8 +172,8 @@ def _hold_connections(dbs: list[Any]) -> None:
     ``response.close()`` sends ``request_finished``, whose ``close_old_connections`` closes
     (with the pool: hands back) every connection past its ``close_at``; with the pool
     ``CONN_MAX_AGE`` is 0, so without this each request checked a connection out again: the
-    pool's check (a round trip), autocommit and the connection's set-up, ~4 % of a checkpoint
-    POST's server time under py-spy. A connection the request left broken or inside a
+    pool's check (a round trip), autocommit and the connection's set-up, all of it repeated
+    for nothing on a thread that serves only the API. A connection the request left broken or inside a
     transaction is still closed, there or in ``_keep_or_close_connections``.
     """
     for conn in dbs:

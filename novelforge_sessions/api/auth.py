@@ -2,12 +2,12 @@
 
 The token is hashed and looked up in one indexed read; ``last_used_at`` is refreshed at most
 once per ``TOKEN_LAST_USED_RESOLUTION_SECONDS`` by a conditional UPDATE, so a busy agent's
-requests stay read-only on the auth path (DESIGN §12). Tokens never appear in logs.
+requests stay read-only on the auth path (docs/model.md#one-transaction-per-write). Tokens never appear in logs.
 
 **Recalled callers** (``TokenAuth(recall=True)``: the checkpoint and batch writes, the hottest
-routes). The lookup is a round trip of its own, ~0.17 ms of the server's CPU, 7 to 9 % of a
-checkpoint POST. On these routes a token looked up in the last ``TOKEN_RECALL_SECONDS`` is
-recalled from this process's memory (keyed by its hash, never the token) as a ``Caller`` whose
+routes). The lookup is a round trip of its own, on the routes an agent calls most. On these
+routes a token looked up in the last ``TOKEN_RECALL_SECONDS`` is recalled from this process's
+memory (keyed by its hash, never the token) as a ``Caller`` whose
 ``recheck`` holds what the token's row said; the action checks that row again in its own first
 statement, the run lock that it runs anyway (``access.TOKEN_STILL_VALID_SQL``), so the token is
 checked in every request, in the statement that takes the lock its write needs, one round trip
@@ -40,7 +40,7 @@ _T, _P = ApiToken._meta.db_table, Project._meta.db_table
 #: Every project field, so the Caller carries a complete Project (writes use it as their FK).
 _PROJECT_FIELDS = Project._meta.concrete_fields
 # The auth path runs on every request: one SQL statement instead of an ORM query with
-# select_related, whose construction cost more CPU than the lookup itself (~0.5 ms → ~0.1 ms).
+# select_related, whose construction would cost more CPU than the lookup itself.
 _LOOKUP_SQL = (
     f"SELECT t.id, t.name, t.session_id, t.permissions, t.last_used_at, "
     f"{', '.join(f'p.{f.column}' for f in _PROJECT_FIELDS)} "

@@ -10,7 +10,7 @@ from novelforge_sessions.errors import NotFound, UnsupportedMediaType
 
 __all__ = ["MAX_PAGE", "caller", "errors", "get_or_404", "keyset"]
 
-#: Said by every route that carries a runtime's own work on its run (DESIGN §13).
+#: Said by every route that carries a runtime's own work on its run (docs/model.md#runtimes-and-leases).
 RUNTIME_GONE = (
     "409 `no_live_runtime` when the session's runtime is gone (its lease ran out, even before the reconciler "
     "recorded it lost, or it was closed or lost): nothing is written; resume the session."

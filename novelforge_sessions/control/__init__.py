@@ -1,4 +1,4 @@
-"""The control plane (contract §07, §08, §11): everything between a run and the outside world.
+"""The control plane (docs/model.md#the-control-plane): everything between a run and the outside world.
 
 Records (``models``): handoffs under leases, result deliveries, validations, consume-once
 receipts, write intents and approvals, and the history of authority changes. Behaviour, beside
@@ -6,7 +6,7 @@ them: ``handoffs`` (freeze, claim, renew, cancel), ``results`` (deliver → vali
 once, conflicts), ``intents`` (compare-and-swap writes with approvals), ``bindings`` (binding
 invalidation, mark-stale), ``routing`` (live runtimes by capability), ``checkpoints`` (bounded
 checkpoints whose typed refs are resolved here), ``waits`` (what a run waits on, a registry
-other apps add kinds to), ``resume`` (the §07 revalidation act).
+other apps add kinds to), ``resume`` (the revalidation act, docs/model.md#resume).
 
 ``service`` is the ONE public interface for the layers above (``reviews``); the API edge calls
 the action modules directly. The control plane imports nothing from ``reviews``

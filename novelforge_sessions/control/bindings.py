@@ -1,4 +1,4 @@
-"""Binding invalidation (contract §07, §12; DESIGN §4 "stale").
+"""Binding invalidation (docs/model.md#stale-bindings).
 
 A session is *bound* to the authority its latest checkpoint recorded (authority version,
 lock fingerprint, framework version). When the project's authority or framework moves on,

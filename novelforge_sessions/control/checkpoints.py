@@ -1,4 +1,4 @@
-"""Checkpoints: bounded resume state at the contract's §06 boundaries. Immutable once written."""
+"""Checkpoints: bounded resume state at the boundaries of docs/model.md#checkpoints. Immutable once written."""
 from __future__ import annotations
 
 import hashlib

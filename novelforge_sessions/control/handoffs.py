@@ -1,4 +1,4 @@
-"""Handoffs: frozen external jobs, claimed under leases with fencing tokens (contract §08, §11).
+"""Handoffs: frozen external jobs, claimed under leases with fencing tokens (docs/model.md#handoffs).
 
 * ``create_handoff`` — an open run of a ``running`` (or already ``awaiting_external``) session
   freezes a job: input artifact refs + fingerprints → server-computed job fingerprint, a

@@ -1,5 +1,5 @@
 """Write intents: consequential writes with before-state, idempotency, approval and
-post-condition (contract §08, §12, §13.7; DESIGN §7).
+post-condition (docs/model.md#write-intents-and-authority).
 
 Kinds (the consequential writes of the service):
 
@@ -19,7 +19,7 @@ stale before-state is refused (``stale_precondition``) and the refusal is the in
 recorded outcome. Replaying (the same idempotency key, or executing again) returns the first
 outcome. When ``Project.requires_write_approval`` is set, only a standing approval by a caller
 holding the ``approve`` permission lets it execute: nothing about the session — its status, its
-role, its provider metadata — is consulted (contract §13.7).
+role, its provider metadata — is consulted: session state never grants write authority.
 """
 from __future__ import annotations
 
@@ -403,7 +403,7 @@ def execute_intent(caller: Caller, intent_id: int) -> Executed:
             problem = approval_problem(intent, standing, project)
             if problem is not None:
                 # Only the approval counts: the session's status, role and provider metadata
-                # are not even read here (contract §13.7).
+                # are not even read here (docs/model.md#write-intents-and-authority).
                 raise ApprovalRequired(
                     "this project requires an approval by a manager before the write", intent_id=intent.id,
                     reason=problem, approval_id=standing.id if standing else None,

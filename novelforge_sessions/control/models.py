@@ -1,4 +1,4 @@
-"""Control-plane records (contract §08, §11; DESIGN §7).
+"""Control-plane records (docs/model.md#the-control-plane).
 
 Four distinct records for one external result, never merged:
 
@@ -31,7 +31,7 @@ UNBOUND_STATES = tuple(s.value for s in lc.HANDOFF_WAITING)
 
 
 class HandoffPurpose(models.TextChoices):
-    """What a handoff is for, and so which routes may touch it (issue 8, defect 7).
+    """What a handoff is for, and so which routes may touch it (docs/model.md#handoffs).
 
     ``job``: a frozen job for any worker with the ``work`` permission (``/handoffs/…``).
     ``review``: an agent-review slot (``reviews``): claimed, renewed and answered only
@@ -49,7 +49,7 @@ CITES_INPUTS = ~Q(inputs=[])
 
 
 class Handoff(models.Model):
-    """A frozen job handed to an external worker (DESIGN §3): logical id, job fingerprint,
+    """A frozen job handed to an external worker (docs/model.md#handoffs): logical id, job fingerprint,
     required capabilities, lease, attempts."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="handoffs")
@@ -94,14 +94,14 @@ class Handoff(models.Model):
             GinIndex(fields=["inputs"], opclasses=["jsonb_path_ops"], condition=CITES_INPUTS, name="handoff_cites_inputs"),
         ]
         constraints = [
-            # Contract §08 / DESIGN §3: a logical id names one logical job per project, so its
+            # A logical id names one logical job per project, so its
             # result can be recognised (duplicate) or refused (conflict) on every later arrival.
             models.UniqueConstraint(fields=["project", "logical_id"], name="handoff_logical_id_unique_per_project"),
-            # Statuses only from the declared set (no free-form state, STYLE "lifecycle as data").
+            # Statuses only from the declared set (no free-form state: docs/model.md#record-lifecycles).
             models.CheckConstraint(condition=Q(state__in=HandoffState.values), name="handoff_state_enum"),
             # Which routes may touch it: only the declared purposes.
             models.CheckConstraint(condition=Q(purpose__in=HandoffPurpose.values), name="handoff_purpose_enum"),
-            # A job is identified by a server-computed content address (DESIGN §3, §7).
+            # A job is identified by a server-computed content address (the job fingerprint).
             models.CheckConstraint(condition=Q(job_fingerprint__regex=FINGERPRINT_PATTERN), name="handoff_job_fp_format"),
             # A lease is only ever held with a holder, an expiry and a fencing token ≥ 1.
             models.CheckConstraint(
@@ -150,7 +150,7 @@ class ResultDelivery(models.Model):
         ordering = ["id"]
         indexes = [models.Index(fields=["handoff", "id"], name="delivery_handoff_id")]
         constraints = [
-            # Every arrival is classified by what became of it (contract §08: delivery ≠ consumption).
+            # Every arrival is classified by what became of it (docs/model.md#results-and-idempotent-delivery: delivery ≠ consumption).
             models.CheckConstraint(condition=Q(outcome__in=DeliveryOutcome.values), name="delivery_outcome_enum"),
             # The hash is the server's sha256 of the canonical result: the identity duplicates are recognised by.
             models.CheckConstraint(condition=Q(result_hash__regex=FINGERPRINT_PATTERN), name="delivery_hash_format"),
@@ -170,7 +170,7 @@ class ResultValidation(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [
-            # A result that does not cite the frozen job can never be valid (contract §12).
+            # A result that does not cite the frozen job can never be valid (docs/model.md#stop-conditions).
             models.CheckConstraint(condition=~Q(valid=True) | Q(cites_job_fingerprint=True), name="validation_valid_cites_job"),
         ]
 
@@ -196,7 +196,7 @@ class ConsumeReceipt(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [
-            # Contract §08, §13.5: a logical result is consumed at most once. Concurrent
+            # A logical result is consumed at most once (docs/model.md#results-and-idempotent-delivery). Concurrent
             # deliveries race on this index; exactly one insert wins.
             models.UniqueConstraint(fields=["project", "logical_id"], name="receipt_one_per_logical_id"),
             # A same-hash arrival is a duplicate, any other hash a conflict: the hash must be exact.
@@ -225,9 +225,9 @@ IntentState = text_choices("IntentState", lc.IntentState)
 
 
 class WriteIntent(models.Model):
-    """A consequential write (contract §08): before-state, idempotency key, approval,
+    """A consequential write (docs/model.md#write-intents-and-authority): before-state, idempotency key, approval,
     compare-and-swap execution and a recorded post-condition. Session state, role and
-    provider metadata play no part in whether it may execute (contract §13.7)."""
+    provider metadata play no part in whether it may execute."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="write_intents")
     session = models.ForeignKey(Session, null=True, blank=True, on_delete=models.SET_NULL, related_name="write_intents")
@@ -256,13 +256,13 @@ class WriteIntent(models.Model):
         ordering = ["id"]
         indexes = [models.Index(fields=["project", "state", "id"], name="intent_project_state")]
         constraints = [
-            # Contract §08: replaying an idempotency key returns the first outcome; the key
+            # Replaying an idempotency key returns the first outcome; the key
             # names one intent per project.
             models.UniqueConstraint(fields=["project", "idempotency_key"], name="intent_idempotency_key_unique"),
             # Only the consequential writes the service knows how to compare-and-swap.
             models.CheckConstraint(condition=Q(kind__in=IntentKind.values), name="intent_kind_enum"),
             models.CheckConstraint(condition=Q(state__in=IntentState.values), name="intent_state_enum"),
-            # Contract §08: every consequential write names the before-state it expects.
+            # Every consequential write names the before-state it expects.
             models.CheckConstraint(condition=Q(before_fingerprint__regex=FINGERPRINT_PATTERN), name="intent_before_fp_format"),
             # An artifact write names its artifact; an authority write names none.
             models.CheckConstraint(
@@ -305,7 +305,7 @@ class Approval(models.Model):
         ordering = ["id"]
         constraints = [
             models.CheckConstraint(condition=Q(decision__in=ApprovalDecision.values), name="approval_decision_enum"),
-            # §13.7: write authority comes from one standing manager decision, never from two
+            # Write authority comes from one standing manager decision, never from two
             # contradictory ones (nor from the session).
             models.UniqueConstraint(fields=["intent"], condition=Q(revoked_at__isnull=True), name="approval_one_standing_per_intent"),
         ]
@@ -332,11 +332,11 @@ class AuthorityChange(models.Model):
         ]
 
 
-# ---- graph threads (LangGraph checkpointer, issue 12) ----------------------------------------
+# ---- graph threads (LangGraph checkpointer) ----------------------------------------------------
 class GraphThread(models.Model):
     """A graph runtime's thread (LangGraph ``thread_id``) and the session that is its durable identity.
 
-    The thread id is provider-native metadata (contract §01): it names the session, never grants
+    The thread id is provider-native metadata (docs/model.md#identities): it names the session, never grants
     anything. Forgetting the session (``delete_thread``) deletes this row with it.
     """
 

@@ -1,4 +1,4 @@
-"""The result pipeline (contract §08; DESIGN §7, §12): delivery ≠ validation ≠ consumption.
+"""The result pipeline (docs/model.md#results-and-idempotent-delivery): delivery ≠ validation ≠ consumption.
 
 ``deliver_result`` is ONE write transaction per arrival and always logs a ``ResultDelivery``:
 

@@ -1,11 +1,11 @@
-"""Resume: a fresh validation act (contract §07), then runtime generation N+1 and a new run.
+"""Resume: a fresh validation act (docs/model.md#resume), then runtime generation N+1 and a new run.
 
 ``resume_session`` runs every step of ``RESUME_STEPS`` against *current* state and returns a
 report. If any step fails, nothing changes: the action raises ``ResumeRefused`` (409) with
 the report and each failed step's repair route. ``dry_run`` returns the report and acts on
 nothing. Resume never reads the transcript.
 
-The steps are plain functions of a :class:`ResumeContext`, in contract §07 order:
+The steps are plain functions of a :class:`ResumeContext`, in the order of docs/model.md#resume:
 
     load → framework → authority → context → artifacts → approvals → capabilities → results
     → [one step per registered wait kind that revalidates: ``reviews``] → consumed → continue
@@ -359,7 +359,7 @@ def _serving(ctx: ResumeContext, runtimes: QuerySet[RuntimeAttachment]) -> dict[
 
 
 def step_capabilities(ctx: ResumeContext) -> StepResult:
-    """Every unbound handoff can be served (contract §07, §12). A job: by the runtime being
+    """Every unbound handoff can be served (docs/model.md#resume, docs/model.md#stop-conditions). A job: by the runtime being
     attached, or another live runtime declaring what it requires. A handoff of another purpose
     (an agent-review slot): only by a runtime its wait kind says may claim it
     (``waits.claimants``: an eligible reviewer session independent of the gate, live, declaring
@@ -431,7 +431,7 @@ def step_consumed(ctx: ResumeContext) -> StepResult:
     A write intent the checkpoint cites that was executed after it (the session's own
     consequential write, then a crash before the next checkpoint) is not repeated by
     continuing: executing it again answers with its recorded outcome. It is reported as
-    consumed and the cursor continues (contract §07, §13.5); its change of an artifact's head is
+    consumed and the cursor continues (a completed logical effect is never repeated); its change of an artifact's head is
     accepted by the *artifacts* step. A consumed result the cursor would wait on again fails.
     """
     cp = ctx.checkpoint
@@ -470,7 +470,7 @@ def step_consumed(ctx: ResumeContext) -> StepResult:
 
 ResumeStep = Callable[[ResumeContext], StepResult]
 
-#: Contract §07 order; the registered wait kinds' steps follow ``results`` (``run_steps``),
+#: The order of docs/model.md#resume; the registered wait kinds' steps follow ``results`` (``run_steps``),
 #: and "continue" is appended by ``resume_session``.
 RESUME_STEPS: list[ResumeStep] = [
     step_load, step_framework, step_authority, step_context, step_artifacts,
@@ -587,7 +587,7 @@ def resume_session(
                    checkpoint_id=outcome.checkpoint_id, reason=reason,
                    pending_external=carried.get(waits.HANDOFFS.pending_key, []), carried_over=carried)
         # What holds the run (a pending review gate) holds the continuing one too: the session
-        # waits in that wait's state (a person's gate: awaiting_user, DESIGN §9) rather than
+        # waits in that wait's state (a person's gate: awaiting_user, docs/model.md#waits) rather than
         # running past it; binding the verdicts (or cancelling the gate) continues it.
         held = waits.holding(session, run) if carried else []
         awaiting = waits.awaiting_status(held)

@@ -1,4 +1,4 @@
-"""Runtime routing (contract §09–§10): which live runtimes declare a capability.
+"""Runtime routing (docs/model.md#runtime-routing): which live runtimes declare a capability.
 
 A gate routes work to a connected runtime that declares what the work needs before it
 declares a human wait; resume uses the same question for pending handoffs. "Live" means the

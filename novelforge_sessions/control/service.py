@@ -1,4 +1,4 @@
-"""The control plane's ONE public interface (contract §08, §11; DESIGN §13).
+"""The control plane's ONE public interface (docs/model.md#the-control-plane).
 
 Apps built on the control plane — ``reviews`` first, resume next — use only this module (plus
 ``errors`` and ``control.models`` for types and rows): never its SQL, its private
@@ -19,7 +19,7 @@ Two kinds of function:
 Scope: ``project_ids`` (the caller's projects) and ``session_id`` (a token bound to one
 session sees only that session's handoffs; ``None``: any session of those projects).
 
-Purpose (issue 8, defect 7): every handoff is a ``job`` (plain ``/handoffs`` routes, any
+Purpose (docs/model.md#handoffs): every handoff is a ``job`` (plain ``/handoffs`` routes, any
 ``work`` worker) or a ``review`` slot (only the review routes, an eligible reviewer). Each
 lease function takes the ``purpose`` its route serves and never touches a handoff of the
 other purpose; a plain route naming a review slot gets 409 ``review_route_required``.

@@ -1,4 +1,4 @@
-"""What a run waits on: a registry of *wait kinds* (DESIGN §7, contract §06–§07).
+"""What a run waits on: a registry of *wait kinds* (docs/model.md#waits).
 
 A run can wait on several kinds of things — external results (handoffs), review gates, … —
 and a checkpoint names what its cursor waits on under ``pending``, one key per kind. The
@@ -30,7 +30,7 @@ A :class:`WaitKind` has
   :class:`Hold` (with the awaiting state it keeps the session in). While anything holds it,
   the run may not continue past it (a plain ``→ running``) nor end ``completed``
   (409 ``wait_outstanding``), and resume leaves the continuing run in that awaiting state.
-  Review gates hold (DESIGN §9, §13: a person's gate keeps the session ``awaiting_user``);
+  Review gates hold (a person's gate keeps the session ``awaiting_user``);
   handoffs do not: a run may go on with other work while a worker has its job, and a result
   bound later settles whichever run waits on it.
 * ``withdraw(session, outbox, reason)`` — optional: cancel everything of this kind the session
@@ -61,7 +61,7 @@ from novelforge_sessions.models import Checkpoint, Project, RuntimeAttachment, R
 
 
 class Repair:
-    """The repair routes a failed resume step names (contract §07)."""
+    """The repair routes a failed resume step names (docs/model.md#resume)."""
 
     REFREEZE = "re-freeze"
     REREVIEW = "re-review"
@@ -200,7 +200,7 @@ def holding(session: Session, run: Run) -> list[Hold]:
 
 def awaiting_status(held: Sequence[Hold]) -> rt.SessionStatus | None:
     """The awaiting state these holds keep the session in: ``awaiting_user`` while any waits on a
-    person (DESIGN §9), else the one they name (``awaiting_external``); None when nothing holds."""
+    person (docs/model.md#waits), else the one they name (``awaiting_external``); None when nothing holds."""
     states = {h.awaits for h in held}
     if rt.SessionStatus.AWAITING_USER in states:
         return rt.SessionStatus.AWAITING_USER

@@ -1,4 +1,4 @@
-"""Small charts for a long day (issue 11): counts over time drawn from the event log.
+"""Small charts for a long day: counts over time drawn from the event log.
 
 Three series over a bounded window (the last ``WINDOW_MINUTES``), for the overview (the
 manager's projects, or one of them) and for one session:

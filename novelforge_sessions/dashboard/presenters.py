@@ -53,7 +53,7 @@ S = rt.SessionStatus
 STATES: list[str] = [s.value for s in S]
 
 # ------------------------------------------------------------------------------------
-# Words for people (UI.md: every state readable in plain words)
+# Words for people: every state readable in plain words, not only as a code
 # ------------------------------------------------------------------------------------
 #: What a manager reads for each session state: badges, counts, the state filter, the diagram,
 #: the charts and the event feed. The one map: templates use the ``state_label`` filter

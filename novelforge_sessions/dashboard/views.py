@@ -1,4 +1,5 @@
-"""The manager dashboard (DESIGN §8, §10; UI.md "Manager pages").
+"""The manager dashboard: every session's state, live from the event log (docs/model.md#events), as far as
+the manager may see (docs/model.md#access).
 
 Thin edge: every view builds the caller from the logged-in user
 (``access.caller_for_user``: managers see the projects where they hold the manager role),
@@ -190,7 +191,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "older_query": filters.query(before=page[-1].id) if older else None,
         "paged": before is not None,
         "projects": projects,
-        # One project: its name is in the heading, a column of it says nothing (issue 11).
+        # One project: its name is in the heading, a column of it says nothing.
         "show_project": len(projects) > 1 and filters.project is None,
         "roles": [r.value for r in rt.SessionRole],
         "states": presenters.STATES,
@@ -255,7 +256,7 @@ def session_row(request: HttpRequest, session_id: int) -> HttpResponse:
 # ------------------------------------------------------------------------------------
 def _session_context(session: Session) -> dict[str, Any]:
     runtimes = list(RuntimeAttachment.objects.filter(session=session).order_by("-generation")[:20])
-    # Live by its lease (DESIGN §13): a record still saying live after its lease ran out is not.
+    # Live by its lease (docs/model.md#runtimes-and-leases): a record still saying live after its lease ran out is not.
     live = next((a for a in runtimes if a.live), None)
     expired = next((a for a in runtimes if a.lease_expired), None)
     runs = list(Run.objects.filter(session=session).order_by("-seq")[:12])

@@ -1,4 +1,4 @@
-"""The live event stream: ``/ws/events/`` (DESIGN §8, §10).
+"""The live event stream: ``/ws/events/`` (docs/model.md#events, docs/model.md#access).
 
 Protocol (JSON text frames, at most ``MAX_FRAME_BYTES`` each from the client):
 
@@ -87,8 +87,8 @@ class RawSendMiddleware:
 
     Channels' session wrapper of ``send`` acts only on ``http.response.start`` (save the
     session, set its cookie); for every ``websocket.send`` it still reads the session's
-    ``modified`` and ``is_empty()`` through a lazy object, ~3 % of the server's time under
-    py-spy with 8 writers and 10 subscribers. Accept and close still go through the stack.
+    ``modified`` and ``is_empty()`` through a lazy object, work that decides nothing for a
+    frame. Accept and close still go through the stack.
     """
 
     def __init__(self, application: Any) -> None:

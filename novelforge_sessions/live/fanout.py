@@ -1,8 +1,8 @@
 """One read of the event log per project per process per wake-up, fanned out to the sockets.
 
-Before this, every socket subscribed to a project ran its own ``events_after`` query on every
-wake-up, all of them queued on asgiref's single shared database thread: 50 sockets at 20
-commits/s cost 0.83 core. Now each server process (each event loop) has one ``Hub``:
+If every socket subscribed to a project ran its own ``events_after`` query on every wake-up,
+the cost of streaming would grow with sockets × commits, all of it queued on asgiref's single
+shared database thread. So each server process (each event loop) has one ``Hub``:
 
 - the hub holds ONE channel-layer channel and joins each watched project's group with it, so a
   commit's wake-up reaches the process once (not once per socket);
@@ -13,10 +13,9 @@ commits/s cost 0.83 core. Now each server process (each event loop) has one ``Hu
 - the feeds read on the hub's own connection (``Reader``): one async psycopg connection, used
   on the event loop: ``events.WATERMARK_SQL``, then ``events.project_page_statement`` (the
   page ``events.events_after`` reads, with ``events.visible``'s watermark rule as a parameter,
-  compiled to SQL once per process). Before,
-  each read was a ``database_sync_to_async`` hop onto asgiref's one shared thread, a pool
-  checkout with its health-check query, the ORM building the query and model instances, and
-  the connection's return: ~1.9 ms of CPU per read, against ~0.35 ms now;
+  compiled to SQL once per process), so a
+  read needs no ``database_sync_to_async`` hop onto asgiref's one shared thread, no pool
+  checkout with its health-check query, and no ORM building the query and model instances;
 - each socket (``EventStreamConsumer``) sends from the buffer what lies after its own cursor,
   filtered to its subscription (a session, or a session-bound token's session).
 

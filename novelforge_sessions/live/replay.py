@@ -25,7 +25,7 @@ class Subscription:
     """What one subscription streams: one project's events, or one session's.
 
     ``session_id`` is also set for a project subscription made by a session-bound token, which
-    sees only its own session (DESIGN §10). ``project_id`` names the channel-layer group that
+    sees only its own session (docs/model.md#access). ``project_id`` names the channel-layer group that
     wakes the subscription up.
     """
 

@@ -1,4 +1,4 @@
-"""Commit-ordered event ids without a global lock (issue 13).
+"""Commit-ordered event ids without a global lock (docs/model.md#events).
 
 An event's id is ``(top-level xid8 << 16) + n``: the writing transaction's id in the high bits,
 its n-th event (0..65535) in the low ones (``nf_event_ids``, a transaction-local counter in a

@@ -1,4 +1,4 @@
-"""The event watermark never goes negative, so it never goes backwards (issue 13).
+"""The event watermark never goes negative, so it never goes backwards.
 
 0004's ``nf_event_watermark`` widened each running backend's 32-bit ``backend_xid`` against
 the snapshot's xmax with an unsigned distance. The xmax is the latest *completed* xid plus

@@ -1,4 +1,4 @@
-"""Event.project loses its own single-column index (issue 13).
+"""Event.project loses its own single-column index.
 
 ``event_project_id`` (project, id) already serves every lookup by project, the FK's cascade
 included, so the FK's own index only cost every event insert one more index entry. Django's

@@ -1,8 +1,8 @@
 """daphne's HTTP request and factory, subclassed: body limits while the body arrives, no form parse, no second log.
 
 daphne reads the *whole* body of a request (into a temporary file) before it calls the
-application, then queues all of it at once (a 100 MB chunked ``POST /login/`` raised the
-server's memory by ~100 MB), so the ASGI ``BodyLimitMiddleware`` (``novelforge_sessions.bodylimit``)
+application, then queues all of it at once (a huge chunked ``POST`` would grow the server's memory by
+its whole size), so the ASGI ``BodyLimitMiddleware`` (``novelforge_sessions.bodylimit``)
 comes too late under daphne. :class:`LimitedWebRequest` applies the same limits inside daphne's
 request: in ``gotLength`` (the declared length, before any body byte) and in
 ``handleContentChunk`` (every chunk, as it arrives); over it, the 413 is written at once, the
@@ -12,8 +12,8 @@ client can read the answer, and the connection is closed. The application is nev
 Two more things, through Twisted's public hooks rather than by replacing its functions:
 
 - the request is built with ``parsePOSTFormSubmission=False`` (``twisted.web.http.Request``'s
-  own switch): Twisted otherwise parses a POST's Content-Type with the ``email`` package (~18 %
-  of the server's GIL time per checkpoint POST under py-spy) and a form body into
+  own switch): Twisted otherwise parses a POST's Content-Type with the ``email`` package (costly,
+  on every POST) and a form body into
   ``request.args``, which daphne never reads (it hands the raw body to the application);
 - :meth:`LimitedHTTPFactory.log` writes nothing: Twisted's own access line was formatted for
   every request and routed to the ``daphne.server`` logger at INFO, below the level

@@ -27,8 +27,8 @@ The patches (each tested in ``tests/test_server_patches.py``, and against a real
   flight finish) before what is left is cancelled (``server/drain.py``);
 - ``autobahn_log_text``: autobahn's ``sendData`` builds a debug-log text for every frame it
   writes, whether or not debug logging is on (``hltype`` styles the method's qualified name
-  with ``click.style``, ``hlval`` the peer and the length: ~3 % of the server's time under
-  py-spy with 8 writers and 10 subscribers); the module's two names are rebound to memoised
+  with ``click.style``, ``hlval`` the peer and the length, text that is then dropped);
+  the module's two names are rebound to memoised
   equivalents that return the same text.
 
 Upgrading one of the three packages: read the changed upstream sources named in

@@ -1,5 +1,5 @@
 """Handoffs created for agent-review slots before ``Handoff.purpose`` existed are review
-handoffs: mark them so the plain handoff routes refuse them (issue 8, defect 7)."""
+handoffs: mark them so the plain handoff routes refuse them."""
 
 from django.db import migrations
 

@@ -7,7 +7,7 @@
  * runtime's lease countdown runs out the panels are re-fetched once for that lease: a worker
  * that renewed it shows its new expiry, one that did not stays "expired".
  *
- * Liveness is the lease (DESIGN §13): the moment a live runtime's lease runs out, its badge
+ * Liveness is the lease (docs/model.md#runtimes-and-leases): the moment a live runtime's lease runs out, its badge
  * turns "lease expired" here, without waiting for the server; the re-fetch then shows the
  * server's view, and the reconciler's runtime.lost / session.transitioned events re-render it
  * as lost and the session as failed.

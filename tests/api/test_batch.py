@@ -1,4 +1,4 @@
-"""POST /runs/{id}/batch: several durable steps in one transaction, all or nothing (issue 13)."""
+"""POST /runs/{id}/batch: several durable steps in one transaction, all or nothing."""
 from __future__ import annotations
 
 import pytest
@@ -123,7 +123,7 @@ def test_openapi_declares_the_bound(owner):
 
 
 def test_a_batch_checkpoint_declares_no_idempotency_key_and_one_is_refused(owner, new_session):
-    """Audit finding 8: batch items reused CheckpointIn, which declares `idempotency_key`, and the
+    """Batch items reused CheckpointIn, which declares `idempotency_key`, and the
     server refuses every batch item carrying one. A batch item has its own schema without it (no
     other field either), the typed client's model likewise, and what the schema now calls invalid
     is still refused, writing nothing."""

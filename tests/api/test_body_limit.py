@@ -156,7 +156,7 @@ def test_the_served_app_still_parses_a_body_at_the_limit():
 
 @pytest.mark.django_db(transaction=True)
 def test_every_operation_that_takes_a_body_answers_the_413_it_declares():
-    """Audit finding 6: the limit covers every ``/api/`` body, so every operation that takes one
+    """The limit covers every ``/api/`` body, so every operation that takes one
     answers 413 over it (the served application, before any route runs), and declares it."""
     from tests.api.declared import served
 

@@ -1,4 +1,4 @@
-"""Session-bound tokens reach only what their session owns or was given (issue 9, finding 3).
+"""Session-bound tokens reach only what their session owns or was given (docs/model.md#access).
 
 The matrix is one table, ``access.BOUND_TOKEN_MATRIX``; every API route is walked from the
 OpenAPI schema with three tokens against the objects of a writer session W:
@@ -484,7 +484,7 @@ def test_a_bound_token_cites_only_its_own_sessions_write_intents_in_approvals(pr
 
 
 def test_a_blind_reviewer_cannot_cite_its_packets_fingerprint_into_a_grant(project):
-    """Outside audit (security F1): an agent reviewer's packet carries the candidate's
+    """An agent reviewer's packet carries the candidate's
     fingerprint, not its artifact id. Citing ``(id, fingerprint)`` for guessed ids in its own
     run's checkpoints (or frozen inputs, batch items, handoff inputs) answered 422 for a wrong id
     and 201 for the right one, and the citation then gave the reviewer the whole artifact: its
@@ -590,7 +590,7 @@ def test_each_citation_gives_its_artifact_and_odd_refs_give_nothing(project):
     assert world.other.get(f"/artifacts/{2**63}").status_code == 404  # beyond bigint: no row, no error
 
 
-# ---- a bound token creates no session (outside security audit, findings F3 and F5) -------------------------
+# ---- a bound token creates no session -------------------------
 NEW_SESSION = {"role": "writer", "memory_policy": "bounded", "task_mode": "drafting", "runtime_family": "cli",
                "runtime": {"runtime_family": "cli", "capabilities": ["review", "victim-cap"], "lease_seconds": 3600}}
 OPEN = {"role": "semantic_reviewer", "memory_policy": "none", "task_mode": "drafting", "capabilities": ["review"]}
@@ -662,7 +662,7 @@ def test_a_thread_id_taken_out_of_reach_answers_as_a_missing_thread(project, mon
     assert rows() == before and Event.objects.count() == events
 
 
-# ---- a bound token learns nothing of other sessions from refusals and reports (finding F4) --------------------
+# ---- a bound token learns nothing of other sessions from refusals and reports --------------------
 def _other(world: World, project) -> tuple[Session, Any]:
     o = Session.objects.get(tokens__name="other-writer")
     return o, caller_for_token(_token(project, "other-caller", WRITER_PERMS, o))

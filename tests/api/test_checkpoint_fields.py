@@ -1,4 +1,4 @@
-"""A checkpoint's authority refs and its schema version (audit findings 7 and 8).
+"""A checkpoint's authority refs and its schema version.
 
 ``authority`` takes only the project's authority fields, each of its JSON type (strict: ``true``
 is not an integer), so only a well-typed ref that differs is ``stale_authority``; before,

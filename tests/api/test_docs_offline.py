@@ -1,4 +1,4 @@
-"""``/api/docs`` works on a machine without internet (issue 10, item 3): the Swagger UI page
+"""``/api/docs`` works on a machine without internet: the Swagger UI page
 references only this server's URLs, and its scripts and styles are served from the installed
 django-ninja package through the project's static files (WhiteNoise)."""
 from __future__ import annotations

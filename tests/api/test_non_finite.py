@@ -1,4 +1,4 @@
-"""Issue 9, finding 1: ``NaN``, ``Infinity``, ``-Infinity`` and ``1e999`` in a JSON body.
+"""``NaN``, ``Infinity``, ``-Infinity`` and ``1e999`` in a JSON body.
 
 Python's json reads all four (``1e999`` as an infinite float); none is a JSON number and
 PostgreSQL refuses to store them, so on the original code they reached the insert and came

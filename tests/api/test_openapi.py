@@ -55,7 +55,7 @@ def test_every_operation_that_reads_a_body_declares_400(schema):
 
 
 def test_every_operation_that_reads_a_body_declares_413_and_the_body_limit(schema):
-    """Audit finding 6: the body limit (``bodylimit``: every ``/api/`` body) was declared nowhere and
+    """The body limit (``bodylimit``: every ``/api/`` body) was declared nowhere and
     21 operations did not declare the 413 they answer. Every operation with a body declares it, in
     one place, and states the limit, from the setting, on the body and in the API's description."""
     from django.conf import settings
@@ -88,7 +88,7 @@ def test_the_declared_body_limit_follows_the_setting(settings):
 
 
 def test_every_text_query_parameter_declares_that_it_refuses_nul(schema, owner):
-    """Audit finding 10: U+0000 in any query string is refused (the API's query parser), so every
+    """U+0000 in any query string is refused (the API's query parser), so every
     text query parameter declares a pattern that says so; a declared-invalid value is refused."""
     import re
 
@@ -112,7 +112,7 @@ def test_every_text_query_parameter_declares_that_it_refuses_nul(schema, owner):
 
 
 def test_every_list_says_what_its_after_cursor_promises(schema):
-    """Audit finding 2 (its documentation): lists page on ``id > after``; a row that commits out of id
+    """Lists page on ``id > after``; a row that commits out of id
     order can be skipped by a reader following new rows. Every list's ``after`` says so and points to
     the event log, which is gap-free (and says that); the transcript pages by its gap-free ``seq``."""
     from novelforge_sessions.api.schemas import AFTER_DOC, EVENTS_AFTER_DOC, TRANSCRIPT_AFTER_DOC

@@ -1,5 +1,5 @@
 """Every list route declares ``limit`` as 1..MAX_PAGE and refuses anything else with the typed
-422 (audit findings 10 and 12): out of range is refused, never clamped; enum-like filters are
+422: out of range is refused, never clamped; enum-like filters are
 enums in the schema and refused like ``status``."""
 from __future__ import annotations
 

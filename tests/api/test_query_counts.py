@@ -1,4 +1,4 @@
-"""The hot write paths use a small, fixed number of queries (DESIGN §12).
+"""The hot write paths use a small, fixed number of queries (docs/model.md#one-transaction-per-write).
 
 Pinned so the write path cannot silently grow. Counts include the token lookup and the
 BEGIN/COMMIT of the one write transaction (psycopg 3 reports both as queries).
@@ -29,7 +29,7 @@ def test_checkpoint_write_queries(owner, new_session, django_assert_max_num_quer
 def test_a_session_bound_checkpoint_resolves_its_refs_within_its_reach_in_the_same_statement(
     project, new_session, django_assert_max_num_queries,
 ):
-    """A bound token's artifact refs are resolved within its reach (security F1): the reach is a
+    """A bound token's artifact refs are resolved within its reach: the reach is a
     subquery of the one artifact check, so the count is the unbound token's."""
     from novelforge_sessions.actions.tokens import create_token
     from novelforge_sessions.models import Session

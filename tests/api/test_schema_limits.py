@@ -1,4 +1,4 @@
-"""The OpenAPI schema declares the limits the validators enforce (issue 9, finding 9), from the
+"""The OpenAPI schema declares the limits the validators enforce, from the
 same constants, so the two cannot drift: clients generated from the schema send what the core
 accepts. The fuzz (tests/api/test_fuzz.py) runs every schemathesis check against it."""
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_free_json_is_storable_all_the_way_down(schema):
 
 
 def test_enforced_limits_are_declared_from_their_constants(schema):
-    """Audit finding 11: each limit below is enforced by the core (tests/control/test_declared_limits.py,
+    """Each limit below is enforced by the core (tests/control/test_declared_limits.py,
     tests/reviews/test_declared_limits.py); the schema states it from the same constant."""
     from django.conf import settings
 
@@ -100,7 +100,7 @@ def test_enforced_limits_are_declared_from_their_constants(schema):
 
 
 def test_byte_bounds_are_declared_from_their_constants_and_in_words(schema):
-    """Audit finding 10: byte caps the core enforces (``rt.json_size``: UTF-8 bytes of compact JSON;
+    """Byte caps the core enforces (``rt.json_size``: UTF-8 bytes of compact JSON;
     a string's own bytes) were declared nowhere. Each is an ``x-max-bytes`` from the validator's
     constant, stated in its description too; every bound the schema declares is listed here, and
     each is enforced as declared (tests/control/test_declared_limits.py, tests/reviews/…)."""
@@ -138,7 +138,7 @@ def test_byte_bounds_are_declared_from_their_constants_and_in_words(schema):
 
 
 def test_non_blank_text_is_declared_where_the_core_strips_and_refuses_blanks(schema):
-    """Audit finding 10: the core strips these values and refuses what is left empty; ``minLength``
+    """The core strips these values and refuses what is left empty; ``minLength``
     alone called ``"   "`` valid. Each declares NON_BLANK_TEXT (storable, one non-space character)."""
     from novelforge_sessions.actions import artifacts
     from novelforge_sessions.api.schemas import NON_BLANK_TEXT
@@ -159,7 +159,7 @@ def test_non_blank_text_is_declared_where_the_core_strips_and_refuses_blanks(sch
 
 
 def test_route_dependent_gate_limits_are_declared(schema):
-    """Audit finding 7: the agent route takes at most MAX_AGENT_VERDICTS verdicts and reviewer
+    """The agent route takes at most MAX_AGENT_VERDICTS verdicts and reviewer
     sessions, and no users; page and relay take users only (if/then/else, as SessionIn does)."""
     from reviews import actions as review_actions
 

@@ -1,7 +1,9 @@
 """Browser tests: Debian's Chromium driven by Playwright (sync API) against a real daphne.
 
 Run in their own pytest process (``pytest -m browser``): sync Playwright and pytest-asyncio do
-not share an event loop (PITFALLS.md). Every test here is marked ``browser`` automatically.
+not share an event loop (sync Playwright
+runs its own loop in the test's thread, where pytest-asyncio's would already be running).
+Every test here is marked ``browser`` automatically.
 """
 from __future__ import annotations
 

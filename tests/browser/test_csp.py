@@ -1,4 +1,4 @@
-"""Content-Security-Policy in Chromium (issue 9, finding 7): every page works under the strict
+"""Content-Security-Policy in Chromium: every page works under the strict
 policy with no violation in the console (the autouse ``no_csp_violations`` fixture of conftest.py
 fails any browser test that sees one), the timeline's geometry is applied without style
 attributes, Swagger UI renders at /api/docs, and the watcher does catch a violation."""

@@ -82,7 +82,7 @@ def test_a_state_change_through_the_agent_api_appears_on_the_overview_without_re
 
     world.api(server, "POST", f"/sessions/{world.watched}/transition", {"to": "awaiting_user", "reason": "question for the author"})
 
-    # The badge says it in words, painted live from the event with the page's one map (finding 12);
+    # The badge says it in words, painted live from the event with the page's one map;
     # the code stays in the row's data-state and the badge's title.
     expect(state_of(page, world.watched)).to_have_text("waiting for a person")
     expect(state_of(page, world.watched)).to_have_attribute("title", "awaiting_user")

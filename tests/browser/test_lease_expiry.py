@@ -1,4 +1,4 @@
-"""A runtime left without heartbeats, watched in headless Chromium (issue 8; DESIGN §13).
+"""A runtime left without heartbeats, watched in headless Chromium (docs/model.md#runtimes-and-leases).
 
 The server and a reconciler loop (``reconcile_runtimes --loop``, as ``make run`` starts it) run
 as separate processes against the test database, in both setups: sharing the Redis channel

@@ -1,4 +1,4 @@
-"""Issue 11, manager pages, in headless Chromium against a real daphne: the overview fits
+"""Manager pages, in headless Chromium against a real daphne: the overview fits
 1366 px (asserted from the DOM) with a "waiting for" column, the timeline's labels never
 overlap (bounding boxes, pairwise), a conflict resolved from the page, an expired runtime shown
 as expired on both pages, the charts present and updating live, and axe-core finding no serious
@@ -132,7 +132,7 @@ def test_the_overview_fits_without_a_horizontal_scrollbar(server, browser, day, 
     expect(waiting).to_contain_text("handoff chapter-2/continuity-check-of-the-orchard-scenes (pending)")
     expect(waiting).to_contain_text("since")
     expect(page.locator(f"#session-{day.asking} [data-field=waiting]")).to_contain_text("a question: Which year")
-    screenshot(page, f"issue11-overview-{width}")
+    screenshot(page, f"manager-overview-{width}")
     context.close()
 
 
@@ -201,8 +201,8 @@ def test_the_timeline_labels_never_overlap_and_every_span_is_visible(server, pag
             assert entry["swatch"][2:] == entry["drawn"][2:], entry
         else:
             assert entry["swatch"][:2] == entry["drawn"][:2], entry
-    page.locator('[data-panel="timeline"]').screenshot(path=str(screenshot(page, "issue11-session-busy").with_name(
-        "issue11-timeline.png")))
+    page.locator('[data-panel="timeline"]').screenshot(path=str(screenshot(page, "manager-session-busy").with_name(
+        "manager-timeline.png")))
     # Narrow: labels are placed again from their measured boxes.
     page.set_viewport_size({"width": 1000, "height": 768})
     page.wait_for_function("() => document.querySelector('.tl-track.lanes-0, .tl-track.lanes-1, .tl-track.lanes-2') !== null")
@@ -210,7 +210,7 @@ def test_the_timeline_labels_never_overlap_and_every_span_is_visible(server, pag
         for i, a in enumerate(t["boxes"]):
             for b in t["boxes"][i + 1:]:
                 assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], f"labels overlap at 1000 px: {a} {b}"
-    screenshot(page, "issue11-session-busy-1000")
+    screenshot(page, "manager-session-busy-1000")
 
 
 def test_a_conflict_is_resolved_from_the_page(server, page, day):
@@ -223,7 +223,7 @@ def test_a_conflict_is_resolved_from_the_page(server, page, day):
     expect(card.locator(".result.conflicting pre")).to_contain_text('"verdict": "the narrator changed voice"')
     left, right = card.locator(".result.consumed").bounding_box(), card.locator(".result.conflicting").bounding_box()
     assert left["x"] + left["width"] <= right["x"] and abs(left["y"] - right["y"]) < 2, "side by side"
-    screenshot(page, "issue11-conflict-open")
+    screenshot(page, "manager-conflict-open")
     card.get_by_label("How was it resolved?").fill("kept the consumed draft; the late one was a retry")
     card.get_by_role("button", name="Resolve conflict").click()
     page.wait_for_load_state("networkidle")
@@ -233,7 +233,7 @@ def test_a_conflict_is_resolved_from_the_page(server, page, day):
     h = Handoff.objects.get(id=day.conflict_handoff)
     assert h.state == "bound" and h.conflict_resolution == "kept the consumed draft; the late one was a retry"
     assert Event.objects.filter(session_id=day.conflicted, type="handoff.conflict_resolved").count() == 1
-    screenshot(page, "issue11-conflict-resolved")
+    screenshot(page, "manager-conflict-resolved")
 
 
 def test_an_expired_runtime_is_shown_expired_on_both_pages_and_lost_names_its_generation(server, page, day):
@@ -244,7 +244,7 @@ def test_an_expired_runtime_is_shown_expired_on_both_pages_and_lost_names_its_ge
     badge = page.locator(f"#session-{session_id} [data-field=runtime-state]")
     expect(badge).to_have_text("lease expired")
     assert "rt-live" not in badge.get_attribute("class")
-    screenshot(page, "issue11-expired-overview")
+    screenshot(page, "manager-expired-overview")
     page.goto(server.url + f"/sessions/{session_id}/")
     expect(page.locator("#conn")).to_have_text("live")
     for where in ('[data-panel="identity"]', '[data-panel="runtimes"]'):
@@ -252,7 +252,7 @@ def test_an_expired_runtime_is_shown_expired_on_both_pages_and_lost_names_its_ge
         expect(b).to_have_text("lease expired")
         assert "rt-live" not in b.get_attribute("class"), where
     expect(page.locator(".rt.rt-live")).to_have_count(0)
-    screenshot(page, "issue11-expired-session")
+    screenshot(page, "manager-expired-session")
     # The reconciler records it lost: the feed names the generation (it read "generation ?").
     reconcile_expired_runtimes(now=timezone.now())
     expect(page.locator("#feed li[data-type='runtime.lost'] .ev-sum")).to_have_text(
@@ -272,7 +272,7 @@ def test_the_charts_are_present_and_update_live(server, page, day):
     before = int(events.text_content().split()[0])
     waiting = page.locator("#charts [data-chart=handoffs] [data-field=summary]")
     expect(waiting).to_contain_text("1 waiting now")
-    screenshot(page, "issue11-charts-before")
+    screenshot(page, "manager-charts-before")
     # Changes through the agent API: a new session, a new handoff.
     created = day.api(server, "POST", "/sessions", {"role": "writer", "memory_policy": "bounded", "task_mode": "drafting",
                                                   "runtime_family": "chat", "runtime": {"runtime_family": "chat", "capabilities": ["draft"]}})
@@ -283,7 +283,7 @@ def test_the_charts_are_present_and_update_live(server, page, day):
     assert after > before, (before, after)
     expect(page.locator("#charts [data-chart=states] [data-field=summary]")).to_contain_text("waiting for a worker")
     assert page.evaluate("window.__sameDocument") is True, "no reload"
-    screenshot(page, "issue11-charts-after")
+    screenshot(page, "manager-charts-after")
     # The session page's charts follow its panels.
     page.goto(server.url + f"/sessions/{created['id']}/")
     expect(page.locator("#conn")).to_have_text("live")
@@ -291,7 +291,7 @@ def test_the_charts_are_present_and_update_live(server, page, day):
     expect(sw).to_contain_text("1 waiting now")
     day.api(server, "POST", f"/runs/{run['id']}/handoffs", {"logical_id": "live-chart-job-2", "timeout_seconds": 60})
     expect(sw).to_contain_text("2 waiting now")
-    screenshot(page, "issue11-session-charts")
+    screenshot(page, "manager-session-charts")
 
 
 def test_every_manager_page_has_no_serious_accessibility_violation(server, page, day):
@@ -312,4 +312,4 @@ def test_every_manager_page_has_no_serious_accessibility_violation(server, page,
         nav = page.locator("nav.topnav a")
         expect(nav).to_have_text(["Sessions", "Reviews", "Calibration"])
         assert_no_serious_a11y_violations(page, name)
-        screenshot(page, f"issue11-a11y-{name}")
+        screenshot(page, f"manager-a11y-{name}")

@@ -1,4 +1,4 @@
-"""Issue #5 end to end, seen by the manager: a writer session opens a page-route review gate
+"""A review end to end, seen by the manager: a writer session opens a page-route review gate
 through the agent API; a reviewer logs in (landing on the queue), binds a verdict through the
 form and sees the confirmation; the manager — whose session page was open the whole time —
 sees the verdict (decision and bound fingerprints) arrive in the review panel without a

@@ -214,7 +214,7 @@ class HttpServer:
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "NOVELFORGE_URL": backend.url}
         if ambient_token:
-            env["NOVELFORGE_TOKEN"] = ambient_token  # what the audit found it acted with for anyone
+            env["NOVELFORGE_TOKEN"] = ambient_token  # what it once acted with for anyone
         self.log_path = ROOT / "tests" / "artifacts" / f"mcp-http-{self.port}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:  # a file, not a pipe: a full pipe would stall the server
@@ -278,7 +278,7 @@ def refused_401(response: httpx.Response) -> None:
 
 
 def test_over_http_a_request_without_a_valid_bearer_token_is_401_even_with_an_ambient_token(mcp_backend, project):
-    """The audit's finding: any local process reaching the port acted with NOVELFORGE_TOKEN. Now the server
+    """Any local process reaching the port once acted with NOVELFORGE_TOKEN. Now the server
     ignores it over HTTP: no header, another scheme, an unknown, revoked, oversized or truncated token → 401,
     and nothing is written."""
     _, ambient = create_token(project, name="mcp-ambient", permissions=["read", "write"])

@@ -1,4 +1,4 @@
-"""Binding invalidation (contract §07, §12) and runtime routing (contract §09–§10)."""
+"""Binding invalidation (docs/model.md#stale-bindings) and runtime routing (docs/model.md#runtime-routing)."""
 from __future__ import annotations
 
 from datetime import timedelta

@@ -1,4 +1,4 @@
-"""Issue 8, defect 8 (a, b): a cancelled handoff is recorded as cancelled, not as "external
+"""A cancelled handoff is recorded as cancelled, not as "external
 results bound"; a conflicting result always raises ``Session.open_conflict`` — also when the
 session goes ``failed`` — so the 409, the session read-out and the session page all say so,
 and the failed session does not resume until a manager resolves the conflict."""

@@ -1,5 +1,5 @@
 """Checkpoint references are typed and resolved at write time; resume verifies every one
-(issue 8, defect 3).
+(docs/model.md#checkpoints).
 
 Refs of any other shape, or naming something that does not resolve (an intent of another
 project, an approval of another intent, a handoff of another session), are a 422 naming the

@@ -1,5 +1,5 @@
-"""Body and query limits the server enforces are refused as the schema declares them (audit
-finding 11): a typed 422 ``validation_error`` naming the field as the caller sent it, and
+"""Body and query limits the server enforces are refused as the schema declares them: a
+typed 422 ``validation_error`` naming the field as the caller sent it, and
 nothing written. The declared values themselves: tests/api/test_schema_limits.py."""
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_a_malformed_result_hash_is_a_validation_error_and_logs_nothing(owner, w
     }), 422, "result_hash_mismatch")
 
 
-# ---- byte bounds (x-max-bytes), enforced as declared (audit finding 10) ---------------------------
+# ---- byte bounds (x-max-bytes), enforced as declared ---------------------------
 def fill(container: dict | list, measure, limit: int) -> None:
     """Pad ``container`` (in place) with short strings until ``measure()`` is exactly ``limit``.
     Pieces of at most 1,000 characters: a checkpoint refuses longer single strings as prose."""
@@ -303,7 +303,7 @@ def test_write_intent_params_over_their_bytes_are_refused(owner):
 
 @pytest.mark.parametrize(("name", "message"), [("   ", "blank"), (" \n\t", "blank")])
 def test_an_artifact_name_is_refused_as_declared_and_in_plain_words(owner, name, message):
-    """Audit finding 10: a whitespace-only name (3 characters, declared `minLength: 1`) was refused
+    """A whitespace-only name (3 characters, declared `minLength: 1`) was refused
     as "name must be 1–200 characters". It is declared invalid (not blank) and says so."""
     from novelforge_sessions.models import Artifact
     from tests.api.declared import declared_valid

@@ -269,7 +269,7 @@ def test_a_thread_s_bound_token_cites_a_blob_another_thread_stored_first(project
     "v" * 98, "v" * 99, "v" * 120, "00000000000000000000000000000002.0.5712389102", 'a"b', "a\\b", "é", "tab\there",
 ])
 def test_a_channel_version_is_accepted_exactly_when_the_schema_declares_it_valid(writer, version):
-    """Audit finding 9 (a): versions the schema allowed were refused as "over 100 characters" (a
+    """Versions the schema allowed were refused as "over 100 characters" (a
     23-character number, after ``7.0``-style integral floats were widened to integers; a string
     of 120 characters). The schema now bounds both forms, and the server measures them as
     declared: accepted exactly when declared valid, the same in the blob and the checkpoint."""
@@ -310,7 +310,7 @@ BAD_OPEN = {"task_mode": "drafting", "capabilities": ["", "NOT A NAME"], "lease_
 
 @pytest.mark.parametrize("route", ["checkpoints", "writes"])
 def test_the_open_spec_is_checked_on_every_call_not_only_when_it_opens_the_thread(writer, route):
-    """Audit finding 9 (b): ``open`` was validated only when it opened a thread; on an existing
+    """``open`` was validated only when it opened a thread; on an existing
     thread an invalid spec (capabilities that are no names) was accepted. It is declared invalid,
     and refused on every call, naming ``open.<field>``, before anything is written."""
     from tests.api.declared import declared_valid

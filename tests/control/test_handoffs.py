@@ -1,4 +1,4 @@
-"""Handoffs: frozen jobs, claims under leases, fencing tokens (contract §08, §11)."""
+"""Handoffs: frozen jobs, claims under leases, fencing tokens (docs/model.md#handoffs)."""
 from __future__ import annotations
 
 import hashlib
@@ -48,7 +48,7 @@ def test_handing_off_freezes_the_job_and_waits(owner, frozen):
 def test_a_logical_id_of_the_declared_maximum_hands_off(owner, running):
     """A declared-valid 200-character logical id (path-like, as workers name jobs): the session's
     reason ("waiting on handoff <id>") is longer than its column and is stored cut to fit, never
-    a 500 (the outside audit's finding: 182 characters and up failed in the database)."""
+    a 500 (182 characters and up once failed in the database)."""
     logical_id = ("chapter-3/continuity-check/" * 8)[:199] + "z"
     assert len(logical_id) == 200
     h = make_handoff(owner, running["run"]["id"], logical_id)

@@ -1,4 +1,4 @@
-"""The hot path (DESIGN §12): queries per claim, heartbeat and delivery are pinned.
+"""The hot path (docs/model.md#one-transaction-per-write): queries per claim, heartbeat and delivery are pinned.
 
 ``transaction=True`` so each action's ``atomic()`` is a real transaction, exactly as in
 production: no test-wrapper savepoints in the counts, and BEGIN/COMMIT (which psycopg 3 logs)

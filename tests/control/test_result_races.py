@@ -1,4 +1,4 @@
-"""At-least-once delivery under real concurrency (contract §08, §13.5; DESIGN §7).
+"""At-least-once delivery under real concurrency (docs/model.md#results-and-idempotent-delivery).
 
 32 real threads, each with its own PostgreSQL connection, released together by a barrier and
 kept alive across rounds (33 connections in all, far below ``max_connections``).

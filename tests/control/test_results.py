@@ -1,4 +1,4 @@
-"""The result pipeline: delivery ≠ validation ≠ consumption (contract §08; DESIGN §7, §12)."""
+"""The result pipeline: delivery ≠ validation ≠ consumption (docs/model.md#results-and-idempotent-delivery)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Resume as revalidation (contract §07, §12): every failing step, the success path, dry run."""
+"""Resume as revalidation (docs/model.md#resume, docs/model.md#stop-conditions): every failing step, the success path, dry run."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -164,7 +164,7 @@ def test_artifact_changed(owner, manager, running):
 
 
 def test_a_frozen_candidate_that_is_not_current_resumes_while_the_head_stays(owner, manager, running):
-    """Outside audit (lifecycle F4): a checkpoint citing a frozen candidate that is not (yet) its
+    """A checkpoint citing a frozen candidate that is not (yet) its
     artifact's current version (the contract's "frozen candidate before review" boundary) was
     refused on resume as "changed" although nothing changed. Each ref records the head at
     checkpoint time; only a head that moved since (to anything but the cited version) fails."""
@@ -282,7 +282,7 @@ def test_an_unbound_invalid_delivery_stops_resume(owner, worker, running):
 
 
 def test_the_sessions_own_write_executed_after_the_checkpoint_is_reported_and_carried_past(owner, manager, running):
-    """Outside audit (lifecycle F8): the canonical crash right after a write. The checkpoint at
+    """The canonical crash right after a write. The checkpoint at
     ``before_consequential_write`` cites the approved intent and the artifact; the intent is
     executed; the runtime's lease runs out before the next checkpoint (reconciled: failed /
     runtime_lost). Resume refused on ``artifacts`` and ``consumed`` with repair re-freeze, which

@@ -1,4 +1,4 @@
-"""``control.service``: the control plane's one public interface (issue 8).
+"""``control.service``: the control plane's one public interface (docs/model.md#the-control-plane).
 
 Its functions take keyword arguments only and answer with typed results; each lease function
 serves one handoff purpose and never touches the other; the review app reaches the control

@@ -1,4 +1,4 @@
-"""A session that takes no more work withdraws what it waits on (lifecycle audit F2).
+"""A session that takes no more work withdraws what it waits on.
 
 Entering ``terminated`` or ``stale`` cancels the session's unbound handoffs and pending review
 gates in the same transaction, each through its own cancel mechanism and with its events (after

@@ -1,5 +1,5 @@
 """The wait-kind registry (``control/waits.py``): what a run waits on, through an interface
-apps register with. The control plane imports nothing from ``reviews`` (issue 8, defect 6)."""
+apps register with. The control plane imports nothing from ``reviews`` (docs/model.md#waits)."""
 from __future__ import annotations
 
 import ast

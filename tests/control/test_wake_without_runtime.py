@@ -1,7 +1,7 @@
-"""A settled wait wakes a session only if a runtime is live to run it (lifecycle audit F1).
+"""A settled wait wakes a session only if a runtime is live to run it.
 
 A waiting session (``awaiting_external`` on a handoff, ``awaiting_user`` on a page gate) keeps
-waiting when its runtime is closed or lost (DESIGN §4). When the wait then settles — its result
+waiting when its runtime is closed or lost (docs/model.md#runtimes-and-leases). When the wait then settles — its result
 delivered, its verdict bound, what it waited on cancelled — and no runtime is live by its lease,
 nothing would run it: it goes where the reconciler puts a ``running`` session whose runtime is
 gone, ``failed`` with reason ``runtime_lost``, its run interrupted, and a record still saying
@@ -122,7 +122,7 @@ def test_an_expired_record_is_recorded_lost_in_the_delivery_itself(owner, new_se
 
 
 def test_the_end_state_does_not_depend_on_a_reconciler_pass(owner, new_session, worker):
-    """The audit's ordering case: the same facts, with and without a reconciler pass between the
+    """The ordering case: the same facts, with and without a reconciler pass between the
     lease running out and the result arriving, end in the same state (before: failed in one,
     running with no runtime and unresumable in the other)."""
     ends = []
@@ -166,7 +166,7 @@ def test_with_a_live_runtime_the_run_continues(owner, new_session, worker):
 def test_a_new_runtime_cannot_take_over_the_waiting_run_resume_does(owner, new_session, worker, how):
     """The run waits, its runtime is gone: attaching generation 2 is refused (409
     ``open_run_exists``, nothing written, not even the tidying of an expired record): continuing
-    a run under another execution identity is resume's, a fresh validation act (contract §07).
+    a run under another execution identity is resume's, a fresh validation act (docs/model.md#resume).
     The session keeps waiting; the result then fails it (``runtime_lost``) and resume continues
     the saved cursor in a new run, the result bound. (Before, the attach was accepted and the old
     run went on under generation 2, nothing revalidated.)"""

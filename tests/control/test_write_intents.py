@@ -1,4 +1,4 @@
-"""Write intents: before-state CAS, idempotency, approval, post-condition (contract §08, §13.7)."""
+"""Write intents: before-state CAS, idempotency, approval, post-condition (docs/model.md#write-intents-and-authority)."""
 from __future__ import annotations
 
 import threading

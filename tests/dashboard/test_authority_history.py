@@ -1,4 +1,4 @@
-"""Issue 8, defect 8 (c): the project page's authority history lists the events that change
+"""The project page's authority history lists the events that change
 a project's authority — a settle and a framework change — by their exact types (no prefix
 matching), and nothing else."""
 from __future__ import annotations

@@ -116,7 +116,7 @@ def test_the_manager_refuses_and_the_intent_folds_away(mgr_client, project):
 
 @pytest.mark.parametrize("decision", ["approve", "refuse"])
 def test_a_note_the_database_cannot_store_is_refused_in_plain_words(mgr_client, project, decision):
-    """Outside audit: a NUL in the decision's note reached PostgreSQL from the page (a 500). The
+    """A NUL in the decision's note reached PostgreSQL from the page (a 500). The
     approval actions refuse text they cannot store themselves (the API's edge check is only the
     first of two), the page reports it in plain words, and nothing is written."""
     intent = propose(project)

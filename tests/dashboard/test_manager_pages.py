@@ -1,4 +1,4 @@
-"""Issue 11, manager pages (server side): the overview's "waiting for" column from the wait
+"""Manager pages (server side): the overview's "waiting for" column from the wait
 registry, the project column only for several projects, the conflict resolved from the session
 page (CSRF form, manager permission, refusals write nothing), the timeline's geometry (minimum
 widths, label lanes, a legend carrying the bars' own classes, every run drawn)."""
@@ -148,7 +148,7 @@ def test_resolving_refusals_write_nothing(mgr_client, manager, make_session, pro
 
 @pytest.mark.parametrize("resolution", ["kept\x00 the first", "kept \ud800 the first"])
 def test_a_resolution_the_database_cannot_store_is_refused_by_the_action_in_plain_words(mgr_client, make_session, resolution):
-    """Outside audit: a NUL in the resolution reached PostgreSQL from the page (a 500). The action
+    """A NUL in the resolution reached PostgreSQL from the page (a 500). The action
     itself refuses text it cannot store (422 naming ``resolution``), so the page and the API give
     the same refusal; the page says it in plain words and nothing is written."""
     from novelforge_sessions.control.results import resolve_conflict
@@ -224,7 +224,7 @@ def test_the_legend_carries_exactly_the_classes_of_what_is_drawn():
 
 
 def test_every_run_of_a_session_is_drawn(mgr_client, make_session, project):
-    """Issue 11: one session's run did not show at all. Every shown run has a bar with a width."""
+    """A session's run must show (one did not, once). Every shown run has a bar with a width."""
     session = make_session(run=True)
     who = caller_for(project)
     from novelforge_sessions.actions import runs as run_actions
@@ -240,7 +240,7 @@ def test_every_run_of_a_session_is_drawn(mgr_client, make_session, project):
 
 
 def test_runtime_lost_names_its_generation():
-    """Issue 11: ``runtime.lost`` read "generation ?" (the browser test checks NF.describe live)."""
+    """``runtime.lost`` names its generation (it read "generation ?") (the browser test checks NF.describe live)."""
     payload = {"runtime_id": 7, "generation": 2, "reason": "runtime_lost"}
     assert presenters.describe("runtime.lost", payload) == "generation 2 · The runtime went away (closed, or it stopped answering)"
 

@@ -47,7 +47,7 @@ def test_a_manager_who_also_reviews_keeps_the_dashboard_and_gets_a_reviews_link(
 
 
 def test_a_managers_menu_is_the_same_on_dashboard_and_review_pages(mgr_client, project, make_session):
-    """Issue 11: the manager's menu lacked "Reviews" on dashboard pages but had it on review pages."""
+    """The manager's menu once lacked "Reviews" on dashboard pages but had it on review pages."""
     session = make_session()
     expected = ["Sessions", "Reviews", "Calibration"]
     for url in ("/", f"/projects/{project.id}/", f"/sessions/{session.id}/", "/reviews/", "/reviews/calibration/"):

@@ -54,7 +54,7 @@ def test_overview_filters_and_counts(mgr_client, make_session, project, other_pr
 
 
 def test_a_family_filter_the_database_cannot_compare_matches_nothing(mgr_client, make_session):
-    """Outside audit: ``?family=co%00dex`` reached PostgreSQL (a 500 page, and an HTML 500 from the
+    """``?family=co%00dex`` reached PostgreSQL (a 500 page, and an HTML 500 from the
     JSON counts). A family holding U+0000 names no session: the overview, its counts and a row
     answer as for any family nobody uses."""
     session = make_session(run=True)

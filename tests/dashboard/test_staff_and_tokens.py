@@ -1,4 +1,4 @@
-"""Staff flags and API tokens grant nothing the access model does not say (issue 9, re-audit).
+"""Staff flags and API tokens grant nothing the access model does not say (docs/model.md#access).
 
 The access model: a human sees the projects where they hold a membership (managers on the
 dashboard, reviewers their own packets); the admin is an operator's tool where a staff user sees

@@ -1,4 +1,4 @@
-"""Manager pages say states and coded reasons in words (finding 12 of the contract audit).
+"""Manager pages say states and coded reasons in words (a code alone tells a person nothing).
 
 One map (``presenters.STATE_LABELS`` / ``REASON_TEXT``) for every manager page and, rendered
 once into the live pages, for static/js (checked in Chromium by tests/browser/test_dashboard.py).

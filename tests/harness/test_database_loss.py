@@ -1,4 +1,4 @@
-"""Found by the harness (issue 9): after PostgreSQL dropped the server's connections (a restart,
+"""Found by the fault-injection harness (``harness/``): after PostgreSQL dropped the server's connections (a restart,
 ``pg_terminate_backend``) the pooled server answered 500. Now the pool checks each connection
 as it leaves it (``CONN_HEALTH_CHECKS``), so the next request is served, and a request whose
 connection is cut under it is a typed ``503 database_unavailable`` with ``Retry-After``."""

@@ -1,4 +1,4 @@
-"""Model-based test of the session lifecycle and the result pipeline, over the API (issue 9).
+"""Model-based test of the session lifecycle and the result pipeline, over the API.
 
 A hypothesis ``RuleBasedStateMachine`` drives a project through random sequences of session
 creation, attaches, runs, transitions (legal and illegal), closes, handoffs (and their replays),

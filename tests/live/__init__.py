@@ -3,7 +3,8 @@
 pytest-django's ``live_server`` is WSGI only, so this starts ``daphne`` (as ``make run``
 serves) or, with ``server="uvicorn"``, the production server ``python -m
 novelforge_sessions.serve`` (as ``make serve-cluster`` serves) in a subprocess on a free port,
-pointed at the *test* database (PITFALLS.md). Tests that use it must be
+pointed at the *test* database (the subprocess does not inherit pytest-django's switch to it,
+and would otherwise see none of the test's rows). Tests that use it must be
 ``django_db(transaction=True)`` so their rows are committed and visible to the server.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Oversized request bodies are refused while they stream in, with bounded server memory (issue 9, finding 2).
+"""Oversized request bodies are refused while they stream in, with bounded server memory.
 
 A raw socket client streams a 100 MB body, chunked or with its ``Content-Length``, to a real
 server process (daphne as ``make run`` serves, and uvicorn as the production server

@@ -1,5 +1,5 @@
-"""Session-bound tokens on the live stream reach what BOUND_TOKEN_MATRIX says (issue 9, finding 3
-re-audited for websockets): a project subscription carries only the token's own session's events
+"""Session-bound tokens on the live stream reach what BOUND_TOKEN_MATRIX says (docs/model.md#access,
+for websockets): a project subscription carries only the token's own session's events
 (``event`` is an own-session kind, never widened by the ``project`` permission), a reviewer's
 token sees nothing of the writer it reviews, and any other session's stream is refused (4403)."""
 from __future__ import annotations

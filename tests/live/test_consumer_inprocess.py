@@ -209,7 +209,7 @@ def _change_password(user_id: int) -> None:
 
 @pytest.mark.parametrize("change", [_deactivate, _change_password], ids=["deactivated", "password-changed"])
 async def test_an_account_that_could_no_longer_log_in_stops_the_stream(local_settings, change):
-    """Security audit F2: the sweep only checked that the login session row existed and rebuilt the
+    """The sweep only checked that the login session row existed and rebuilt the
     caller from the user cached at connect, so a deactivated account or a changed password kept
     streaming. The sweep now resolves the user from the session as Django's auth does (active,
     session auth hash) and closes with 4401."""

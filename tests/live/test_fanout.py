@@ -1,4 +1,4 @@
-"""One read per project per process per wake-up, fanned out (issue 13), against real daphnes.
+"""One read per project per process per wake-up, fanned out, against real daphnes.
 
 The servers run with ``tests.live.sqlcount_settings``: every SELECT of the event table made in
 the server process is appended to a file, so these tests count real statements. Sweeps are

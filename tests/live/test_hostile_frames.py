@@ -1,4 +1,4 @@
-"""Issue 9, finding 5: a deeply nested frame closes the socket with 4400, like every malformed frame.
+"""A deeply nested frame closes the socket with 4400, like every malformed frame.
 
 On the original code ``json.loads`` raised ``RecursionError`` (a 4 KiB frame nests ~2,000 levels,
 past Python's recursion limit) out of ``receive``: the socket closed with 1011 and the server
@@ -72,7 +72,7 @@ async def test_in_process_a_nested_frame_is_4400_before_authentication(settings,
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("token", ["\\ud800", "nfs_\\udfff", "nfs_caf\\u00e9"], ids=["lone-surrogate", "nfs-surrogate", "not-ascii"])
 async def test_an_auth_frame_whose_token_is_not_ascii_is_4401_like_any_bad_token(settings, caplog, token):
-    """Contract audit finding 5: a token holding an unpaired surrogate (a JSON escape in the auth
+    """A token holding an unpaired surrogate (a JSON escape in the auth
     frame) could not be hashed (``str.encode``): the consumer crashed with 1011 and a traceback.
     Every token the service issues is ASCII, so anything else is simply not a valid token."""
     from novelforge_sessions.asgi import application

@@ -1,4 +1,4 @@
-"""Issue 9, finding 8: a token a client puts in a URL never appears in the server's log in clear.
+"""A token a client puts in a URL never appears in the server's log in clear.
 
 On the original code daphne's access log wrote the request line as received
 (``"GET /api/v1/sessions?token=nfs_…" 401``) and Django's request logging wrote ``Not Found:

@@ -1,4 +1,4 @@
-"""Without Redis, a server process NOTIFYs only when another process listens (issue 13, P5).
+"""Without Redis, a server process NOTIFYs only when another process listens.
 
 ``live/pgnotify.py``: the listeners announce themselves (a hello after LISTEN, an answer from
 each listener that hears it), and a process whose listener knows no other listener sends no
@@ -31,7 +31,7 @@ from tests.conftest import SESSION
 from tests.live import ROOT, DaphneServer, database_url
 from tests.live.conftest import api_post
 
-#: "Within about a second" (issue 10), as in test_pg_notify.py.
+#: "Within about a second", as in test_pg_notify.py.
 WITHIN = 1.5
 #: How long a condition that depends on another process may take to come true here.
 SETTLE = 20.0

@@ -1,4 +1,4 @@
-"""Issue 9, finding 6: the websocket Origin check compares scheme, host and port.
+"""The websocket Origin check compares scheme, host and port.
 
 On the original code ``AllowedHostsOriginValidator`` compared the Origin's host with
 ``ALLOWED_HOSTS`` only: a page on another port (``http://127.0.0.1:9999``) or scheme of an

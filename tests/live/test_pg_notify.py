@@ -1,5 +1,5 @@
-"""Without Redis, other processes' commits wake a server's sockets through PostgreSQL NOTIFY
-(issue 10): one coalesced ``pg_notify`` per transaction after commit, one LISTEN per server
+"""Without Redis, other processes' commits wake a server's sockets through PostgreSQL NOTIFY:
+one coalesced ``pg_notify`` per transaction after commit, one LISTEN per server
 process (``live/pgnotify.py``) that forwards it to the in-memory layer and survives losing
 its connection. The daphne here sweeps once an hour, so every delivery comes from a NOTIFY.
 """
@@ -31,7 +31,7 @@ from tests.live.conftest import REDIS_URL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-#: "Within about a second" (issue 10), measured from the other process's exit / commit.
+#: "Within about a second" (the promise to an operator), measured from the other process's exit / commit.
 WITHIN = 1.5
 NO_SWEEP = {"LIVE_SWEEP_SECONDS": "3600"}
 

@@ -1,4 +1,4 @@
-"""Issue 9, finding 4: a project manager cannot be made a "blind" reviewer.
+"""A project manager cannot be made a "blind" reviewer.
 
 A manager of the project can open the writer's session page (cursor, pending items, another
 reviewer's note), so a packet shown to them is not blind. On the original code a page gate

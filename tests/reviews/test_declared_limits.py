@@ -1,4 +1,4 @@
-"""Review bodies are refused at the limits the schema declares (audit finding 11): gates
+"""Review bodies are refused at the limits the schema declares: gates
 (reviewers, evidence, answer key, anchor labels) and verdicts (fencing token, findings, notes,
 locations). Each refusal is a typed 422 naming the field; nothing is opened or bound."""
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_verdict_limits_are_refused_and_bind_nothing(world, over, field):
     assert gate.state == "pending"
 
 
-# ---- declared = enforced, both directions (audit findings 6, 7, 10) ---------------------------
+# ---- declared = enforced, both directions ---------------------------
 def open_gate(world: World, body: dict[str, Any]):
     return world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body)
 
@@ -99,7 +99,7 @@ def assert_nothing_opened(world: World) -> None:
     (actions.MAX_AGENT_VERDICTS, True), (actions.MAX_AGENT_VERDICTS + 1, False), (actions.MAX_REVIEWERS, False),
 ])
 def test_the_agent_routes_verdict_count_is_declared_as_enforced(world, required, accepted):
-    """Finding 7: `required_verdicts` was declared 1..20 for every route, but the agent route takes
+    """`required_verdicts` was declared 1..20 for every route, but the agent route takes
     at most MAX_AGENT_VERDICTS. The schema now says so for that route (if/then)."""
     body = agent_body(world, required_verdicts=required)
     assert declared_valid("GateIn", body) is accepted
@@ -116,7 +116,7 @@ def test_the_agent_routes_verdict_count_is_declared_as_enforced(world, required,
 
 
 def test_too_many_reviewer_sessions_are_refused_naming_them(world):
-    """Finding 7: 11 reviewer sessions were refused as "required_verdicts must be from 11 to 10",
+    """11 reviewer sessions were refused as "required_verdicts must be from 11 to 10",
     naming a field the body did not send. Declared (maxItems) and refused naming the list."""
     ids = [agent_reviewer(world.project)[0].id for _ in range(actions.MAX_AGENT_VERDICTS + 1)]
     body = agent_body(world, reviewer_session_ids=ids)
@@ -166,7 +166,7 @@ def with_criterion(world: World, **criterion: Any) -> dict[str, Any]:
     (lambda w: with_criterion(w, anchors={"1": " "}), "rubric.criteria[0].anchors.1"),
 ])
 def test_gate_rules_that_were_enforced_but_not_declared_are_declared(world, make, field):
-    """Finding 10: bodies the schema called valid were refused by rules it did not state (evidence
+    """Bodies the schema called valid were refused by rules it did not state (evidence
     counted in bytes, blank labels and content, anchor keys that are no score). Now each is
     declared invalid and refused, naming the field; nothing is opened."""
     body = make(world)
@@ -194,7 +194,7 @@ def test_a_scale_span_is_a_cross_field_rule_stated_in_words(world):
 
 
 def test_a_gate_whose_fields_are_each_within_their_maxima_can_be_over_the_body_limit():
-    """Finding 6: 10 evidence items of 30,000 characters are each within their maxima, and the body
+    """10 evidence items of 30,000 characters are each within their maxima, and the body
     is over API_MAX_BODY_BYTES. That 413 is declared for the route, the limit is stated on its
     body (`x-max-body-bytes`), and the evidence field says its items do not all fit at their
     maximum (the README's choice: the body limit stays the one combined bound)."""

@@ -1,4 +1,4 @@
-"""A pending review gate holds its run (DESIGN §9, §13; reviews/waits.py ``holds``): while a
+"""A pending review gate holds its run (docs/model.md#waits; reviews/waits.py ``holds``): while a
 page or relay gate is outstanding the session is ``awaiting_user`` (an agent gate:
 ``awaiting_external``), and it may not continue past the gate by a plain transition, nor end
 its run ``completed``, until the verdicts are bound or the gate is cancelled — 409

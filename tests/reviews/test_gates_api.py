@@ -192,7 +192,7 @@ def test_openapi_documents_review_routes_without_calibration_in_packets():
 
 
 def test_a_superseded_generation_cannot_open_a_gate_on_the_resumed_run(world):
-    """Generation fencing (issue 8, defect 9) covers opening a gate: after resume, generation 1's
+    """Generation fencing (docs/model.md#generation-fencing) covers opening a gate: after resume, generation 1's
     agent (same token) is refused — unnamed runtime_required, named stale_runtime — nothing written."""
     from novelforge_sessions.models import RuntimeAttachment
 

@@ -1,4 +1,4 @@
-"""The leak test (contract §03, DESIGN §9): nothing private reaches a reviewer.
+"""The leak test (docs/model.md#reviews-and-independence): nothing private reaches a reviewer.
 
 A gate is seeded with unique markers wherever a writer might keep private material — the
 transcript, the run's cursor and frozen inputs, a checkpoint's cursor — plus the gate's

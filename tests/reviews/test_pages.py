@@ -233,7 +233,7 @@ def test_relay_paste_names_a_wrong_score(world, as_user):
 
 
 def test_the_verdict_form_refuses_a_nul_in_plain_words_and_binds_nothing(world, as_user):
-    """Outside audit: a NUL in a finding's note reached PostgreSQL from the form (a 500 page).
+    """A NUL in a finding's note reached PostgreSQL from the form (a 500 page).
     The shared validator refuses it; the form comes back with the refusal by its row, nothing bound."""
     gate = world.gate()
     events = Event.objects.count()
@@ -274,7 +274,7 @@ def test_a_relay_answer_with_unstorable_text_is_refused_in_plain_words(world, as
     ids=["score", "confidence", "nan", "finding-index"],
 )
 def test_the_verdict_form_names_a_number_of_thousands_of_digits(world, as_user, over, plain):
-    """Outside audit: more than 4,300 digits raised Python's int-conversion ValueError (a 500 page).
+    """More than 4,300 digits raised Python's int-conversion ValueError (a 500 page).
     A number that long stays text, and the refusal names its field in plain words; nothing bound."""
     gate = world.gate()
     events = Event.objects.count()
@@ -286,7 +286,7 @@ def test_the_verdict_form_names_a_number_of_thousands_of_digits(world, as_user, 
 
 
 def test_a_relay_answer_with_a_number_of_thousands_of_digits_is_refused_by_field(world, as_user):
-    """Outside audit: the relay's search for the object (``raw_decode``) raised a plain ValueError
+    """The relay's search for the object (``raw_decode``) raised a plain ValueError
     for a 5,000-digit integer (a 500). It is now found, then refused by the API's parser by field."""
     gate = world.gate(route="relay")
     events = Event.objects.count()

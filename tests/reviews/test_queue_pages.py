@@ -1,4 +1,4 @@
-"""The reviewer queue (``/reviews/``) pages both of its lists (finding 11 of the contract audit):
+"""The reviewer queue (``/reviews/``) pages both of its lists:
 "To review" oldest first with ``?after=``, "Submitted" newest first with ``?before=`` (keyset on
 the packet ids the page shows), each count the true total, every packet reachable exactly once by
 following the links, and a cursor the reviewer cannot use (not theirs, not a number) is no cursor."""

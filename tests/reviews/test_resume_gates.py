@@ -1,4 +1,4 @@
-"""Resume knows review gates (issue 8, defect 6): a pending gate is one of the things a run
+"""Resume knows review gates (docs/model.md#waits): a pending gate is one of the things a run
 waits on — revalidated by resume's ``reviews`` step and carried over to the new run, so that
 a verdict bound afterwards settles the run that continues the cursor, never the interrupted one."""
 from __future__ import annotations
@@ -102,7 +102,7 @@ def test_resume_carries_a_pending_page_gate_to_the_new_run_and_the_verdict_settl
     interrupted = run_row(world.run.id)
     assert interrupted[0] == "interrupted"
 
-    # the continuing run waits on the reviewer again (resume leaves it awaiting_user, DESIGN §9);
+    # the continuing run waits on the reviewer again (resume leaves it awaiting_user, docs/model.md#waits);
     # the verdict moves the session back to running
     assert Session.objects.get(id=world.writer.id).status == "awaiting_user"
     mark = Event.objects.order_by("-id").values_list("id", flat=True).first()
@@ -190,9 +190,9 @@ def refused(world: World) -> dict[str, Any]:
     return report
 
 
-# A verdict judged the candidate, not the artifact: the audit's reproduction. The gate completed,
+# A verdict judged the candidate, not the artifact. The gate completed,
 # then the artifact's head moved on through artifact.make_current; the cursor would continue at
-# its "reviewed" step on content nobody reviewed (contract §12: a fingerprint changed unexpectedly).
+# its "reviewed" step on content nobody reviewed (docs/model.md#stop-conditions: a fingerprint changed unexpectedly).
 @pytest.mark.parametrize("decision", ["pass", "revise", "reject"])
 def test_a_complete_gate_whose_candidate_changed_refuses_resume_with_re_review_and_writes_nothing(world: World, decision: str):
     gate = world.gate(route="page")
@@ -209,7 +209,7 @@ def test_a_complete_gate_whose_candidate_changed_refuses_resume_with_re_review_a
 
 
 def test_the_api_answers_409_resume_refused_for_a_complete_gate_whose_candidate_changed(world: World):
-    """The audit's request: it answered 200 and continued the cursor at the reviewed step."""
+    """Over HTTP too: it once answered 200 and continued the cursor at the reviewed step."""
     gate = world.gate(route="page")
     complete(world, gate)
     freeze(world, gates=[{"gate_id": gate.id}])

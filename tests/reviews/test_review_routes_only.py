@@ -1,4 +1,4 @@
-"""Issue 8, defect 7: a review slot's handoff is reachable only through the review routes.
+"""A review slot's handoff is reachable only through the review routes.
 
 The plain handoff routes (`/handoffs/claim`, `/handoffs/{id}/heartbeat`, `…/results`,
 `…/cancel`) never claim, renew, answer or cancel a review handoff — not for a plain worker,
@@ -135,7 +135,7 @@ def test_a_manager_cancels_a_review_slot_through_its_gate_not_the_handoff(world:
     assert snapshot(world, gate) == before
     assert owner.post(f"/review-gates/{gate.id}/cancel").status_code == 200
     assert Handoff.objects.get(id=handoff.id).state == HandoffState.CANCELLED
-    # Defect 8a too: the settled run says why it stopped waiting.
+    # And the settled run says why it stopped waiting.
     world.refresh()
     assert world.writer.status == "running" and world.writer.status_reason == f"review gate {gate.id} cancelled"
     last = Event.objects.filter(session_id=world.writer.id, type="session.transitioned").order_by("-id").first()

@@ -1,8 +1,8 @@
-"""An agent reviewer's claim, heartbeat and verdict are work of its own session (outside
-lifecycle audit, finding F3): that session must be able to work — not ``completed``, ``stale``
+"""An agent reviewer's claim, heartbeat and verdict are work of its own session: that
+session must be able to work — not ``completed``, ``stale``
 or ``terminated``, a live runtime by its lease, declaring ``review`` — and the claim declares
 what that runtime declares. Resume's capabilities step asks who may *claim* a pending
-agent-review slot, never the writer's resumed runtime (finding F5).
+agent-review slot, never the writer's resumed runtime.
 
 Every refusal is typed and writes nothing: no claim, no lease renewal, no verdict, no delivery,
 no event; the writer keeps waiting.

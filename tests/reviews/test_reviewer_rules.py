@@ -1,4 +1,4 @@
-"""Issue 11's server-side rules for reviewer pages: finding locations checked against the
+"""Server-side rules for reviewer pages: finding locations checked against the
 candidate's lines (pure, API, form, relay), rubric score anchors (validation, API, packet,
 prompt), the relay's extraction of one JSON object (fenced, in prose; several refused), plain
 words on the page, and the way on after a review. Every refusal asserts nothing was bound."""

@@ -1,4 +1,4 @@
-"""Abort is honoured while the run waits (lifecycle audit F7).
+"""Abort is honoured while the run waits.
 
 Abort flags the open run of any run-holding state, and the heartbeat then tells the runtime to end
 it with outcome ``aborted``. From ``running`` the session goes ``idle``; a *waiting* session

@@ -1,4 +1,4 @@
-"""Bounded checkpoints (contract §06, §13.6): pure validation and the API's typed refusals."""
+"""Bounded checkpoints (docs/model.md#checkpoints): pure validation and the API's typed refusals."""
 from __future__ import annotations
 
 import pytest
@@ -127,7 +127,7 @@ def test_api_refuses_unknown_top_level_checkpoint_keys(owner, new_session, extra
     assert owner.get(f"/runs/{run_id}/checkpoints").json()["items"] == []
 
 
-# ---- transcripts by shape, whatever the key names (issue 8, defect 5) ------------------------
+# ---- transcripts by shape, whatever the key names --------------------------------------
 FP = "sha256:" + "0" * 64
 TRANSCRIPTS = {
     "speaker/text": [{"speaker": "user", "text": "Draft the lighthouse scene for me"},

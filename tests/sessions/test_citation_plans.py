@@ -1,6 +1,5 @@
-"""A session-bound token's citation check stays flat in the session's checkpoints (review
-finding: it read every ref list of the session, ~9 ms at 5,000 checkpoints, on every checkpoint
-POST that cites a version).
+"""A session-bound token's citation check stays flat in the session's checkpoints (reading every
+ref list of the session on every checkpoint POST that cites a version would grow with them).
 
 The lookups that name their rows — a citation (``require_versions``), a read by artifact or
 version id — check each named artifact with index probes (``access.given_among``): the

@@ -1,4 +1,4 @@
-"""Commit-ordered event ids without a global lock (issue 13): no reader ever finds a gap.
+"""Commit-ordered event ids without a global lock (docs/model.md#events): no reader ever finds a gap.
 
 A gap: a reader saw id N, and later finds a committed id below N (it would never replay it,
 since cursors are "after N"). Real threads against PostgreSQL, transaction=True (each writer

@@ -1,4 +1,4 @@
-"""Generation fencing (issue 8, defect 9): every write a runtime makes names its generation.
+"""Generation fencing (docs/model.md#generation-fencing): every write a runtime makes names its generation.
 
 After generation 1 is closed and resume attaches generation 2, the same token acting for
 generation 1 must not move the session: a write naming generation 1 is ``stale_runtime``, an

@@ -1,4 +1,4 @@
-"""The one liveness predicate (DESIGN §13): pure (``novelforge_sessions.leases``) and in SQL
+"""The one liveness predicate (docs/model.md#runtimes-and-leases): pure (``novelforge_sessions.leases``) and in SQL
 (``RuntimeAttachment.objects.live()``), and they agree."""
 from __future__ import annotations
 

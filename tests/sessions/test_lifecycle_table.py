@@ -1,4 +1,4 @@
-"""The pure lifecycle core: every one of the 9×9 (from, to) pairs against contract §04."""
+"""The pure lifecycle core: every one of the 9×9 (from, to) pairs against docs/model.md#session-lifecycle."""
 from __future__ import annotations
 
 import itertools
@@ -9,7 +9,7 @@ from novelforge_sessions import session_runtime as rt
 
 S = rt.SessionStatus
 
-# Contract §04, written out independently of the module under test.
+# docs/model.md#session-lifecycle, written out independently of the module under test.
 CONTRACT = {
     "created": {"running"},
     "running": {"idle", "awaiting_user", "awaiting_external", "completed", "failed", "terminated", "stale"},

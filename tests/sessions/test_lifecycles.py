@@ -13,7 +13,7 @@ from tests.sessions.test_lifecycle_table import CONTRACT
 
 # Written out independently of the module under test (state → legal targets).
 EXPECTED = {
-    "session": CONTRACT,  # the contract's §04 table, written out in test_lifecycle_table
+    "session": CONTRACT,  # the session table, written out in test_lifecycle_table
     "run": {
         "open": {"completed", "failed", "aborted", "interrupted", "terminated"},
         "completed": set(), "failed": set(), "aborted": set(), "interrupted": set(), "terminated": set(),

@@ -1,4 +1,4 @@
-"""Liveness is derived from the lease, never stored (DESIGN §13; issue 8 defects 1, 2 and 4).
+"""Liveness is derived from the lease, never stored (docs/model.md#runtimes-and-leases).
 
 A runtime whose record still says ``live`` after its lease ran out is not live: it blocks no
 resume, attach or forget (each tidies it inline, as the reconciler would), starts no run, reads
@@ -66,7 +66,7 @@ def types_for(session_id: int) -> list[str]:
     return list(Event.objects.filter(session_id=session_id).order_by("id").values_list("type", flat=True))
 
 
-# ---- defect 1: an expired record blocks nothing -----------------------------------------------
+# ---- an expired record blocks nothing -----------------------------------------------
 @pytest.mark.django_db
 @pytest.mark.parametrize("status", [S.RUNNING, S.IDLE, S.AWAITING_USER])
 def test_an_expired_runtime_does_not_block_resume(owner, new_session, status):
@@ -229,7 +229,7 @@ def test_the_session_page_shows_lease_expired_not_live(project, owner, new_sessi
     assert ">lost</span>" in page and "runtime_lost" in page and 'data-state="failed"' in page
 
 
-# ---- defect 2: one pass drains -------------------------------------------------------------------
+# ---- one pass drains -------------------------------------------------------------------
 @pytest.mark.django_db
 def test_one_reconciler_pass_drains_every_expired_lease(capsys):
     who = caller_for(make_project("drain"))
@@ -283,7 +283,7 @@ def test_a_pass_reads_in_batches_and_takes_only_leases_expired_when_it_started()
     assert reconcile_expired_runtimes(now=cut, batch_size=4) == []
 
 
-# ---- defect 4 (attach): the lifecycle refuses first ----------------------------------------------
+# ---- the lifecycle refuses first ----------------------------------------------
 def _never_running(owner, new_session, status: S, *, expired: bool) -> dict:
     s = put_in(owner, new_session, S.RUNNING)
     if status is S.TERMINATED:

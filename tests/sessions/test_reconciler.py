@@ -1,4 +1,4 @@
-"""The reconciler: an expired lease means the runtime is gone (seed 003: `running` is not liveness)."""
+"""The reconciler: an expired lease means the runtime is gone (docs/model.md#runtimes-and-leases: `running` is not liveness)."""
 from __future__ import annotations
 
 from datetime import timedelta

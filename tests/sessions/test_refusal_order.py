@@ -1,4 +1,4 @@
-"""The most fundamental refusal wins (issue 8, defect 4): one table of (state, action) → code.
+"""The most fundamental refusal wins (docs/model.md#refusal-order): one table of (state, action) → code.
 
 The order every session/run write checks in: not found → lifecycle legality → stale generation
 → missing runtime/run → conflict flags → business checks. So starting a run in a terminated,
@@ -161,7 +161,7 @@ def test_starting_a_run_where_running_cannot_be_entered_names_the_allowed_target
 def test_resume_refuses_a_session_that_can_never_run_again_with_illegal_transition_first(
     owner, new_session, state, code, dry_run,
 ):
-    """Lifecycle audit F6: a completed or stale session whose runtime is still live was answered
+    """A completed or stale session whose runtime is still live was answered
     ``live_runtime_exists`` ("close it before resuming"), a repair that could not help."""
     session = build(owner, new_session, state)
     before = snapshot(session["id"])

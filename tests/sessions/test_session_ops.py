@@ -1,4 +1,4 @@
-"""Seed 003's operations through the API: create, close, resume, forget, abort; runs."""
+"""The session operations (docs/model.md#session-operations) through the API: create, close, resume, forget, abort; runs."""
 from __future__ import annotations
 
 import pytest
@@ -265,7 +265,7 @@ def test_transcript_is_bounded(owner, new_session, settings):
 
 
 def test_an_open_conflict_blocks_new_work(owner, new_session):
-    """A conflicting result (contract §08) is a hard stop: no new run, no return to running."""
+    """A conflicting result (docs/model.md#results-and-idempotent-delivery) is a hard stop: no new run, no return to running."""
     s = new_session(run=True)
     owner.post(f"/runs/{s['run']['id']}/end", {"outcome": "completed"})
     Session.objects.filter(id=s["id"]).update(open_conflict="conflicting_result for job-1")

@@ -1,5 +1,5 @@
 """The one transition helper (``actions.lifecycle.move`` / ``move_rows``) and the shared
-predicates (``lifecycles``, ``leases``) that actions and pages both ask (issue #8)."""
+predicates (``lifecycles``, ``leases``) that actions and pages both ask (docs/model.md#record-lifecycles)."""
 from __future__ import annotations
 
 from datetime import timedelta
