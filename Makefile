@@ -63,14 +63,15 @@ run:
 	trap 'exit 130' INT
 	trap 'exit 143' TERM
 	echo "Reconciling expired runtime leases every $(RECONCILE_INTERVAL) s (pid $$reconciler)"
-	# The server takes its database connections from psycopg's pool (see README, Configuration).
+	# The server takes its database connections from psycopg's pool (see docs/deployment.md, Configuration).
 	export DB_POOL_MAX_SIZE="$${DB_POOL_MAX_SIZE:-10}"
 	$(VENV)/bin/daphne -b $(RUN_HOST) -p $(RUN_PORT) novelforge_sessions.asgi:application
 
-# N processes behind one address (README, Deployment): each daphne on its own port with REDIS_URL
-# (the channel layer that crosses processes), the reconciler as its own process. Any process
-# exiting, Ctrl-C or SIGTERM stops them all: each daphne gets SIGTERM and drains (requests in
-# flight finish, websockets close with 1012; novelforge_sessions/server/drain.py).
+# N processes behind one address (docs/deployment.md, "Several processes behind one address"): each
+# server (python -m novelforge_sessions.serve, uvicorn) on its own port with REDIS_URL (the channel
+# layer that crosses processes), the reconciler as its own process. Any process exiting, Ctrl-C or
+# SIGTERM stops them all: each server gets SIGTERM and drains (requests in flight finish, websockets
+# close with 1012; docs/deployment.md, "Graceful shutdown").
 serve-cluster:
 	@$(call bootstrap,run)
 	export REDIS_URL="$${REDIS_URL:-$(CLUSTER_REDIS_URL)}"
@@ -123,7 +124,7 @@ bench:
 	# machine; verdicts are steps/s ratios, whole-machine CPU per step beside them (bench/README.md).
 	$(PY) bench/run.py $(BENCH_ARGS)
 
-# The reliability harness (README, Guarantees): it starts its own PostgreSQL cluster, redis-server
+# The reliability harness (docs/guarantees.md): it starts its own PostgreSQL cluster, redis-server
 # and daphne processes on free loopback ports (never the machine's 5432/6379) and stops them all.
 # The bootstrap only makes sure the venv exists; its DATABASE_URL is used by the model-based test.
 harness:

@@ -1,4 +1,4 @@
-"""Deployment security: the README's production profile passes
+"""Deployment security: the production profile of docs/deployment.md passes
 ``manage.py check --deploy --fail-level WARNING`` with no warning (and the defaults do not, so the
 test can fail); the HTTPS settings come from the environment, strictly parsed; the probes answer
 over plain HTTP behind the SSL redirect; every page sends a strict Content-Security-Policy with a
@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _profile() -> dict[str, str]:
-    """The env vars of README's "HTTPS: the production profile" block."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = readme.split("\n### HTTPS: the production profile\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    """The env vars of the "HTTPS: the production profile" block of docs/deployment.md."""
+    page = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+    block = page.split("\n## HTTPS: the production profile\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
     env: dict[str, str] = {}
     for line in block.splitlines():
         assert line.startswith("export "), line
@@ -44,7 +44,7 @@ def _check_deploy(extra: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def _production() -> dict[str, str]:
-    # As README's Production exports: an own key and the real host name.
+    # As the Production exports of docs/deployment.md: an own key and the real host name.
     return {"SECRET_KEY": "prod-" + uuid.uuid4().hex + uuid.uuid4().hex, "ALLOWED_HOSTS": "runtime.example.org",
             "REQUIRE_SECRET_KEY": "true", **_profile()}
 

@@ -1,5 +1,5 @@
 """The error catalog is closed: every code is a class, every class is listed once in
-``errors.CATALOG``, no raise site overrides a code, and the README's error table is the catalog.
+``errors.CATALOG``, no raise site overrides a code, and the error table of docs/api.md is the catalog.
 
 Also: the fingerprint pattern is written once (in the pure core) and everything else uses it.
 """
@@ -94,28 +94,28 @@ def test_no_raise_site_passes_code_or_http_status():
     assert not offending, offending
 
 
-def _readme_error_table() -> dict[str, int]:
-    text = (ROOT / "README.md").read_text()
-    match = re.search(r"^## Errors\n(.*?)(?=^## )", text, re.M | re.S)
-    assert match, "README.md has no '## Errors' section"
+def _documented_error_table() -> dict[str, int]:
+    text = (ROOT / "docs" / "api.md").read_text()
+    match = re.search(r"^## Errors\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert match, "docs/api.md has no '## Errors' section"
     lines = [ln for ln in match.group(1).splitlines() if ln.startswith("|")]
     assert lines[0].replace(" ", "") == "|code|HTTPstatus|meaning|", lines[0]
     rows: dict[str, int] = {}
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         code = cells[0].strip("`")
-        assert code not in rows, f"README lists {code} twice"
-        assert cells[2], f"README gives {code} no meaning"
+        assert code not in rows, f"docs/api.md lists {code} twice"
+        assert cells[2], f"docs/api.md gives {code} no meaning"
         rows[code] = int(cells[1])
     return rows
 
 
-def test_the_readme_error_table_is_the_catalog():
-    readme = _readme_error_table()
+def test_the_documented_error_table_is_the_catalog():
+    documented = _documented_error_table()
     catalog = {code: cls.http_status for code, cls in errors.CATALOG.items()}
-    assert sorted(set(readme) - set(catalog)) == [], "README lists codes the catalog does not have"
-    assert sorted(set(catalog) - set(readme)) == [], "catalogued codes missing from README's error table"
-    assert readme == catalog
+    assert sorted(set(documented) - set(catalog)) == [], "docs/api.md lists codes the catalog does not have"
+    assert sorted(set(catalog) - set(documented)) == [], "catalogued codes missing from the error table of docs/api.md"
+    assert documented == catalog
 
 
 def test_the_api_keeps_its_codes_and_statuses():

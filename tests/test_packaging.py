@@ -1,7 +1,7 @@
 """An installed (non-editable) package is self-contained: ``pip install .`` ships
 the checkout's top-level ``templates/`` and ``static/`` as package data (``novelforge_sessions/_site/``,
 mapped in pyproject.toml), and the pages, static files and ``/api/docs`` with its assets are served
-from a folder outside the checkout; the README's Production section works verbatim on a clean database.
+from a folder outside the checkout; the Production section of docs/deployment.md works verbatim on a clean database.
 
 The package is built the way ``python -m build`` / ``pip install`` build it, offline and without the
 ``wheel`` package: a source distribution from a copy of the sources, then setuptools' ``build_py``
@@ -152,12 +152,12 @@ def test_the_installed_package_serves_pages_static_files_and_docs_from_outside_t
 
 
 def _production_block() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    return readme.split("\n### Production\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    page = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+    return page.split("\n## Production\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_readmes_production_section_works_on_a_clean_database(built, tmp_path):
-    """README, Production: from `createdb` to a served request, run as written (the installed package
+def test_the_production_section_works_on_a_clean_database(built, tmp_path):
+    """docs/deployment.md, Production: from `createdb` to a served request, run as written (the installed package
     from outside the checkout; only the placeholder exports, the port and `pip install .` differ)."""
     import psycopg
     from django.conf import settings

@@ -1,4 +1,4 @@
-"""What a JSON body may hold, as RFC 8259 and the README say.
+"""What a JSON body may hold, as RFC 8259 and docs/api.md say.
 
 Each rule is a typed refusal that writes nothing: numbers the service would not store as written
 (an integer beyond a double's range, a non-zero number that rounds to 0), duplicate keys at any

@@ -4,7 +4,7 @@ On the original code ``AllowedHostsOriginValidator`` compared the Origin's host 
 ``ALLOWED_HOSTS`` only: a page on another port (``http://127.0.0.1:9999``) or scheme of an
 allowed host opened a socket with the manager's cookie. Now the Origin must be the origin the
 socket is served at (``ALLOWED_HOSTS`` host, served scheme and port) or one of
-``CSRF_TRUSTED_ORIGINS`` (README, Configuration).
+``CSRF_TRUSTED_ORIGINS`` (docs/websocket.md; docs/deployment.md, Configuration).
 """
 from __future__ import annotations
 

@@ -197,7 +197,7 @@ def test_a_gate_whose_fields_are_each_within_their_maxima_can_be_over_the_body_l
     """10 evidence items of 30,000 characters are each within their maxima, and the body
     is over API_MAX_BODY_BYTES. That 413 is declared for the route, the limit is stated on its
     body (`x-max-body-bytes`), and the evidence field says its items do not all fit at their
-    maximum (the README's choice: the body limit stays the one combined bound)."""
+    maximum (the choice docs/deployment.md states: the body limit stays the one combined bound)."""
     import json
 
     from django.conf import settings

@@ -1,4 +1,4 @@
-"""A runtime whose lease ran out is gone before any reconciler pass (README, Production; docs/model.md#runtimes-and-leases).
+"""A runtime whose lease ran out is gone before any reconciler pass (docs/lifecycles.md, "Liveness is the lease"; docs/model.md#runtimes-and-leases).
 
 Every write made on a runtime's behalf on its run (ending the run, the runtime's own moves out
 of ``running``, a handoff, a checkpoint single or batched, a cursor advance) is refused with

@@ -5,7 +5,7 @@ The order every session/run write checks in: not found → lifecycle legality �
 completed or stale session is ``illegal_transition`` (with the allowed targets), never
 ``no_live_runtime`` ("attach a runtime" — which would not help). Every refusal writes nothing.
 A runtime's own work on its run (here the cursor) needs a live runtime: after a close in a waiting
-state the run stays open, but its cursor is ``no_live_runtime`` (README, "Liveness is the lease").
+state the run stays open, but its cursor is ``no_live_runtime`` (docs/lifecycles.md, "Liveness is the lease").
 
 States are built through the HTTP API with one token (generation 1, so unnamed writes are
 accepted), except the ``resumed*`` rows (generation 2: an unnamed token write is
