@@ -54,7 +54,7 @@ class Rule:
     note: str = ""
 
 
-#: The bound-token matrix (README "Session-bound tokens"): object kind → what a token bound to a
+#: The bound-token matrix (docs/api.md#session-bound-tokens): object kind → what a token bound to a
 #: session reaches. An unbound token reaches its whole project for every kind. Objects outside the
 #: reach are 404 on reads and writes alike, and lists leave them out.
 BOUND_TOKEN_MATRIX: dict[str, Rule] = {

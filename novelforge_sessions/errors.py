@@ -6,7 +6,7 @@ no way to override them at a raise site (``ServiceError(..., code=...)`` is a ``
 a new refusal is a new class here, added to :data:`CATALOG`. Base classes that only group
 others (:class:`ServiceError`, :class:`Conflict`, :class:`BadRequest`, :class:`IntentNotExecutable`) are marked
 :func:`abstract`: they cannot be raised and are not in the catalog. ``tests/test_error_catalog.py``
-checks that every concrete class anywhere in the project is in the catalog and that the README's
+checks that every concrete class anywhere in the project is in the catalog and that the error table of docs/api.md#errors
 error table lists exactly the catalog. Pure lifecycle refusals from
 :mod:`novelforge_sessions.session_runtime` are converted by :func:`from_rule_error`.
 """

@@ -3,7 +3,7 @@
 ``make run`` serves with daphne (Channels' own server, and ``runserver``'s under the
 ``daphne`` app). ``make serve-cluster``, one process per core behind one address, serves
 with this: the same ASGI application under uvicorn, which the bench measured cheaper per
-request (README, Performance: "Server choice").
+request (docs/performance.md#server-choice).
 
 What this fixes that uvicorn's command line would leave to each deployment:
 

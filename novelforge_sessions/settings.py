@@ -182,7 +182,7 @@ if DB_POOL_MAX_SIZE:
     # CONN_HEALTH_CHECKS: with the pool, Django passes psycopg's `check` — a connection is tested
     # (one empty query) as it leaves the pool, so one that PostgreSQL dropped while it sat idle
     # (a restart, pg_terminate_backend) is replaced rather than handed to a request that would
-    # fail on it (measured by the harness, harness/ and README "Guarantees").
+    # fail on it (measured by the harness, harness/ and docs/guarantees.md).
     _db["CONN_HEALTH_CHECKS"] = True
     _db["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DB_POOL_MAX_SIZE, "timeout": 10}
     if API_LEAN and DB_POOL_MAX_SIZE <= API_THREADS:
@@ -237,7 +237,7 @@ PAGE_MAX_BODY_BYTES = _strict_int("PAGE_MAX_BODY_BYTES", default=2_621_440, mini
 # Django's own limit stays above both, so the 413 above is what an oversized body gets.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES * 4, PAGE_MAX_BODY_BYTES)
 
-# Runtime policy knobs (see README "Configuration").
+# Runtime policy knobs (docs/deployment.md#configuration).
 CHECKPOINT_MAX_BYTES = _strict_int("CHECKPOINT_MAX_BYTES", default=64 * 1024, minimum=1024)
 TRANSCRIPT_MAX_ENTRIES = _strict_int("TRANSCRIPT_MAX_ENTRIES", default=10_000, minimum=1)
 TRANSCRIPT_ENTRY_MAX_BYTES = _strict_int("TRANSCRIPT_ENTRY_MAX_BYTES", default=32 * 1024, minimum=64)
@@ -272,7 +272,7 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 
 # HTTPS. The defaults serve development over plain http (`make run`, the tests); the production
-# profile in README ("Production: HTTPS and check --deploy") turns all of them on and passes
+# profile in docs/deployment.md#https-the-production-profile turns all of them on and passes
 # `manage.py check --deploy --fail-level WARNING` with no warning.
 SECURE_SSL_REDIRECT = _strict_bool("SECURE_SSL_REDIRECT", default=False)
 # The probes answer over plain HTTP (a load balancer's health check does not speak TLS); the

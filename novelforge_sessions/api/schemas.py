@@ -483,7 +483,7 @@ class ArtifactOut(Schema):
 
 
 # ---- sessions ---------------------------------------------------------------------------
-#: Generation fencing (README "Generation fencing"): the runtime a write comes from.
+#: Generation fencing (docs/api.md#generation-fencing): the runtime a write comes from.
 RUNTIME_ID_DOC = (
     "the runtime this write comes from (the id create-with-runtime, attach and resume return): refused "
     "409 `stale_runtime` unless it is the session's live runtime. Token writes to a session that has had more "
