@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from django.conf import settings
@@ -212,7 +213,20 @@ def request_digest(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":"), cls=DjangoJSONEncoder).encode()).hexdigest()
 
 
-def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, refs_in_reach: bool = False) -> Checkpoint:
+@dataclass(frozen=True)
+class ResolvedRefs:
+    """A checkpoint's artifact refs as the calling action resolved them within its caller's reach
+    (a graph thread's own state blobs), under the lock of the run's session: that session, its
+    project, and each (artifact id, fingerprint)'s head version. ``record_checkpoint`` then runs
+    no statement of its own for the refs."""
+
+    session_id: int
+    project_id: int
+    heads: Mapping[tuple[int, str], int | None]
+
+
+def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
+                      resolved: ResolvedRefs | None = None) -> Checkpoint:
     """Validate (pure) then write checkpoint N+1 of an open run: ONE statement (``_WRITE_SQL``),
     its own transaction, whether or not it carries an idempotency key or refs.
 
@@ -231,9 +245,10 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
     The authority refs are the project's *current* ones, read by the server; a client that
     states other refs is refused with ``stale_authority`` (it froze against an old Canon).
     Every artifact ref must name a real version of an artifact in this project within the
-    caller's reach (``require_versions``: out of reach answers as missing; ``refs_in_reach``:
-    the calling action resolved them in the caller's reach itself, a graph thread's own state
-    blobs); each is stored with its artifact's head at that moment (``artifact_refs``). Approval
+    caller's reach (``require_versions``: out of reach answers as missing; ``resolved``:
+    the calling action resolved them and their heads in the caller's reach itself, a graph
+    thread's own state blobs); each is stored with its artifact's head at that moment
+    (``artifact_refs``). Approval
     and pending refs are typed (pure core) and resolved before the statement, then stored
     normalized (``_resolve_approvals``, the wait kinds of ``control/waits.py``): a ref that does
     not resolve is a 422 naming its field, and nothing is written. A checkpoint without refs runs
@@ -250,13 +265,19 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *, r
     pending: dict[str, Any] = {}
     refs_error: ServiceError | None = None
     session_id = project_id = None
-    if spec.artifacts or spec.approvals or any(spec.pending.values()):
+    if resolved is not None:
+        session_id, project_id = resolved.session_id, resolved.project_id
+    elif spec.artifacts or spec.approvals or any(spec.pending.values()):
         scope = run_scope(caller, run_id)
         if scope is None:
             raise NotFound("run not found", run_id=run_id)
         session_id, project_id = scope
     try:  # held until the statement has decided: a more fundamental refusal (or a replay) wins
-        artifacts = artifact_refs(None if refs_in_reach else caller, project_id, spec.artifacts)
+        if resolved is not None:
+            artifacts = [{"artifact_id": r.artifact_id, "fingerprint": r.fingerprint,
+                          "head_version_id": resolved.heads[(r.artifact_id, r.fingerprint)]} for r in spec.artifacts]
+        else:
+            artifacts = artifact_refs(caller, project_id, spec.artifacts)
         approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
         pending = (waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending)
                    if spec.pending else {})

@@ -27,7 +27,7 @@ import binascii
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,14 +39,15 @@ from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions import runs as run_actions
 from novelforge_sessions.actions import sessions as session_actions
-from novelforge_sessions.actions.lifecycle import check, live_runtime, lock_session, open_run
+from novelforge_sessions import events
+from novelforge_sessions.actions.lifecycle import check, live_runtime, lock_session
 from novelforge_sessions.actions.runtimes import MAX_LEASE_SECONDS, RuntimeSpec
-from novelforge_sessions.control.checkpoints import record_checkpoint
+from novelforge_sessions.control.checkpoints import ResolvedRefs, record_checkpoint
 from novelforge_sessions.control.models import GraphBlob, GraphBlobChunk, GraphCheckpoint, GraphThread, GraphWrite
 from novelforge_sessions.errors import (
     GraphBlobMismatch, GraphBlobMissing, GraphCheckpointConflict, NoOpenRun, NotFound, ServiceError, ValidationFailed,
 )
-from novelforge_sessions.models import Artifact, ArtifactVersion, content_fingerprint
+from novelforge_sessions.models import Artifact, ArtifactVersion, Run, Session, content_fingerprint
 
 #: The artifact kind of state blobs, and the prefix of their names (``blob:<fingerprint>``).
 BLOB_KIND = "graph-blob"
@@ -150,6 +151,66 @@ def threads(caller: Caller) -> QuerySet[GraphThread]:
 
 def find_thread(caller: Caller, thread_id: str) -> GraphThread | None:
     return threads(caller).filter(thread_id=thread_id).select_related("session").first()
+
+
+_GT = GraphThread._meta.db_table
+_GC = GraphCheckpoint._meta.db_table
+_RUN = Run._meta.db_table
+#: The thread in the caller's reach (its projects; a bound token: its own session's thread).
+_THREAD_IN_REACH = f"""
+    SELECT o.{{col}} FROM {_GT} o
+     WHERE o.thread_id = %(thread)s AND o.project_id = ANY(%(projects)s)
+       AND (%(bound)s::bigint IS NULL OR o.session_id = %(bound)s::bigint)
+     ORDER BY o.id LIMIT 1"""
+#: A write to a thread, first statement: lock the thread's session (the session's ordering lock
+#: first, ``events.order_lock_sql``: the subquery naming the session depends on parameters only,
+#: so it is evaluated before the scan and its row lock) and read the thread's row along. What
+#: may change while this waits for the lock (the open run, the checkpoints) is read by the
+#: next statement, which sees what the previous holder committed.
+_LOCK_THREAD_SQL = f"""
+SELECT s.*, t.id AS nf_thread, t.created_at AS nf_thread_created
+  FROM {_GT} t JOIN {Session._meta.db_table} s ON s.id = t.session_id
+ WHERE t.id = ({_THREAD_IN_REACH.format(col="id")})
+   AND {events.order_lock_sql(f"({_THREAD_IN_REACH.format(col='session_id')})")}
+   FOR UPDATE OF s
+"""
+
+
+def lock_thread(caller: Caller, thread_id: str) -> tuple[GraphThread, Session] | None:
+    """Lock the session of the caller's thread ``thread_id`` (one statement; lock order: session,
+    then run); None (nothing locked) when the caller reaches no such thread."""
+    assert transaction.get_connection().in_atomic_block
+    events.before_order_lock()
+    params = {"thread": thread_id, "projects": list(caller.project_ids), "bound": caller.session_id}
+    session = next(iter(Session.objects.raw(_LOCK_THREAD_SQL, params)), None)
+    if session is None:
+        return None
+    thread = GraphThread(id=session.nf_thread, project_id=session.project_id, session_id=session.id,
+                         thread_id=thread_id, created_at=session.nf_thread_created)
+    thread._state.adding = False
+    thread._state.db = session._state.db
+    return thread, session
+
+
+def _on_thread(caller: Caller, thread_id: str, open_spec: ThreadSpec | None,
+               write: Callable[[GraphThread, Session], Any]) -> tuple[Any, int | None]:
+    """``write(thread, session)`` in one transaction, under the lock of the thread's session;
+    and the runtime id when this call opened the thread. A thread the caller does not reach is
+    opened with ``open_spec`` (else 404), in its own transaction committed first (a loser of the
+    race to open it has then written nothing when it takes the winner's session ordering lock,
+    ``events.order_lock``), and the write runs then. A thread that exists costs no lookup of
+    its own: the lock statement finds it."""
+    opened: int | None = None
+    tried = False
+    while True:
+        with transaction.atomic():
+            locked = lock_thread(caller, thread_id)
+            if locked is not None:
+                return write(*locked), opened
+        if open_spec is None or tried:
+            raise NotFound("graph thread not found", thread_id=thread_id)
+        tried = True
+        _, opened = _open_thread(caller, thread_id, open_spec)
 
 
 # ---- validation (before any transaction) ------------------------------------------------------------
@@ -439,7 +500,9 @@ def open_thread(caller: Caller, thread_id: str, spec: ThreadSpec) -> tuple[Graph
 #: the upsert of the put's rows (the latest value at a (channel, version) stands, as in
 #: LangGraph's own savers); the stored rows of the channels the put did not bring (read from the
 #: statement's snapshot, which the upsert does not touch: they are other pairs); the artifact of
-#: every fingerprint the put names (inline ones were inserted by the statement before).
+#: every fingerprint the put names, with its head version (inline ones were inserted by the
+#: statement before); the checkpoint this id already names, if any (a retry), and the session's
+#: open run. Run after the session lock, it sees what the lock's previous holder committed.
 _RESOLVE_PUT_SQL = f"""
 WITH upsert AS (
     INSERT INTO {_GB} (thread_id, checkpoint_ns, channel, version, fingerprint)
@@ -448,19 +511,25 @@ WITH upsert AS (
     ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO UPDATE SET fingerprint = EXCLUDED.fingerprint
     RETURNING 1
 )
-SELECT o.channel, o.fingerprint, o.artifact_id FROM (
+SELECT 'stored', o.channel, o.fingerprint, o.artifact[1], o.artifact[2] FROM (
     SELECT o.channel, g.fingerprint,
-           (SELECT a.id FROM {_A} a WHERE a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || g.fingerprint)
-               AS artifact_id
+           (SELECT ARRAY[a.id, a.current_version_id] FROM {_A} a
+             WHERE a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || g.fingerprint) AS artifact
     FROM unnest(%(old_channels)s::text[], %(old_versions)s::text[]) AS o(channel, version)
     JOIN {_GB} g ON g.thread_id = %(thread)s AND g.checkpoint_ns = %(ns)s AND g.channel = o.channel
                 AND g.version = o.version
-) o WHERE o.artifact_id IS NOT NULL
+) o WHERE o.artifact IS NOT NULL
 UNION ALL
-SELECT NULL, substr(n.name, {len(BLOB_PREFIX) + 1}), n.artifact_id FROM (
-    SELECT n.name, (SELECT a.id FROM {_A} a WHERE a.project_id = %(project)s AND a.name = n.name) AS artifact_id
+SELECT 'named', NULL, substr(n.name, {len(BLOB_PREFIX) + 1}), n.artifact[1], n.artifact[2] FROM (
+    SELECT n.name, (SELECT ARRAY[a.id, a.current_version_id] FROM {_A} a
+                     WHERE a.project_id = %(project)s AND a.name = n.name) AS artifact
     FROM unnest(%(names)s::text[]) AS n(name)
-) n WHERE n.artifact_id IS NOT NULL
+) n WHERE n.artifact IS NOT NULL
+UNION ALL
+SELECT 'existing', NULL, NULL, c.id, NULL FROM {_GC} c
+ WHERE c.thread_id = %(thread)s AND c.checkpoint_ns = %(ns)s AND c.checkpoint_id = %(cp)s
+UNION ALL
+SELECT 'run', NULL, NULL, r.id, NULL FROM {_RUN} r WHERE r.session_id = %(session)s AND r.state = %(open)s
 """
 
 
@@ -471,9 +540,10 @@ def put_checkpoint(
 ) -> Stored:
     """Record one graph checkpoint as a bounded checkpoint of the thread's open run.
 
-    A fixed set of statements whatever the number of blobs: find the thread, lock its session,
-    insert the new inline blobs, resolve (and upsert) the channel blobs, the idempotency check,
-    the open run, the checkpoint (``record_checkpoint``), the graph row.
+    A fixed set of statements whatever the number of blobs: lock the thread's session (with its
+    open run and the checkpoint this id already names: ``lock_thread``), insert the new inline
+    blobs, resolve (and upsert) the channel blobs with their artifacts' heads, the checkpoint
+    (``record_checkpoint``, given the refs resolved here), the graph row.
 
     Refusals, writing nothing: invalid ids, blobs or bookkeeping (422) → the thread is unknown
     and ``open_spec`` is None (404) → the session has no open run (409 ``no_open_run``: resume
@@ -498,17 +568,9 @@ def put_checkpoint(
     document = _document(checkpoint)
     meta = check(rt.validate_metadata, dict(metadata or {}), "metadata", MAX_METADATA_BYTES)
     _check_open(open_spec)
-    if open_spec is not None:
-        # Its own transaction, committed first: a loser of the race to open the thread has then
-        # written nothing when it takes the winner's session ordering lock (events.order_lock).
-        thread, opened_runtime = _open_thread(caller, thread_id, open_spec)
-    with transaction.atomic():
-        if open_spec is None:
-            thread, opened_runtime = find_thread(caller, thread_id), None
-            if thread is None:
-                raise NotFound("graph thread not found", thread_id=thread_id)
+
+    def write(thread: GraphThread, session: Session) -> tuple[GraphCheckpoint, bool]:
         # The session lock serialises the thread's writers (lock order: session, then run).
-        session = lock_session(caller, thread.session_id)
         _insert_blobs(session.project_id, inline, caller.label)
         versions = {ch: json.dumps(v) for ch, v in sorted((document.get("channel_versions") or {}).items())}
         old = [(ch, v) for ch, v in versions.items() if (ch, v) not in put]
@@ -519,15 +581,19 @@ def put_checkpoint(
                 "put_channels": [ch for ch, _ in put], "put_versions": [v for _, v in put],
                 "put_fps": list(put.values()),
                 "old_channels": [ch for ch, _ in old], "old_versions": [v for _, v in old],
-                "names": [BLOB_PREFIX + fp for fp in named],
+                "names": [BLOB_PREFIX + fp for fp in named], "cp": checkpoint_id, "session": session.id,
+                "open": rt.RunState.OPEN.value,
             })
             rows = cursor.fetchall()
-        artifact_of = {fp: artifact_id for _, fp, artifact_id in rows}
+        artifact_of = {fp: artifact_id for kind, _, fp, artifact_id, _ in rows if kind in ("stored", "named")}
+        heads = {(artifact_id, fp): head for kind, _, fp, artifact_id, head in rows if kind in ("stored", "named")}
+        existing_id = next((i for kind, _, _, i, _ in rows if kind == "existing"), None)
+        open_run_id = next((i for kind, _, _, i, _ in rows if kind == "run"), None)
         missing = [fp for fp in named if fp not in artifact_of]
         if missing:
             raise GraphBlobMissing("a blob named by fingerprint is not in this project: upload it first",
                                    missing=missing)
-        stored = {ch: fp for ch, fp, _ in rows if ch is not None}
+        stored = {ch: fp for kind, ch, fp, _, _ in rows if kind == "stored"}
         fps: dict[str, str] = {}
         for ch, v in versions.items():
             if (ch, v) in put:
@@ -535,15 +601,14 @@ def put_checkpoint(
             elif ch in stored:
                 fps[ch] = stored[ch]
         document["blobs"] = fps
-        existing = GraphCheckpoint.objects.filter(thread=thread, checkpoint_ns=checkpoint_ns,
-                                                  checkpoint_id=checkpoint_id).first()
-        if existing is not None:
+        if existing_id is not None:
+            existing = GraphCheckpoint.objects.get(id=existing_id)
             if (existing.parent_checkpoint_id, existing.document, existing.metadata) != (parent, document, meta):
                 raise GraphCheckpointConflict("this graph checkpoint id already names a different checkpoint",
                                               thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id)
-            return Stored(existing, thread, opened_runtime, False)
-        run = open_run(session)
-        if run is None:
+            existing.thread = thread
+            return existing, False
+        if open_run_id is None:
             raise NoOpenRun("the thread's session has no open run: resume the session first",
                             status=session.status, session_id=session.id)
         refs = sorted({(artifact_of[fp], fp) for fp in fps.values()})
@@ -553,15 +618,18 @@ def put_checkpoint(
         # The refs are this thread's own state blobs (their content came in this thread's puts,
         # which the caller reaches), not a citation of what another session holds: a blob stored
         # once per project may have been written first by another thread's token.
-        record = record_checkpoint(caller, run.id, {
+        record = record_checkpoint(caller, open_run_id, {
             "boundary": rt.CheckpointBoundary.CONTEXT_FREEZE.value, "cursor": cursor_doc,
             "artifacts": [{"artifact_id": a, "fingerprint": fp} for a, fp in refs],
-        }, refs_in_reach=True)
+        }, resolved=ResolvedRefs(session.id, session.project_id, heads))
         graph = GraphCheckpoint.objects.create(
             thread=thread, record=record, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id,
             parent_checkpoint_id=parent, metadata=meta, document=document,
         )
-    return Stored(graph, thread, opened_runtime, True)
+        return graph, True
+
+    (graph, created), opened_runtime = _on_thread(caller, thread_id, open_spec, write)
+    return Stored(graph, graph.thread, opened_runtime, created)
 
 
 #: A task's writes, one statement: their values resolved to the blobs' versions; writes with a
@@ -622,14 +690,8 @@ def put_writes(
             # channel's latest value stands
             rows[w.idx] = (w.channel, fp)
     _check_open(open_spec)
-    if open_spec is not None:
-        thread, _ = _open_thread(caller, thread_id, open_spec)  # committed first, as in put_checkpoint
-    with transaction.atomic():
-        if open_spec is None:
-            thread = find_thread(caller, thread_id)
-            if thread is None:
-                raise NotFound("graph thread not found", thread_id=thread_id)
-        session = lock_session(caller, thread.session_id)
+
+    def write(thread: GraphThread, session: Session) -> bool:
         _insert_blobs(session.project_id, inline, caller.label)
         with connection.cursor() as cursor:
             cursor.execute(_PUT_WRITES_SQL, {
@@ -641,7 +703,9 @@ def put_writes(
         if missing:
             raise GraphBlobMissing("a blob named by fingerprint is not in this project: upload it first",
                                    missing=list(missing))
-    return changed
+        return changed
+
+    return _on_thread(caller, thread_id, open_spec, write)[0]
 
 
 def writes_of(items: list[GraphCheckpoint]) -> dict[tuple[int, str, str], list[GraphWrite]]:
