@@ -280,3 +280,16 @@ def test_the_alert_rules_read_metrics_the_service_exposes(metrics_on):
         assert names and names <= exposed, (rule["alert"], names - exposed)
     thresholds = {r["alert"]: r["expr"].split(">")[1].strip() for r in rules}
     assert thresholds == {"NovelForgeHandoffWaiting": "15 * 60", "NovelForgeReviewGateWaiting": "60 * 60"}
+
+
+def test_serve_cluster_clears_only_prometheus_client_files_before_anything_starts():
+    """``make serve-cluster`` with PROMETHEUS_MULTIPROC_DIR: the files of an earlier run go (their
+    counts would be added to this run's), before any process of this run loads the settings."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
+    text = subprocess.run(["make", "--no-print-directory", "-n", "serve-cluster"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=True).stdout
+    clear = 'rm -f "$PROMETHEUS_MULTIPROC_DIR"/{counter,gauge,histogram,summary}_*.db'
+    assert clear in text and 'mkdir -p "$PROMETHEUS_MULTIPROC_DIR"' in text
+    assert text.index(clear) < text.index("migrate --noinput") < text.index("novelforge_sessions.serve")
