@@ -77,6 +77,13 @@ serve-cluster:
 	export REDIS_URL="$${REDIS_URL:-$(CLUSTER_REDIS_URL)}"
 	$(PY) -c 'import os, redis; redis.Redis.from_url(os.environ["REDIS_URL"]).ping()' \
 	  || { echo "serve-cluster needs Redis at $$REDIS_URL (set REDIS_URL=redis://…)" >&2; exit 1; }
+	# Metrics of every process from any one (docs/observability.md#several-processes): with
+	# PROMETHEUS_MULTIPROC_DIR set, prometheus_client's files of an earlier run are removed first.
+	if [ -n "$${PROMETHEUS_MULTIPROC_DIR:-}" ]; then
+	  mkdir -p "$$PROMETHEUS_MULTIPROC_DIR"
+	  rm -f "$$PROMETHEUS_MULTIPROC_DIR"/{counter,gauge,histogram,summary}_*.db
+	  echo "Request metrics of all processes in $$PROMETHEUS_MULTIPROC_DIR (prometheus_client multi-process mode)"
+	fi
 	$(MANAGE) migrate --noinput
 	$(MANAGE) collectstatic --noinput
 	$(MANAGE) load_demo --base-url http://$(RUN_HOST):$(CLUSTER_BASE_PORT)

@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 from urllib.parse import unquote_plus
+
+from pythonjsonlogger.json import JsonEncoder
+from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
 REDACTED = "[redacted]"
 _TOKEN = re.compile(r"nfs_[A-Za-z0-9_\-]+|nfs(?:%5F|%5f)[A-Za-z0-9_\-%]+")
@@ -73,3 +77,52 @@ class RedactingFilter(logging.Filter):
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
         return True
+
+
+def _redact_values(value: Any) -> Any:
+    """``value`` with :func:`redact` applied to every string in it (dicts and lists walked)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redact_values(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact_values(v) for v in value]
+    return value
+
+
+class _RedactingEncoder(JsonEncoder):
+    """python-json-logger's encoder; what it makes of an object that is not JSON (its text, for
+    an object it does not know) is redacted too."""
+
+    def default(self, o: Any) -> Any:
+        return _redact_values(super().default(o))
+
+
+class JsonFormatter(_JsonFormatter):
+    """``LOG_FORMAT=json``: python-json-logger's formatter, one JSON object a line, with the
+    fields of the plain format (``asctime``, ``levelname``, ``name``, ``message``) and the
+    record's ``extra`` values.
+
+    :class:`RedactingFilter` has already cleaned the message and the record's ``exc_text``, but
+    this formatter formats an exception from ``exc_info`` itself and serialises a record's extra
+    attributes (Django's request log passes the request, whose text is its path), so every string
+    it is about to write is redacted once more, before it is encoded (the encoder's escaping is
+    then applied to clean text)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("fmt", "%(asctime)s %(levelname)s %(name)s %(message)s")
+        kwargs.setdefault("json_encoder", _RedactingEncoder)
+        super().__init__(*args, **kwargs)
+
+    def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
+        return _redact_values(super().process_log_record(log_data))
+
+
+def configure_json(config: dict) -> None:
+    """``LOGGING_CONFIG`` under ``LOG_FORMAT=json``: Django's ``dictConfig``, and Python's
+    warnings routed through ``logging`` (``py.warnings``), so that a warning is a JSON line too
+    rather than the bare text Python writes to stderr."""
+    import logging.config
+
+    logging.config.dictConfig(config)
+    logging.captureWarnings(True)

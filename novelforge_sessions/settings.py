@@ -324,11 +324,21 @@ CONTENT_SECURITY_POLICY = {
     },
 }
 
+# Log lines: "plain" text (the default) or "json", one JSON object a line (python-json-logger;
+# docs/observability.md#json-logs). Either way every record goes through the RedactingFilter.
+LOG_FORMAT = env.str("LOG_FORMAT", default="plain").strip().lower() or "plain"
+if LOG_FORMAT not in {"plain", "json"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, got {LOG_FORMAT!r}")
+if LOG_FORMAT == "json":
+    LOGGING_CONFIG = "novelforge_sessions.logredact.configure_json"  # Python's warnings become JSON lines too
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        # The same fields as "plain", as a JSON object; the whole line is redacted once more (logredact.py).
+        "json": {"()": "novelforge_sessions.logredact.JsonFormatter"},
     },
     # Tokens a client put in a URL never reach the log in clear (daphne's access log: asgi.py).
     # A lost connection (Redis restarting) is one WARNING line, not a traceback (logconnection.py);
@@ -339,7 +349,7 @@ LOGGING = {
         "one_line": {"()": "novelforge_sessions.server.hosts.OneLine"},
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["connection_loss", "redact"]},
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["connection_loss", "redact"]},
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {
@@ -349,3 +359,39 @@ LOGGING = {
         "django.security.DisallowedHost": {"filters": ["one_line"]},
     },
 }
+
+
+# /metrics for Prometheus (novelforge_sessions/metrics.py, docs/observability.md). Off unless
+# METRICS_TOKEN or METRICS_ALLOW_IPS is set: then a scrape with "Authorization: Bearer
+# <METRICS_TOKEN>" or from an address in METRICS_ALLOW_IPS (IPs or networks, comma-separated) is
+# answered, anything else refused (401 unauthorized / 403 forbidden), and every request's latency
+# is observed once (the first middleware of both paths). Off, /metrics answers 404 not_found and
+# nothing is observed.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
+    raise ImproperlyConfigured("METRICS_TOKEN must be at least 16 characters long")
+
+
+def _networks(name: str) -> list:
+    import ipaddress
+
+    out = []
+    for item in env.list(name, default=[]):
+        try:
+            out.append(ipaddress.ip_network(item.strip(), strict=False))
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name} must list IP addresses or networks (10.0.0.0/8), got {item!r}") from exc
+    return out
+
+
+METRICS_ALLOW_IPS = _networks("METRICS_ALLOW_IPS")
+METRICS_ENABLED = bool(METRICS_TOKEN or METRICS_ALLOW_IPS)
+if METRICS_ENABLED:
+    MIDDLEWARE.insert(0, "novelforge_sessions.metrics.observe_requests")
+    API_MIDDLEWARE.insert(0, "novelforge_sessions.metrics.observe_requests")
+# Several server processes answering for one set of metrics: prometheus_client's multi-process
+# mode, on when PROMETHEUS_MULTIPROC_DIR names a directory shared by the processes (and emptied
+# before they start): each /metrics then answers the request histogram of all of them.
+PROMETHEUS_MULTIPROC_DIR = env.str("PROMETHEUS_MULTIPROC_DIR", default="")
+if PROMETHEUS_MULTIPROC_DIR and not Path(PROMETHEUS_MULTIPROC_DIR).is_dir():
+    raise ImproperlyConfigured(f"PROMETHEUS_MULTIPROC_DIR must be an existing directory, got {PROMETHEUS_MULTIPROC_DIR!r}")

@@ -3,7 +3,7 @@
 #
 # Usage: scripts/bootstrap.sh MODE
 #   MODE = run   venv + PostgreSQL + database
-#   MODE = test  the above + Redis + Chromium (for browser tests)
+#   MODE = test  the above + Redis + Chromium (for browser tests), nginx and Prometheus (best effort)
 #   MODE = stop  stop the project-local PostgreSQL / Redis this script may have started
 #
 # Contract: every log line goes to stderr. stdout carries only `export NAME=value`
@@ -354,6 +354,14 @@ if [ "$MODE" = test ]; then
   # invoke-rc.d from starting it. Best effort: without it that test says it was skipped.
   if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
     RUNLEVEL=1 apt_install nginx </dev/null 3>&- || log "nginx could not be installed; the nginx test will be skipped"
+  fi
+
+  # Prometheus for the metrics test (tests/live/test_prometheus.py: a real Prometheus scrapes
+  # /metrics of two server processes; promtool checks deploy/prometheus-alerts.yml). As nginx:
+  # only the binaries are used, the packaged service is never started. Best effort: without
+  # it those tests say they were skipped.
+  if ! command -v prometheus >/dev/null 2>&1 && [ ! -x /usr/bin/prometheus ]; then
+    RUNLEVEL=1 apt_install prometheus </dev/null 3>&- || log "prometheus could not be installed; the Prometheus tests will be skipped"
   fi
 fi
 

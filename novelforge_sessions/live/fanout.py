@@ -384,3 +384,16 @@ def hub() -> Hub:
     if found is None or found.loop is not loop or found.layer is not layer:
         found = _hubs[id(loop)] = Hub(loop, layer)
     return found
+
+
+def snapshot() -> tuple[int, list[tuple[int, int]]]:
+    """This process's subscribed sockets (each counted once, however many feeds it is a member
+    of) and each live feed's ``(project_id, head)``. Read from any thread (``/metrics``): copies of
+    the hubs' dicts and sets, nothing awaited, nothing changed."""
+    members: set[int] = set()
+    feeds: list[tuple[int, int]] = []
+    for hub_ in list(_hubs.values()):
+        for feed in list(hub_.feeds.values()):
+            members.update(id(m) for m in list(feed.members))
+            feeds.append((feed.project_id, feed.head))
+    return len(members), feeds

@@ -22,7 +22,8 @@ The patches (each tested in ``tests/test_server_patches.py``, and against a real
   second access line (``server/http.py``);
 - ``access_log_redaction``: daphne's access log (``AccessLogGenerator.write_entry``, which
   writes to a stream, not through ``logging``) gets its request line through
-  ``logredact.redact``: a token in a query string never reaches it in clear;
+  ``logredact.redact``: a token in a query string never reaches it in clear (with
+  ``LOG_FORMAT=json`` the entry goes through ``logging`` instead, as one JSON object);
 - ``shutdown_drain``: SIGTERM drains (stop listening, websockets closed with 1012, requests in
   flight finish) before what is left is cancelled (``server/drain.py``);
 - ``autobahn_log_text``: autobahn's ``sendData`` builds a debug-log text for every frame it
@@ -42,6 +43,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import inspect
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,6 +92,10 @@ def _apply_daphne_http() -> None:
     daphne.server.HTTPFactory = LimitedHTTPFactory  # Server.run builds HTTPFactory(self) by this name
 
 
+#: Daphne's access entries under ``LOG_FORMAT=json`` (``_apply_access_log_redaction``).
+_ACCESS_LOG = logging.getLogger("novelforge.access")
+
+
 def _apply_access_log_redaction() -> None:
     from daphne.access import AccessLogGenerator
 
@@ -99,8 +105,17 @@ def _apply_access_log_redaction() -> None:
     if getattr(original, "nf_redacts", False):
         return
 
+    from django.conf import settings
+
     @functools.wraps(original)
     def write_entry(self: Any, host: Any, date: Any, request: str, *args: Any, **kwargs: Any) -> Any:
+        if settings.LOG_FORMAT == "json":
+            # LOG_FORMAT=json: the same entry as a record of ``novelforge.access``, so it is one
+            # JSON object like every other line (settings.LOGGING), not daphne's text line.
+            status, length = (list(args) + [None, None])[:2]
+            status, length = kwargs.get("status", status), kwargs.get("length", length)
+            _ACCESS_LOG.info('%s - - "%s" %s %s', host, redact(request), status or "-", length or "-")
+            return None
         return original(self, host, date, redact(request), *args, **kwargs)
 
     write_entry.nf_redacts = True  # type: ignore[attr-defined]
