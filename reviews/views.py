@@ -22,7 +22,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from novelforge_sessions.api.schemas import loads_json
+from novelforge_sessions.apikit.schemas import loads_json
 from novelforge_sessions.errors import MalformedBody, NotFound, ServiceError
 from novelforge_sessions.models import Project, Session
 from novelforge_sessions.session_runtime import UNSTORABLE_TEXT

@@ -156,7 +156,7 @@ def test_pure_rule_errors_map_to_catalogued_classes():
     (418, "http_error", 400), (500, "internal_error", 500), (503, "internal_error", 500),
 ])
 def test_ninja_http_errors_answer_a_catalogued_class(status, code, http_status):
-    from novelforge_sessions.api import _http_error
+    from novelforge_sessions.apikit.base import _http_error
 
     response = _http_error(RequestFactory().post("/api/v1/sessions"), HttpError(status, "refused"))
     assert response.status_code == http_status

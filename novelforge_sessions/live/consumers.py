@@ -58,7 +58,7 @@ from django.conf import settings
 from django.contrib import auth
 
 from novelforge_sessions.access import Caller, caller_for_user
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.live import fanout, pgnotify, replay
 from novelforge_sessions.live.replay import Subscription
 
