@@ -157,7 +157,7 @@ class SessionOut(Schema):
 
     @staticmethod
     def resolve_allowed_transitions(obj: Any) -> list[str]:
-        return sorted(t.value for t in rt.allowed_targets(obj.status))
+        return sorted(t.value for t in lc.SESSION.targets(obj.status))
 
 
 class SessionCreatedOut(SessionOut):

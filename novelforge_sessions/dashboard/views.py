@@ -276,7 +276,7 @@ def _session_context(session: Session) -> dict[str, Any]:
         cp.pending_json = presenters.compact_json(cp.pending) if cp.pending else ""
         cp.approvals_json = presenters.compact_json(cp.approvals) if cp.approvals else ""
     status = rt.SessionStatus(session.status)
-    allowed = rt.LIFECYCLE[status]
+    allowed = lc.SESSION.table[status]
     # A running session whose runtime's lease ran out is failed / runtime_lost in all but the
     # record: resume records that first (as the reconciler would), so it is offered.
     runtime_gone = expired is not None and lc.status_after_runtime_loss(status) != status
