@@ -42,7 +42,7 @@ from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.control.models import Handoff, WriteIntent
 from novelforge_sessions.dashboard import charts as charts_mod
 from novelforge_sessions.dashboard import presenters
-from novelforge_sessions.errors import ResumeRefused, ServiceError, VersionConflict
+from novelforge_sessions.errors import NotFound, ResumeRefused, ServiceError, VersionConflict
 from novelforge_sessions.live.replay import latest_event_id
 from novelforge_sessions.models import (
     Artifact,
@@ -91,7 +91,8 @@ def _int_param(raw: str | None) -> int | None:
 
 
 def _json_404(what: str) -> JsonResponse:
-    return JsonResponse({"error": {"code": "not_found", "message": f"{what} not found", "details": {}}}, status=404)
+    err = NotFound(f"{what} not found")
+    return JsonResponse(err.as_dict(), status=err.http_status)
 
 
 def _nav(request: HttpRequest) -> dict[str, bool]:
