@@ -368,7 +368,8 @@ SELECT 1 FROM {_A} a
    AND (a.reviewer IN ('', %(slot_reviewer)s) OR h.state = %(slot_claimed)s)
    AND g.session_id <> %(slot_reviewer_session)s
    AND g.opened_by <> ALL(%(slot_labels)s) AND v.created_by <> ALL(%(slot_labels)s)
-   AND NOT EXISTS (SELECT 1 FROM {_A} b WHERE b.packet_id = a.packet_id AND b.reviewer = %(slot_reviewer)s AND b.id <> a.id)
+   AND NOT EXISTS (SELECT 1 FROM {_A} b
+                    WHERE b.packet_id = a.packet_id AND b.reviewer = %(slot_reviewer)s AND b.id <> a.id)
 )"""
 #: The state values that condition takes as parameters (never literals in the SQL).
 _SLOT_PARAMS = {
@@ -430,7 +431,7 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
         params={**_SLOT_PARAMS, "slot_reviewer": identity.key, "slot_reviewer_session": identity.session_id,
                 "slot_labels": sorted(identity.labels)},
         # The reviewer's session first (after the writer's ordering lock, before any handoff row):
-        # it can still work, and its live runtime declares ``review``, what every slot requires.
+        # it can still work, and the claim declares what its live runtime declares.
         prepare=lambda: _lock_reviewer(identity),
         on_claim=lambda handoff: _assign_slot(identity, handoff, now),
     )
@@ -438,7 +439,9 @@ def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> 
         # Outside a transaction each try is one of its own: a claim that lost its candidate's
         # session to racing claimers tries the next oldest session's slots.
         claimed = control.claim(
-            project_ids=[project_id], capabilities=[REVIEW_CAPABILITY], holder=identity.key,
+            # What the runtime declared when the identity was read picks the candidate, as a job
+            # worker's declaration does; each try reads it again under the reviewer's lock (prepare).
+            project_ids=[project_id], capabilities=list(identity.capabilities), holder=identity.key,
             purpose=HandoffPurpose.REVIEW, token_id=token_id, actor=identity.key, now=now, eligible=eligible,
         )
     except IntegrityError:

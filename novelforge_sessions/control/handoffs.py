@@ -334,7 +334,9 @@ class Eligibility:
       app's own tables through its own subqueries), its values in ``params``: pyformat
       placeholders under names the claim's own do not use;
     * ``prepare`` — called in each try under the candidate session's ordering lock, before any
-      row lock: the app's own locks and checks (a ``ServiceError`` refuses, nothing written);
+      row lock: the app's own locks and checks (a ``ServiceError`` refuses, nothing written). It
+      may return the capabilities the claim declares, as read under those locks (``None``: the
+      ``capabilities`` the claim was given, which picked the candidate's session);
     * ``on_claim`` — called with the claimed handoff in the claim's transaction, after its
       ``handoff.claimed`` event: the app's own writes that go with the claim. What it returns is
       the claim's ``outcome``.
@@ -342,7 +344,7 @@ class Eligibility:
 
     condition: str
     params: Mapping[str, Any] = field(default_factory=dict)
-    prepare: Callable[[], object] | None = None
+    prepare: Callable[[], Iterable[str] | None] | None = None
     on_claim: Callable[[Handoff], Any] | None = None
 
 
@@ -392,9 +394,12 @@ def claim_row(
 def _claim_in_session(
     claim_sql: str, params: dict, order_session: int, actor: str, eligible: Eligibility | None,
 ) -> ClaimedRow | None:
+    params = {**params, "order_session": order_session}
     if eligible is not None and eligible.prepare is not None:
-        eligible.prepare()
-    claimed = list(Handoff.objects.raw(claim_sql, {**params, "order_session": order_session}))
+        declared = eligible.prepare()
+        if declared is not None:
+            params["caps"] = json.dumps(list(declared))
+    claimed = list(Handoff.objects.raw(claim_sql, params))
     if not claimed:
         return None
     handoff = claimed[0]

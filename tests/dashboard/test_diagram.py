@@ -16,7 +16,9 @@ def test_nodes_edges_current_and_next_come_from_the_table(status):
         (src.value, dst.value) for src, targets in lc.SESSION.table.items() for dst in targets
     }
     assert [n.state for n in d.nodes if "current" in n.classes.split()] == [status]
-    assert {n.state for n in d.nodes if "next" in n.classes.split()} == {s.value for s in lc.SESSION.table[rt.SessionStatus(status)]}
+    assert {n.state for n in d.nodes if "next" in n.classes.split()} == {
+        s.value for s in lc.SESSION.table[rt.SessionStatus(status)]
+    }
     assert {e.target for e in d.edges if "next" in e.classes.split()} == set(d.allowed)
 
 
