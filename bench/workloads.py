@@ -249,7 +249,7 @@ def ours_fixture(label: str, runs: int) -> tuple[Any, str, list[int]]:
     from novelforge_sessions.actions.runtimes import RuntimeSpec
     from novelforge_sessions.actions.sessions import NewSession, create_session
     from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
-    from novelforge_sessions.api.auth import caller_for_token
+    from novelforge_sessions.apikit.auth import caller_for_token
     from novelforge_sessions.models import Project
 
     project = Project.objects.create(

@@ -337,6 +337,25 @@ class GraphBlobMismatch(ValidationFailed):
     code = "graph_blob_mismatch"
 
 
+# The event stream's refusals: an error frame, then the socket closes with 4000 + the status.
+class MalformedFrame(BadRequest):
+    """A websocket frame that is not a JSON text object with a ``type``, or a message with wrong fields."""
+
+    code = "malformed_frame"
+
+
+class UnknownFrameType(BadRequest):
+    code = "unknown_type"
+
+
+class AlreadyAuthenticated(BadRequest):
+    code = "already_authenticated"
+
+
+class TooManySubscriptions(BadRequest):
+    code = "too_many_subscriptions"
+
+
 #: code → class, for every code of the service's catalog (and the two grouping classes).
 CODES: dict[str, type[NovelForgeError]] = {
     cls.code: cls

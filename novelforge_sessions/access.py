@@ -199,7 +199,7 @@ def artifacts_given_to(session_id: int) -> RawSQL:
 
 @dataclass(frozen=True)
 class TokenRow:
-    """What a token's row said when a ``Caller`` was read from it (``api.auth``), to be checked
+    """What a token's row said when a ``Caller`` was read from it (``apikit.auth``), to be checked
     again: the token still exists, unrevoked, with the same project, binding, permissions (the
     stored JSON, compared as jsonb) and name (the actor label)."""
     token_id: int
@@ -218,7 +218,7 @@ class Caller:
     token_id: int | None = None
     user_id: int | None = None
     project: Project | None = field(default=None, compare=False)  # the token's project, preloaded
-    # Set on a caller recalled from the API's token cache (api/auth.py) and not yet checked in
+    # Set on a caller recalled from the API's token cache (apikit/auth.py) and not yet checked in
     # this request: the action that accepts one checks it in its own first statement (the
     # checkpoint's run lock, ``TOKEN_STILL_VALID_SQL``); everything else never sees one.
     recheck: TokenRow | None = field(default=None, compare=False)
@@ -282,7 +282,7 @@ class Caller:
 SYSTEM = Caller(label="system", project_ids=frozenset(), permissions=frozenset())
 
 
-# ---------------------------------------------------------------- recalled callers (api/auth.py)
+# ---------------------------------------------------------------- recalled callers (apikit/auth.py)
 #: A boolean SQL expression for an action's first statement: true when its caller has nothing
 #: to recheck (read from its token in this request), else whether the token's row still says
 #: what it said when the caller was read (``TokenRow``). Parameters: ``recheck_params``.

@@ -46,6 +46,12 @@ class ServiceError(Exception):
     def as_dict(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message, "details": self.details}}
 
+    @property
+    def close_code(self) -> int:
+        """The websocket close code that follows this refusal's error frame: 4000 + its HTTP
+        status (4400 malformed, 4401 not authenticated, 4403 refused, 4413 too large)."""
+        return 4000 + self.http_status
+
 
 @abstract
 class BadRequest(ServiceError):
@@ -365,6 +371,25 @@ class GraphBlobMismatch(ValidationFailed):
     code = "graph_blob_mismatch"
 
 
+# ---- the event stream's frames (``live.consumers``: an error frame, then the socket closes) ------
+class MalformedFrame(BadRequest):
+    """A frame that is not a JSON text object with a ``type``, or a message with wrong fields."""
+
+    code = "malformed_frame"
+
+
+class UnknownFrameType(BadRequest):
+    code = "unknown_type"
+
+
+class AlreadyAuthenticated(BadRequest):
+    code = "already_authenticated"
+
+
+class TooManySubscriptions(BadRequest):
+    code = "too_many_subscriptions"
+
+
 #: The closed catalog, in one explicit list: every code the service answers with.
 _CATALOGUED: tuple[type[ServiceError], ...] = (
     # generic refusals
@@ -383,6 +408,8 @@ _CATALOGUED: tuple[type[ServiceError], ...] = (
     IndependenceViolation, StaleFingerprint, AlreadyClaimed, VerdictConflict, GateClosed,
     # graph threads
     GraphCheckpointConflict, GraphBlobMissing, GraphBlobMismatch,
+    # the event stream's frames
+    MalformedFrame, UnknownFrameType, AlreadyAuthenticated, TooManySubscriptions,
 )
 
 #: code → class. Codes are unique (checked here at import, and by the tests).

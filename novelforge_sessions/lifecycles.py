@@ -1,7 +1,7 @@
 """Every record's lifecycle, declared once as data (docs/model.md#record-lifecycles).
 
-The pure core of the service, beside :mod:`novelforge_sessions.session_runtime` (which owns
-the session table, docs/model.md#session-lifecycle). Each record that has states — session, run, runtime
+The pure core of the service, below :mod:`novelforge_sessions.session_runtime` (the payload
+validators). Each record that has states — session, run, runtime
 attachment, handoff, write intent, review gate, review assignment — declares here its states
 (an enum), its initial state and its table of legal transitions. Nothing else in the service
 spells a state name: models take their choices and constraints from these enums, actions
@@ -12,7 +12,7 @@ values as parameters taken from the enums.
 No Django import and no I/O: every table is validated in microseconds by
 :func:`validate_all` (every state has a row, the initial state reaches every state, terminal
 states have no exit) and the same input always yields the same result or the same typed
-:class:`~novelforge_sessions.session_runtime.IllegalTransition`.
+:class:`IllegalTransition`, whose details are always ``record``, ``from``, ``to`` and ``allowed``.
 
 Self-transitions are listed explicitly where a record legitimately re-enters its state (a
 handoff re-claimed after its lease ran out, a review slot handed to the next reviewer).
@@ -22,9 +22,55 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
-from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.session_runtime import RunState, RuntimeState, SessionStatus
+
+# ---- the pure refusals (the service maps them onto its catalog: ``errors.from_rule_error``) ------
+class RuntimeRuleError(Exception):
+    """A deterministic refusal: the same input always produces the same code and details."""
+
+    code = "rule_violation"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class IllegalTransition(RuntimeRuleError):
+    code = "illegal_transition"
+
+
+class InvalidPayload(RuntimeRuleError):
+    code = "validation_error"
+
+
+# ---- the states ----------------------------------------------------------------------------
+class SessionStatus(StrEnum):
+    CREATED = "created"
+    RUNNING = "running"
+    IDLE = "idle"
+    AWAITING_USER = "awaiting_user"
+    AWAITING_EXTERNAL = "awaiting_external"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TERMINATED = "terminated"
+    STALE = "stale"
+
+
+class RunState(StrEnum):
+    OPEN = "open"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABORTED = "aborted"
+    INTERRUPTED = "interrupted"
+    TERMINATED = "terminated"
+
+
+class RuntimeState(StrEnum):
+    LIVE = "live"
+    CLOSED = "closed"
+    LOST = "lost"
 
 
 class HandoffState(StrEnum):
@@ -69,7 +115,7 @@ class Lifecycle:
         try:
             return self.states(value)
         except ValueError:
-            raise rt.InvalidPayload(
+            raise InvalidPayload(
                 f"{value!r} is not a {self.record} state", field=self.field, allowed=self.values()
             ) from None
 
@@ -86,7 +132,7 @@ class Lifecycle:
         """The target state if ``current → target`` is in the table; else ``IllegalTransition``."""
         src, dst = self.state(current), self.state(target)
         if dst not in self.table[src]:
-            raise rt.IllegalTransition(
+            raise IllegalTransition(
                 f"{src.value} → {dst.value} is not a legal {self.record} transition",
                 record=self.record,
                 **{"from": src.value, "to": dst.value, "allowed": sorted(t.value for t in self.table[src])},
@@ -135,11 +181,26 @@ def _table(rows: Mapping[StrEnum, Iterable[StrEnum]]) -> dict[StrEnum, frozenset
 
 S, R, T, H, I, G, A = SessionStatus, RunState, RuntimeState, HandoffState, IntentState, GateState, AssignmentState
 
-#: The session table (docs/model.md#session-lifecycle), owned by ``session_runtime``.
-SESSION = Lifecycle("session", SessionStatus, S.CREATED, rt.LIFECYCLE, field="status")
+#: The session table (docs/model.md#session-lifecycle), exactly. Anything not listed is illegal; it lists
+#: no self-transition
+#: (a "no-op" transition would hide a client's confused state).
+SESSION = Lifecycle("session", SessionStatus, S.CREATED, _table({
+    S.CREATED: {S.RUNNING},
+    S.RUNNING: {S.IDLE, S.AWAITING_USER, S.AWAITING_EXTERNAL, S.COMPLETED, S.FAILED, S.TERMINATED, S.STALE},
+    S.IDLE: {S.RUNNING, S.COMPLETED, S.TERMINATED, S.STALE},
+    S.AWAITING_USER: {S.RUNNING, S.FAILED, S.TERMINATED, S.STALE},
+    S.AWAITING_EXTERNAL: {S.RUNNING, S.FAILED, S.TERMINATED, S.STALE},
+    S.FAILED: {S.RUNNING, S.TERMINATED, S.STALE},
+    S.COMPLETED: {S.STALE},
+    S.STALE: {S.TERMINATED},
+    S.TERMINATED: (),
+}), field="status")
+
+#: Session statuses that hold an open run (the run is executing or waiting inside the session).
+RUN_HOLDING_STATES: frozenset[SessionStatus] = frozenset({S.RUNNING, S.AWAITING_USER, S.AWAITING_EXTERNAL})
 
 #: A run is open until it ends, once (docs/model.md#runs). Which end follows which session move is
-#: ``session_runtime.RUN_END_ON_STATUS``.
+#: ``RUN_END_ON_STATUS``.
 RUN = Lifecycle("run", RunState, R.OPEN, _table({
     R.OPEN: {R.COMPLETED, R.FAILED, R.ABORTED, R.INTERRUPTED, R.TERMINATED},
     R.COMPLETED: (), R.FAILED: (), R.ABORTED: (), R.INTERRUPTED: (), R.TERMINATED: (),
@@ -188,6 +249,15 @@ REVIEW_ASSIGNMENT = Lifecycle("review assignment", AssignmentState, A.OPEN, _tab
 }))
 
 ALL: tuple[Lifecycle, ...] = (SESSION, RUN, RUNTIME, HANDOFF, WRITE_INTENT, REVIEW_GATE, REVIEW_ASSIGNMENT)
+
+#: When a session leaves the run-holding states, its open run ends with this state.
+RUN_END_ON_STATUS: Mapping[SessionStatus, RunState] = {
+    S.IDLE: R.COMPLETED,
+    S.COMPLETED: R.COMPLETED,
+    S.FAILED: R.FAILED,
+    S.TERMINATED: R.TERMINATED,
+    S.STALE: R.INTERRUPTED,
+}
 
 
 def validate_all() -> None:
@@ -246,7 +316,7 @@ HANDOFF_CONSUMED: tuple[HandoffState, ...] = (H.BOUND, H.CONFLICTED)
 
 def holds_run(status: str | StrEnum) -> bool:
     """The session holds an open run (executing, or waiting inside the session)."""
-    return SESSION.state(status) in rt.RUN_HOLDING_STATES
+    return SESSION.state(status) in RUN_HOLDING_STATES
 
 
 def passes_waits(source: str | StrEnum, target: str | StrEnum) -> bool:
@@ -257,7 +327,7 @@ def passes_waits(source: str | StrEnum, target: str | StrEnum) -> bool:
     src, dst = SESSION.state(source), SESSION.state(target)
     if not holds_run(src):
         return False
-    return dst is S.RUNNING or (not holds_run(dst) and rt.RUN_END_ON_STATUS.get(dst) is R.COMPLETED)
+    return dst is S.RUNNING or (not holds_run(dst) and RUN_END_ON_STATUS.get(dst) is R.COMPLETED)
 
 
 def status_after_runtime_loss(status: str | StrEnum) -> SessionStatus:
@@ -344,7 +414,8 @@ def intent_open(state: str | StrEnum) -> bool:
 
 
 __all__ = [
-    "ALL", "ATTENTION_STATUSES", "AWAITING_STATUSES", "awaiting", "CLOSED_STATUSES", "can_work", "HANDOFF_CONSUMED",
+    "ALL", "ATTENTION_STATUSES", "IllegalTransition", "InvalidPayload", "RUN_END_ON_STATUS", "RUN_HOLDING_STATES",
+    "RuntimeRuleError", "AWAITING_STATUSES", "awaiting", "CLOSED_STATUSES", "can_work", "HANDOFF_CONSUMED",
     "HANDOFF_WAITING", "MANAGER_EXITS", "RUN_OUTCOMES", "WORK_CLOSED_STATUSES", "conflict_open", "run_end_status",
     "runtime_move",
     "handoff_consumed", "handoff_waiting", "holds_run", "passes_waits", "intent_open", "needs_attention", "resumable",

@@ -5,7 +5,7 @@ Session is not a Run, a Run is not a Checkpoint. Provider-native ids live in
 ``provider_metadata`` JSON and nothing keys on them: they are metadata, never authority.
 
 Statuses are never assigned directly: every status write goes through
-``session_runtime.check_transition`` inside an action (``novelforge_sessions/actions``).
+``lifecycles.SESSION.check`` inside an action (``novelforge_sessions/actions``).
 The database enforces what it can: enums, one live runtime and one open run per session,
 unique sequence numbers.
 """

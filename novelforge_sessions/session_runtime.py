@@ -1,11 +1,11 @@
-"""The Session Runtime's deterministic core: the session lifecycle (docs/model.md#session-lifecycle) and the
-validation of session, run and checkpoint payloads (docs/model.md#checkpoints).
+"""The Session Runtime's deterministic core: the validation of session, run and checkpoint payloads
+(docs/model.md#checkpoints), beside the lifecycles (docs/model.md#session-lifecycle).
 
-This module owns the lifecycle table and the validation of session, run and checkpoint
-payloads. It imports nothing from Django and does no I/O, so every rule here is testable in
-microseconds and the same input always yields the same result or the same typed error.
-
-Every write of a session status in the service goes through :func:`check_transition`.
+This module owns the validation of session, run and checkpoint payloads; the session's
+lifecycle table, like every record's, is :mod:`novelforge_sessions.lifecycles`' (every write of a
+session status goes through ``lifecycles.SESSION.check``). It imports nothing from Django and does
+no I/O, so every rule here is testable in microseconds and the same input always yields the same
+result or the same typed error.
 """
 from __future__ import annotations
 
@@ -16,40 +16,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-
-class SessionStatus(StrEnum):
-    CREATED = "created"
-    RUNNING = "running"
-    IDLE = "idle"
-    AWAITING_USER = "awaiting_user"
-    AWAITING_EXTERNAL = "awaiting_external"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    TERMINATED = "terminated"
-    STALE = "stale"
-
-
-S = SessionStatus
-
-#: docs/model.md#session-lifecycle, exactly. Anything not listed is illegal.
-LIFECYCLE: Mapping[SessionStatus, frozenset[SessionStatus]] = {
-    S.CREATED: frozenset({S.RUNNING}),
-    S.RUNNING: frozenset(
-        {S.IDLE, S.AWAITING_USER, S.AWAITING_EXTERNAL, S.COMPLETED, S.FAILED, S.TERMINATED, S.STALE}
-    ),
-    S.IDLE: frozenset({S.RUNNING, S.COMPLETED, S.TERMINATED, S.STALE}),
-    S.AWAITING_USER: frozenset({S.RUNNING, S.FAILED, S.TERMINATED, S.STALE}),
-    S.AWAITING_EXTERNAL: frozenset({S.RUNNING, S.FAILED, S.TERMINATED, S.STALE}),
-    S.FAILED: frozenset({S.RUNNING, S.TERMINATED, S.STALE}),
-    S.COMPLETED: frozenset({S.STALE}),
-    S.STALE: frozenset({S.TERMINATED}),
-    S.TERMINATED: frozenset(),
-}
-
-#: States that hold an open run (the run is executing or waiting inside the session).
-RUN_HOLDING_STATES = frozenset({S.RUNNING, S.AWAITING_USER, S.AWAITING_EXTERNAL})
-#: No exit at all.
-TERMINAL_STATES = frozenset(s for s, targets in LIFECYCLE.items() if not targets)
+# The states and the pure refusals are the lifecycles'; the service reads them here too (``rt.SessionStatus``).
+from novelforge_sessions.lifecycles import (  # noqa: F401 (re-exported)
+    IllegalTransition, InvalidPayload, RunState, RuntimeRuleError, RuntimeState, SessionStatus,
+)
 
 
 class SessionRole(StrEnum):
@@ -82,113 +52,18 @@ class CheckpointBoundary(StrEnum):
     BEFORE_LONG_HANDOFF = "before_long_handoff"
 
 
-class RunState(StrEnum):
-    OPEN = "open"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    ABORTED = "aborted"
-    INTERRUPTED = "interrupted"
-    TERMINATED = "terminated"
-
-
-class RuntimeState(StrEnum):
-    LIVE = "live"
-    CLOSED = "closed"
-    LOST = "lost"
-
-
-#: When a session leaves the run-holding states, its open run ends with this state.
-RUN_END_ON_STATUS: Mapping[SessionStatus, RunState] = {
-    S.IDLE: RunState.COMPLETED,
-    S.COMPLETED: RunState.COMPLETED,
-    S.FAILED: RunState.FAILED,
-    S.TERMINATED: RunState.TERMINATED,
-    S.STALE: RunState.INTERRUPTED,
-}
-
 CHECKPOINT_SCHEMA_VERSION = 1
 #: The most steps one batch write may carry (POST /runs/{id}/batch; OpenAPI maxItems).
 MAX_BATCH_ITEMS = 100
 
 
 # --------------------------------------------------------------------------------------
-# Errors: pure, carrying a code; the service maps them onto HTTP statuses.
+# Session payloads
 # --------------------------------------------------------------------------------------
-class RuntimeRuleError(Exception):
-    """A deterministic refusal: the same input always produces the same code and details."""
-
-    code = "rule_violation"
-
-    def __init__(self, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.details = details
-
-
-class IllegalTransition(RuntimeRuleError):
-    code = "illegal_transition"
-
-
-class InvalidPayload(RuntimeRuleError):
-    code = "validation_error"
-
-
 class CheckpointNotBounded(RuntimeRuleError):
     code = "checkpoint_not_bounded"
 
 
-def _coerce_status(value: str | SessionStatus, field_name: str) -> SessionStatus:
-    try:
-        return SessionStatus(value)
-    except ValueError:
-        raise InvalidPayload(
-            f"{field_name} {value!r} is not a lifecycle state",
-            field=field_name,
-            allowed=[s.value for s in SessionStatus],
-        ) from None
-
-
-def allowed_targets(current: str | SessionStatus) -> frozenset[SessionStatus]:
-    return LIFECYCLE[_coerce_status(current, "from")]
-
-
-def is_legal(current: str | SessionStatus, target: str | SessionStatus) -> bool:
-    return _coerce_status(target, "to") in allowed_targets(current)
-
-
-def check_transition(current: str | SessionStatus, target: str | SessionStatus) -> SessionStatus:
-    """Return the target state if the contract's table allows ``current → target``.
-
-    Raises :class:`IllegalTransition` otherwise. Self-transitions are illegal too: the table
-    lists none, and a "no-op" transition would hide a client's confused state.
-    """
-    src = _coerce_status(current, "from")
-    dst = _coerce_status(target, "to")
-    if dst not in LIFECYCLE[src]:
-        raise IllegalTransition(
-            f"{src.value} → {dst.value} is not a legal session transition",
-            **{"from": src.value, "to": dst.value, "allowed": sorted(t.value for t in LIFECYCLE[src])},
-        )
-    return dst
-
-
-def check_table() -> None:
-    """Structural checks of the table (used by tests and at import in DEBUG)."""
-    states = set(SessionStatus)
-    assert set(LIFECYCLE) == states, "every state has a row"
-    reachable = {S.CREATED}
-    frontier = [S.CREATED]
-    while frontier:
-        for nxt in LIFECYCLE[frontier.pop()]:
-            if nxt not in reachable:
-                reachable.add(nxt)
-                frontier.append(nxt)
-    assert reachable == states, f"unreachable: {states - reachable}"
-
-
-# --------------------------------------------------------------------------------------
-# Session payloads
-# --------------------------------------------------------------------------------------
 #: Short machine names (task modes, runtime families, capabilities, role extensions, resume
 #: policies); the API schema declares this pattern (``api.schemas.NAME_PATTERN``).
 NAME_PATTERN = r"^[a-z][a-z0-9_.:-]{0,63}$"

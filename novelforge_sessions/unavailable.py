@@ -1,6 +1,6 @@
 """The pages' answer when PostgreSQL is gone: a 503 page in plain words, never a bare 500.
 
-The API has its own typed 503 (``database_unavailable``, in :mod:`novelforge_sessions.api`);
+The API has its own typed 503 (``database_unavailable``, in :mod:`novelforge_sessions.apikit.base`);
 this is the same rule for the pages (dashboard, reviews, login). Two places catch it:
 
 - :class:`DatabaseUnavailableMiddleware` (first in ``MIDDLEWARE``): a view or its template

@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from novelforge_sessions import health, metrics
-from novelforge_sessions.api import api
+from novelforge_sessions.routers import api
 
 # A page that fails on the database answers 503 in plain words (novelforge_sessions.unavailable).
 handler500 = "novelforge_sessions.unavailable.server_error"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -352,43 +353,28 @@ def _check_agent_reviewers(session_ids: list[int], writer: Session) -> list[Sess
 # ------------------------------------------------------------------------------------------
 # Claiming an agent packet
 # ------------------------------------------------------------------------------------------
-_A, _P, _G, _V, _H = (m._meta.db_table for m in (ReviewAssignment, ReviewPacket, ReviewGate, ArtifactVersion, Handoff))
-# Review eligibility on top of the control plane's claimability: the oldest agent-route slot
-# whose handoff is pending (open, or pre-assigned to this reviewer) or claimed with an expired
-# lease, on a pending gate this reviewer is independent of, on a packet where it holds no
-# other slot. SKIP LOCKED lets concurrent claimers pass each other instead of queueing.
-_ELIGIBLE_SQL = f"""
-SELECT h.id, a.id FROM {_H} h
-  JOIN {_A} a ON a.handoff_id = h.id
+_A, _P, _G, _V = (m._meta.db_table for m in (ReviewAssignment, ReviewPacket, ReviewGate, ArtifactVersion))
+# Review eligibility, the condition the control plane's claim adds to its own claimability
+# (``control.Eligibility``; the handoff row is ``h``): an agent-route slot on a pending gate that
+# this reviewer is independent of, whose slot is open or pre-assigned to this reviewer (or taken
+# over once its claim's lease ran out), on a packet where it holds no other slot.
+_SLOT_ELIGIBLE_SQL = f"""EXISTS (
+SELECT 1 FROM {_A} a
   JOIN {_P} p ON p.id = a.packet_id
   JOIN {_G} g ON g.id = p.gate_id
   JOIN {_V} v ON v.id = g.candidate_id
- WHERE h.project_id = %(project)s AND h.purpose = %(review)s
-   AND g.route = %(agent)s AND g.state = %(gate_pending)s AND a.state <> %(submitted)s
-   AND h.state = ANY(%(claim_from)s) AND (h.state <> %(claimed)s OR h.lease_expires_at <= %(now)s)
-   AND (a.reviewer IN ('', %(key)s) OR h.state = %(claimed)s)
-   AND g.session_id <> %(sid)s
-   AND g.opened_by <> ALL(%(labels)s) AND v.created_by <> ALL(%(labels)s)
-   AND NOT EXISTS (SELECT 1 FROM {_A} b WHERE b.packet_id = a.packet_id AND b.reviewer = %(key)s AND b.id <> a.id)
-   AND (%(order_session)s::bigint IS NULL OR h.session_id = %(order_session)s::bigint)
- ORDER BY h.id
- LIMIT 1
-   FOR UPDATE OF h SKIP LOCKED
-"""
-# Its lock-free first step (events.order_lock_candidate): the oldest candidate's session,
-# whose ordering lock the claim takes before it locks a row.
-# It skips the sessions a retrying claim already tried (%(tried)s, events.claim_in_oldest_session).
-_ELIGIBLE_SESSION_SQL = (
-    "SELECT h.session_id" + _ELIGIBLE_SQL.split("SELECT h.id, a.id", 1)[1].split("AND (%(order_session)s::bigint IS NULL", 1)[0]
-    + "AND h.session_id <> ALL(%(tried)s::bigint[])\n ORDER BY h.id LIMIT 1"
-)
-#: The state values those statements take as parameters (never literals in the SQL).
+ WHERE a.handoff_id = h.id
+   AND g.route = %(slot_agent)s AND g.state = %(slot_gate_pending)s AND a.state <> %(slot_submitted)s
+   AND (a.reviewer IN ('', %(slot_reviewer)s) OR h.state = %(slot_claimed)s)
+   AND g.session_id <> %(slot_reviewer_session)s
+   AND g.opened_by <> ALL(%(slot_labels)s) AND v.created_by <> ALL(%(slot_labels)s)
+   AND NOT EXISTS (SELECT 1 FROM {_A} b
+                    WHERE b.packet_id = a.packet_id AND b.reviewer = %(slot_reviewer)s AND b.id <> a.id)
+)"""
+#: The state values that condition takes as parameters (never literals in the SQL).
 _SLOT_PARAMS = {
-    "review": HandoffPurpose.REVIEW.value, "agent": ReviewGate.Route.AGENT.value,
-    "gate_pending": ReviewGate.State.PENDING.value, "submitted": ReviewAssignment.State.SUBMITTED.value,
-    "pending": HandoffState.PENDING.value, "claimed": HandoffState.CLAIMED.value,
-    # The states a claim may move (lifecycles.HANDOFF): pending, or claimed with its lease run out.
-    "claim_from": lc.HANDOFF.sources(HandoffState.CLAIMED),
+    "slot_agent": ReviewGate.Route.AGENT.value, "slot_gate_pending": ReviewGate.State.PENDING.value,
+    "slot_submitted": ReviewAssignment.State.SUBMITTED.value, "slot_claimed": HandoffState.CLAIMED.value,
 }
 
 
@@ -432,60 +418,47 @@ def _lock_reviewer(identity: ReviewerIdentity) -> list[str]:
 def claim_packet(identity: ReviewerIdentity, *, token_id: int | None = None) -> Claim | None:
     """An agent reviewer claims the handoff of the oldest agent-route slot it is independent of.
 
-    Returns ``None`` when nothing is claimable. The lease, fencing token and attempt count are
-    the control plane's (``control.claim`` on the row locked here, which also appends
-    ``handoff.claimed``); the slot's assignment moves to this reviewer — also when it takes
-    over an expired claim.
+    Returns ``None`` when nothing is claimable. The claim is the control plane's
+    (``control.claim`` with the review's ``Eligibility``): the lease, fencing token and attempt
+    count, and its ``handoff.claimed`` event. In the same transaction the slot's assignment
+    moves to this reviewer — also when it takes over an expired claim.
     """
     assert identity.is_agent
     (project_id,) = identity.project_ids
     now = timezone.now()
-    params = {**_SLOT_PARAMS, "key": identity.key, "sid": identity.session_id, "project": project_id,
-              "labels": sorted(identity.labels), "now": now, "order_session": None}
+    eligible = control.Eligibility(
+        condition=_SLOT_ELIGIBLE_SQL,
+        params={**_SLOT_PARAMS, "slot_reviewer": identity.key, "slot_reviewer_session": identity.session_id,
+                "slot_labels": sorted(identity.labels)},
+        # The reviewer's session first (after the writer's ordering lock, before any handoff row):
+        # it can still work, and the claim declares what its live runtime declares.
+        prepare=lambda: _lock_reviewer(identity),
+        on_claim=lambda handoff: _assign_slot(identity, handoff, now),
+    )
     try:
-        # Each try in a transaction of its own: a claim that lost its candidate's session to racing
-        # claimers tries the next oldest session's slots (events.claim_in_oldest_session).
-        return events.claim_in_oldest_session(
-            _ELIGIBLE_SESSION_SQL, params,
-            lambda order_session: _claim_slot_in(identity, params, order_session, token_id=token_id),
+        # Outside a transaction each try is one of its own: a claim that lost its candidate's
+        # session to racing claimers tries the next oldest session's slots.
+        claimed = control.claim(
+            # What the runtime declared when the identity was read picks the candidate, as a job
+            # worker's declaration does; each try reads it again under the reviewer's lock (prepare).
+            project_ids=[project_id], capabilities=list(identity.capabilities), holder=identity.key,
+            purpose=HandoffPurpose.REVIEW, token_id=token_id, actor=identity.key, now=now, eligible=eligible,
         )
     except IntegrityError:
         # The same reviewer claimed a second slot of one packet concurrently: the unique
         # (packet, reviewer) constraint refused it; the first claim stands.
         raise AlreadyClaimed("this reviewer already holds a slot on that packet") from None
+    return None if claimed is None else Claim(claimed.outcome, claimed.handoff)
 
 
-def _claim_slot_in(
-    identity: ReviewerIdentity, params: dict[str, Any], order_session: int, *, token_id: int | None,
-) -> Claim | None:
-    """``claim_packet`` within one session, under its ordering lock (the caller's transaction)."""
-    project_id, now = params["project"], params["now"]
-    # The reviewer's session first (after the writer's ordering lock, before any handoff row):
-    # it can still work, and the claim declares what its live runtime declares.
-    capabilities = _lock_reviewer(identity)
-    with connection.cursor() as cur:
-        cur.execute(_ELIGIBLE_SQL, {**params, "order_session": order_session})
-        row = cur.fetchone()
-    if row is None:
-        return None
-    handoff_id, assignment_id = row
-    # The control plane's claim on the row we hold (SKIP LOCKED never skips our own lock):
-    # state, attempt + 1, fencing token + 1, lease = now + timeout, its handoff.claimed
-    # event; it also re-checks that the writer's session is not terminated or stale, and that
-    # the reviewer's runtime declares what the slot requires, as a job worker's claim does.
-    claimed = control.claim(
-        project_ids=[project_id], handoff_id=handoff_id, capabilities=capabilities, holder=identity.key,
-        purpose=HandoffPurpose.REVIEW, token_id=token_id, actor=identity.key, now=now,
-    )
-    if claimed is None:
-        return None
-    handoff = claimed.handoff
-    slot = ReviewAssignment.objects.filter(id=assignment_id)
+def _assign_slot(identity: ReviewerIdentity, handoff: Handoff, now: datetime) -> ReviewAssignment:
+    """In the claim's transaction, the claimed slot's assignment moves to the reviewer, with its event."""
+    slot = ReviewAssignment.objects.filter(handoff_id=handoff.id)
     if move_rows(slot, lc.REVIEW_ASSIGNMENT, ReviewAssignment.State.ASSIGNED, reviewer=identity.key,
                  reviewer_session_id=identity.session_id, assigned_at=now) != 1:
         # Unreachable while the claim holds the handoff row (a verdict takes it first too).
         check(lc.REVIEW_ASSIGNMENT.check, slot.values_list("state", flat=True).get(), ReviewAssignment.State.ASSIGNED)
-    assignment = ReviewAssignment.objects.select_related("packet__gate").get(id=assignment_id)
+    assignment = ReviewAssignment.objects.select_related("packet__gate").get(handoff_id=handoff.id)
     gate = assignment.packet.gate
     common = {"project_id": gate.project_id, "session_id": gate.session_id, "run_id": gate.run_id,
               "actor": identity.key}
@@ -494,7 +467,7 @@ def _claim_slot_in(
         "reviewer_session_id": identity.session_id, "state": assignment.state, "handoff_id": handoff.id,
         "attempt": handoff.attempt,
     }, **common)
-    return Claim(assignment, handoff)
+    return assignment
 
 
 def heartbeat_packet(identity: ReviewerIdentity, packet_id: int, *, fencing_token: Any) -> control.Lease:

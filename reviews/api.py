@@ -21,8 +21,8 @@ from ninja import Field, Router, Schema, Status
 
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX
-from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset, require_json_media_type
-from novelforge_sessions.api.schemas import (
+from novelforge_sessions.apikit.common import RUNTIME_GONE, caller, errors, get_or_404, keyset, require_json_media_type
+from novelforge_sessions.apikit.schemas import (
     MAX_BODY_DEPTH, NON_BLANK_TEXT, Page, Strict, loads_json, max_bytes, nested_deeper_than, page_after, page_limit,
     refuse_unstorable_text,
 )

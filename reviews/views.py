@@ -22,8 +22,8 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from novelforge_sessions.api.schemas import loads_json
-from novelforge_sessions.errors import MalformedBody, NotFound, ServiceError
+from novelforge_sessions.apikit.schemas import loads_json
+from novelforge_sessions.errors import MalformedBody, NotFound, ServiceError, ValidationFailed
 from novelforge_sessions.models import Project, Session
 from novelforge_sessions.session_runtime import UNSTORABLE_TEXT
 from reviews import actions, calibration as scoring, relay
@@ -307,9 +307,7 @@ def relay_paste(request: HttpRequest, packet_id: int) -> HttpResponse:
         return render(request, "reviews/packet.html", ctx, status=refusal["status"])
 
     if not form.is_valid():
-        message = form.errors["answer"][0]
-        return refuse({"code": "validation_error", "message": message, "plain": [message],
-                       "fields": [{"field": "answer", "message": message, "plain": message}], "status": 422})
+        return refuse(_refusal(ValidationFailed(form.errors["answer"][0], field="answer")))
     try:
         found = relay.extract_answer(form.cleaned_data["answer"])
     except relay.ExtractionRefused as exc:

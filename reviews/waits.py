@@ -183,7 +183,7 @@ def _sessions_labelled(labels: Iterable[str]) -> set[int]:
 
 
 def claimants(handoff: Handoff) -> QuerySet[RuntimeAttachment]:
-    """Who may claim this agent-review slot now: the claim's eligibility (``actions._ELIGIBLE_SQL``,
+    """Who may claim this agent-review slot now: the claim's eligibility (``actions._SLOT_ELIGIBLE_SQL``,
     ``access.check_reviewer_can_work``) seen from the slot. The live runtimes declaring ``review``
     of eligible reviewer sessions (``access.reviewer_runtimes``) that are not the gate's session,
     not the sessions whose tokens opened the gate or wrote the candidate, and hold no other slot of

@@ -50,7 +50,7 @@ def served_schema() -> dict[str, Any]:
     import django
 
     django.setup()
-    from novelforge_sessions.api import api
+    from novelforge_sessions.routers import api
 
     # Through JSON, as a client sees it (ninja keys response statuses by int).
     return json.loads(json.dumps(api.get_openapi_schema(), default=str))

@@ -21,8 +21,8 @@ from novelforge_sessions.models import Project
 
 @pytest.fixture(autouse=True)
 def _no_recalled_tokens():
-    """Each test starts with no token recalled from an earlier one (api/auth.py)."""
-    from novelforge_sessions.api.auth import forget_recalled
+    """Each test starts with no token recalled from an earlier one (apikit/auth.py)."""
+    from novelforge_sessions.apikit.auth import forget_recalled
 
     forget_recalled()
     yield

@@ -94,6 +94,38 @@ def test_no_raise_site_passes_code_or_http_status():
     assert not offending, offending
 
 
+def test_every_error_body_and_close_code_comes_from_the_catalog():
+    """No module but the catalog builds an error body (``{"error": {"code": …}}``) or a refusal naming a
+    catalogued code by hand, or closes a websocket with a literal code: they come from a catalogued
+    class (``as_dict``, ``close_code``)."""
+    offending = []
+    for path in _sources():
+        if path == ROOT / "novelforge_sessions" / "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict):
+                for key, value in zip(node.keys, node.values):
+                    if isinstance(key, ast.Constant) and key.value == "error" and isinstance(value, ast.Dict) \
+                            and any(isinstance(k, ast.Constant) and k.value == "code" for k in value.keys):
+                        offending.append(f"{path.relative_to(ROOT)}:{node.lineno} an error body by hand")
+                    if isinstance(key, ast.Constant) and key.value == "code" and isinstance(value, ast.Constant) \
+                            and value.value in errors.CATALOG:
+                        offending.append(f"{path.relative_to(ROOT)}:{node.lineno} a refusal by hand ({value.value})")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "close":
+                for kw in node.keywords:
+                    if kw.arg == "code" and isinstance(kw.value, ast.Constant):
+                        offending.append(f"{path.relative_to(ROOT)}:{node.lineno} close(code={kw.value.value})")
+    assert not offending, offending
+
+
+@pytest.mark.parametrize(("code", "close_code"), [
+    ("malformed_frame", 4400), ("unknown_type", 4400), ("already_authenticated", 4400),
+    ("too_many_subscriptions", 4400), ("unauthorized", 4401), ("forbidden", 4403), ("payload_too_large", 4413),
+])
+def test_the_websocket_refusals_are_catalogued_with_their_close_codes(code, close_code):
+    assert errors.CATALOG[code]("m").close_code == close_code
+
+
 def _documented_error_table() -> dict[str, int]:
     text = (ROOT / "docs" / "api.md").read_text()
     match = re.search(r"^## Errors\n(.*?)(?=^## |\Z)", text, re.M | re.S)
@@ -156,7 +188,7 @@ def test_pure_rule_errors_map_to_catalogued_classes():
     (418, "http_error", 400), (500, "internal_error", 500), (503, "internal_error", 500),
 ])
 def test_ninja_http_errors_answer_a_catalogued_class(status, code, http_status):
-    from novelforge_sessions.api import _http_error
+    from novelforge_sessions.apikit.base import _http_error
 
     response = _http_error(RequestFactory().post("/api/v1/sessions"), HttpError(status, "refused"))
     assert response.status_code == http_status

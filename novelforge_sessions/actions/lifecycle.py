@@ -310,7 +310,7 @@ def apply_transition(
     if leaving_run:
         run = open_run(session) if current_run is True else current_run
         if run is not None:
-            end_run(run, run_end_state or rt.RUN_END_ON_STATUS[dst], reason or dst.value, outbox, session)
+            end_run(run, run_end_state or lc.RUN_END_ON_STATUS[dst], reason or dst.value, outbox, session)
     if dst is rt.SessionStatus.TERMINATED:
         # Whatever the record says live ends with the session, its lease run out or not.
         attachment = recorded_runtime(session)

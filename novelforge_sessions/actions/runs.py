@@ -75,7 +75,7 @@ def start_run(
         existing = open_run(session, lock=False) if lc.holds_run(session.status) else None
         if existing is not None:
             raise OpenRunExists("this session already has an open run", run_id=existing.id, seq=existing.seq)
-        check(rt.check_transition, session.status, rt.SessionStatus.RUNNING)
+        check(lc.SESSION.check, session.status, rt.SessionStatus.RUNNING)
         attachment = live_runtime(session, lock=False)
         fence_runtime(caller, session, runtime_id, attachment=attachment)
         if attachment is None:
@@ -199,7 +199,7 @@ def end_run(
         if run.state != rt.RunState.OPEN:
             raise RunNotOpen("the run has already ended", state=run.state)
         next_status = lc.run_end_status(run_state, session.status, target)
-        check(rt.check_transition, session.status, next_status)
+        check(lc.SESSION.check, session.status, next_status)
         if runtime_id is not None:
             fence_runtime(caller, session, runtime_id)  # the named runtime is the live one
         else:

@@ -205,7 +205,7 @@ def attach_runtime(caller: Caller, session_id: int, spec: RuntimeSpec) -> Runtim
         if session.status not in _ATTACHABLE:
             # The lifecycle refuses first: this session can never run again (completed, stale,
             # terminated), whatever its runtimes say.
-            check(rt.check_transition, session.status, rt.SessionStatus.RUNNING)
+            check(lc.SESSION.check, session.status, rt.SessionStatus.RUNNING)
         outbox = Outbox(caller.label)
         refuse_live_runtime(session, outbox, "this session already has a live runtime")
         # (A running session whose lease ran out was failed just above: it holds no run now.)

@@ -111,7 +111,7 @@ def transition_session(
     with transaction.atomic():
         session = lock_session(caller, session_id, project=False)  # nothing here reads the project
         check_version(session, expected_version)
-        check(rt.check_transition, session.status, target)
+        check(lc.SESSION.check, session.status, target)
         entering_running = target == rt.SessionStatus.RUNNING
         attachment = live_runtime(session, lock=False) if entering_running or runtime_id is not None else None
         fence_runtime(caller, session, runtime_id, attachment=attachment)

@@ -5,17 +5,15 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from novelforge_sessions.actions import artifacts as actions
-from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
+from novelforge_sessions.apikit.common import caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import (
     ArtifactIn,
     ArtifactOut,
     ArtifactVersionContentOut,
     ArtifactVersionIn,
     ArtifactVersionOut,
-    Page,
-    page_after,
-    page_limit,
 )
+from novelforge_sessions.apikit.schemas import Page, page_after, page_limit
 from novelforge_sessions.models import Artifact, ArtifactVersion
 
 router = Router(tags=["artifacts"])

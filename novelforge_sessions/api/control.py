@@ -19,10 +19,10 @@ from novelforge_sessions.control import intents as intent_actions
 from novelforge_sessions.control import result_schema as result_schemas
 from novelforge_sessions.control import results as result_actions
 from novelforge_sessions.control import routing as routing_actions
-from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
-from novelforge_sessions.api.schemas import (
-    CAPABILITIES, HandoffStateName, IntentStateName, Page, NON_BLANK_TEXT, ShortNameDeclared, Strict, X_MAX_BYTES, max_bytes, page_after,
-    page_limit,
+from novelforge_sessions.apikit.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
+from novelforge_sessions.api.schemas import CAPABILITIES, HandoffStateName, IntentStateName, ShortNameDeclared
+from novelforge_sessions.apikit.schemas import (
+    Page, NON_BLANK_TEXT, Strict, X_MAX_BYTES, max_bytes, page_after, page_limit,
 )
 from novelforge_sessions.control.models import (
     AuthorityChange,

@@ -5,8 +5,9 @@ from django.http import HttpRequest
 from ninja import Router
 
 from novelforge_sessions import events
-from novelforge_sessions.api.common import caller, errors, keyset
-from novelforge_sessions.api.schemas import EVENTS_AFTER_DOC, EventOut, EventTypeName, Page, page_after, page_limit
+from novelforge_sessions.apikit.common import caller, errors, keyset
+from novelforge_sessions.api.schemas import EVENTS_AFTER_DOC, EventOut, EventTypeName
+from novelforge_sessions.apikit.schemas import Page, page_after, page_limit
 from novelforge_sessions.models import Event
 
 router = Router(tags=["events"])

@@ -9,11 +9,12 @@ from django.conf import settings
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 
-from novelforge_sessions.api.common import caller, errors
+from novelforge_sessions.apikit.common import caller, errors
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.api.schemas import (
-    CAPABILITIES, SHORT_NAME, STORABLE_JSON_MARK, STORABLE_TEXT, X_MAX_BYTES, Memory, Strict, loads_json, max_bytes,
-    page_limit, refuse_unstorable_text,
+from novelforge_sessions.api.schemas import CAPABILITIES, SHORT_NAME, Memory
+from novelforge_sessions.apikit.schemas import (
+    STORABLE_JSON_MARK, STORABLE_TEXT, X_MAX_BYTES, Strict, loads_json, max_bytes, page_limit,
+    refuse_unstorable_text,
 )
 from novelforge_sessions.control import graphs as actions
 from novelforge_sessions.control.models import GraphCheckpoint

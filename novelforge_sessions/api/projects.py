@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja import Router
 
-from novelforge_sessions.api.common import caller, errors
+from novelforge_sessions.apikit.common import caller, errors
 from novelforge_sessions.api.schemas import ProjectOut
 
 router = Router(tags=["projects"])

@@ -9,17 +9,17 @@ from ninja import Router, Status
 from novelforge_sessions.actions import runs as actions
 from novelforge_sessions.control.batch import record_batch
 from novelforge_sessions.control.checkpoints import record_checkpoint
-from novelforge_sessions.api.auth import TokenAuth
-from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
+from novelforge_sessions.apikit.auth import TokenAuth
+from novelforge_sessions.apikit.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import (
-    BatchIn, BatchOut, CheckpointIn, CheckpointOut, CursorIn, Page, RunEndIn, RunIn, RunOut, RunStateName, page_after,
-    page_limit,
+    BatchIn, BatchOut, CheckpointIn, CheckpointOut, CursorIn, RunEndIn, RunIn, RunOut, RunStateName,
 )
+from novelforge_sessions.apikit.schemas import Page, page_after, page_limit
 from novelforge_sessions.models import Checkpoint, Run
 
 router = Router(tags=["runs"])
 
-#: The checkpoint and batch writes check a recalled token in their run lock (api/auth.py).
+#: The checkpoint and batch writes check a recalled token in their run lock (apikit/auth.py).
 RECALL = TokenAuth(recall=True)
 
 

@@ -6,8 +6,9 @@ from ninja import Router, Status
 
 from novelforge_sessions.actions import runtimes as actions
 from novelforge_sessions.actions import sessions as session_actions
-from novelforge_sessions.api.common import caller, errors, get_or_404, keyset
-from novelforge_sessions.api.schemas import HeartbeatIn, HeartbeatOut, Page, RuntimeIn, RuntimeOut, page_after, page_limit
+from novelforge_sessions.apikit.common import caller, errors, get_or_404, keyset
+from novelforge_sessions.api.schemas import HeartbeatIn, HeartbeatOut, RuntimeIn, RuntimeOut
+from novelforge_sessions.apikit.schemas import Page, page_after, page_limit
 from novelforge_sessions.api.sessions import runtime_spec
 from novelforge_sessions.models import RuntimeAttachment
 

@@ -8,13 +8,12 @@ from novelforge_sessions.control import resume as resume_actions
 from novelforge_sessions.actions import sessions as actions
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.transcript import append_transcript
-from novelforge_sessions.api.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
+from novelforge_sessions.apikit.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import (
     AbortIn,
     AbortOut,
     CloseIn,
     CloseOut,
-    Page,
     ResumeIn,
     Role,
     ResumeReportOut,
@@ -27,11 +26,8 @@ from novelforge_sessions.api.schemas import (
     TranscriptOut,
     TRANSCRIPT_AFTER_DOC,
     TransitionIn,
-    page_after,
-    page_after_field,
-    page_limit,
-    page_limit_field,
 )
+from novelforge_sessions.apikit.schemas import Page, page_after, page_after_field, page_limit, page_limit_field
 from novelforge_sessions.models import TranscriptEntry
 
 router = Router(tags=["sessions"])

@@ -237,7 +237,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
     turns the later ones into replays.
 
     Refusals, most fundamental first: not found → (a replay answers here, writing nothing) →
-    the token changed (a recalled token, ``api/auth.py``) → ``run_not_open`` →
+    the token changed (a recalled token, ``apikit/auth.py``) → ``run_not_open`` →
     ``no_live_runtime`` (a write on a runtime's behalf once the session's runtime is gone) →
     ``stale_authority`` → the refs. All but the first and the last are decided by the statement
     (``_REFUSAL_CASE``).
@@ -301,7 +301,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
         raise NotFound("run not found", run_id=run_id)
     locked = Locked.of(row[:-3])
     replay_id, replay_digest, event_id = row[-3:]
-    if locked.refusal == "token_changed":  # before the replay: a changed token is answered afresh (api/auth.py)
+    if locked.refusal == "token_changed":  # before the replay: a changed token is answered afresh (apikit/auth.py)
         raise refusal(locked, [spec.authority])
     token_confirmed(caller, True)  # a recalled caller's token: the statement found it unchanged
     if key is not None and event_id is None:

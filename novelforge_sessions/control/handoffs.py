@@ -22,11 +22,12 @@ the handoff row (one statement), so they never wait on a session lock while hold
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, NoReturn
 
 from django.db import IntegrityError, connection, transaction
@@ -273,8 +274,9 @@ _LEASE_PARAMS = {
     "closed_statuses": sorted(s.value for s in lc.WORK_CLOSED_STATUSES),
 }
 
-# Private: the review app claims its slots through ``control.service.claim``, which runs it.
-_CLAIM_SQL = f"""
+# Private: the review app claims its slots through ``control.service.claim``, which runs it with
+# the app's own condition (``Eligibility``) in place of ``__ELIGIBLE__``.
+_CLAIM_SQL_TEMPLATE = f"""
 WITH candidate AS (
     SELECT h.id, h.lease_holder AS previous_holder
       FROM {_H} h JOIN {_S} s ON s.id = h.session_id
@@ -285,6 +287,7 @@ WITH candidate AS (
        AND h.state = ANY(%(claim_from)s) AND (h.state <> %(claimed)s OR h.lease_expires_at <= %(now)s)
        AND h.required_capabilities <@ %(caps)s::jsonb
        AND s.status <> ALL(%(closed_statuses)s)
+       AND (__ELIGIBLE__)
        AND h.session_id = %(order_session)s::bigint
      ORDER BY h.id
      LIMIT 1
@@ -300,15 +303,57 @@ RETURNING h.*, c.previous_holder
 """
 
 
-# The claim's first step, without any lock: the session of the oldest candidate
-# (events.order_lock_candidate takes its ordering lock). The claim then takes a row FOR UPDATE
-# SKIP LOCKED within that session only: racing claimers of one session queue on its ordering
-# lock, then each takes the next row.
-_CANDIDATE_SESSION_SQL = (
-    "SELECT h.session_id" + _CLAIM_SQL.split("SELECT h.id, h.lease_holder AS previous_holder", 1)[1]
-    .split("AND h.session_id = %(order_session)s::bigint", 1)[0]
-    + "AND h.session_id <> ALL(%(tried)s::bigint[])\n ORDER BY h.id LIMIT 1"
-)
+@functools.lru_cache(maxsize=16)
+def _claim_statements(condition: str) -> tuple[str, str]:
+    """The claim statement with ``condition`` (an ``Eligibility``'s, or ``TRUE``) in its WHERE,
+    and its first step, without any lock: the session of the oldest candidate
+    (events.order_lock_candidate takes its ordering lock). The claim then takes a row FOR UPDATE
+    SKIP LOCKED within that session only: racing claimers of one session queue on its ordering
+    lock, then each takes the next row."""
+    claim_sql = _CLAIM_SQL_TEMPLATE.replace("__ELIGIBLE__", condition)
+    candidate_session_sql = (
+        "SELECT h.session_id" + claim_sql.split("SELECT h.id, h.lease_holder AS previous_holder", 1)[1]
+        .split("AND h.session_id = %(order_session)s::bigint", 1)[0]
+        + "AND h.session_id <> ALL(%(tried)s::bigint[])\n ORDER BY h.id LIMIT 1"
+    )
+    return claim_sql, candidate_session_sql
+
+
+#: A job claim's statements (no condition of an app's).
+_CLAIM_SQL, _CANDIDATE_SESSION_SQL = _claim_statements("TRUE")
+
+
+@dataclass(frozen=True)
+class Eligibility:
+    """An app's own rule on top of claimability, for the handoffs of its purpose (``reviews``:
+    the slots this reviewer may take). What is claimable stays the control plane's (scope,
+    purpose, state and lease, capabilities, the session's status) and so does the claim itself;
+    an eligibility only narrows which of the claimable rows a claim may take.
+
+    * ``condition`` — a boolean SQL expression on the candidate handoff row, aliased ``h`` (the
+      app's own tables through its own subqueries), its values in ``params``: pyformat
+      placeholders under names the claim's own do not use;
+    * ``prepare`` — called in each try under the candidate session's ordering lock, before any
+      row lock: the app's own locks and checks (a ``ServiceError`` refuses, nothing written). It
+      may return the capabilities the claim declares, as read under those locks (``None``: the
+      ``capabilities`` the claim was given, which picked the candidate's session);
+    * ``on_claim`` — called with the claimed handoff in the claim's transaction, after its
+      ``handoff.claimed`` event: the app's own writes that go with the claim. What it returns is
+      the claim's ``outcome``.
+    """
+
+    condition: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    prepare: Callable[[], Iterable[str] | None] | None = None
+    on_claim: Callable[[Handoff], Any] | None = None
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    """What :func:`claim_row` took: the handoff (with ``previous_holder``) and ``on_claim``'s outcome."""
+
+    handoff: Handoff
+    outcome: Any = None
 
 
 def _scoped(project_ids: Collection[int], session_id: int | None) -> QuerySet[Handoff]:
@@ -321,24 +366,40 @@ def _scoped(project_ids: Collection[int], session_id: int | None) -> QuerySet[Ha
 def claim_row(
     *, project_ids: Collection[int], session_id: int | None, handoff_id: int | None, capabilities: list[str],
     holder: str, token_id: int | None, purpose: HandoffPurpose, now: datetime, actor: str,
-) -> Handoff | None:
+    eligible: Eligibility | None = None,
+) -> ClaimedRow | None:
     """The claim statement, then its ``handoff.claimed`` event. Outside a transaction, each try is
     a transaction of its own, and a claim that lost its session to racing claimers tries the
     next one (:func:`events.claim_in_oldest_session`); inside the caller's transaction, one try.
-    ``None``: nothing of ``purpose`` in scope was claimable. The returned handoff carries
-    ``previous_holder`` (the lease holder before this claim, or "")."""
+    ``None``: nothing of ``purpose`` in scope was claimable (and ``eligible``, if given). The
+    returned handoff carries ``previous_holder`` (the lease holder before this claim, or "")."""
     if handoff_id is not None and not 0 < handoff_id <= BIGINT_MAX:
         return None  # the statement casts it to bigint: a larger id names no row
     params = {**_LEASE_PARAMS, "projects": list(project_ids), "bound": session_id, "handoff": handoff_id,
               "purpose": HandoffPurpose(purpose).value, "now": now, "caps": json.dumps(capabilities),
               "holder": holder, "token": token_id}
+    claim_sql, candidate_session_sql = _CLAIM_SQL, _CANDIDATE_SESSION_SQL
+    if eligible is not None:
+        clash = set(eligible.params) & (set(params) | {"order_session", "tried"})
+        if clash:
+            raise ValueError(f"an eligibility's parameters reuse the claim's names: {sorted(clash)}")
+        params.update(eligible.params)
+        claim_sql, candidate_session_sql = _claim_statements(eligible.condition)
     return events.claim_in_oldest_session(
-        _CANDIDATE_SESSION_SQL, params, lambda order_session: _claim_in_session(params, order_session, actor),
+        candidate_session_sql, params,
+        lambda order_session: _claim_in_session(claim_sql, params, order_session, actor, eligible),
     )
 
 
-def _claim_in_session(params: dict, order_session: int, actor: str) -> Handoff | None:
-    claimed = list(Handoff.objects.raw(_CLAIM_SQL, {**params, "order_session": order_session}))
+def _claim_in_session(
+    claim_sql: str, params: dict, order_session: int, actor: str, eligible: Eligibility | None,
+) -> ClaimedRow | None:
+    params = {**params, "order_session": order_session}
+    if eligible is not None and eligible.prepare is not None:
+        declared = eligible.prepare()
+        if declared is not None:
+            params["caps"] = json.dumps(list(declared))
+    claimed = list(Handoff.objects.raw(claim_sql, params))
     if not claimed:
         return None
     handoff = claimed[0]
@@ -354,7 +415,9 @@ def _claim_in_session(params: dict, order_session: int, actor: str) -> Handoff |
             "previous_holder": handoff.previous_holder or None,
         },
     )
-    return handoff
+    if eligible is not None and eligible.on_claim is not None:
+        return ClaimedRow(handoff, eligible.on_claim(handoff))
+    return ClaimedRow(handoff)
 
 
 def claim_handoff(
@@ -379,13 +442,13 @@ def claim_handoff(
     now = timezone.now()
     # claim_row's transactions are its own: a claim that lost its candidate's session to a racing
     # claimer tries the next session in a new one (events.claim_in_oldest_session).
-    handoff = claim_row(
+    claimed = claim_row(
         project_ids=caller.project_ids, session_id=caller.session_id, handoff_id=handoff_id, capabilities=caps,
         holder=worker, token_id=caller.token_id, purpose=HandoffPurpose.JOB, now=now, actor=caller.label,
     )
-    if handoff is None and handoff_id is not None:
+    if claimed is None and handoff_id is not None:
         _explain_unclaimable(caller, handoff_id, caps, now)
-    return handoff
+    return None if claimed is None else claimed.handoff
 
 
 def review_route_required(handoff: Handoff) -> ReviewRouteRequired:

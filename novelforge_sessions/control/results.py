@@ -262,7 +262,7 @@ def _conflict(
     if not lc.conflict_open(handoff.state):
         move(handoff, lc.HANDOFF, HandoffState.CONFLICTED, conflict_at=timezone.now())
         reason = f"conflicting_result: {handoff.logical_id}"[:200]
-        fails = rt.is_legal(session.status, rt.SessionStatus.FAILED)
+        fails = lc.SESSION.is_legal(session.status, rt.SessionStatus.FAILED)
         if not session.open_conflict:
             # The hard stop is always flagged, whether the session fails (where the table allows
             # it) or keeps its state (idle, completed, stale, already failed…): a manager must

@@ -537,7 +537,7 @@ def resume_session(
         if not lc.can_work(session.status):
             # The lifecycle refuses first (as attach does): this session can never run again
             # (completed, stale, terminated), whatever its runtimes say.
-            check(rt.check_transition, session.status, rt.SessionStatus.RUNNING)
+            check(lc.SESSION.check, session.status, rt.SessionStatus.RUNNING)
         # Liveness is the lease: an expired record is tidied first (a running session becomes
         # failed / runtime_lost, as the reconciler would make it), then resume proceeds.
         tidied = Outbox(caller.label)
@@ -547,7 +547,7 @@ def resume_session(
             # wait settled that way before such a session failed instead. Tidied the same way.
             fail_without_runtime(session, tidied)
         tidied.flush()
-        check(rt.check_transition, session.status, rt.SessionStatus.RUNNING)
+        check(lc.SESSION.check, session.status, rt.SessionStatus.RUNNING)
         checkpoints = Checkpoint.objects.filter(session=session)
         if checkpoint_id is not None:
             checkpoint = checkpoints.filter(id=checkpoint_id).first()

@@ -29,7 +29,7 @@ Functions::
     create_job(*, session, run, logical_id, inputs, params, result_schema, required_capabilities,
                timeout_seconds, purpose, actor, outbox) -> Job
     claim(*, project_ids, session_id=None, handoff_id=None, capabilities, holder, purpose,
-          token_id=None, actor, now=None) -> Claimed | None
+          token_id=None, actor, now=None, eligible=None) -> Claimed | None
     renew(*, handoff_id, fencing_token, project_ids, session_id=None, purpose) -> Lease
     lease_refusal(*, handoff_id, fencing_token, project_ids, session_id=None, purpose) -> ServiceError
     stale_lease(*, handoff, fencing_token, message=...) -> StaleLease
@@ -73,7 +73,7 @@ from novelforge_sessions.models import Run, Session
 from novelforge_sessions.session_runtime import SessionStatus
 
 __all__ = [
-    "RESULTS_BOUND_REASON", "Bound", "Cancelled", "Claimed", "HandoffPurpose", "Job", "Lease", "Settled",
+    "RESULTS_BOUND_REASON", "Bound", "Cancelled", "Claimed", "Eligibility", "HandoffPurpose", "Job", "Lease", "Settled",
     "bind", "cancel", "claim", "create_job", "lease_refusal", "renew", "settle", "stale_lease",
     "Hold", "Repair", "ResumeScope", "WaitCheck", "WaitKind", "WriteScope", "holding", "register_wait_kind", "waiting_on",
     "Waited", "waiting_for_sessions",
@@ -102,6 +102,7 @@ class Claimed:
 
     handoff: Handoff
     previous_holder: str | None
+    outcome: Any = None  # what the claim's ``Eligibility.on_claim`` returned
 
     @property
     def handoff_id(self) -> int:
@@ -126,6 +127,9 @@ class Claimed:
 
 #: A renewed lease (:func:`renew`): ``handoff_id``, ``attempt``, ``fencing_token``, ``lease_expires_at``.
 Lease = _handoffs.Lease
+
+#: An app's own rule on top of claimability (:func:`claim`'s ``eligible``).
+Eligibility = _handoffs.Eligibility
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,7 @@ def create_job(
 def claim(
     *, project_ids: Collection[int], session_id: int | None = None, handoff_id: int | None = None,
     capabilities: list[str], holder: str, purpose: HandoffPurpose, token_id: int | None = None, actor: str,
-    now: datetime | None = None,
+    now: datetime | None = None, eligible: Eligibility | None = None,
 ) -> Claimed | None:
     """Claim the oldest claimable handoff of ``purpose`` in scope (or only ``handoff_id``).
 
@@ -196,14 +200,19 @@ def claim(
     called outside one, in transactions of its own: a claim that lost its candidate's session
     to racing claimers then tries the next session (``events.claim_in_oldest_session``).
     ``None``: nothing claimable — no explanation (the caller's route words its own).
+
+    ``eligible``: an app's own rule for its purpose's handoffs (:class:`Eligibility`: an SQL
+    condition on the candidate row, its own locks before the row's, its own writes with the
+    claim, whose result is ``Claimed.outcome``), within the same statement and transaction.
     """
-    handoff = _handoffs.claim_row(
+    claimed = _handoffs.claim_row(
         project_ids=project_ids, session_id=session_id, handoff_id=handoff_id, capabilities=list(capabilities),
-        holder=holder, token_id=token_id, purpose=purpose, now=now or timezone.now(), actor=actor,
+        holder=holder, token_id=token_id, purpose=purpose, now=now or timezone.now(), actor=actor, eligible=eligible,
     )
-    if handoff is None:
+    if claimed is None:
         return None
-    return Claimed(handoff, getattr(handoff, "previous_holder", None) or None)
+    handoff = claimed.handoff
+    return Claimed(handoff, getattr(handoff, "previous_holder", None) or None, claimed.outcome)
 
 
 def renew(

@@ -2,7 +2,7 @@
 summaries, session rows, pending handoffs, write intents awaiting approval and the top
 navigation. Plain functions of model rows; no writes.
 
-The diagram's nodes and edges come from ``session_runtime.LIFECYCLE`` (the contract's table,
+The diagram's nodes and edges come from ``lifecycles.SESSION.table`` (the contract's table,
 never a copy); only the *positions* of the nine states are chosen here, for readability.
 """
 from __future__ import annotations
@@ -246,7 +246,7 @@ def transition_path(session_id: int, limit: int = 500) -> list[tuple[str, str]]:
 
 def build_diagram(status: str, taken: Sequence[tuple[str, str]]) -> Diagram:
     current = S(status)
-    allowed = rt.LIFECYCLE[current]
+    allowed = lc.SESSION.table[current]
     edge_counts = Counter(taken)
     visits = Counter([S.CREATED.value] + [b for _, b in taken])
     nodes = []
@@ -261,9 +261,9 @@ def build_diagram(status: str, taken: Sequence[tuple[str, str]]) -> Diagram:
         x, y = _POS[state]
         nodes.append(DiagramNode(state.value, x, y, " ".join(classes), visits[state.value]))
     edges = []
-    for src, targets in rt.LIFECYCLE.items():
+    for src, targets in lc.SESSION.table.items():
         for dst in sorted(targets, key=lambda s: STATES.index(s.value)):
-            d, lx, ly = _edge_path(src, dst, src in rt.LIFECYCLE[dst])
+            d, lx, ly = _edge_path(src, dst, src in lc.SESSION.table[dst])
             count = edge_counts[(src.value, dst.value)]
             classes = ["edge"]
             if count:

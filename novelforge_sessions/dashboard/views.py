@@ -43,7 +43,7 @@ from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.control.models import Handoff, WriteIntent
 from novelforge_sessions.dashboard import charts as charts_mod
 from novelforge_sessions.dashboard import presenters
-from novelforge_sessions.errors import ResumeRefused, ServiceError, VersionConflict
+from novelforge_sessions.errors import NotFound, ResumeRefused, ServiceError, VersionConflict
 from novelforge_sessions.live.replay import latest_event_id
 from novelforge_sessions.models import (
     Artifact,
@@ -92,7 +92,8 @@ def _int_param(raw: str | None) -> int | None:
 
 
 def _json_404(what: str) -> JsonResponse:
-    return JsonResponse({"error": {"code": "not_found", "message": f"{what} not found", "details": {}}}, status=404)
+    err = NotFound(f"{what} not found")
+    return JsonResponse(err.as_dict(), status=err.http_status)
 
 
 def _nav(request: HttpRequest) -> dict[str, bool]:
@@ -277,7 +278,7 @@ def _session_context(session: Session) -> dict[str, Any]:
         cp.pending_json = presenters.compact_json(cp.pending) if cp.pending else ""
         cp.approvals_json = presenters.compact_json(cp.approvals) if cp.approvals else ""
     status = rt.SessionStatus(session.status)
-    allowed = rt.LIFECYCLE[status]
+    allowed = lc.SESSION.table[status]
     # A running session whose runtime's lease ran out is failed / runtime_lost in all but the
     # record: resume records that first (as the reconciler would), so it is offered.
     runtime_gone = expired is not None and lc.status_after_runtime_loss(status) != status

@@ -21,7 +21,8 @@ Protocol (JSON text frames, at most ``MAX_FRAME_BYTES`` each from the client):
 - ``{"type": "unsubscribe", "sub": "project:N"}``, ``{"type": "ping"}`` → ``{"type": "pong"}``.
 
 Close codes: 4400 malformed frame (bad JSON, binary, unknown type, bad fields), 4401 not
-authenticated, 4403 subscription refused (after an ``error`` frame), 4413 frame too large.
+authenticated, 4403 subscription refused (after an ``error`` frame), 4413 frame too large: each
+refusal's catalogued class gives its error frame and its close code (``errors.ServiceError.close_code``).
 A foreign ``Origin`` (host, scheme or port) never gets this far: ``live.origins.SameOriginValidator``
 refuses the handshake.
 
@@ -58,7 +59,11 @@ from django.conf import settings
 from django.contrib import auth
 
 from novelforge_sessions.access import Caller, caller_for_user
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
+from novelforge_sessions.errors import (
+    AlreadyAuthenticated, Forbidden, MalformedFrame, PayloadTooLarge, ServiceError, TooManySubscriptions, Unauthorized,
+    UnknownFrameType,
+)
 from novelforge_sessions.live import fanout, pgnotify, replay
 from novelforge_sessions.live.replay import Subscription
 
@@ -71,10 +76,6 @@ BATCH_MAX_EVENTS = replay.PAGE_SIZE
 #: ... and no more JSON than this once a frame holds one event (an event larger than this goes alone).
 BATCH_MAX_BYTES = 256 * 1024
 
-CLOSE_MALFORMED = 4400
-CLOSE_UNAUTHENTICATED = 4401
-CLOSE_FORBIDDEN = 4403
-CLOSE_TOO_LARGE = 4413
 
 
 #: Scope key of the server's own ``send`` (``RawSendMiddleware``): the stream's frames use it.
@@ -175,7 +176,7 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
             self.token = token
             self.caller = await database_sync_to_async(caller_for_token)(token)
             if self.caller is None:
-                await self._refuse(CLOSE_UNAUTHENTICATED, "unauthorized", "the bearer token is not valid")
+                await self._refuse(Unauthorized("the bearer token is not valid"))
                 return
         else:
             user = self.scope.get("user")
@@ -203,25 +204,25 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
         if self.closed:
             return
         if text_data is None:
-            await self._refuse(CLOSE_MALFORMED, "malformed_frame", "frames are JSON text")
+            await self._refuse(MalformedFrame("frames are JSON text"))
             return
         if len(text_data.encode()) > MAX_FRAME_BYTES:
-            await self._refuse(CLOSE_TOO_LARGE, "payload_too_large", f"frames are at most {MAX_FRAME_BYTES} bytes")
+            await self._refuse(PayloadTooLarge(f"frames are at most {MAX_FRAME_BYTES} bytes"))
             return
         try:
             message = json.loads(text_data)
         except (ValueError, RecursionError):  # RecursionError: a frame nested ~1,000 levels deep (4 KiB is enough)
-            await self._refuse(CLOSE_MALFORMED, "malformed_frame", "the frame is not valid JSON")
+            await self._refuse(MalformedFrame("the frame is not valid JSON"))
             return
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-            await self._refuse(CLOSE_MALFORMED, "malformed_frame", 'a frame is a JSON object with a "type"')
+            await self._refuse(MalformedFrame('a frame is a JSON object with a "type"'))
             return
         kind = message["type"]
         if kind == "auth":
             await self._authenticate(message)
             return
         if self.caller is None:
-            await self._refuse(CLOSE_UNAUTHENTICATED, "unauthorized", "authenticate first (session cookie or token)")
+            await self._refuse(Unauthorized("authenticate first (session cookie or token)"))
             return
         if kind == "subscribe":
             await self._subscribe(message)
@@ -230,16 +231,16 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
         elif kind == "ping":
             await self._send({"type": "pong"})
         else:
-            await self._refuse(CLOSE_MALFORMED, "unknown_type", "unknown message type", type=kind[:40])
+            await self._refuse(UnknownFrameType("unknown message type", type=kind[:40]))
 
     async def _authenticate(self, message: dict[str, Any]) -> None:
         if self.caller is not None:
-            await self._refuse(CLOSE_MALFORMED, "already_authenticated", "this socket is already authenticated")
+            await self._refuse(AlreadyAuthenticated("this socket is already authenticated"))
             return
         token = message.get("token")
         caller = await database_sync_to_async(caller_for_token)(token) if isinstance(token, str) else None
         if caller is None:
-            await self._refuse(CLOSE_UNAUTHENTICATED, "unauthorized", "the token is not valid")
+            await self._refuse(Unauthorized("the token is not valid"))
             return
         self.caller = caller
         self.token = token
@@ -259,11 +260,10 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
             and isinstance(batch, bool)
         )
         if not valid:
-            await self._refuse(
-                CLOSE_MALFORMED, "malformed_frame",
+            await self._refuse(MalformedFrame(
                 "subscribe needs exactly one of project_id or session_id (integers), an optional integer after"
                 " and an optional boolean batch",
-            )
+            ))
             return
         assert self.caller is not None
         sub = await database_sync_to_async(replay.resolve_subscription)(
@@ -271,10 +271,10 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
         )
         if sub is None:
             # Same answer for unknown and foreign ids: ids are not an oracle.
-            await self._refuse(CLOSE_FORBIDDEN, "forbidden", "no such project or session is visible to you")
+            await self._refuse(Forbidden("no such project or session is visible to you"))
             return
         if sub.key not in self.subs and len(self.subs) >= MAX_SUBSCRIPTIONS:
-            await self._refuse(CLOSE_MALFORMED, "too_many_subscriptions", f"at most {MAX_SUBSCRIPTIONS} per socket")
+            await self._refuse(TooManySubscriptions(f"at most {MAX_SUBSCRIPTIONS} per socket"))
             return
         async with self.send_lock:
             # Join the project's feed FIRST: anything committed from here on either is in the
@@ -369,10 +369,10 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
             try:
                 verdict = await database_sync_to_async(self._still_allowed)()
                 if verdict == "unauthenticated":
-                    await self._refuse(CLOSE_UNAUTHENTICATED, "unauthorized", "the credentials are no longer valid")
+                    await self._refuse(Unauthorized("the credentials are no longer valid"))
                     return
                 if verdict == "forbidden":
-                    await self._refuse(CLOSE_FORBIDDEN, "forbidden", "a subscription is no longer visible to you")
+                    await self._refuse(Forbidden("a subscription is no longer visible to you"))
                     return
                 async with self.send_lock:  # the hub's own sweep re-reads the feeds
                     for sub in list(self.subs.values()):
@@ -405,7 +405,7 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
     async def _auth_deadline(self) -> None:
         await asyncio.sleep(_setting("LIVE_AUTH_TIMEOUT_SECONDS"))
         if self.caller is None and not self.closed:
-            await self._refuse(CLOSE_UNAUTHENTICATED, "unauthorized", "no credentials were presented in time")
+            await self._refuse(Unauthorized("no credentials were presented in time"))
 
     async def _send_events(self, key: str, texts: list[str]) -> None:
         """Events (JSON texts, in id order) of subscription ``key``: one ``event`` frame each,
@@ -438,12 +438,12 @@ class EventStreamConsumer(AsyncWebsocketConsumer):
             else:
                 await self.send(text_data=text)
 
-    async def _refuse(self, code: int, error: str, message: str, **details: Any) -> None:
-        """An error frame in the one error shape, then close with ``code``."""
+    async def _refuse(self, err: ServiceError) -> None:
+        """An error frame in the one error shape (the catalog's), then close with its close code."""
         if self.closed:
             return
-        await self._send({"type": "error", "error": {"code": error, "message": message, "details": details}})
+        await self._send({"type": "error", **err.as_dict()})
         self.closed = True
         label = self.caller.label if self.caller else "anonymous"
-        log.info("socket closed by server: %s %s (%s)", code, error, label)
-        await self.close(code=code)
+        log.info("socket closed by server: %s %s (%s)", err.close_code, err.code, label)
+        await self.close(code=err.close_code)

@@ -37,7 +37,7 @@ def served() -> dict[str, Any]:
     """The schema as ``/api/openapi.json`` serves it (through JSON, as a client reads it)."""
     import json
 
-    from novelforge_sessions.api import api
+    from novelforge_sessions.routers import api
 
     return json.loads(json.dumps(api.get_openapi_schema(), default=str))
 

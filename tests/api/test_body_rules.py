@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from novelforge_sessions.api import api
+from novelforge_sessions.routers import api
 from novelforge_sessions.models import Checkpoint, Event
 from tests.api.test_non_finite import BODY_OPERATIONS
 from tests.reviews.factories import agent_reviewer, make_world

@@ -28,9 +28,9 @@ from novelforge_sessions.access import BOUND_TOKEN_MATRIX, PROJECT_WIDE, Caller,
 from novelforge_sessions.actions import artifacts, runs, sessions
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
-from novelforge_sessions.api import api
+from novelforge_sessions.routers import api
 from novelforge_sessions.lifecycles import IntentState
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.control import graphs
 from novelforge_sessions.control.models import AuthorityChange, GraphThread, Handoff, WriteIntent
 from novelforge_sessions.errors import NotFound

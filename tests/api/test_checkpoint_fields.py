@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from novelforge_sessions.api import api
+from novelforge_sessions.routers import api
 from tests.api.test_body_rules import refused, written
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 
-from novelforge_sessions.api.auth import caller_for_token  # noqa: F401 (the app is configured)
+from novelforge_sessions.apikit.auth import caller_for_token  # noqa: F401 (the app is configured)
 
 from tests.live import DaphneServer
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from django.apps import apps
 
-from novelforge_sessions.api import api
+from novelforge_sessions.routers import api
 from novelforge_sessions.models import Event
 from tests.conftest import Api
 from tests.reviews.factories import agent_reviewer, agent_verdict, make_world

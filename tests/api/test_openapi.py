@@ -60,7 +60,7 @@ def test_every_operation_that_reads_a_body_declares_413_and_the_body_limit(schem
     one place, and states the limit, from the setting, on the body and in the API's description."""
     from django.conf import settings
 
-    from novelforge_sessions.api.schemas import X_MAX_BODY_BYTES
+    from novelforge_sessions.apikit.schemas import X_MAX_BODY_BYTES
 
     limit = settings.API_MAX_BODY_BYTES
     body_ops = 0
@@ -78,8 +78,8 @@ def test_every_operation_that_reads_a_body_declares_413_and_the_body_limit(schem
 
 
 def test_the_declared_body_limit_follows_the_setting(settings):
-    from novelforge_sessions.api import api
-    from novelforge_sessions.api.schemas import X_MAX_BODY_BYTES
+    from novelforge_sessions.routers import api
+    from novelforge_sessions.apikit.schemas import X_MAX_BODY_BYTES
 
     settings.API_MAX_BODY_BYTES = 4096
     served = api.get_openapi_schema()
@@ -115,7 +115,8 @@ def test_every_list_says_what_its_after_cursor_promises(schema):
     """Lists page on ``id > after``; a row that commits out of id
     order can be skipped by a reader following new rows. Every list's ``after`` says so and points to
     the event log, which is gap-free (and says that); the transcript pages by its gap-free ``seq``."""
-    from novelforge_sessions.api.schemas import AFTER_DOC, EVENTS_AFTER_DOC, TRANSCRIPT_AFTER_DOC
+    from novelforge_sessions.api.schemas import EVENTS_AFTER_DOC, TRANSCRIPT_AFTER_DOC
+    from novelforge_sessions.apikit.schemas import AFTER_DOC
 
     own = {"/api/v1/events": EVENTS_AFTER_DOC, "/api/v1/sessions/{session_id}/transcript": TRANSCRIPT_AFTER_DOC}
     lists = 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from novelforge_sessions.api.schemas import MAX_PAGE
+from novelforge_sessions.apikit.schemas import MAX_PAGE
 from novelforge_sessions.control.models import Handoff, WriteIntent
 from novelforge_sessions.models import Session
 

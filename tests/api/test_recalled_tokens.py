@@ -1,4 +1,4 @@
-"""Recalled tokens on the checkpoint and batch writes (api/auth.py): one round trip fewer, and
+"""Recalled tokens on the checkpoint and batch writes (apikit/auth.py): one round trip fewer, and
 every request still answered as a fresh lookup would answer it.
 
 A token the process looked up in the last ``TOKEN_RECALL_SECONDS`` is not looked up again on
@@ -18,9 +18,9 @@ from django.test import RequestFactory
 from django.utils import timezone
 
 from novelforge_sessions.access import token_label
-from novelforge_sessions.api import answered_with_a_fresh_token
-from novelforge_sessions.api import auth
-from novelforge_sessions.api.auth import FRESH_TOKEN_ATTR
+from novelforge_sessions.apikit.base import answered_with_a_fresh_token
+from novelforge_sessions.apikit import auth
+from novelforge_sessions.apikit.auth import FRESH_TOKEN_ATTR
 from novelforge_sessions.models import ApiToken, Checkpoint, Event, Session
 from django.db import connection
 

@@ -106,7 +106,7 @@ def test_byte_bounds_are_declared_from_their_constants_and_in_words(schema):
     each is enforced as declared (tests/control/test_declared_limits.py, tests/reviews/…)."""
     from django.conf import settings
 
-    from novelforge_sessions.api.schemas import bytes_doc
+    from novelforge_sessions.apikit.schemas import bytes_doc
     from novelforge_sessions.control import graphs, results
     from tests.api.declared import byte_bounds
 
@@ -141,7 +141,7 @@ def test_non_blank_text_is_declared_where_the_core_strips_and_refuses_blanks(sch
     """The core strips these values and refuses what is left empty; ``minLength``
     alone called ``"   "`` valid. Each declares NON_BLANK_TEXT (storable, one non-space character)."""
     from novelforge_sessions.actions import artifacts
-    from novelforge_sessions.api.schemas import NON_BLANK_TEXT
+    from novelforge_sessions.apikit.schemas import NON_BLANK_TEXT
 
     props = lambda name: component(schema, name)["properties"]  # noqa: E731
     fields = [props("ArtifactIn")["name"], props("ClaimIn")["worker"], props("ResolveIn")["resolution"],

@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import expect
 
 from novelforge_sessions.actions.runs import start_run
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
 from reviews.actions import GateSpec, open_gate
 from reviews.models import Verdict
 from tests.browser.a11y import assert_no_serious_a11y_violations

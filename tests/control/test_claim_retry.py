@@ -23,7 +23,7 @@ from novelforge_sessions import events
 from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.sessions import NewSession, create_session
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.control import handoffs as actions
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.models import Event

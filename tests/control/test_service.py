@@ -83,7 +83,7 @@ def test_the_lease_and_slot_statements_take_status_values_as_parameters():
     from reviews import actions as review_actions
 
     statements = {"claim": handoff_actions._CLAIM_SQL, "heartbeat": handoff_actions._HEARTBEAT_SQL,
-                  "eligible": review_actions._ELIGIBLE_SQL}  # the slot's move is actions.lifecycle.move_rows
+                  "eligible": review_actions._SLOT_ELIGIBLE_SQL}  # the slot's move is actions.lifecycle.move_rows
     words = {"pending", "claimed", "bound", "conflicted", "cancelled", "terminated", "stale", "job", "review", "agent",
              "complete", "submitted", "assigned", "open"}
     for name, sql in statements.items():
@@ -200,3 +200,18 @@ def test_cancel_withdraws_unbound_handoffs_and_settles_with_its_reason(jobs, pro
     with pytest.raises(HandoffClosed):
         raise service.lease_refusal(handoff_id=jobs["job"].id, fencing_token=0, project_ids=[project.id],
                                     purpose=HandoffPurpose.JOB)
+
+
+def test_reviews_restates_no_claimability_and_locks_no_handoff_row():
+    """The review app's claim goes through ``service.claim`` with its own ``Eligibility``: what is
+    claimable (state, lease expiry) and the row lock (``SKIP LOCKED``) are the control plane's."""
+    offending = []
+    for path in sorted((ROOT / "reviews").rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        text = path.read_text()
+        for spelled in ("SKIP LOCKED", "lease_expires_at <=", "claim_from", "order_lock_candidate",
+                        "claim_in_oldest_session", "FOR UPDATE OF h"):
+            if spelled in text:
+                offending.append((path.relative_to(ROOT).as_posix(), spelled))
+    assert offending == []

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.dashboard.presenters import build_diagram, describe
 
@@ -12,10 +13,12 @@ def test_nodes_edges_current_and_next_come_from_the_table(status):
     d = build_diagram(status, [])
     assert [n.state for n in d.nodes] == [s.value for s in rt.SessionStatus]
     assert {(e.source, e.target) for e in d.edges} == {
-        (src.value, dst.value) for src, targets in rt.LIFECYCLE.items() for dst in targets
+        (src.value, dst.value) for src, targets in lc.SESSION.table.items() for dst in targets
     }
     assert [n.state for n in d.nodes if "current" in n.classes.split()] == [status]
-    assert {n.state for n in d.nodes if "next" in n.classes.split()} == {s.value for s in rt.LIFECYCLE[rt.SessionStatus(status)]}
+    assert {n.state for n in d.nodes if "next" in n.classes.split()} == {
+        s.value for s in lc.SESSION.table[rt.SessionStatus(status)]
+    }
     assert {e.target for e in d.edges if "next" in e.classes.split()} == set(d.allowed)
 
 

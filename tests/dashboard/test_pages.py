@@ -6,6 +6,7 @@ import re
 import pytest
 from django.test import Client
 
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.actions.sessions import transition_session
 from novelforge_sessions.models import Event, Membership
@@ -119,7 +120,7 @@ def test_session_page_shows_identity_diagram_timeline_checkpoints(mgr_client, ma
     assert len(re.findall(r'<g class="node ', html)) == 9
     assert re.search(r'class="node st-running current[^"]*" data-state="running"', html)
     outlined = set(re.findall(r'class="node st-(\w+) next', html))
-    assert outlined == {s.value for s in rt.LIFECYCLE[rt.SessionStatus.RUNNING]}
+    assert outlined == {s.value for s in lc.SESSION.table[rt.SessionStatus.RUNNING]}
     assert 'data-edge="created>running"' in html and re.search(r'class="edge taken[^"]*" d="[^"]+" data-edge="created>running"', html)
     assert "run #1" in html and "context freeze" in html and "context_freeze" in html
     assert 'data-cursor="' in html and "/static/js/session.js" in html

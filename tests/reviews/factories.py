@@ -17,7 +17,7 @@ from novelforge_sessions.access import Caller
 from novelforge_sessions.actions import artifacts, runs, sessions
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.tokens import create_token
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.models import ArtifactVersion, Membership, Project, Run, Session
 from reviews import actions
 from reviews.models import ReviewGate

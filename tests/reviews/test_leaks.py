@@ -17,7 +17,7 @@ from django.test import Client
 from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.actions.transcript import append_transcript
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.models import Event
 from reviews.actions import GateSpec, bind_verdict, open_gate

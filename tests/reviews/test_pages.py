@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from novelforge_sessions.actions.runs import start_run
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.models import Event, Project
 from reviews.actions import GateSpec, open_gate
 from reviews.models import ReviewGate, Verdict

@@ -13,7 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from novelforge_sessions.actions.runs import start_run
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
 from reviews import actions, views
 from reviews.access import reviewer_for_user
 from reviews.models import ReviewAssignment, ReviewGate, Verdict

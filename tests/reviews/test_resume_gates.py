@@ -16,7 +16,7 @@ from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.sessions import close_session
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.models import Handoff
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.errors import ResumeRefused, ValidationFailed
 from novelforge_sessions.models import Artifact, ArtifactVersion, Checkpoint, Event, Run, RuntimeAttachment, Session
 from reviews.access import reviewer_for_user

@@ -20,7 +20,7 @@ from novelforge_sessions.actions import runs, sessions
 from novelforge_sessions.actions.runtimes import RuntimeSpec, attach_runtime, reconcile_expired_runtimes
 from novelforge_sessions.actions.sessions import close_session, transition_session
 from novelforge_sessions.actions.tokens import create_token
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.control.handoffs import create_handoff
 from novelforge_sessions.control.models import ConsumeReceipt, Handoff, ResultDelivery
 from novelforge_sessions.control.resume import resume_session

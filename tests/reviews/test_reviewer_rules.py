@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from novelforge_sessions.actions.runs import start_run
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.models import Event
 from reviews.actions import GateSpec, open_gate
 from novelforge_sessions.session_runtime import InvalidPayload

@@ -148,7 +148,7 @@ def test_a_reviewer_cannot_open_another_reviewers_packet(world):
 def test_claim_skips_packets_the_reviewer_is_not_independent_of(world):
     """A reviewer session whose token wrote the candidate never receives that packet."""
     session, api = agent_reviewer(world.project, permissions=("review", "write", "read"))
-    from novelforge_sessions.api.auth import caller_for_token
+    from novelforge_sessions.apikit.auth import caller_for_token
 
     own = create_artifact(caller_for_token(api.token), name="reviewers-own", kind="chapter", content="My own words.")
     # the writer is given it (an orchestrator's checkpoint on its run cites it: a citation by the

@@ -22,7 +22,7 @@ from novelforge_sessions.actions import runs, sessions
 from novelforge_sessions.actions.artifacts import create_artifact, require_versions
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.tokens import create_token
-from novelforge_sessions.api.auth import caller_for_token
+from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.errors import UnknownArtifactVersion
 from novelforge_sessions.models import Artifact, ArtifactVersion, Checkpoint, Run
 from tests.conftest import caller_for

@@ -5,9 +5,9 @@ import itertools
 
 import pytest
 
-from novelforge_sessions import session_runtime as rt
+from novelforge_sessions import lifecycles as lc
 
-S = rt.SessionStatus
+S = lc.SessionStatus
 
 # docs/model.md#session-lifecycle, written out independently of the module under test.
 CONTRACT = {
@@ -34,38 +34,37 @@ def test_there_are_nine_states_and_81_pairs():
 @pytest.mark.parametrize(("src", "dst"), PAIRS)
 def test_every_pair_matches_the_contract(src, dst):
     legal = dst in CONTRACT[src]
-    assert rt.is_legal(src, dst) is legal
+    assert lc.SESSION.is_legal(src, dst) is legal
     if legal:
-        assert rt.check_transition(src, dst) is S(dst)
+        assert lc.SESSION.check(src, dst) is S(dst)
     else:
-        with pytest.raises(rt.IllegalTransition) as info:
-            rt.check_transition(src, dst)
+        with pytest.raises(lc.IllegalTransition) as info:
+            lc.SESSION.check(src, dst)
         assert info.value.code == "illegal_transition"
-        assert info.value.details["from"] == src and info.value.details["to"] == dst
-        assert info.value.details["allowed"] == sorted(CONTRACT[src])
+        assert info.value.details == {"record": "session", "from": src, "to": dst, "allowed": sorted(CONTRACT[src])}
 
 
 def test_illegal_transitions_are_deterministic():
     errors = []
     for _ in range(3):
-        with pytest.raises(rt.IllegalTransition) as info:
-            rt.check_transition("completed", "running")
+        with pytest.raises(lc.IllegalTransition) as info:
+            lc.SESSION.check("completed", "running")
         errors.append((info.value.code, info.value.message, info.value.details))
     assert errors[0] == errors[1] == errors[2]
 
 
 def test_table_is_structurally_sound():
-    rt.check_table()
-    assert rt.TERMINAL_STATES == {S.TERMINATED}
-    assert S.CREATED not in set().union(*rt.LIFECYCLE.values()), "nothing returns to created"
+    lc.SESSION.validate()
+    assert lc.SESSION.terminal == {S.TERMINATED}
+    assert S.CREATED not in set().union(*lc.SESSION.table.values()), "nothing returns to created"
 
 
 def test_unknown_states_are_validation_errors_not_crashes():
-    with pytest.raises(rt.InvalidPayload) as info:
-        rt.check_transition("running", "paused")
-    assert info.value.details["field"] == "to"
-    with pytest.raises(rt.InvalidPayload):
-        rt.check_transition("zombie", "running")
+    with pytest.raises(lc.InvalidPayload) as info:
+        lc.SESSION.check("running", "paused")
+    assert info.value.details == {"field": "status", "allowed": [s.value for s in S]}
+    with pytest.raises(lc.InvalidPayload):
+        lc.SESSION.check("zombie", "running")
 
 
 @pytest.mark.parametrize("module", ["session_runtime", "lifecycles"])

@@ -58,7 +58,8 @@ def test_every_declared_table_is_valid():
 
 
 def test_the_session_lifecycle_is_the_contract_table():
-    assert lc.SESSION.table is rt.LIFECYCLE
+    S = lc.SessionStatus
+    assert lc.SESSION.table == {S(src): frozenset(S(d) for d in dsts) for src, dsts in CONTRACT.items()}
     assert lc.SESSION.field == "status"
 
 

@@ -16,6 +16,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
+from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.actions import runs, sessions
 from novelforge_sessions.control.resume import resume_session
@@ -309,7 +310,8 @@ def test_attach_to_a_session_that_can_never_run_is_an_illegal_transition(owner, 
     error = resp.json()["error"]
     assert error["code"] == "illegal_transition"
     assert error["details"] == {
-        "from": status.value, "to": "running", "allowed": sorted(t.value for t in rt.LIFECYCLE[status]),
+        "record": "session", "from": status.value, "to": "running",
+        "allowed": sorted(t.value for t in lc.SESSION.table[status]),
     }
     assert snapshot() == before, "nothing written, not even the tidying of an expired lease"
 

@@ -146,7 +146,7 @@ def test_starting_a_run_where_running_cannot_be_entered_names_the_allowed_target
     err = owner.post(f"/sessions/{session['id']}/runs", {}).json()["error"]
     assert err["code"] == "illegal_transition"
     allowed = {"completed": ["stale"], "stale": ["terminated"], "terminated": []}[status]
-    assert err["details"] == {"from": status, "to": "running", "allowed": allowed}
+    assert err["details"] == {"record": "session", "from": status, "to": "running", "allowed": allowed}
 
 
 @pytest.mark.parametrize("dry_run", [True, False])

@@ -62,7 +62,7 @@ def test_illegal_transition_is_409_and_writes_nothing(owner, new_session):
     assert resp.status_code == 409
     err = resp.json()["error"]
     assert err["code"] == "illegal_transition"
-    assert err["details"] == {"from": "completed", "to": "running", "allowed": ["stale"]}
+    assert err["details"] == {"record": "session", "from": "completed", "to": "running", "allowed": ["stale"]}
     assert Event.objects.count() == before
     assert Session.objects.get(id=s["id"]).status == "completed"
 

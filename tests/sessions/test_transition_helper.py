@@ -105,12 +105,12 @@ def test_sessions_do_not_move_through_the_generic_helper():
 # ---- the shared predicates agree with the tables ---------------------------------------------------------
 @pytest.mark.parametrize("status", list(S))
 def test_resumable_is_the_table_allowing_running(status):
-    assert lc.resumable(status) is (S.RUNNING in rt.LIFECYCLE[status])
+    assert lc.resumable(status) is (S.RUNNING in lc.SESSION.table[status])
     # A running session whose runtime's lease ran out becomes failed (runtime_lost), which resumes.
     expected_after_loss = S.FAILED if status is S.RUNNING else status
     assert lc.status_after_runtime_loss(status) is expected_after_loss
-    assert lc.resumable(status, runtime_lease_expired=True) is (S.RUNNING in rt.LIFECYCLE[expected_after_loss])
-    assert lc.holds_run(status) is (status in rt.RUN_HOLDING_STATES)
+    assert lc.resumable(status, runtime_lease_expired=True) is (S.RUNNING in lc.SESSION.table[expected_after_loss])
+    assert lc.holds_run(status) is (status in lc.RUN_HOLDING_STATES)
 
 
 def test_needs_attention():
@@ -129,7 +129,7 @@ def test_handoff_predicates_follow_the_table():
     assert {s for s in lc.IntentState if lc.intent_open(s)} == set(lc.IntentState) - lc.WRITE_INTENT.terminal
     assert set(lc.RUN_OUTCOMES) <= lc.RUN.table[R.OPEN]
     for default, allowed in lc.RUN_OUTCOMES.values():
-        assert default in allowed and all(rt.is_legal(S.RUNNING, s) for s in allowed)
+        assert default in allowed and all(lc.SESSION.is_legal(S.RUNNING, s) for s in allowed)
 
 
 def test_lease_predicates():

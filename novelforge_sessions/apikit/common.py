@@ -5,7 +5,7 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
 from novelforge_sessions.access import Caller
-from novelforge_sessions.api.schemas import MAX_PAGE, ErrorOut
+from novelforge_sessions.apikit.schemas import MAX_PAGE, ErrorOut
 from novelforge_sessions.errors import NotFound, UnsupportedMediaType
 
 __all__ = ["MAX_PAGE", "caller", "errors", "get_or_404", "keyset"]
