@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from novelforge_sessions.models import Checkpoint, Event, Run
-from tests.conftest import Api
+from tests.support.factories import Api
 
 CP = {"boundary": "context_freeze", "cursor": {"step": 1}, "idempotency_key": "step-1/attempt"}
 

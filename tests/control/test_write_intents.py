@@ -11,8 +11,9 @@ from novelforge_sessions.errors import StalePrecondition
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import Approval, AuthorityChange, WriteIntent
 from novelforge_sessions.models import Artifact, Event, Project
-from tests.conftest import caller_for, make_project
-from tests.control.conftest import make_artifact, ok, refused, token_api
+from tests.support.factories import caller_for, make_project
+from tests.control.conftest import make_artifact, token_api
+from tests.support.responses import ok, refused
 
 pytestmark = pytest.mark.django_db
 

@@ -22,7 +22,7 @@ from novelforge_sessions.actions.tokens import ALL_PERMISSIONS
 from novelforge_sessions.actions.transcript import append_transcript
 from novelforge_sessions.errors import ServiceError
 from novelforge_sessions.models import Event, RuntimeAttachment, TranscriptEntry
-from tests.conftest import caller_for, make_project
+from tests.support.factories import caller_for, make_project
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

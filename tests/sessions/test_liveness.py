@@ -22,8 +22,9 @@ from novelforge_sessions.control.resume import resume_session
 from novelforge_sessions.actions.runtimes import RuntimeSpec, reconcile_expired_runtimes
 from novelforge_sessions.models import Event, Run, RuntimeAttachment, Session
 
-from tests.conftest import RUNTIME, caller_for, make_project
+from tests.support.factories import RUNTIME, caller_for, make_project
 from tests.dashboard.conftest import logged_in, make_user
+from tests.support.snapshots import snapshot
 
 S = rt.SessionStatus
 LIVE, LOST, CLOSED = rt.RuntimeState.LIVE, rt.RuntimeState.LOST, rt.RuntimeState.CLOSED
@@ -51,15 +52,6 @@ def put_in(owner, new_session, status: S) -> dict:
     got = owner.get(f"/sessions/{s['id']}").json()
     assert got["status"] == status
     return {**got, "run": s.get("run")}
-
-
-def snapshot() -> tuple:
-    return (
-        Event.objects.count(),
-        list(RuntimeAttachment.objects.order_by("id").values_list("id", "state", "lease_expires_at", "end_reason")),
-        list(Session.objects.order_by("id").values_list("id", "status", "version", "generation")),
-        list(Run.objects.order_by("id").values_list("id", "state")),
-    )
 
 
 def types_for(session_id: int) -> list[str]:
