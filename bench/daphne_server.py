@@ -14,9 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # bench/run.py and its children run with bench/ first on the path
     sys.path.insert(1, str(ROOT))
 
-from harness.servers import PROJECT_APP, Server, free_port, process_cpu_seconds, server_env  # noqa: E402
+from harness.servers import (  # noqa: E402
+    PROJECT_APP, Server, free_port, process_cpu_seconds, process_tree, server_env,
+)
 
-__all__ = ["Daphne", "free_port", "process_cpu_seconds"]
+__all__ = ["Daphne", "free_port", "process_cpu_seconds", "process_tree"]
 
 
 class Daphne(Server):
@@ -32,9 +34,7 @@ class Daphne(Server):
         self, db_url: str, log_path: Path, extra_env: dict[str, str] | None = None, *, server: str = "daphne",
         app: str = PROJECT_APP, settings: str = "novelforge_sessions.settings", workers: int = 1,
     ) -> None:
-        env = server_env(
-            drop=("REDIS_URL", "DB_CONN_MAX_AGE"), DATABASE_URL=db_url, DJANGO_SETTINGS_MODULE=settings,
-            PYTHONPATH=os.pathsep.join([str(ROOT / "bench"), str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-            LOG_LEVEL="WARNING", **(extra_env or {}),
-        )
+        path = os.pathsep.join([str(ROOT / "bench"), str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env = server_env(drop=("REDIS_URL", "DB_CONN_MAX_AGE"), DATABASE_URL=db_url, DJANGO_SETTINGS_MODULE=settings,
+                         PYTHONPATH=path, LOG_LEVEL="WARNING", **(extra_env or {}))
         super().__init__(env, log_path, kind=server, app=app, workers=workers, ready_timeout=90.0)

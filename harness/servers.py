@@ -70,7 +70,25 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def server_env(base: dict[str, str] | None = None, *, drop: tuple[str, ...] = ("REDIS_URL",), **settings: str) -> dict[str, str]:
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process below it (``/proc``, Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def server_env(base: dict[str, str] | None = None, *, drop: tuple[str, ...] = ("REDIS_URL",),
+               **settings: str) -> dict[str, str]:
     """The environment every served process gets: ``base`` (default: this process's) without the
     ``drop`` names, loopback hosts allowed, unbuffered output, then ``settings``."""
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in drop}
@@ -157,21 +175,7 @@ class Server:
 
     def pids(self) -> list[int]:
         """The server process and its children (uvicorn's workers)."""
-        if self.proc is None:
-            return []
-        children: dict[int, list[int]] = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        out, todo = [], [self.proc.pid]
-        while todo:
-            pid = todo.pop()
-            out.append(pid)
-            todo.extend(children.get(pid, []))
-        return out
+        return process_tree(self.proc.pid) if self.proc else []
 
     def cpu_seconds(self) -> float:
         total = 0.0

@@ -92,24 +92,25 @@ def test_tools_are_listed_with_input_schemas_and_a_whole_session_runs_through_th
 
             assert (await tool_ok(c, "whoami"))["slug"] == project.slug
             s = await tool_ok(c, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
-                         runtime_family="claude-code", capabilities=["draft"], lease_seconds=120)
+                              runtime_family="claude-code", capabilities=["draft"], lease_seconds=120)
             sid, rid = s["id"], s["runtime_id"]
             run = await tool_ok(c, "start_run", session_id=sid, cursor={"step": "outline"})
             art = await tool_ok(c, "create_artifact", name="chapter-3", content=CHAPTER, kind="chapter")
             cp = await tool_ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": "draft"},
-                          artifacts=[{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}])
-            job = await tool_ok(c, "hand_off", run_id=run["id"], logical_id="chapter-3/continuity", params={"check": "names"},
-                           result_schema={"ok": "boolean"}, required_capabilities=["continuity"])
+                               artifacts=[{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}])
+            job = await tool_ok(c, "hand_off", run_id=run["id"], logical_id="chapter-3/continuity",
+                                params={"check": "names"}, result_schema={"ok": "boolean"},
+                                required_capabilities=["continuity"])
             assert (await tool_ok(c, "get_session", session_id=sid))["status"] == "awaiting_external"
             claimed = (await tool_ok(c, "claim_work", worker="mcp-worker", capabilities=["continuity"]))["handoff"]
             assert claimed["id"] == job["id"]
             delivered = await tool_ok(c, "deliver_result", handoff_id=job["id"], fencing_token=claimed["fencing_token"],
-                                 job_fingerprint=job["job_fingerprint"], result={"ok": True})
+                                      job_fingerprint=job["job_fingerprint"], result={"ok": True})
             assert delivered["outcome"] == "consumed" and delivered["session_status"] == "running"
             assert (await tool_ok(c, "heartbeat", runtime_id=rid))["abort_requested"] is False
 
             gate = await tool_ok(c, "open_review_gate", session_id=sid, candidate_version_id=art["current_version_id"],
-                            rubric=RUBRIC, route="agent", reviewer_session_ids=[reviewer_session.id])
+                                 rubric=RUBRIC, route="agent", reviewer_session_ids=[reviewer_session.id])
             await tool_refused(c, "wait_for_verdict", "timeout", gate_id=gate["id"], timeout_seconds=0.3)
             # The reviewer binds its verdict through the API, as its own session.
             g = await asyncio.to_thread(ReviewGate.objects.select_related("packet").get, id=gate["id"])
@@ -121,15 +122,17 @@ def test_tools_are_listed_with_input_schemas_and_a_whole_session_runs_through_th
             assert verdict["state"] == "complete" and verdict["verdicts"][0]["decision"] == "pass"
 
             wait = await tool_ok(c, "checkpoint", run_id=run["id"], boundary="before_canon_settlement",
-                            cursor={"step": "settle"}, pending={"gates": [{"gate_id": gate["id"]}]})
+                                 cursor={"step": "settle"}, pending={"gates": [{"gate_id": gate["id"]}]})
             # The host restarts: its runtime ends; a new one resumes with the report.
             await tool_ok(c, "close_session", session_id=sid, reason="host restart")
             dry = await tool_ok(c, "resume_session", session_id=sid, runtime_family="claude-code", dry_run=True)
             assert dry["ok"] and dry["dry_run"] and dry["runtime_id"] is None
-            report = await tool_ok(c, "resume_session", session_id=sid, runtime_family="claude-code", capabilities=["draft"])
+            report = await tool_ok(c, "resume_session", session_id=sid, runtime_family="claude-code",
+                                   capabilities=["draft"])
             assert report["ok"] and report["checkpoint_id"] == wait["id"] and report["generation"] == 2
             assert {st["step"] for st in report["steps"]} >= {"load", "authority", "artifacts", "reviews", "consumed"}
-            ended = await tool_ok(c, "end_run", run_id=report["run_id"], outcome="completed", session_status="completed")
+            ended = await tool_ok(c, "end_run", run_id=report["run_id"], outcome="completed",
+                                  session_status="completed")
             return {"sid": sid, "cp": cp["id"], "run2": report["run_id"], "ended": ended}
 
     out = asyncio.run(scenario())
@@ -149,12 +152,12 @@ def test_refusals_are_tool_errors_with_the_code_and_the_tokens_scope_holds(mcp_b
     async def scenario() -> None:
         async with Client(stdio(mcp_backend, writer)) as c:
             s = await tool_ok(c, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
-                         runtime_family="codex")
+                              runtime_family="codex")
             run = await tool_ok(c, "start_run", session_id=s["id"])
             err = await tool_refused(c, "start_run", "open_run_exists", session_id=s["id"])
             assert err["status"] == 409 and err["details"]["run_id"] == run["id"]
             await tool_refused(c, "checkpoint", "checkpoint_not_bounded", run_id=run["id"], boundary="user_wait",
-                          cursor={"messages": [{"role": "user", "content": "hi"}]})
+                               cursor={"messages": [{"role": "user", "content": "hi"}]})
             await tool_refused(c, "get_session", "not_found", session_id=987654321)
             await tool_refused(c, "claim_work", "forbidden", worker="w")  # this token has no `work` permission
             invalid = await c.call_tool("checkpoint", {"run_id": run["id"], "boundary": "whenever", "cursor": {}})
@@ -162,7 +165,7 @@ def test_refusals_are_tool_errors_with_the_code_and_the_tokens_scope_holds(mcp_b
         async with Client(stdio(mcp_backend, reader)) as c:
             assert (await tool_ok(c, "get_session", session_id=s["id"]))["status"] == "running"
             err = await tool_refused(c, "open_session", "forbidden", role="writer", memory_policy="bounded",
-                                task_mode="drafting", runtime_family="codex")
+                                     task_mode="drafting", runtime_family="codex")
             assert err["status"] == 403 and err["details"]["permission"] == "write"
 
     before = Session.objects.count()
@@ -183,17 +186,17 @@ def test_the_checkpoint_tool_acts_through_one_client_and_a_retried_or_repeated_c
     async def scenario() -> tuple[int, list[dict[str, Any]]]:
         async with Client(stdio(proxy, token)) as c:
             s = await tool_ok(c, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
-                         runtime_family="claude-code")
+                              runtime_family="claude-code")
             run = await tool_ok(c, "start_run", session_id=s["id"])
             first = await tool_ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 1})
             proxy.drop_responses = 1  # lost after the server committed: the client retries it
             second = await tool_ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 2})
             keyed = await tool_ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 3},
-                             idempotency_key="host-step-3")
+                                  idempotency_key="host-step-3")
             repeated = await tool_ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 3},
-                                idempotency_key="host-step-3")
+                                     idempotency_key="host-step-3")
             await tool_refused(c, "checkpoint", "idempotency_key_reused", run_id=run["id"], boundary="context_freeze",
-                          cursor={"step": 4}, idempotency_key="host-step-3")
+                               cursor={"step": 4}, idempotency_key="host-step-3")
             return run["id"], [first, second, keyed, repeated]
 
     try:
@@ -364,11 +367,11 @@ def test_over_http_a_tool_call_has_the_presented_tokens_permissions(mcp_http, pr
     async def scenario() -> int:
         async with mcp_http.client(reader) as r, mcp_http.client(writer) as w:
             err = await tool_refused(r, "open_session", "forbidden", role="writer", memory_policy="bounded",
-                                task_mode="drafting", runtime_family="codex")
+                                     task_mode="drafting", runtime_family="codex")
             assert err["status"] == 403 and err["details"]["permission"] == "write"
             await tool_refused(r, "start_run", "forbidden", session_id=1)
             s = await tool_ok(w, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
-                         runtime_family="codex")
+                              runtime_family="codex")
             assert (await tool_ok(r, "get_session", session_id=s["id"]))["status"] == "created"
             await tool_refused(r, "close_session", "forbidden", session_id=s["id"])
             # The writer's runtime is fenced by its own client: the reader never attached it.

@@ -46,9 +46,11 @@ def test_at_most_one_open_run_and_unique_sequences(session):
     assert violates_constraint(lambda: Run.objects.create(session=session, seq=2, generation=1, task_mode="t"))
     Run.objects.filter(session=session).update(state="completed")
     run = Run.objects.create(session=session, seq=2, generation=1, task_mode="t")
-    assert violates_constraint(lambda: Run.objects.create(session=session, seq=2, generation=1, task_mode="t", state="failed"))
+    assert violates_constraint(
+        lambda: Run.objects.create(session=session, seq=2, generation=1, task_mode="t", state="failed"))
     Checkpoint.objects.create(session=session, run=run, seq=1, boundary="user_wait", cursor={"a": 1}, size_bytes=1)
-    assert violates_constraint(lambda: Checkpoint.objects.create(session=session, run=run, seq=1, boundary="user_wait", cursor={}, size_bytes=1))
+    assert violates_constraint(
+        lambda: Checkpoint.objects.create(session=session, run=run, seq=1, boundary="user_wait", cursor={}, size_bytes=1))
 
 
 @pytest.mark.parametrize(
@@ -68,4 +70,5 @@ def test_role_extension_only_with_other(session):
 def test_checkpoint_boundary_and_run_state_enums(session):
     run = Run.objects.create(session=session, seq=1, generation=1, task_mode="t")
     assert violates_constraint(lambda: Run.objects.filter(id=run.id).update(state="paused"))
-    assert violates_constraint(lambda: Checkpoint.objects.create(session=session, run=run, seq=1, boundary="whenever", cursor={}, size_bytes=1))
+    assert violates_constraint(
+        lambda: Checkpoint.objects.create(session=session, run=run, seq=1, boundary="whenever", cursor={}, size_bytes=1))

@@ -21,6 +21,7 @@ from novelforge_sessions.models import Event, Session
 from novelforge_sessions.live.replay import Subscription, events_after, latest_event_id, settled_and_page
 
 from tests.support.factories import caller_for, make_project, running_session
+from tests.support.races import oks, race
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -273,25 +274,12 @@ def test_a_sessions_events_follow_the_order_its_writers_held_it():
     who = caller_for(project)
     session_id = running_session(who).id
     threads_n, per_thread = 8, 8
-    barrier = threading.Barrier(threads_n)
-    errors: list[BaseException] = []
 
-    def writer() -> None:
-        try:
-            barrier.wait()
-            for _ in range(per_thread):
-                append_transcript(who, session_id, role="assistant", content="x")
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
+    def writer(_: int) -> None:
+        for _ in range(per_thread):
+            append_transcript(who, session_id, role="assistant", content="x")
 
-    threads = [threading.Thread(target=writer) for _ in range(threads_n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    oks(race(writer, threads_n))
     seqs = list(
         Event.objects.filter(session_id=session_id, type=ev.TRANSCRIPT_APPENDED.name).order_by("id")
         .values_list("payload__seq", flat=True)

@@ -84,12 +84,14 @@ def test_a_waiting_session_s_run_takes_no_runtime_write_once_its_lease_ran_out_b
     assert owner.post(f"/sessions/{s['id']}/transition", {"to": "awaiting_external"}).status_code == 200
     expire(s["id"])
     before = snapshot()
-    refused(send(owner, write, s), 409, "no_live_runtime", details={"session_id": s["id"], "status": S.AWAITING_EXTERNAL.value})
+    refused(send(owner, write, s), 409, "no_live_runtime",
+            details={"session_id": s["id"], "status": S.AWAITING_EXTERNAL.value})
     assert snapshot() == before
     assert [r.session_status for r in reconcile_expired_runtimes()] == [S.AWAITING_EXTERNAL]
     assert Run.objects.get(id=s["run"]["id"]).state == rt.RunState.OPEN
     after = snapshot()
-    refused(send(owner, write, s), 409, "no_live_runtime", details={"session_id": s["id"], "status": S.AWAITING_EXTERNAL.value})
+    refused(send(owner, write, s), 409, "no_live_runtime",
+            details={"session_id": s["id"], "status": S.AWAITING_EXTERNAL.value})
     assert snapshot() == after
 
 
