@@ -7,7 +7,8 @@ differ named. Rows are read in primary-key order with all their columns.
 Parameters narrow it only where a write is the documented behaviour of the request under test:
 ``exclude`` leaves whole tables out (a refused result delivery is recorded in the delivery log);
 ``ignore`` leaves columns out. By default it leaves out ``ApiToken.last_used_at`` only: the
-bookkeeping of authenticating, which every request with a token may do.
+bookkeeping of authenticating, which every request with a token may do. ``include`` adds tables of
+other apps (``"auth.User"`` for the commands that make users).
 """
 from __future__ import annotations
 
