@@ -286,7 +286,9 @@ def run(quick: bool, server_url: str | None = None, only: list[int] | None = Non
            "LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT), "REDIS_URL": redis_url(), "DB_POOL_MAX_SIZE": "8"}
     world = _child(env, "--_setup")
     results = BENCH / "results"
-    srv = _BenchDaphne(db_url, results / f"stream-daphne-{int(time.time())}.log")
+    # the project and the bare route (bench/stream_asgi.py), Redis as the channel layer
+    srv = Daphne(db_url, results / f"stream-daphne-{int(time.time())}.log", app="stream_asgi:application",
+                 extra_env={"REDIS_URL": redis_url(), "LIVE_SWEEP_SECONDS": "3600", "DB_POOL_MAX_SIZE": "8"})
     try:
         cfg = {**world, "ws_url": srv.url.replace("http", "ws", 1), "http_url": srv.url, "server_pid": srv.proc.pid,
                "seconds": 3.0 if quick else 10.0, "only": only}
@@ -294,34 +296,6 @@ def run(quick: bool, server_url: str | None = None, only: list[int] | None = Non
     finally:
         srv.stop()
     return {"rows": rows, "quick": quick, "redis": redis_url(), "seconds": cfg["seconds"]}
-
-
-class _BenchDaphne(Daphne):
-    """``Daphne`` serving ``bench.stream_asgi:application`` (project + the bare route)."""
-
-    def __init__(self, db_url: str, log_path: Path) -> None:
-        import subprocess as sp
-
-        from daphne_server import free_port
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if k not in {"DB_CONN_MAX_AGE"}}
-        env.update(DATABASE_URL=db_url, DJANGO_SETTINGS_MODULE="novelforge_sessions.settings", ALLOWED_HOSTS="127.0.0.1,localhost",
-                   LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1", REDIS_URL=redis_url(), LIVE_SWEEP_SECONDS="3600",
-                   DB_POOL_MAX_SIZE="8", PYTHONPATH=f"{BENCH}{os.pathsep}{ROOT}")
-        self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "ab")
-        self.proc = sp.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "stream_asgi:application"],
-            cwd=ROOT, env=env, stdout=self._log, stderr=sp.STDOUT,
-        )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
 
 
 def goals_from(result: dict[str, Any]) -> list[dict[str, Any]]:

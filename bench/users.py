@@ -48,7 +48,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from daphne_server import Daphne  # noqa: E402
+from daphne_server import Daphne, process_tree  # noqa: E402  (root and every process below it)
 
 WARMUP_STEPS = 5
 BATCH_SIZE = 10
@@ -70,23 +70,6 @@ def machine_busy_jiffies() -> int:
         fields = [int(x) for x in f.readline().split()[1:]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
     return user + nice + system + irq + softirq + steal
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and every process below it (clients, servers, the MCP servers they launch)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
 
 
 def own_cpu_ticks(db_url: str) -> dict[int, int]:

@@ -8,22 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from harness.servers import ROOT, Server, free_port, server_env
 
 
 def _pg_bin() -> Path:
@@ -127,67 +118,8 @@ class Redis:
         self.start()
 
 
-class Daphne:
-    """One daphne process on a fixed port; ``start()`` again after it died (same port)."""
-
-    def __init__(self, base: Path, env: dict[str, str], name: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}"
-        self.env = env
-        self.log_path = base / f"daphne-{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self, extra_env: dict[str, str] | None = None, timeout: float = 60.0) -> float:
-        """Start and wait for /healthz; returns the seconds it took."""
-        t0 = time.monotonic()
-        env = {**self.env, **(extra_env or {})}
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-             "novelforge_sessions.asgi:application"],
-            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        )
-        log.close()
-        self.starts += 1
-        deadline = t0 + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daphne exited during start-up; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as resp:
-                    if resp.status == 200:
-                        return time.monotonic() - t0
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"daphne did not become ready; see {self.log_path}")
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def rss_kb(self) -> int:
-        try:
-            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        except OSError:
-            pass
-        return 0
-
-    def stop(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+#: A harness server: one process on a fixed port; ``start()`` again after it died (same port).
+Daphne = Server
 
 
 class Infra:
@@ -198,18 +130,15 @@ class Infra:
         self.servers: list[Daphne] = []
 
     def server_env(self, database_url: str, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if k not in {"REDIS_URL", "NOVELFORGE_FAULT_POINTS", "DATABASE_URL", "SECRET_KEY", "REQUIRE_SECRET_KEY"}}
-        env.update(
-            DATABASE_URL=database_url, DJANGO_SETTINGS_MODULE="novelforge_sessions.settings",
-            ALLOWED_HOSTS="127.0.0.1,localhost", PYTHONUNBUFFERED="1", DB_POOL_MAX_SIZE="8",
-            PYTHONPATH=str(ROOT), LOG_LEVEL="WARNING", SHUTDOWN_GRACE_SECONDS="2",
+        return server_env(
+            drop=("REDIS_URL", "NOVELFORGE_FAULT_POINTS", "DATABASE_URL", "SECRET_KEY", "REQUIRE_SECRET_KEY"),
+            DATABASE_URL=database_url, DJANGO_SETTINGS_MODULE="novelforge_sessions.settings", DB_POOL_MAX_SIZE="8",
+            PYTHONPATH=str(ROOT), LOG_LEVEL="WARNING", SHUTDOWN_GRACE_SECONDS="2", **extra,
         )
-        env.update(extra)
-        return env
 
     def daphne(self, env: dict[str, str], name: str) -> Daphne:
-        d = Daphne(self.base, env, name)
+        """A daphne on its own port, not started yet (``start()``; SIGTERM and 15 s to drain on stop)."""
+        d = Server(env, self.base / f"daphne-{name}.log", start=False, stop_timeout=15)
         self.servers.append(d)
         return d
 

@@ -1,8 +1,8 @@
 """Shared fixtures: personas (owner token, read-only token, outsider in another project),
-and an API client that speaks JSON with a bearer token. Everything runs on real PostgreSQL."""
+each an API client that speaks JSON with a bearer token, and sessions built through the API.
+The builders themselves are in ``tests/support/factories.py``. Everything runs on real PostgreSQL."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -12,11 +12,11 @@ from typing import Any
 os.environ.setdefault("NOVELFORGE_EVENT_ORDER_CHECKS", "1")
 
 import pytest
-from django.test import Client
 
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.models import Project
+from tests.support.factories import Api, api_session, caller_for, make_project
 
 
 @pytest.fixture(autouse=True)
@@ -27,40 +27,6 @@ def _no_recalled_tokens():
     forget_recalled()
     yield
     forget_recalled()
-
-
-class Api:
-    """A tiny JSON client bound to one bearer token."""
-
-    def __init__(self, token: str | None) -> None:
-        self.client = Client()
-        self.token = token
-
-    def _headers(self) -> dict[str, str]:
-        return {"HTTP_AUTHORIZATION": f"Bearer {self.token}"} if self.token else {}
-
-    def get(self, path: str, **params: Any):
-        return self.client.get(f"/api/v1{path}", params, **self._headers())
-
-    def post(self, path: str, body: Any = None, *, raw: str | bytes | None = None):
-        data = raw if raw is not None else json.dumps(body if body is not None else {})
-        return self.client.post(f"/api/v1{path}", data=data, content_type="application/json", **self._headers())
-
-    def delete(self, path: str):
-        return self.client.delete(f"/api/v1{path}", **self._headers())
-
-
-def make_project(slug: str, **kw: Any) -> Project:
-    defaults = {"name": slug.title(), "lock_fingerprint": "sha256:" + "a" * 64, "framework_version": "1"}
-    defaults.update(kw)
-    return Project.objects.create(slug=slug, **defaults)
-
-
-def caller_for(project: Project, permissions: list[str] | None = None) -> Caller:
-    return Caller(
-        label=f"test:{project.slug}", project_ids=frozenset({project.id}),
-        permissions=frozenset(permissions or ALL_PERMISSIONS), project=project,
-    )
 
 
 @pytest.fixture
@@ -98,26 +64,11 @@ def caller(project) -> Caller:
     return caller_for(project)
 
 
-SESSION = {"role": "writer", "memory_policy": "bounded", "task_mode": "drafting", "runtime_family": "claude-code"}
-RUNTIME = {"runtime_family": "claude-code", "capabilities": ["draft"], "lease_seconds": 60}
-
-
 @pytest.fixture
 def new_session(owner):
     """Factory: create a session through the API, optionally attached and running."""
 
     def make(*, attach: bool = True, run: bool = False, **overrides: Any) -> dict:
-        body = {**SESSION, **overrides}
-        if attach:
-            body["runtime"] = RUNTIME
-        resp = owner.post("/sessions", body)
-        assert resp.status_code == 201, resp.content
-        session = resp.json()
-        if run:
-            r = owner.post(f"/sessions/{session['id']}/runs", {"cursor": {"step": "start"}})
-            assert r.status_code == 201, r.content
-            session = owner.get(f"/sessions/{session['id']}").json()
-            session["run"] = r.json()
-        return session
+        return api_session(owner, attach=attach, run=run, **overrides)
 
     return make

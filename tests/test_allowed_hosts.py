@@ -17,8 +17,8 @@ from novelforge_sessions.models import Session
 
 from tests.api.test_body_limit import Client as AsgiClient
 from tests.api.test_body_limit import run
-from tests.conftest import SESSION
-from tests.live import DaphneServer
+from tests.support.factories import SESSION
+from tests.support.servers import DaphneServer
 
 SECURITY_LOGGER = "django.security.DisallowedHost"
 

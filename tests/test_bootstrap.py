@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.live import ROOT, free_port
+from tests.support.servers import ROOT, free_port
 
 SCRIPT = ROOT / "scripts" / "bootstrap.sh"
 CAPTURE_TIMEOUT = 60  # normally ~3 s (initdb + start); a hang is what this catches

@@ -30,7 +30,7 @@ from novelforge_sessions import event_types as ev
 from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.models import Event, Membership
 from novelforge_sessions.session_runtime import SessionStatus as S
-from tests.conftest import make_project
+from tests.support.factories import make_project
 from tests.dashboard.conftest import logged_in, make_user
 
 pytestmark = pytest.mark.django_db
@@ -102,7 +102,7 @@ def big_log(make_session_in):
 @pytest.fixture
 def make_session_in():
     from novelforge_sessions.actions.sessions import NewSession, create_session
-    from tests.conftest import SESSION, caller_for
+    from tests.support.factories import SESSION, caller_for
 
     return lambda project: create_session(caller_for(project), NewSession(**SESSION))
 

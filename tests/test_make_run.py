@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from django.conf import settings
 
-from tests.live import ROOT
+from tests.support.servers import ROOT
 
 
 def _run_recipe() -> str:

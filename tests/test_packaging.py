@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.live import ROOT, free_port
+from tests.support.servers import ROOT, free_port
 
 SHIPPED = ("templates", "static")  # top-level folders of the checkout, shipped as package data
 CODE = ("novelforge_sessions", "reviews", "novelforge_client")

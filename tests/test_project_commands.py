@@ -11,6 +11,7 @@ from django.core.management.base import CommandError
 from django.test import Client
 
 from novelforge_sessions.models import Membership, Project
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 User = get_user_model()
@@ -20,10 +21,6 @@ def _run(*args: str) -> str:
     out = StringIO()
     call_command(*args, stdout=out)
     return out.getvalue()
-
-
-def _counts() -> tuple[int, int, int]:
-    return Project.objects.count(), User.objects.count(), Membership.objects.count()
 
 
 def _roles(slug: str) -> set[tuple[str, str]]:
@@ -44,22 +41,22 @@ def test_create_project_creates_the_project_its_users_and_their_roles_once(monke
     assert Client().login(username="alice", password="alice-secret-pass")
     hashes = dict(User.objects.values_list("username", "password"))
 
-    before = _counts()
+    before = snapshot(include=['auth.User'])
     out = _run(*args[:-4])  # again, without the passwords: the users exist, nothing changes
     assert "project my-novel exists" in out and "created user" not in out and "is now" not in out
-    assert _counts() == before
+    assert snapshot(include=['auth.User']) == before
     assert dict(User.objects.values_list("username", "password")) == hashes, "passwords kept"
 
 
 def test_create_project_refuses_a_new_user_without_a_password_and_writes_nothing():
-    before = _counts()
+    before = snapshot(include=['auth.User'])
     with pytest.raises(CommandError, match="NOVELFORGE_PASSWORD_DAVE"):
         call_command("create_project", "other-novel", "--manager", "dave")
     with pytest.raises(CommandError, match="too short"):
         call_command("create_project", "other-novel", "--manager", "dave", "--password", "dave=short")
     with pytest.raises(CommandError, match="invalid slug"):
         call_command("create_project", "not a slug", "--manager", "dave", "--password", "dave=dave-secret-pass")
-    assert _counts() == before
+    assert snapshot(include=['auth.User']) == before
 
 
 def test_add_member_gives_an_existing_or_new_user_a_role_once():
@@ -69,18 +66,18 @@ def test_add_member_gives_an_existing_or_new_user_a_role_once():
     out = _run("add_member", "my-novel", "erin", "--role", "reviewer", "--password", "erin=erin-secret-pass")
     assert "created user erin" in out
     assert _roles("my-novel") == {("alice", "manager"), ("alice", "reviewer"), ("erin", "reviewer")}
-    before = _counts()
+    before = snapshot(include=['auth.User'])
     assert "erin already is reviewer of my-novel" in _run("add_member", "my-novel", "erin", "--role", "reviewer")
-    assert _counts() == before
+    assert snapshot(include=['auth.User']) == before
 
 
 def test_add_member_refuses_before_writing():
     _run("create_project", "my-novel")
-    before = _counts()
+    before = snapshot(include=['auth.User'])
     with pytest.raises(CommandError, match="no project with slug 'nope'"):
         call_command("add_member", "nope", "frank", "--role", "manager", "--password", "frank=frank-secret-pass")
     with pytest.raises(CommandError, match="NOVELFORGE_PASSWORD_FRANK"):
         call_command("add_member", "my-novel", "frank", "--role", "manager")
     with pytest.raises(CommandError):
         call_command("add_member", "my-novel", "frank", "--role", "owner", "--password", "frank=frank-secret-pass")
-    assert _counts() == before
+    assert snapshot(include=['auth.User']) == before

@@ -12,7 +12,7 @@ from django.test import Client
 from novelforge_sessions.management.commands.load_demo import DEMO_SLUG, demo_token
 from novelforge_sessions.models import ApiToken, Project, Session
 
-from tests.conftest import SESSION, Api
+from tests.support.factories import SESSION, Api
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

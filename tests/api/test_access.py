@@ -6,7 +6,7 @@ import pytest
 from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.models import ApiToken, RuntimeAttachment, Session
 
-from tests.conftest import RUNTIME, SESSION, Api
+from tests.support.factories import RUNTIME, SESSION, Api
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,7 @@ from novelforge_sessions.asgi import application
 from novelforge_sessions.bodylimit import BodyLimitMiddleware
 from novelforge_sessions.models import Session
 
-from tests.conftest import SESSION
+from tests.support.factories import SESSION
 
 PIECE = 16 * 1024
 
@@ -141,7 +141,7 @@ def test_a_body_within_the_limit_reaches_the_app_whole_and_receive_passes_throug
 @pytest.mark.django_db(transaction=True)
 def test_the_served_app_still_parses_a_body_at_the_limit():
     from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
-    from tests.conftest import make_project
+    from tests.support.factories import make_project
 
     _, raw = create_token(make_project("novel"), name="owner", permissions=ALL_PERMISSIONS)
     body = json.dumps(SESSION).encode()

@@ -21,7 +21,6 @@ from io import StringIO
 from typing import Any
 
 import pytest
-from django.apps import apps
 from django.core.management import call_command
 
 from novelforge_sessions.access import BOUND_TOKEN_MATRIX, PROJECT_WIDE, Caller, Reach
@@ -36,8 +35,10 @@ from novelforge_sessions.control.models import AuthorityChange, GraphThread, Han
 from novelforge_sessions.errors import NotFound
 from novelforge_sessions.models import ApiToken, Artifact, Checkpoint, Event, Run, RuntimeAttachment, Session
 from reviews import actions as review_actions
-from tests.conftest import Api
+from tests.support.factories import Api
 from tests.reviews.factories import RUBRIC, agent_reviewer, make_user, make_world
+from tests.support.responses import ok, refused
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -69,11 +70,6 @@ def _session(project, role: str, memory: str, caps: list[str], **meta: Any) -> S
 
 def _token(project, name: str, permissions: list[str], session: Session | None = None) -> str:
     return create_token(project, name=name, permissions=permissions, session=session)[1]
-
-
-def ok(resp, status: int = 200) -> Any:
-    assert resp.status_code == status, resp.content
-    return resp.json()
 
 
 def build(project) -> World:
@@ -222,14 +218,6 @@ def _foreign_ids(template: str, world: World) -> set[int] | None:
     }.get(template)
 
 
-def rows() -> dict[str, int]:
-    counted = {}
-    for label in ("novelforge_sessions", "control", "reviews"):
-        for model in apps.get_app_config(label).get_models():
-            counted[model._meta.label] = model.objects.count()
-    return counted
-
-
 def test_the_walk_covers_every_route():
     """A new route must have a body here when it takes one: the walk stays complete."""
     schema = api.get_openapi_schema()["paths"]
@@ -248,7 +236,7 @@ def test_a_bound_token_reaches_nothing_of_another_session(project, who, method, 
     token: Api = getattr(world, who)
     names_ids = bool(re.search(r"\{\w+\}", template)) or _body(method, template, world.ids, world) != _body(
         method, template, dict.fromkeys(world.ids, MISSING), world)
-    before, events = rows(), Event.objects.count()
+    before, events = snapshot(), Event.objects.count()
     theirs = _call(token, method, template, world.ids, world)
     assert theirs.status_code < 500, theirs.content
     assert MARK not in theirs.content.decode(), (who, method, template, theirs.content[:400])
@@ -259,7 +247,7 @@ def test_a_bound_token_reaches_nothing_of_another_session(project, who, method, 
         assert not {item.get("id", item.get("packet_id", item.get("runtime_id", item.get("session_id")))) for item in listed} & foreign, (
             who, template, theirs.content)
     if theirs.status_code >= 400:
-        assert rows() == before and Event.objects.count() == events, (who, method, template, theirs.content)
+        assert snapshot() == before and Event.objects.count() == events, (who, method, template, theirs.content)
     if names_ids:
         nowhere = _call(token, method, template, dict.fromkeys(world.ids, MISSING), world)
         same = (theirs.status_code, theirs.json().get("error", {}).get("code") if theirs.status_code >= 400 else None)
@@ -311,7 +299,7 @@ def test_a_writer_session_token_cannot_execute_another_sessions_approved_intent(
     intent_id = world.ids["intent_id"]
     assert WriteIntent.objects.get(id=intent_id).state == IntentState.APPROVED
     current = Artifact.objects.get(id=world.ids["artifact_id"]).current_version_id
-    before, events = rows(), Event.objects.count()
+    before, events = snapshot(), Event.objects.count()
     resp = world.other.post(f"/write-intents/{intent_id}/execute")
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", resp.content
     for verb in ("approve", "reject", "revoke-approval"):
@@ -332,9 +320,9 @@ def test_a_writer_session_token_cannot_execute_another_sessions_approved_intent(
         "params": {"version_id": world.ids["version_id"]}, "before_fingerprint": state["before_fingerprint"]})
     assert taken.status_code == 409 and taken.json()["error"]["code"] == "idempotency_key_reused", taken.content
     assert "intent_id" not in taken.json()["error"]["details"]
-    before, events = rows(), Event.objects.count()
+    before, events = snapshot(), Event.objects.count()
     assert world.other.post(f"/write-intents/{intent_id}/execute").status_code == 404  # given the artifact, not the intent
-    assert rows() == before and Event.objects.count() == events
+    assert snapshot() == before and Event.objects.count() == events
     intent = WriteIntent.objects.get(id=intent_id)
     assert intent.state == IntentState.APPROVED and intent.executed_at is None
     assert Artifact.objects.get(id=world.ids["artifact_id"]).current_version_id == current
@@ -418,7 +406,7 @@ def test_frozen_inputs_name_an_artifact_only_with_its_versions_fingerprint(proje
     world = build(project)
     o = Session.objects.get(tokens__name="other-writer")
     ok(world.other.post(f"/runs/{_other_run(world)}/end", {"outcome": "completed"}))
-    before, events = rows(), Event.objects.count()
+    before, events = snapshot(), Event.objects.count()
     for frozen, code, field in [
         ([{"artifact_id": world.ids["artifact_id"]}], "validation_error", "frozen_inputs[0].fingerprint"),
         ([{"kind": "note"}, {"artifact_id": "7", "fingerprint": "sha256:" + "0" * 64}], "validation_error",
@@ -428,7 +416,7 @@ def test_frozen_inputs_name_an_artifact_only_with_its_versions_fingerprint(proje
         resp = world.other.post(f"/sessions/{o.id}/runs", {"frozen_inputs": frozen})
         assert resp.status_code == 422 and resp.json()["error"]["code"] == code, resp.content
         assert resp.json()["error"]["details"].get("field") == field
-        assert rows() == before and Event.objects.count() == events
+        assert snapshot() == before and Event.objects.count() == events
     assert world.other.get(f"/artifacts/{world.ids['artifact_id']}").status_code == 404
     assert world.other.get(f"/artifact-versions/{world.ids['version_id']}").status_code == 404
     # free-form items stay free-form
@@ -441,12 +429,12 @@ def test_a_bound_token_opens_a_gate_only_on_a_version_it_reaches(project):
     with the candidate's fingerprint, and gave the token that version's content."""
     world = build(project)
     o = Session.objects.get(tokens__name="other-writer")
-    before, events = rows(), Event.objects.count()
+    before, events = snapshot(), Event.objects.count()
     for version_id in (world.ids["version_id"], 10**9):  # another session's, and none: the same answer
         resp = world.other.post(f"/sessions/{o.id}/review-gates",
                                 {"candidate_version_id": version_id, "rubric": RUBRIC, "route": "agent"})
         assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", resp.content
-        assert rows() == before and Event.objects.count() == events
+        assert snapshot() == before and Event.objects.count() == events
     assert world.other.get(f"/artifact-versions/{world.ids['version_id']}").status_code == 404
     mine = ok(world.other.post("/artifacts", {"name": "own", "content": "own text"}), 201)
     gate = ok(world.other.post(f"/sessions/{o.id}/review-gates", {
@@ -462,14 +450,14 @@ def test_a_bound_token_cites_only_its_own_sessions_write_intents_in_approvals(pr
     run_id = _other_run(world)
     cp = {"boundary": "context_freeze", "cursor": {"step": 1}, "approvals": [{"write_intent_id": world.ids["intent_id"]}]}
     body = cp if path == "checkpoints" else {"items": [{"kind": "checkpoint", "checkpoint": cp}]}
-    before, events = rows(), Event.objects.count()
+    before, events = snapshot(), Event.objects.count()
     answers = []
     for intent_id in (world.ids["intent_id"], 10**9):  # another session's, and none: the same answer
         cp["approvals"] = [{"write_intent_id": intent_id}]
         resp = world.other.post(f"/runs/{run_id}/{path}", body)
         assert resp.status_code == 422, resp.content
         answers.append(resp.json()["error"]["code"])
-        assert rows() == before and Event.objects.count() == events
+        assert snapshot() == before and Event.objects.count() == events
     assert answers == ["validation_error", "validation_error"]
     assert world.other.get(f"/write-intents/{world.ids['intent_id']}").status_code == 404
     # its own session's intent resolves
@@ -596,13 +584,6 @@ NEW_SESSION = {"role": "writer", "memory_policy": "bounded", "task_mode": "draft
 OPEN = {"role": "semantic_reviewer", "memory_policy": "none", "task_mode": "drafting", "capabilities": ["review"]}
 
 
-def refused(resp, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, resp.content
-    err = resp.json()["error"]
-    assert err["code"] == code, resp.content
-    return err
-
-
 def bound_writers(project) -> dict[str, Api]:
     """Tokens bound to R (with ``write`` now) and to O (with and without ``project``)."""
     r = Session.objects.get(tokens__name="reviewer")
@@ -617,10 +598,10 @@ def bound_writers(project) -> dict[str, Api]:
 def test_a_bound_token_creates_no_session(project):
     world = build(project)
     for who, token in bound_writers(project).items():
-        before, events = rows(), Event.objects.count()
+        before, events = snapshot(), Event.objects.count()
         err = refused(token.post("/sessions", NEW_SESSION), 403, "forbidden")
         assert "bound to a session" in err["message"], who
-        assert rows() == before and Event.objects.count() == events, who
+        assert snapshot() == before and Event.objects.count() == events, who
     # the unbound project token creates sessions, with their first runtime
     made = ok(world.owner.post("/sessions", NEW_SESSION), 201)
     assert made["runtime_id"] and Session.objects.filter(id=made["id"]).exists()
@@ -637,9 +618,9 @@ def test_a_bound_token_opens_no_graph_thread_whether_the_id_is_unused_or_taken(p
     for who, token in bound_writers(project).items():
         answers = []
         for thread in ("never-used", THREAD):
-            before, events = rows(), Event.objects.count()
+            before, events = snapshot(), Event.objects.count()
             answers.append(refused(token.post(route, {**body, "thread_id": thread}), 403, "forbidden")["message"])
-            assert rows() == before and Event.objects.count() == events, (who, thread)
+            assert snapshot() == before and Event.objects.count() == events, (who, thread)
         assert answers[0] == answers[1], who
     # W's own token still writes to its own thread with an open spec (it opens nothing)
     if route.endswith("writes"):
@@ -656,10 +637,10 @@ def test_a_thread_id_taken_out_of_reach_answers_as_a_missing_thread(project, mon
     owner = Caller(label="test:owner", project_ids=frozenset({project.id}), permissions=frozenset(ALL_PERMISSIONS),
                    project=project)
     monkeypatch.setattr(graphs, "find_thread", lambda caller, thread_id: None)  # the thread is out of its reach
-    before, events = rows(), Event.objects.count()
+    before, events = snapshot(), Event.objects.count()
     with pytest.raises(NotFound):
         graphs.open_thread(owner, THREAD, graphs.ThreadSpec())
-    assert rows() == before and Event.objects.count() == events
+    assert snapshot() == before and Event.objects.count() == events
 
 
 # ---- a bound token learns nothing of other sessions from refusals and reports --------------------
@@ -687,10 +668,10 @@ def test_naming_reviewer_sessions_gets_one_refusal_for_every_session_that_is_not
 
     answers = set()
     for sid in (MISSING, world.ids["session_id"], memory.id, retired.id, elsewhere.id):
-        before, events = rows(), Event.objects.count()
+        before, events = snapshot(), Event.objects.count()
         err = refused(gate(sid), 422, "validation_error")
         answers.add((err["message"], tuple(sorted(err["details"].items()))))
-        assert rows() == before and Event.objects.count() == events, sid
+        assert snapshot() == before and Event.objects.count() == events, sid
     assert answers == {(next(iter(answers))[0], (("field", "reviewer_session_ids[0]"),))}
     # its own session is within its reach, and named as such
     refused(gate(o.id), 403, "independence_violation")

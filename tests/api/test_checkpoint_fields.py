@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from novelforge_sessions.routers import api
-from tests.api.test_body_rules import refused, written
+from tests.support.responses import refused
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -21,7 +22,7 @@ def test_authority_refs_are_typed_and_only_a_well_typed_difference_is_stale(proj
     current = {"authority_version": project.authority_version, "lock_fingerprint": project.lock_fingerprint,
                "framework_version": project.framework_version}
     body = {"boundary": "context_freeze", "cursor": {"step": "s"}}
-    before = written()
+    before = snapshot()
     for authority, field in (({"authority_version": True}, "authority.authority_version"),
                              ({"authority_version": "1"}, "authority.authority_version"),
                              ({"authority_version": 1.5}, "authority.authority_version"),
@@ -40,7 +41,7 @@ def test_authority_refs_are_typed_and_only_a_well_typed_difference_is_stale(proj
     assert err["details"]["differences"] == {"authority_version": {"stated": 2, "current": 1}}
     item = {"kind": "checkpoint", "checkpoint": {**body, "authority": {"framework_version": "2"}}}
     refused(owner.post(f"/runs/{run_id}/batch", {"items": [item]}), 409, "stale_authority")
-    assert written() == before
+    assert snapshot() == before
     for authority in (current, {"authority_version": 1.0}, {}):
         resp = owner.post(f"/runs/{run_id}/checkpoints", {**body, "authority": authority})
         assert resp.status_code == 201, resp.content
@@ -50,14 +51,14 @@ def test_authority_refs_are_typed_and_only_a_well_typed_difference_is_stale(proj
 def test_schema_version_is_the_servers_and_refused_as_an_unknown_field(owner, new_session):
     run_id = new_session(run=True)["run"]["id"]
     body = {"boundary": "context_freeze", "cursor": {"step": "s"}}
-    before = written()
+    before = snapshot()
     for value in ("x", 999, 1):
         err = refused(owner.post(f"/runs/{run_id}/checkpoints", {**body, "schema_version": value}),
                       422, "validation_error", "schema_version")
         assert "schema_version" not in err["details"]["allowed"]
         item = {"kind": "checkpoint", "checkpoint": {**body, "schema_version": value}}
         refused(owner.post(f"/runs/{run_id}/batch", {"items": [item]}), 422, "validation_error", "items[0].schema_version")
-    assert written() == before
+    assert snapshot() == before
     declared = api.get_openapi_schema()["components"]["schemas"]["CheckpointIn"]["properties"]
     assert "schema_version" not in declared
     resp = owner.post(f"/runs/{run_id}/checkpoints", body)

@@ -6,13 +6,11 @@ same key, other body → 409 ``idempotency_key_reused``; either way nothing more
 """
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from novelforge_sessions.models import Checkpoint, Event, Run
-from tests.conftest import Api
+from tests.support.factories import Api
+from tests.support.races import oks, race
 
 CP = {"boundary": "context_freeze", "cursor": {"step": 1}, "idempotency_key": "step-1/attempt"}
 
@@ -84,25 +82,12 @@ def test_a_batch_item_with_a_key_is_refused_not_silently_dropped(owner, new_sess
 def test_racing_retries_with_one_key_write_exactly_one_checkpoint(owner, new_session):
     run_id = new_session(run=True)["run"]["id"]
     n = 8
-    barrier = threading.Barrier(n)
-    answers: list[tuple[int, int]] = []
-    lock = threading.Lock()
 
-    def retry() -> None:
-        api = Api(owner.token)
-        try:
-            barrier.wait()
-            resp = api.post(f"/runs/{run_id}/checkpoints", CP)
-            with lock:
-                answers.append((resp.status_code, resp.json()["id"]))
-        finally:
-            connection.close()
+    def retry(_: int) -> tuple[int, int]:
+        resp = Api(owner.token).post(f"/runs/{run_id}/checkpoints", CP)
+        return resp.status_code, resp.json()["id"]
 
-    threads = [threading.Thread(target=retry) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    answers = oks(race(retry, n))
     assert sorted(code for code, _ in answers) == [200] * (n - 1) + [201]
     assert len({cid for _, cid in answers}) == 1
     assert _written(run_id) == (1, 1, 1)

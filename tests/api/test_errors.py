@@ -5,22 +5,15 @@ import pytest
 
 from novelforge_sessions.models import Event, Run, Session
 
-from tests.conftest import SESSION
+from tests.support.factories import SESSION
+from tests.support.responses import refused
 
 pytestmark = pytest.mark.django_db
 
 
-def assert_error(resp, status: int, code: str) -> dict:
-    assert resp.status_code == status, resp.content
-    body = resp.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}
-    assert body["error"]["code"] == code and body["error"]["message"]
-    return body["error"]
-
-
 @pytest.mark.parametrize("raw", ["{bad", "[1,2", "\x00\x01", '{"role": "writer",}', "null]"])
 def test_malformed_json_is_400(owner, raw):
-    assert_error(owner.post("/sessions", raw=raw), 400, "malformed_body")
+    refused(owner.post("/sessions", raw=raw), 400, "malformed_body")
     assert Session.objects.count() == 0
 
 
@@ -42,19 +35,19 @@ def test_malformed_json_is_400(owner, raw):
     ],
 )
 def test_validation_errors_name_the_field(owner, body, field):
-    err = assert_error(owner.post("/sessions", body), 422, "validation_error")
+    err = refused(owner.post("/sessions", body), 422, "validation_error")
     assert err["details"]["field"] == field
     assert Session.objects.count() == 0
 
 
 def test_wrong_types_in_path_and_query_are_422(owner):
-    assert_error(owner.get("/sessions/abc"), 422, "validation_error")
-    assert_error(owner.get("/sessions", limit="many"), 422, "validation_error")
+    refused(owner.get("/sessions/abc"), 422, "validation_error")
+    refused(owner.get("/sessions", limit="many"), 422, "validation_error")
 
 
 def test_unknown_transition_target_is_422(owner, new_session):
     s = new_session()
-    err = assert_error(owner.post(f"/sessions/{s['id']}/transition", {"to": "paused"}), 422, "validation_error")
+    err = refused(owner.post(f"/sessions/{s['id']}/transition", {"to": "paused"}), 422, "validation_error")
     assert err["details"]["field"] == "to"
 
 
@@ -84,10 +77,10 @@ def test_bad_inputs_never_500(owner, new_session):
 # ---- found by the schema fuzz (tests/api/test_fuzz.py) ------------------------------------------
 def test_a_method_a_path_does_not_serve_is_405_in_the_one_shape(owner):
     resp = owner.client.put("/api/v1/sessions", "{}", content_type="application/json", **owner._headers())
-    err = assert_error(resp, 405, "method_not_allowed")
+    err = refused(resp, 405, "method_not_allowed")
     assert err["details"]["allowed"] == ["GET", "POST"]
     assert resp["Allow"] == "GET, POST" and resp["Content-Type"].startswith("application/json")
-    assert_error(owner.delete("/project"), 405, "method_not_allowed")
+    refused(owner.delete("/project"), 405, "method_not_allowed")
 
 
 @pytest.mark.parametrize(
@@ -105,7 +98,7 @@ def test_json_values_are_not_coerced_into_the_declared_type(owner, new_session, 
     (`60.0` is the integer 60 to JSON Schema, so an integer field takes it: see below.)"""
     s = new_session()
     events = Event.objects.count()
-    err = assert_error(owner.post(f"/sessions/{s['id']}{path}", raw=raw), 422, "validation_error")
+    err = refused(owner.post(f"/sessions/{s['id']}{path}", raw=raw), 422, "validation_error")
     assert err["details"]["field"] == field
     assert Event.objects.count() == events
 
@@ -132,21 +125,21 @@ def test_an_integral_number_is_the_integer_json_schema_says_it_is(owner, new_ses
 def test_text_postgres_cannot_store_is_422_not_500(owner, new_session, path, raw, field):
     s = new_session(attach=False)
     events = Event.objects.count()
-    err = assert_error(owner.post(f"/sessions/{s['id']}{path}", raw=raw), 422, "validation_error")
+    err = refused(owner.post(f"/sessions/{s['id']}{path}", raw=raw), 422, "validation_error")
     assert err["details"]["field"] == field
     assert Event.objects.count() == events
 
 
 def test_a_nul_in_a_query_filter_is_422_not_500(owner, new_session):
     new_session()
-    assert assert_error(owner.get("/events", type="a\x00b"), 422, "validation_error")["details"]["field"] == "type"
-    assert assert_error(owner.get("/sessions", role="\x00"), 422, "validation_error")["details"]["field"] == "role"
+    assert refused(owner.get("/events", type="a\x00b"), 422, "validation_error")["details"]["field"] == "type"
+    assert refused(owner.get("/sessions", role="\x00"), 422, "validation_error")["details"]["field"] == "role"
 
 
 def test_a_close_reason_longer_than_the_runtime_end_reason_is_422_not_500(owner, new_session):
     """The reason is stored as the runtime's end_reason (64 characters): the schema says so."""
     s = new_session(run=True)
-    err = assert_error(owner.post(f"/sessions/{s['id']}/close", {"reason": "x" * 65}), 422, "validation_error")
+    err = refused(owner.post(f"/sessions/{s['id']}/close", {"reason": "x" * 65}), 422, "validation_error")
     assert err["details"]["field"] == "reason"
     assert Session.objects.get(id=s["id"]).status == "running"
     closed = owner.post(f"/sessions/{s['id']}/close", {"reason": "x" * 64})
@@ -157,7 +150,7 @@ def test_a_body_nested_too_deep_to_store_is_400_not_500(owner, new_session):
     """~900 levels still parse, but could not be re-encoded for storage (a RecursionError)."""
     s = new_session(run=True)
     deep = "[" * 900 + "]" * 900
-    err = assert_error(owner.post(f"/runs/{s['run']['id']}/cursor", raw='{"cursor": {"a": %s}}' % deep),
+    err = refused(owner.post(f"/runs/{s['run']['id']}/cursor", raw='{"cursor": {"a": %s}}' % deep),
                        400, "malformed_body")
     assert err["details"] == {"max_depth": 100}
     assert Run.objects.get(id=s["run"]["id"]).cursor == {"step": "start"}
@@ -168,7 +161,7 @@ def test_a_path_no_api_route_serves_is_404_in_the_one_shape(owner, path):
     for resp in (owner.client.get(path, **owner._headers()),
                  owner.client.post(path, "{}", content_type="application/json", **owner._headers())):
         assert resp["Content-Type"].startswith("application/json")
-        assert assert_error(resp, 404, "not_found")["details"]["path"] == resp.wsgi_request.path
+        assert refused(resp, 404, "not_found")["details"]["path"] == resp.wsgi_request.path
 
 
 def test_query_values_postgres_cannot_take_are_answered_not_500(owner, new_session):
@@ -182,11 +175,11 @@ def test_query_values_postgres_cannot_take_are_answered_not_500(owner, new_sessi
     assert owner.get("/events", session_id=s["id"]).json()["items"]  # a real one still filters
     for metadata, field in (('{"a": "\\u0000"}', "metadata.a"), ('{"\\u0000": 1}', "metadata"),
                             ('{"a": "\\ud800"}', "metadata.a")):
-        err = assert_error(owner.get("/graph-threads/checkpoints", thread_id="t", metadata=metadata), 422,
+        err = refused(owner.get("/graph-threads/checkpoints", thread_id="t", metadata=metadata), 422,
                            "validation_error")
         assert err["details"]["field"].startswith(field), err
     events = Event.objects.count()
     resp = owner.client.get("/api/v1/sessions?" + "&".join(["a=1"] * 1001), **owner._headers())
-    err = assert_error(resp, 400, "http_error")
+    err = refused(resp, 400, "http_error")
     assert "too many query parameters" in err["message"]
     assert Event.objects.count() == events

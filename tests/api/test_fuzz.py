@@ -40,7 +40,7 @@ from novelforge_sessions.actions.tokens import ALL_PERMISSIONS
 from novelforge_sessions.actions.transcript import append_transcript
 from novelforge_sessions.models import ApiToken, Project, Session
 from reviews import actions as review_actions
-from tests.conftest import caller_for, make_project
+from tests.support.factories import caller_for, make_project
 
 # Fixed raw tokens (only their hashes are stored, per test): the auth provider below can then
 # hand them to schemathesis, which leaves them off when it tests a missing/garbled credential.

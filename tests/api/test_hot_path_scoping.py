@@ -10,7 +10,7 @@ import pytest
 from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.models import Checkpoint, Event, Session
 
-from tests.conftest import Api
+from tests.support.factories import Api
 
 pytestmark = pytest.mark.django_db
 

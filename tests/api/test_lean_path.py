@@ -11,7 +11,7 @@ import pytest
 
 from novelforge_sessions.apikit.auth import caller_for_token  # noqa: F401 (the app is configured)
 
-from tests.live import DaphneServer
+from tests.support.servers import DaphneServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -87,7 +87,7 @@ def test_a_lean_thread_keeps_its_connection_across_requests_and_drops_one_the_se
 
     from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
     from novelforge_sessions.api.asgi import LeanApiApplication
-    from tests.live import database_url
+    from tests.support.servers import database_url
 
     _, raw = create_token(project, name="held", permissions=ALL_PERMISSIONS)
     app = LeanApiApplication(fallback=None)
@@ -118,7 +118,7 @@ def test_a_served_lean_path_survives_its_backends_being_terminated(project):
     from django.db import connection
 
     from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
-    from tests.live import database_url
+    from tests.support.servers import database_url
 
     _, raw = create_token(project, name="terminated", permissions=ALL_PERMISSIONS)
     server = DaphneServer(extra_env={"API_THREADS": "2", "LIVE_SWEEP_SECONDS": "3600"})

@@ -15,12 +15,13 @@ import re
 from typing import Any
 
 import pytest
-from django.apps import apps
 
 from novelforge_sessions.routers import api
 from novelforge_sessions.models import Event
-from tests.conftest import Api
+from tests.support.factories import Api
 from tests.reviews.factories import agent_reviewer, agent_verdict, make_world
+from tests.support.responses import refused
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -33,23 +34,6 @@ def raw_with(body: Any, literal: str) -> str:
     text = json.dumps(body)
     assert f'"{BAD}"' in text
     return text.replace(f'"{BAD}"', literal)
-
-
-def row_counts() -> dict[str, int]:
-    """Rows of every model of the project's own apps (a refusal must leave all unchanged)."""
-    return {
-        m._meta.label: m.objects.count()
-        for app in ("novelforge_sessions", "control", "reviews") for m in apps.get_app_config(app).get_models()
-    }
-
-
-def assert_refused(resp, field: str, literal: str) -> None:
-    assert resp.status_code == 422, resp.content
-    err = resp.json()["error"]
-    assert err["code"] == "validation_error", err
-    assert err["details"]["field"] == field, err
-    assert err["details"]["value"] == literal, err
-    assert "finite" in err["message"]
 
 
 @pytest.mark.parametrize("literal", CONSTANTS)
@@ -69,16 +53,18 @@ def test_the_routes_the_issue_names_refuse_non_finite_numbers_by_field(owner, ne
         (f"/runs/{run_id}/handoffs", {"logical_id": "job-nan", "params": {"threshold": BAD}}, "params.threshold"),
         (f"/runs/{run_id}/handoffs", {"logical_id": "job-nan", "timeout_seconds": BAD}, "timeout_seconds"),
     ]
-    before = row_counts()
+    before = snapshot()
     for path, body, field in cases:
-        assert_refused(owner.post(path, raw=raw_with(body, literal)), field, literal)
-    assert row_counts() == before
+        refused(owner.post(path, raw=raw_with(body, literal)),
+                422, "validation_error", field, details_has={"value": literal}, message="finite")
+    assert snapshot() == before
 
 
 @pytest.mark.parametrize("literal", CONSTANTS)
 def test_a_bare_non_finite_body_is_refused_as_the_body(owner, literal):
     events = Event.objects.count()
-    assert_refused(owner.post("/sessions", raw=literal), "body", literal)
+    refused(owner.post("/sessions", raw=literal),
+            422, "validation_error", "body", details_has={"value": literal}, message="finite")
     assert Event.objects.count() == events
 
 
@@ -121,7 +107,7 @@ def test_every_operation_with_a_body_refuses_non_finite_numbers(project, owner, 
     reviewer, reviewer_api = agent_reviewer(project)
     claimed = reviewer_api.post("/review-packets/claim", {"worker": "w"})
     assert claimed.status_code == 200, claimed.content
-    before = row_counts()
+    before = snapshot()
     for method, path, field in BODY_OPERATIONS:
         client = reviewer_api if path.startswith("/api/v1/review-packets") else owner
         url = re.sub(r"\{packet_id\}", str(gate.packet.id), path)
@@ -129,8 +115,8 @@ def test_every_operation_with_a_body_refuses_non_finite_numbers(project, owner, 
         raw = raw_with({field: BAD}, literal)
         resp = client.client.generic(method, url, raw, content_type="application/json", **client._headers())
         assert resp.status_code < 500, (method, path, resp.content)
-        assert_refused(resp, field, literal)
-    assert row_counts() == before
+        refused(resp, 422, "validation_error", field, details_has={"value": literal}, message="finite")
+    assert snapshot() == before
 
 
 @pytest.mark.parametrize("literal", CONSTANTS)
@@ -142,10 +128,10 @@ def test_a_verdict_with_a_non_finite_score_names_the_score(project, literal):
     assert reviewer_api.post("/review-packets/claim", {"worker": "w"}).status_code == 200
     body = agent_verdict(gate)
     body["scores"]["pacing"] = BAD
-    before = row_counts()
+    before = snapshot()
     resp = reviewer_api.post(f"/review-packets/{gate.packet.id}/verdicts", raw=raw_with(body, literal))
-    assert_refused(resp, "scores.pacing", literal)
-    assert row_counts() == before
+    refused(resp, 422, "validation_error", "scores.pacing", details_has={"value": literal}, message="finite")
+    assert snapshot() == before
 
 
 def test_finite_numbers_still_pass(owner, new_session):
@@ -166,13 +152,13 @@ def test_the_reviewer_page_paste_back_refuses_non_finite_numbers(project):
     client = Client()
     client.force_login(world.users["alice"])
     body = {**{k: v for k, v in agent_verdict(gate).items() if k != "fencing_token"}, "confidence": BAD}
-    before = row_counts()
+    before = snapshot()
     resp = client.post(f"/reviews/packets/{gate.packet.id}/relay/", {"answer": raw_with(body, "NaN")})
     assert resp.status_code == 422, resp.status_code
     assert b"confidence" in resp.content and b"finite" in resp.content
-    assert row_counts() == before and Verdict.objects.count() == 0
+    assert snapshot() == before and Verdict.objects.count() == 0
 
 
 def test_an_api_client_sees_the_refusal_shape(owner):
     resp = Api(owner.token).post("/sessions", raw='{"provider_metadata": {"a": NaN}}')
-    assert_refused(resp, "provider_metadata.a", "NaN")
+    refused(resp, 422, "validation_error", "provider_metadata.a", details_has={"value": "NaN"}, message="finite")

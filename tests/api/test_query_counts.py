@@ -33,7 +33,7 @@ def test_a_session_bound_checkpoint_resolves_its_refs_within_its_reach_in_the_sa
     subquery of the one artifact check, so the count is the unbound token's."""
     from novelforge_sessions.actions.tokens import create_token
     from novelforge_sessions.models import Session
-    from tests.conftest import Api
+    from tests.support.factories import Api
 
     s = new_session(run=True)
     bound = Api(create_token(project, name="bound", permissions=["read", "write"], session=Session.objects.get(id=s["id"]))[1])

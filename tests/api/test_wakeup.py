@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -16,11 +15,9 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from novelforge_sessions import events
 from novelforge_sessions.control.checkpoints import record_checkpoint
-from novelforge_sessions.actions.runs import start_run
-from novelforge_sessions.actions.runtimes import RuntimeSpec
-from novelforge_sessions.actions.sessions import NewSession, create_session, transition_session
+from novelforge_sessions.actions.sessions import transition_session
 from novelforge_sessions.models import Event
-from tests.conftest import caller_for, make_project
+from tests.support.factories import make_project, running_session
 
 # transaction=True: the wake-up runs from on_commit, which only fires on a real commit.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,16 +25,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
+#: the session the tests wake: a writer on a drafting runtime, its run at step "start"
+WRITER = {"runtime_family": "claude-code", "capabilities": ["draft"], "cursor": {"step": "start"}}
+
+
 class OtherProcessLayer(InMemoryChannelLayer):
     """Stands in for channels_redis: a layer whose listeners this process cannot see."""
-
-
-def _running_session(project) -> tuple[Any, int, int]:
-    who = caller_for(project)
-    spec = NewSession(role="writer", memory_policy="bounded", task_mode="drafting", runtime_family="claude-code")
-    session = create_session(who, spec, runtime=RuntimeSpec(runtime_family="claude-code", capabilities=["draft"]))
-    run = start_run(who, session.id, cursor={"step": "start"})
-    return who, session.id, run.id
 
 
 def _count_sends(layer, monkeypatch) -> list[str]:
@@ -63,7 +56,8 @@ def _receive(layer, channel: str) -> dict:
 def test_a_listener_in_this_process_gets_the_wakeup_with_the_last_id(settings, monkeypatch):
     settings.CHANNEL_LAYERS = IN_MEMORY
     project = make_project("heard")
-    who, session_id, run_id = _running_session(project)
+    s = running_session(project, **WRITER)
+    who, session_id, run_id = s.caller, s.id, s.started_run.id
     layer = get_channel_layer()
     sent = _count_sends(layer, monkeypatch)
     listener = async_to_sync(layer.new_channel)()
@@ -84,7 +78,8 @@ def test_a_listener_in_this_process_gets_the_wakeup_with_the_last_id(settings, m
 def test_no_listener_for_the_project_in_this_process_skips_the_send(settings, monkeypatch):
     settings.CHANNEL_LAYERS = IN_MEMORY
     quiet, busy = make_project("quiet"), make_project("busy")
-    who, session_id, run_id = _running_session(quiet)
+    s = running_session(quiet, **WRITER)
+    who, session_id, run_id = s.caller, s.id, s.started_run.id
     layer = get_channel_layer()
     sent = _count_sends(layer, monkeypatch)
     # Someone listens, but to another project's group: this project's group stays empty.
@@ -107,7 +102,8 @@ def test_no_listener_for_the_project_in_this_process_skips_the_send(settings, mo
 def test_a_layer_other_than_the_in_memory_one_always_gets_the_send(settings, monkeypatch):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.OtherProcessLayer"}}
     project = make_project("elsewhere")
-    who, _, run_id = _running_session(project)
+    s = running_session(project, **WRITER)
+    who, _, run_id = s.caller, s.id, s.started_run.id
     layer = get_channel_layer()
     assert type(layer) is OtherProcessLayer
     sent = _count_sends(layer, monkeypatch)
@@ -119,7 +115,8 @@ def test_a_layer_other_than_the_in_memory_one_always_gets_the_send(settings, mon
 def test_local_hubs_are_woken_directly_and_any_other_member_still_gets_the_group_message(settings, monkeypatch):
     settings.CHANNEL_LAYERS = IN_MEMORY
     project = make_project("direct")
-    who, session_id, run_id = _running_session(project)
+    s = running_session(project, **WRITER)
+    who, session_id, run_id = s.caller, s.id, s.started_run.id
     layer = get_channel_layer()
     sent = _count_sends(layer, monkeypatch)
     hub = async_to_sync(layer.new_channel)()
@@ -149,7 +146,8 @@ def test_sends_through_another_layer_run_on_one_long_lived_loop(settings, monkey
     one sender loop, and the writer returns after its send has gone out."""
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.OtherProcessLayer"}}
     project = make_project("one-loop")
-    who, session_id, run_id = _running_session(project)
+    s = running_session(project, **WRITER)
+    who, session_id, run_id = s.caller, s.id, s.started_run.id
     layer = get_channel_layer()
     seen: list[tuple[str, int]] = []
     real = layer.group_send
@@ -169,7 +167,8 @@ def test_a_send_that_hangs_does_not_hold_the_writer_past_the_timeout(settings, m
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": f"{__name__}.OtherProcessLayer"}}
     monkeypatch.setattr(events, "SEND_TIMEOUT_SECONDS", 0.2)
     project = make_project("hangs")
-    who, _, run_id = _running_session(project)
+    s = running_session(project, **WRITER)
+    who, _, run_id = s.caller, s.id, s.started_run.id
     layer = get_channel_layer()
 
     async def never(group: str, message: dict) -> None:

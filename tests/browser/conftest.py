@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.live import DaphneServer
+from tests.support.servers import DaphneServer
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # sync Playwright + ORM in one test
 

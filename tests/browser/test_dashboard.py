@@ -18,7 +18,7 @@ from novelforge_sessions.actions.runtimes import RuntimeSpec, reconcile_expired_
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.models import Membership
 from tests.browser.conftest import login, screenshot
-from tests.conftest import SESSION, caller_for, make_project
+from tests.support.factories import SESSION, caller_for, make_project
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -26,8 +26,8 @@ from novelforge_sessions.actions import runs, sessions
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.models import Event, Membership, RuntimeAttachment, Session
 from tests.browser.conftest import login, screenshot
-from tests.conftest import caller_for, make_project
-from tests.live import ROOT, DaphneServer, database_url
+from tests.support.factories import caller_for, make_project
+from tests.support.servers import ROOT, DaphneServer, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -24,7 +24,7 @@ from novelforge_sessions.errors import ConflictingResult
 from novelforge_sessions.models import Event, Membership, RuntimeAttachment
 from tests.browser.a11y import assert_no_serious_a11y_violations
 from tests.browser.conftest import login, screenshot
-from tests.conftest import caller_for, make_project
+from tests.support.factories import caller_for, make_project
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

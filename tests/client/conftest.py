@@ -6,7 +6,7 @@ import pytest
 
 from novelforge_sessions.actions.tokens import create_token
 
-from tests.live import DaphneServer
+from tests.support.servers import DaphneServer
 
 
 @pytest.fixture(scope="package")

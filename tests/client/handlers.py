@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
+
+from tests.support.waits import wait_until
 
 
 def make_effect(job):
@@ -17,9 +18,5 @@ def wait_for_release(job):
     """Block until the file named in the job's params exists (the test's signal), then finish."""
     release = Path(job.handoff.params["release"])
     Path(job.handoff.params["started"]).write_text(str(os.getpid()))
-    deadline = time.monotonic() + 60
-    while not release.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError("never released")
-        time.sleep(0.05)
+    wait_until(release.exists, "the test to release the job", timeout=60, error=TimeoutError)
     return make_effect(job)

@@ -20,8 +20,8 @@ from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.transcript import append_transcript
 from novelforge_sessions.models import Event
 
-from tests.conftest import caller_for
-from tests.live import ROOT, DaphneServer, free_port
+from tests.support.factories import caller_for
+from tests.support.servers import ROOT, DaphneServer, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,7 @@ from novelforge_sessions.management.commands.load_demo import demo_token
 from novelforge_sessions.models import RuntimeAttachment, Session
 from reviews.models import Verdict
 
-from tests.live import ROOT, database_url
+from tests.support.servers import ROOT, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

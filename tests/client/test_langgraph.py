@@ -31,7 +31,7 @@ from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.control.models import GraphCheckpoint, GraphThread
 from novelforge_sessions.models import Artifact, Checkpoint, Run, RuntimeAttachment, Session
 from reviews.models import ReviewGate
-from tests.live import DaphneServer
+from tests.support.servers import DaphneServer
 from tests.reviews.factories import CHAPTER, RUBRIC, agent_reviewer, agent_verdict
 
 pytestmark = pytest.mark.django_db(transaction=True)

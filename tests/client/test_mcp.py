@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -33,7 +32,8 @@ from novelforge_sessions.control.models import ConsumeReceipt
 from novelforge_sessions.models import ApiToken, Checkpoint, Run, RuntimeAttachment, Session
 from reviews.models import ReviewGate
 from tests.client.proxy import DroppingProxy
-from tests.live import DaphneServer, free_port
+from tests.support.servers import DaphneServer, free_port
+from tests.support.waits import wait_until
 from tests.reviews.factories import CHAPTER, RUBRIC, agent_reviewer, agent_verdict
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,17 +60,19 @@ def stdio(backend: DaphneServer | DroppingProxy, token: str) -> StdioServerParam
     return StdioServerParameters(command=sys.executable, args=["-m", "novelforge_client.mcp_server"], env=env, cwd="/")
 
 
-async def ok(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+async def tool_ok(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """A tool call that succeeds: its structured result."""
     result = await client.call_tool(tool, arguments)
     assert not result.is_error, (tool, result.content)
     return result.structured_content
 
 
-async def refused(client: Client, tool: str, code: str, **arguments: Any) -> dict[str, Any]:
+async def tool_refused(client: Client, tool: str, code: str, **arguments: Any) -> dict[str, Any]:
+    """A tool call that fails with the client's typed error (the API's error shape plus its HTTP status)."""
     result = await client.call_tool(tool, arguments)
     assert result.is_error, (tool, result.structured_content)
     error = result.structured_content["error"]
-    assert error["code"] == code, error
+    assert set(error) == {"code", "status", "message", "details"} and error["code"] == code, error
     assert code in result.content[0].text  # the text a model reads names the code too
     return error
 
@@ -88,46 +90,49 @@ def test_tools_are_listed_with_input_schemas_and_a_whole_session_runs_through_th
             assert listed["checkpoint"].input_schema["required"] == ["run_id", "boundary", "cursor"]
             assert "context_freeze" in listed["checkpoint"].input_schema["properties"]["boundary"]["enum"]
 
-            assert (await ok(c, "whoami"))["slug"] == project.slug
-            s = await ok(c, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
-                         runtime_family="claude-code", capabilities=["draft"], lease_seconds=120)
+            assert (await tool_ok(c, "whoami"))["slug"] == project.slug
+            s = await tool_ok(c, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
+                              runtime_family="claude-code", capabilities=["draft"], lease_seconds=120)
             sid, rid = s["id"], s["runtime_id"]
-            run = await ok(c, "start_run", session_id=sid, cursor={"step": "outline"})
-            art = await ok(c, "create_artifact", name="chapter-3", content=CHAPTER, kind="chapter")
-            cp = await ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": "draft"},
-                          artifacts=[{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}])
-            job = await ok(c, "hand_off", run_id=run["id"], logical_id="chapter-3/continuity", params={"check": "names"},
-                           result_schema={"ok": "boolean"}, required_capabilities=["continuity"])
-            assert (await ok(c, "get_session", session_id=sid))["status"] == "awaiting_external"
-            claimed = (await ok(c, "claim_work", worker="mcp-worker", capabilities=["continuity"]))["handoff"]
+            run = await tool_ok(c, "start_run", session_id=sid, cursor={"step": "outline"})
+            art = await tool_ok(c, "create_artifact", name="chapter-3", content=CHAPTER, kind="chapter")
+            cp = await tool_ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": "draft"},
+                               artifacts=[{"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}])
+            job = await tool_ok(c, "hand_off", run_id=run["id"], logical_id="chapter-3/continuity",
+                                params={"check": "names"}, result_schema={"ok": "boolean"},
+                                required_capabilities=["continuity"])
+            assert (await tool_ok(c, "get_session", session_id=sid))["status"] == "awaiting_external"
+            claimed = (await tool_ok(c, "claim_work", worker="mcp-worker", capabilities=["continuity"]))["handoff"]
             assert claimed["id"] == job["id"]
-            delivered = await ok(c, "deliver_result", handoff_id=job["id"], fencing_token=claimed["fencing_token"],
-                                 job_fingerprint=job["job_fingerprint"], result={"ok": True})
+            delivered = await tool_ok(c, "deliver_result", handoff_id=job["id"], fencing_token=claimed["fencing_token"],
+                                      job_fingerprint=job["job_fingerprint"], result={"ok": True})
             assert delivered["outcome"] == "consumed" and delivered["session_status"] == "running"
-            assert (await ok(c, "heartbeat", runtime_id=rid))["abort_requested"] is False
+            assert (await tool_ok(c, "heartbeat", runtime_id=rid))["abort_requested"] is False
 
-            gate = await ok(c, "open_review_gate", session_id=sid, candidate_version_id=art["current_version_id"],
-                            rubric=RUBRIC, route="agent", reviewer_session_ids=[reviewer_session.id])
-            await refused(c, "wait_for_verdict", "timeout", gate_id=gate["id"], timeout_seconds=0.3)
+            gate = await tool_ok(c, "open_review_gate", session_id=sid, candidate_version_id=art["current_version_id"],
+                                 rubric=RUBRIC, route="agent", reviewer_session_ids=[reviewer_session.id])
+            await tool_refused(c, "wait_for_verdict", "timeout", gate_id=gate["id"], timeout_seconds=0.3)
             # The reviewer binds its verdict through the API, as its own session.
             g = await asyncio.to_thread(ReviewGate.objects.select_related("packet").get, id=gate["id"])
             lease = (await asyncio.to_thread(reviewer.post, "/review-packets/claim")).json()["lease"]
             bound = await asyncio.to_thread(reviewer.post, f"/review-packets/{g.packet.id}/verdicts",
                                             agent_verdict(g, lease["fencing_token"], decision="pass"))
             assert bound.status_code == 201, bound.content
-            verdict = await ok(c, "wait_for_verdict", gate_id=gate["id"])
+            verdict = await tool_ok(c, "wait_for_verdict", gate_id=gate["id"])
             assert verdict["state"] == "complete" and verdict["verdicts"][0]["decision"] == "pass"
 
-            wait = await ok(c, "checkpoint", run_id=run["id"], boundary="before_canon_settlement",
-                            cursor={"step": "settle"}, pending={"gates": [{"gate_id": gate["id"]}]})
+            wait = await tool_ok(c, "checkpoint", run_id=run["id"], boundary="before_canon_settlement",
+                                 cursor={"step": "settle"}, pending={"gates": [{"gate_id": gate["id"]}]})
             # The host restarts: its runtime ends; a new one resumes with the report.
-            await ok(c, "close_session", session_id=sid, reason="host restart")
-            dry = await ok(c, "resume_session", session_id=sid, runtime_family="claude-code", dry_run=True)
+            await tool_ok(c, "close_session", session_id=sid, reason="host restart")
+            dry = await tool_ok(c, "resume_session", session_id=sid, runtime_family="claude-code", dry_run=True)
             assert dry["ok"] and dry["dry_run"] and dry["runtime_id"] is None
-            report = await ok(c, "resume_session", session_id=sid, runtime_family="claude-code", capabilities=["draft"])
+            report = await tool_ok(c, "resume_session", session_id=sid, runtime_family="claude-code",
+                                   capabilities=["draft"])
             assert report["ok"] and report["checkpoint_id"] == wait["id"] and report["generation"] == 2
             assert {st["step"] for st in report["steps"]} >= {"load", "authority", "artifacts", "reviews", "consumed"}
-            ended = await ok(c, "end_run", run_id=report["run_id"], outcome="completed", session_status="completed")
+            ended = await tool_ok(c, "end_run", run_id=report["run_id"], outcome="completed",
+                                  session_status="completed")
             return {"sid": sid, "cp": cp["id"], "run2": report["run_id"], "ended": ended}
 
     out = asyncio.run(scenario())
@@ -146,21 +151,21 @@ def test_refusals_are_tool_errors_with_the_code_and_the_tokens_scope_holds(mcp_b
 
     async def scenario() -> None:
         async with Client(stdio(mcp_backend, writer)) as c:
-            s = await ok(c, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
-                         runtime_family="codex")
-            run = await ok(c, "start_run", session_id=s["id"])
-            err = await refused(c, "start_run", "open_run_exists", session_id=s["id"])
+            s = await tool_ok(c, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
+                              runtime_family="codex")
+            run = await tool_ok(c, "start_run", session_id=s["id"])
+            err = await tool_refused(c, "start_run", "open_run_exists", session_id=s["id"])
             assert err["status"] == 409 and err["details"]["run_id"] == run["id"]
-            await refused(c, "checkpoint", "checkpoint_not_bounded", run_id=run["id"], boundary="user_wait",
-                          cursor={"messages": [{"role": "user", "content": "hi"}]})
-            await refused(c, "get_session", "not_found", session_id=987654321)
-            await refused(c, "claim_work", "forbidden", worker="w")  # this token has no `work` permission
+            await tool_refused(c, "checkpoint", "checkpoint_not_bounded", run_id=run["id"], boundary="user_wait",
+                               cursor={"messages": [{"role": "user", "content": "hi"}]})
+            await tool_refused(c, "get_session", "not_found", session_id=987654321)
+            await tool_refused(c, "claim_work", "forbidden", worker="w")  # this token has no `work` permission
             invalid = await c.call_tool("checkpoint", {"run_id": run["id"], "boundary": "whenever", "cursor": {}})
             assert invalid.is_error and "boundary" in invalid.content[0].text  # the input schema refuses it
         async with Client(stdio(mcp_backend, reader)) as c:
-            assert (await ok(c, "get_session", session_id=s["id"]))["status"] == "running"
-            err = await refused(c, "open_session", "forbidden", role="writer", memory_policy="bounded",
-                                task_mode="drafting", runtime_family="codex")
+            assert (await tool_ok(c, "get_session", session_id=s["id"]))["status"] == "running"
+            err = await tool_refused(c, "open_session", "forbidden", role="writer", memory_policy="bounded",
+                                     task_mode="drafting", runtime_family="codex")
             assert err["status"] == 403 and err["details"]["permission"] == "write"
 
     before = Session.objects.count()
@@ -180,18 +185,18 @@ def test_the_checkpoint_tool_acts_through_one_client_and_a_retried_or_repeated_c
 
     async def scenario() -> tuple[int, list[dict[str, Any]]]:
         async with Client(stdio(proxy, token)) as c:
-            s = await ok(c, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
-                         runtime_family="claude-code")
-            run = await ok(c, "start_run", session_id=s["id"])
-            first = await ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 1})
+            s = await tool_ok(c, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
+                              runtime_family="claude-code")
+            run = await tool_ok(c, "start_run", session_id=s["id"])
+            first = await tool_ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 1})
             proxy.drop_responses = 1  # lost after the server committed: the client retries it
-            second = await ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 2})
-            keyed = await ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 3},
-                             idempotency_key="host-step-3")
-            repeated = await ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 3},
-                                idempotency_key="host-step-3")
-            await refused(c, "checkpoint", "idempotency_key_reused", run_id=run["id"], boundary="context_freeze",
-                          cursor={"step": 4}, idempotency_key="host-step-3")
+            second = await tool_ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 2})
+            keyed = await tool_ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 3},
+                                  idempotency_key="host-step-3")
+            repeated = await tool_ok(c, "checkpoint", run_id=run["id"], boundary="context_freeze", cursor={"step": 3},
+                                     idempotency_key="host-step-3")
+            await tool_refused(c, "checkpoint", "idempotency_key_reused", run_id=run["id"], boundary="context_freeze",
+                               cursor={"step": 4}, idempotency_key="host-step-3")
             return run["id"], [first, second, keyed, repeated]
 
     try:
@@ -221,15 +226,9 @@ class HttpServer:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "novelforge_client.mcp_server", "--transport", "streamable-http", "--port",
                  str(self.port)], cwd="/", env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:  # wait until it accepts connections (or exited)
-            assert self.proc.poll() is None, self.log()[-2000:]
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                assert time.monotonic() < deadline, "the MCP server did not listen"
-                time.sleep(0.1)
+        wait_until(lambda: socket.create_connection(("127.0.0.1", self.port), timeout=1).close() or True,
+                   "the MCP server to listen", timeout=60, ignore=(OSError,),
+                   fail=lambda: None if self.proc.poll() is None else self.log()[-2000:])
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
@@ -323,23 +322,23 @@ def test_over_http_each_client_acts_with_its_own_token_and_sees_only_its_scope(m
     async def scenario() -> None:
         async with mcp_http.client(token_a) as a, mcp_http.client(token_b) as b:
             assert {t.name for t in (await a.list_tools()).tools} == TOOLS
-            assert (await ok(a, "whoami"))["slug"] == project.slug
-            assert (await ok(a, "get_session", session_id=mine["id"]))["id"] == mine["id"]
-            assert (await ok(b, "get_session", session_id=theirs["id"]))["id"] == theirs["id"]
-            await refused(a, "get_session", "not_found", session_id=theirs["id"])
-            await refused(b, "get_session", "not_found", session_id=mine["id"])
-            await refused(a, "close_session", "not_found", session_id=theirs["id"])
-            await refused(b, "close_session", "not_found", session_id=mine["id"])
+            assert (await tool_ok(a, "whoami"))["slug"] == project.slug
+            assert (await tool_ok(a, "get_session", session_id=mine["id"]))["id"] == mine["id"]
+            assert (await tool_ok(b, "get_session", session_id=theirs["id"]))["id"] == theirs["id"]
+            await tool_refused(a, "get_session", "not_found", session_id=theirs["id"])
+            await tool_refused(b, "get_session", "not_found", session_id=mine["id"])
+            await tool_refused(a, "close_session", "not_found", session_id=theirs["id"])
+            await tool_refused(b, "close_session", "not_found", session_id=mine["id"])
             # Interleaved on one server process, the scopes stay apart.
-            results = await asyncio.gather(*(ok(c, "get_session", session_id=sid)
+            results = await asyncio.gather(*(tool_ok(c, "get_session", session_id=sid)
                                              for c, sid in [(a, mine["id"]), (b, theirs["id"])] * 3))
             assert [r["id"] for r in results] == [mine["id"], theirs["id"]] * 3
             # Each call is the service's to authorize: B's token revoked, B's next call is refused at
             # once (whatever the MCP layer remembers of its verification), A carries on.
             await asyncio.to_thread(ApiToken.objects.filter(name="mcp-b").update, revoked_at=timezone.now())
-            await refused(b, "get_session", "unauthorized", session_id=theirs["id"])
-            await refused(b, "close_session", "unauthorized", session_id=theirs["id"])
-            assert (await ok(a, "get_session", session_id=mine["id"]))["id"] == mine["id"]
+            await tool_refused(b, "get_session", "unauthorized", session_id=theirs["id"])
+            await tool_refused(b, "close_session", "unauthorized", session_id=theirs["id"])
+            assert (await tool_ok(a, "get_session", session_id=mine["id"]))["id"] == mine["id"]
 
     asyncio.run(scenario())
     for sid in (mine["id"], theirs["id"]):  # neither close went through
@@ -367,16 +366,16 @@ def test_over_http_a_tool_call_has_the_presented_tokens_permissions(mcp_http, pr
 
     async def scenario() -> int:
         async with mcp_http.client(reader) as r, mcp_http.client(writer) as w:
-            err = await refused(r, "open_session", "forbidden", role="writer", memory_policy="bounded",
-                                task_mode="drafting", runtime_family="codex")
+            err = await tool_refused(r, "open_session", "forbidden", role="writer", memory_policy="bounded",
+                                     task_mode="drafting", runtime_family="codex")
             assert err["status"] == 403 and err["details"]["permission"] == "write"
-            await refused(r, "start_run", "forbidden", session_id=1)
-            s = await ok(w, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
-                         runtime_family="codex")
-            assert (await ok(r, "get_session", session_id=s["id"]))["status"] == "created"
-            await refused(r, "close_session", "forbidden", session_id=s["id"])
+            await tool_refused(r, "start_run", "forbidden", session_id=1)
+            s = await tool_ok(w, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
+                              runtime_family="codex")
+            assert (await tool_ok(r, "get_session", session_id=s["id"]))["status"] == "created"
+            await tool_refused(r, "close_session", "forbidden", session_id=s["id"])
             # The writer's runtime is fenced by its own client: the reader never attached it.
-            await ok(w, "start_run", session_id=s["id"])
+            await tool_ok(w, "start_run", session_id=s["id"])
             return s["id"]
 
     sid = asyncio.run(scenario())

@@ -15,21 +15,12 @@ from novelforge_client import AsyncClient, Client
 from novelforge_client import errors as E
 from novelforge_sessions.actions.runtimes import reconcile_expired_runtimes
 from novelforge_sessions.models import RuntimeAttachment
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LEASE = 2  # seconds (the API takes ≥ 1; 2 leaves a loaded machine room for a slow beat)
 WRITER = dict(role="writer", memory_policy="bounded", task_mode="drafting", runtime_family="cli")
-
-
-def wait_for(predicate, *, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _in_thread(fn):
@@ -62,7 +53,7 @@ def test_sync_lease_heartbeats_past_two_lease_periods_and_detaches(server, token
     with nf.runtime(s.id, "cli", lease_seconds=LEASE) as rt:
         assert rt.runtime is not None and rt.runtime.lease_seconds == LEASE
         seen: list = []
-        wait_for(lambda: _heartbeats_span_two_leases(rt.id, seen), what="heartbeats over two lease periods")
+        wait_until(lambda: _heartbeats_span_two_leases(rt.id, seen), "heartbeats over two lease periods")
         assert len(set(seen)) >= 3 and rt.beats >= 3 and not rt.lost.is_set()
         run = nf.start_run(s.id, cursor={"step": "still-alive"})  # the runtime is live: writes work
         nf.end_run(run.id, "completed")
@@ -80,7 +71,7 @@ def test_sync_lease_honours_abort_and_loss(server, token):
         run = nf.start_run(s.id, cursor={"step": "long"})
         Client(server.url, token).abort(s.id, "a manager said stop", runtime_id=s.runtime_id)
         assert rt.abort_requested.wait(timeout=30)
-        wait_for(lambda: aborts, what="on_abort")
+        wait_until(lambda: aborts, "on_abort")
         assert len(aborts) == 1 and aborts[0].open_run_id == run.id
         nf.end_run(run.id, "aborted")
         # the lease runs out in the database and the reconciler marks the runtime lost

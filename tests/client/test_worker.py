@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -20,8 +19,9 @@ from novelforge_sessions.control.models import ConsumeReceipt, Handoff, ResultDe
 from novelforge_sessions.lifecycles import HandoffState
 from novelforge_sessions.models import Artifact
 
-from tests.conftest import caller_for
-from tests.live import ROOT
+from tests.support.factories import caller_for
+from tests.support.servers import ROOT
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,19 +49,12 @@ def _worker(server, token: str, capability: str, handler: str, name: str) -> sub
     )
 
 
-def _wait(predicate, what: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def test_competing_worker_processes_run_each_handoff_exactly_once(server, project):
     _, token = create_token(project, name="workers", permissions=["read", "write", "work"])
     jobs = _jobs(project, 12, "lint")
     procs = [_worker(server, token, "lint", "make_effect", f"w{i}") for i in range(3)]
     try:
-        _wait(lambda: ConsumeReceipt.objects.count() == len(jobs), "every result consumed")
+        wait_until(lambda: ConsumeReceipt.objects.count() == len(jobs), "every result consumed", timeout=90)
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -83,7 +76,7 @@ def test_sigterm_finishes_and_delivers_the_current_job_then_claims_nothing(serve
     jobs = _jobs(project, 2, "slow", params={"release": str(release), "started": str(started)})
     proc = _worker(server, token, "slow", "wait_for_release", "w-slow")
     try:
-        _wait(started.exists, "the first job to start")
+        wait_until(started.exists, "the first job to start", timeout=90)
         proc.send_signal(signal.SIGTERM)  # mid-job
         release.write_text("go")
         out, err = proc.communicate(timeout=60)

@@ -6,7 +6,8 @@ from typing import Any
 import pytest
 
 from novelforge_sessions.actions.tokens import create_token
-from tests.conftest import Api
+from tests.support.factories import Api
+from tests.support.responses import ok
 
 
 def token_api(project, name: str, permissions: list[str], session_id: int | None = None) -> Api:
@@ -33,18 +34,6 @@ def writer(project) -> Api:
 def manager(project) -> Api:
     """A manager's token: reads and approves; cannot write."""
     return token_api(project, "manager", ["read", "approve"])
-
-
-def ok(resp, status: int = 200) -> Any:
-    assert resp.status_code == status, resp.content
-    return resp.json()
-
-
-def refused(resp, status: int, code: str) -> dict:
-    assert resp.status_code == status, resp.content
-    body = resp.json()
-    assert body["error"]["code"] == code, body
-    return body["error"]
 
 
 def make_artifact(api: Api, name: str = "chapter-1", content: str = "It was a dark night.") -> dict:

@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from novelforge_sessions.models import Event, RuntimeAttachment, Session
-from tests.control.conftest import ok, refused
+from tests.support.responses import ok, refused
 from tests.control.test_resume_control import approve_and_execute, checkpoint, close, resume
 from tests.control.test_write_intents import before
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from novelforge_sessions.models import Event, Membership, Session
-from tests.control.conftest import claim, deliver, make_handoff, ok, refused
+from tests.control.conftest import claim, deliver, make_handoff
+from tests.support.responses import ok, refused
 from tests.control.test_resume_control import checkpoint, close, resume
 from tests.dashboard.conftest import logged_in, make_user
 

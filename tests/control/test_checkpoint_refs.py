@@ -9,25 +9,23 @@ from __future__ import annotations
 import pytest
 
 from novelforge_sessions.control.models import Approval, WriteIntent
-from novelforge_sessions.models import Checkpoint, Event
-from tests.control.conftest import make_artifact, make_handoff, ok, refused
+from novelforge_sessions.models import Checkpoint
+from tests.control.conftest import make_artifact, make_handoff
+from tests.support.responses import ok, refused
 from tests.control.test_resume_control import _approved_intent, approve_and_execute, checkpoint, close, refused_at, resume
 from tests.control.test_write_intents import before
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
 BODY = {"boundary": "before_consequential_write", "cursor": {"step": "publish"}}
 
 
-def counts() -> tuple[int, int]:
-    return Checkpoint.objects.count(), Event.objects.count()
-
-
 def refused_ref(api, run_id: int, field: str, **body) -> dict:
-    before_counts = counts()
+    before_counts = snapshot()
     err = refused(api.post(f"/runs/{run_id}/checkpoints", {**BODY, **body}), 422, "validation_error")
     assert err["details"]["field"] == field, err
-    assert counts() == before_counts
+    assert snapshot() == before_counts
     return err
 
 
@@ -176,9 +174,9 @@ def test_an_approval_that_stood_goes_stale_when_authority_moves(owner, manager, 
 
 def test_a_transcript_under_other_key_names_is_refused_over_the_api_and_nothing_is_written(owner, running):
     run_id = running["run"]["id"]
-    before_counts = counts()
+    before_counts = snapshot()
     turns = [{"who": "user", "said": "draft the storm scene please"}, {"who": "assistant", "said": "Here it is, in full."}]
     err = refused(owner.post(f"/runs/{run_id}/checkpoints", {**BODY, "cursor": {"step": "x", "recent": turns}}),
                   422, "checkpoint_not_bounded")
     assert err["details"]["path"] == "$.cursor.recent"
-    assert counts() == before_counts
+    assert snapshot() == before_counts

@@ -29,8 +29,9 @@ from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.models import Event
 from reviews import actions as review_actions
 from reviews.models import ReviewAssignment
-from tests.conftest import caller_for, make_project
-from tests.live import database_url
+from tests.support.factories import caller_for, make_project
+from tests.support.servers import database_url
+from tests.support.waits import wait_until
 from tests.reviews.factories import RUBRIC, add_writer, agent_reviewer, citing, make_world, orchestrator
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,14 +47,10 @@ def holding_ordering_lock(session_id: int) -> Iterator[psycopg.Connection]:
 
 def wait_for_waiters(session_id: int, count: int) -> None:
     with psycopg.connect(database_url(), autocommit=True) as conn:
-        for _ in range(3000):
-            waiting = conn.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s "
-                "AND NOT granted", [events.ORDER_LOCK_NS, events.order_lock_key(session_id)]).fetchone()[0]
-            if waiting >= count:
-                return
-            threading.Event().wait(0.01)
-    raise AssertionError(f"{count} claimers never queued on session {session_id}'s ordering lock")
+        wait_until(lambda: conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s "
+            "AND NOT granted", [events.ORDER_LOCK_NS, events.order_lock_key(session_id)]).fetchone()[0] >= count,
+            f"{count} claimers to queue on session {session_id}'s ordering lock", timeout=30, interval=0.01)
 
 
 def claim_while_queued(session_id: int, claims: list[Callable[[], Any]]) -> list[Any]:

@@ -10,8 +10,10 @@ from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.control import bindings, handoffs
 from novelforge_sessions.control.models import Handoff, ResultDelivery
 from novelforge_sessions.models import Checkpoint, Event, TranscriptEntry
-from tests.conftest import SESSION
-from tests.control.conftest import claim, make_artifact, ok, refused
+from tests.support.factories import SESSION
+from tests.control.conftest import claim, make_artifact
+from tests.support.responses import ok, refused
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -239,15 +241,6 @@ BYTE_BOUNDS_TESTED_ELSEWHERE = {
 }
 
 
-def written() -> tuple[int, ...]:
-    from novelforge_sessions.control.models import GraphCheckpoint, ResultDelivery
-    from novelforge_sessions.models import Run, RuntimeAttachment, Session
-
-    return (Session.objects.count(), RuntimeAttachment.objects.count(), Run.objects.count(),
-            Checkpoint.objects.count(), Handoff.objects.count(), ResultDelivery.objects.count(),
-            GraphCheckpoint.objects.count(), Event.objects.count())
-
-
 def test_every_declared_byte_bound_is_proven_here_or_elsewhere():
     from tests.api.declared import byte_bounds
 
@@ -266,7 +259,7 @@ def test_a_value_is_accepted_at_its_declared_byte_bound_and_refused_one_byte_ove
     limit = dict(byte_bounds())[where]
     component, path, body, field = BYTE_CASES[where](owner, new_session, limit + over)
     assert declared_valid(component, body) is not over
-    before = written()
+    before = snapshot()
     resp = owner.post(path, body)
     if not over:
         assert resp.status_code in (200, 201), resp.content
@@ -277,7 +270,7 @@ def test_a_value_is_accepted_at_its_declared_byte_bound_and_refused_one_byte_ove
     assert error["code"] == ("checkpoint_not_bounded" if field is None else "validation_error"), error
     assert error["details"].get("field") == field, error
     assert error["details"].get("limit", limit) == limit
-    assert written() == before
+    assert snapshot() == before
 
 
 def test_write_intent_params_over_their_bytes_are_refused(owner):

@@ -6,7 +6,6 @@ artifacts; refusals are typed and write nothing; the first puts of one thread ra
 from __future__ import annotations
 
 import base64
-import threading
 from typing import Any
 
 import pytest
@@ -14,10 +13,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from novelforge_sessions.control import graphs
-from novelforge_sessions.control.models import GraphBlob, GraphBlobChunk, GraphCheckpoint, GraphThread, GraphWrite
-from novelforge_sessions.models import Artifact, Checkpoint, Event, Run, Session
-from tests.conftest import Api
-from tests.control.conftest import ok, refused, token_api
+from novelforge_sessions.control.models import GraphBlobChunk, GraphCheckpoint, GraphThread, GraphWrite
+from novelforge_sessions.models import Artifact, Checkpoint, Run, Session
+from tests.support.factories import Api
+from tests.control.conftest import token_api
+from tests.support.races import oks, race
+from tests.support.responses import assert_refused, ok, refused
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -40,12 +42,6 @@ def put_body(thread: str = "t-1", cp: str = "0001", parent: str | None = None, *
     if open_:
         body["open"] = {"task_mode": "drafting"}
     return body
-
-
-def counts() -> tuple[int, ...]:
-    return (Session.objects.count(), Run.objects.count(), Checkpoint.objects.count(), GraphThread.objects.count(),
-            GraphCheckpoint.objects.count(), GraphWrite.objects.count(), GraphBlob.objects.count(),
-            Artifact.objects.count(), Event.objects.count())
 
 
 def get(api: Api, **params: Any) -> list[dict[str, Any]]:
@@ -86,10 +82,10 @@ def test_a_retried_put_returns_the_first_and_a_different_one_under_the_same_id_i
     first = ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"a": "x"})), 201)
     again = ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"a": "x"})), 200)
     assert again["record_id"] == first["record_id"] and again["created"] is False
-    before = counts()
+    before = snapshot()
     err = refused(writer.post("/graph-threads/checkpoints", put_body(blobs={"a": "y"})), 409, "graph_checkpoint_conflict")
     assert err["details"]["checkpoint_id"] == "0001"
-    assert counts() == before
+    assert snapshot() == before
 
 
 @pytest.mark.parametrize(("change", "field"), [
@@ -100,25 +96,24 @@ def test_a_retried_put_returns_the_first_and_a_different_one_under_the_same_id_i
     ({"checkpoint_id": ""}, "checkpoint_id"),
 ])
 def test_invalid_puts_are_422_naming_the_field_and_write_nothing(writer, change, field):
-    before = counts()
+    before = snapshot()
     err = refused(writer.post("/graph-threads/checkpoints", {**put_body(), **change}), 422, "validation_error")
     assert field in str(err["details"]) or field in err["message"], err
-    assert counts() == before
+    assert snapshot() == before
 
 
 def test_an_unknown_thread_without_open_is_404_and_a_reader_is_403(writer, reader):
-    before = counts()
+    before = snapshot()
     refused(writer.post("/graph-threads/checkpoints", put_body(open_=False)), 404, "not_found")
     refused(reader.post("/graph-threads/checkpoints", put_body()), 403, "forbidden")
-    assert counts() == before
+    assert snapshot() == before
 
 
 def test_a_session_without_an_open_run_refuses_the_put_until_resumed(writer):
     out = ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
     ok(writer.post(f"/sessions/{out['session_id']}/close", {}))
-    before = counts()
-    refused(writer.post("/graph-threads/checkpoints", put_body(cp="0002", parent="0001")), 409, "no_open_run")
-    assert counts() == before
+    assert_refused(lambda: writer.post("/graph-threads/checkpoints", put_body(cp="0002", parent="0001")),
+                   409, "no_open_run")
     report = ok(writer.post(f"/sessions/{out['session_id']}/resume", {"runtime": {"runtime_family": "langgraph"}}))
     assert report["ok"] and report["checkpoint_id"] == out["record_id"]
     second = ok(writer.post("/graph-threads/checkpoints", put_body(cp="0002", parent="0001")), 201)
@@ -132,12 +127,12 @@ def test_a_put_after_the_thread_s_lease_ran_out_is_refused_and_stores_nothing(wr
 
     out = ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"draft": "text"})), 201)
     expire(out["session_id"])
-    before = counts()
+    before = snapshot()
     err = refused(writer.post("/graph-threads/checkpoints",
                               put_body(cp="0002", parent="0001", versions={"draft": 2}, blobs={"draft": "new text"})),
                   409, "no_live_runtime")
     assert err["details"] == {"session_id": out["session_id"], "status": "running"}
-    assert counts() == before
+    assert snapshot() == before
 
 
 def test_writes_are_stored_once_per_task_and_index_and_special_channels_keep_the_latest(writer):
@@ -204,28 +199,13 @@ def test_delete_closes_the_runtime_and_forgets_the_session(writer):
 @pytest.mark.django_db(transaction=True)
 def test_eight_threads_racing_to_open_one_graph_thread_make_one_session(project):
     api_token = token_api(project, "writer", ["read", "write"]).token
-    start = threading.Barrier(8, timeout=30)
-    results: list[int] = []
-    errors: list[BaseException] = []
 
-    def first_put(i: int) -> None:
-        try:
-            api = Api(api_token)
-            start.wait()
-            resp = api.post("/graph-threads/checkpoints", put_body("shared", f"000{i}"))
-            assert resp.status_code == 201, resp.content
-            results.append(resp.json()["session_id"])
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
+    def first_put(i: int) -> int:
+        resp = Api(api_token).post("/graph-threads/checkpoints", put_body("shared", f"000{i}"))
+        assert resp.status_code == 201, resp.content
+        return resp.json()["session_id"]
 
-    workers = [threading.Thread(target=first_put, args=(i,)) for i in range(8)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=60)
-    assert errors == []
+    results = oks(race(first_put, 8))
     assert len(results) == 8 and len(set(results)) == 1
     assert Session.objects.count() == 1 and GraphThread.objects.count() == 1
     assert GraphCheckpoint.objects.count() == 8 and Run.objects.count() == 1
@@ -240,12 +220,12 @@ def test_query_strings_postgresql_cannot_hold_are_422_not_500(writer):
 
 def test_a_write_index_beyond_a_database_integer_is_422(writer):
     ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
-    before = counts()
+    before = snapshot()
     err = refused(writer.post("/graph-threads/writes", {
         "thread_id": "t-1", "checkpoint_id": "0001", "task_id": "t",
         "writes": [{"idx": 2**40, "channel": "c", "value": blob("w")}]}), 422, "validation_error")
     assert "idx" in str(err)
-    assert counts() == before
+    assert snapshot() == before
 
 
 def test_a_thread_s_bound_token_cites_a_blob_another_thread_stored_first(project, writer):
@@ -280,7 +260,7 @@ def test_a_channel_version_is_accepted_exactly_when_the_schema_declares_it_valid
     assert valid is (isinstance(version, (int, float)) and -(2**63) <= version < 2**63
                      or isinstance(version, str) and len(version) <= 98 and version.isascii()
                      and version.isprintable() and not {'"', "\\"} & set(version))
-    before = counts()
+    before = snapshot()
     resp = writer.post("/graph-threads/checkpoints", body)
     if valid:
         assert resp.status_code == 201, resp.content
@@ -290,7 +270,7 @@ def test_a_channel_version_is_accepted_exactly_when_the_schema_declares_it_valid
     else:
         err = refused(resp, 422, "validation_error")
         assert err["details"]["field"] in ("blobs[0].version", "checkpoint.channel_versions.messages"), err
-        assert counts() == before
+        assert snapshot() == before
 
 
 def test_checkpoint_channel_versions_are_declared_as_checked(writer):
@@ -300,9 +280,7 @@ def test_checkpoint_channel_versions_are_declared_as_checked(writer):
         body = put_body()
         body["checkpoint"]["channel_versions"] = versions
         assert not declared_valid("GraphPutIn", body)
-        before = counts()
-        refused(writer.post("/graph-threads/checkpoints", body), 422, "validation_error")
-        assert counts() == before
+        assert_refused(lambda: writer.post("/graph-threads/checkpoints", body), 422, "validation_error")
 
 
 BAD_OPEN = {"task_mode": "drafting", "capabilities": ["", "NOT A NAME"], "lease_seconds": 1}
@@ -325,10 +303,10 @@ def test_the_open_spec_is_checked_on_every_call_not_only_when_it_opens_the_threa
     for thread in ("t-1", "t-new"):  # an existing thread, and one the call would open
         bad = {**body, "thread_id": thread, "open": BAD_OPEN}
         assert not declared_valid(component, bad)
-        before = counts()
+        before = snapshot()
         err = refused(writer.post(f"/graph-threads/{route}", bad), 422, "validation_error")
         assert err["details"]["field"] == "open.capabilities", err
-        assert counts() == before
+        assert snapshot() == before
     for spec, field in (({"task_mode": "Not A Mode"}, "open.task_mode"),
                         ({"runtime_family": "x y"}, "open.runtime_family")):
         bad = {**body, "open": spec}
@@ -431,11 +409,11 @@ def test_chunks_that_do_not_make_their_fingerprint_are_refused_and_nothing_is_ke
         sent[0]["count"] = 3
     else:
         sent[0]["data"] = "QQ=="  # valid alone, but padding in the middle of the joined text
-    before = counts()
+    before = snapshot()
     assert ok(writer.post("/graph-blobs", sent[0]))["complete"] is False
     err = refused(writer.post("/graph-blobs", sent[1]), 422, "graph_blob_mismatch")
     assert err["details"]["fingerprint"] == fp
-    assert counts() == before and not Artifact.objects.filter(name="blob:" + fp).exists()
+    assert snapshot() == before and not Artifact.objects.filter(name="blob:" + fp).exists()
     assert not GraphBlobChunk.objects.exists()  # a fresh upload starts clean
     assert [a["complete"] for a in upload(writer, fp, chunks)] == [False, True]  # …and then succeeds
 
@@ -465,26 +443,23 @@ def test_a_value_named_by_an_unknown_fingerprint_is_409_and_nothing_is_written(w
         body = {"thread_id": "t-1", "checkpoint_id": "0001", "task_id": "t",
                 "writes": [{"idx": 0, "channel": "b", "value": blob("a new inline value")},
                            {"idx": 1, "channel": "a", "fingerprint": unknown}]}
-    before = counts()
+    before = snapshot()
     err = refused(writer.post(f"/graph-threads/{route}", body), 409, "graph_blob_missing")
     assert err["details"]["missing"] == [unknown]
-    assert counts() == before  # not even the inline value of the refused request
+    assert snapshot() == before  # not even the inline value of the refused request
 
 
 @pytest.mark.parametrize("entry", [{}, {"value": blob("v"), "fingerprint": "sha256:" + "0" * 64}])
 def test_a_value_is_inline_or_by_fingerprint_never_both_nor_neither(writer, entry):
     body = put_body(versions={"a": 1})
     body["blobs"] = [{"channel": "a", "version": 1, **entry}]
-    before = counts()
-    refused(writer.post("/graph-threads/checkpoints", body), 422, "validation_error")
-    assert counts() == before
+    assert_refused(lambda: writer.post("/graph-threads/checkpoints", body), 422, "validation_error")
 
 
 @pytest.mark.django_db(transaction=True)
 def test_eight_writers_uploading_one_blob_s_chunks_at_once_store_it_once(project):
     """The chunks of one fingerprint are staged one writer at a time: whichever lands last sees
     all of them and stores the blob; every other answer is an incomplete or complete upload."""
-    from tests.sessions.test_concurrency import race
 
     api_token = token_api(project, "writer", ["read", "write"]).token
     fp, chunks = chunked("eight pieces of one value " * 300, 8)
@@ -523,7 +498,6 @@ def test_an_abandoned_upload_s_chunks_are_dropped_when_a_later_upload_starts(wri
 
 @pytest.mark.django_db(transaction=True)
 def test_sixteen_concurrent_retries_of_one_put_store_one_checkpoint(project):
-    from tests.sessions.test_concurrency import race
 
     api_token = token_api(project, "writer", ["read", "write"]).token
     opened = Api(api_token).post("/graph-threads/checkpoints", put_body("retried", "0001", blobs={"messages": "hi"}))

@@ -3,19 +3,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from novelforge_sessions.control import handoffs as actions
 from novelforge_sessions.errors import HandoffNotClaimable
 from novelforge_sessions.control.models import Handoff, ResultDelivery
 from novelforge_sessions.models import Event, Run, Session
-from tests.conftest import caller_for, make_project
-from tests.control.conftest import Statements, claim, deliver, make_handoff, ok, refused
+from tests.support.factories import caller_for, make_project
+from tests.control.conftest import Statements, claim, deliver, make_handoff
+from tests.support.races import oks, race
+from tests.support.responses import ok, refused
 
 pytestmark = pytest.mark.django_db
 
@@ -249,27 +249,10 @@ def test_two_racing_claims_leave_one_holder():
         s = create_session(who, NewSession("writer", "bounded", "drafting", "codex"), runtime=RuntimeSpec("codex"))
         run = start_run(who, s.id)
         h = actions.create_handoff(who, run.id, logical_id=f"race-{i}").handoff
-        barrier = threading.Barrier(2)
-        got: list = []
-        errors: list = []
-
-        def racer(name: str) -> None:
-            try:
-                barrier.wait()
-                got.append((name, actions.claim_handoff(who, worker=name, capabilities=[], handoff_id=h.id)))
-            except HandoffNotClaimable:
-                got.append((name, None))
-            except Exception as exc:  # pragma: no cover - reported below
-                errors.append(exc)
-            finally:
-                connection.close()
-
-        threads = [threading.Thread(target=racer, args=(f"w{n}",)) for n in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == []
+        results = race(lambda n: actions.claim_handoff(who, worker=f"w{n}", capabilities=[], handoff_id=h.id), 2)
+        # the loser is refused as not claimable; nothing else may happen to either
+        assert all(kind == "ok" or value == HandoffNotClaimable.code for kind, value in results), results
+        got = [(f"w{n}", value if kind == "ok" else None) for n, (kind, value) in enumerate(results)]
         winners = [(name, c) for name, c in got if c is not None]
         assert len(winners) == 1
         fresh = Handoff.objects.get(id=h.id)
@@ -291,26 +274,13 @@ def test_a_pool_of_workers_claims_every_queued_handoff_exactly_once(sessions):
         s = create_session(who, NewSession("writer", "bounded", "drafting", "codex"), runtime=RuntimeSpec("codex"))
         run = start_run(who, s.id)
         queued += [actions.create_handoff(who, run.id, logical_id=f"q-{n}-{i}").handoff.id for i in range(24 // sessions)]
-    barrier = threading.Barrier(8, timeout=30)
-    claims: list[tuple[str, int]] = []
-    errors: list[BaseException] = []
+    def work(n: int) -> list[int]:
+        claimed = []
+        while (got := actions.claim_handoff(who, worker=f"w{n}", capabilities=[])) is not None:
+            claimed.append(got.id)
+        return claimed
 
-    def work(name: str) -> None:
-        try:
-            barrier.wait()
-            while (got := actions.claim_handoff(who, worker=name, capabilities=[])) is not None:
-                claims.append((name, got.id))
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=work, args=(f"w{n}",)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    claims = [(f"w{n}", h) for n, ids in enumerate(oks(race(work, 8))) for h in ids]
     assert sorted(h for _, h in claims) == sorted(queued)  # every job once, none twice
     assert set(Handoff.objects.values_list("attempt", "fencing_token", "state")) == {(1, 1, "claimed")}
     holders = dict(Handoff.objects.values_list("id", "lease_holder"))

@@ -14,7 +14,7 @@ from novelforge_sessions.actions.runs import start_run
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.sessions import NewSession, create_session
 from novelforge_sessions.actions.tokens import create_token
-from tests.conftest import Api, caller_for, make_project
+from tests.support.factories import Api, caller_for, make_project
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

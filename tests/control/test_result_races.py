@@ -23,7 +23,7 @@ from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import ConsumeReceipt, Handoff, ResultDelivery
 from novelforge_sessions.errors import ServiceError
 from novelforge_sessions.models import Event, Session
-from tests.conftest import caller_for, make_project
+from tests.support.factories import caller_for, make_project
 
 THREADS = 32
 BARRIER_TIMEOUT = 60

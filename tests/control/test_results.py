@@ -7,20 +7,15 @@ from novelforge_sessions.control import results as actions
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import ConsumeReceipt, Handoff, ResultDelivery, ResultValidation
 from novelforge_sessions.models import Event, Run, Session
-from tests.conftest import caller_for
-from tests.control.conftest import Statements, claim, deliver, make_handoff, ok, refused
+from tests.support.factories import caller_for
+from tests.control.conftest import Statements, claim, deliver, make_handoff
+from tests.support.responses import ok, refused
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
 GOOD = {"verdict": "consistent", "notes": ["ok"]}
 OTHER = {"verdict": "inconsistent"}
-
-
-def counts() -> dict[str, int]:
-    return {
-        "deliveries": ResultDelivery.objects.count(), "validations": ResultValidation.objects.count(),
-        "receipts": ConsumeReceipt.objects.count(), "events": Event.objects.count(),
-    }
 
 
 @pytest.fixture
@@ -58,14 +53,15 @@ def test_the_session_waits_until_every_result_of_the_run_is_bound(owner, worker,
 
 def test_the_same_result_again_is_already_consumed_and_adds_only_a_log_row(worker, claimed):
     first = ok(deliver(worker, claimed["handoff"], GOOD))
-    before = counts()
+    before, deliveries = snapshot(exclude=["ResultDelivery"]), ResultDelivery.objects.count()
     again = ok(deliver(worker, claimed["handoff"], GOOD))
     assert again["outcome"] == "already_consumed"
     assert again["receipt"] == first["receipt"]  # the original outcome
     assert again["original"] == {"outcome": "consumed", "delivery_id": first["delivery_id"],
                                  "consumed_at": first["receipt"]["consumed_at"]}
     assert again["delivery_id"] != first["delivery_id"]
-    assert counts() == {**before, "deliveries": before["deliveries"] + 1}  # nothing new but the log row
+    before.assert_unchanged("nothing new but the log row")
+    assert ResultDelivery.objects.count() == deliveries + 1
     dup = ResultDelivery.objects.get(id=again["delivery_id"])
     assert dup.outcome == "already_consumed" and dup.payload is None and dup.result_hash == fingerprint(GOOD)
 
@@ -220,10 +216,9 @@ def test_a_consumed_logical_id_is_never_handed_off_again(owner, worker, claimed,
 
 def test_a_fencing_token_beyond_bigint_is_422_and_logs_nothing(worker, claimed):
     """The token is stored with every delivery (a bigint): refused before anything is written."""
-    before = counts()
-    err = refused(deliver(worker, claimed["handoff"], GOOD, token=2**63), 422, "validation_error")
-    assert err["details"]["field"] == "fencing_token"
-    assert counts() == before
+    before = snapshot()
+    refused(deliver(worker, claimed["handoff"], GOOD, token=2**63), 422, "validation_error", "fencing_token",
+            unchanged=before)
     assert Handoff.objects.get(id=claimed["handoff"]["id"]).state == "claimed"
 
 

@@ -8,17 +8,13 @@ from django.utils import timezone
 
 from novelforge_sessions.actions.runtimes import reconcile_expired_runtimes
 from novelforge_sessions.control.models import (
-    Approval,
-    AuthorityChange,
-    ConsumeReceipt,
     Handoff,
-    ResultDelivery,
-    ResultValidation,
-    WriteIntent,
 )
 from novelforge_sessions.models import Artifact, Checkpoint, Event, Run, RuntimeAttachment, Session
-from tests.control.conftest import claim, deliver, make_artifact, make_handoff, ok, refused
+from tests.control.conftest import claim, deliver, make_artifact, make_handoff
+from tests.support.responses import ok, refused
 from tests.control.test_write_intents import before
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -40,23 +36,9 @@ def close(api, session_id: int) -> None:
     ok(api.post(f"/sessions/{session_id}/close", {}))
 
 
-def snapshot(session_id: int) -> dict:
-    """Row counts of every table resume could touch, and the session row itself."""
-    s = Session.objects.get(id=session_id)
-    return {
-        "session": (s.status, s.version, s.generation, s.run_count, s.open_conflict),
-        **{m.__name__: m.objects.count() for m in (
-            Run, RuntimeAttachment, Checkpoint, Event, Handoff, ResultDelivery, ResultValidation, ConsumeReceipt,
-            WriteIntent, Approval, AuthorityChange, Artifact,
-        )},
-        "open_runs": Run.objects.filter(session_id=session_id, state="open").count(),
-        "handoff_runs": sorted(Handoff.objects.filter(session_id=session_id).values_list("run_id", flat=True)),
-    }
-
-
 def refused_at(api, session_id: int, step: str, repair: str, **body) -> dict:
     """Resume must stop with 409, name exactly ``step`` as failed, and change nothing."""
-    before_state = snapshot(session_id)
+    before_state = snapshot()
     err = refused(resume(api, session_id, **body), 409, "resume_refused")
     report = err["details"]["report"]
     assert [s["step"] for s in report["steps"]] == STEPS
@@ -64,7 +46,7 @@ def refused_at(api, session_id: int, step: str, repair: str, **body) -> dict:
     assert report["repairs"] == [repair]
     failed = next(s for s in report["steps"] if s["step"] == step)
     assert failed["repair"] == repair
-    assert snapshot(session_id) == before_state
+    assert snapshot() == before_state
     return failed
 
 
@@ -99,20 +81,20 @@ def test_resume_revalidates_every_step_then_continues_in_a_new_run_and_generatio
 def test_dry_run_reports_and_changes_nothing(owner, paused):
     sid = paused["session"]["id"]
     close(owner, sid)
-    before_state = snapshot(sid)
+    before_state = snapshot()
     report = ok(resume(owner, sid, dry_run=True))
     assert report["ok"] is True and report["dry_run"] is True and report["run_id"] is None
     assert [s["step"] for s in report["steps"]] == STEPS
-    assert snapshot(sid) == before_state
+    assert snapshot() == before_state
 
 
 def test_dry_run_of_a_waiting_session_with_handoffs_changes_nothing(owner, worker, running):
     make_handoff(owner, running["run"]["id"], "j1", required_capabilities=["draft"])
     checkpoint(owner, running["run"]["id"], boundary="external_wait", pending={"handoffs": ["j1"]})
     close(owner, running["id"])
-    before_state = snapshot(running["id"])
+    before_state = snapshot()
     assert ok(resume(owner, running["id"], dry_run=True))["ok"] is True
-    assert snapshot(running["id"]) == before_state
+    assert snapshot() == before_state
 
 
 def test_resume_of_a_waiting_session_hands_its_pending_work_to_the_new_run(owner, worker, running):

@@ -23,7 +23,7 @@ from novelforge_sessions.control import service
 from novelforge_sessions.control.models import Handoff, HandoffPurpose, HandoffState
 from novelforge_sessions.errors import HandoffClosed, HandoffNotClaimable, NotFound, ReviewRouteRequired, StaleLease
 from novelforge_sessions.models import Event, Run, Session
-from tests.conftest import caller_for
+from tests.support.factories import caller_for
 from tests.control.conftest import make_handoff
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,19 +11,19 @@ this rule existed is refused the same way.
 """
 from __future__ import annotations
 
-from typing import Any
 
 import pytest
 from django.db import connection
 
-from novelforge_sessions.control.models import ConsumeReceipt, Handoff, ResultDelivery
+from novelforge_sessions.control.models import Handoff, ResultDelivery
 from novelforge_sessions.models import Event, Run, Session
 from reviews.access import reviewer_for_user
 from reviews.actions import bind_verdict
-from reviews.models import ReviewGate, Verdict
-from tests.control.conftest import claim, deliver, make_handoff, ok, refused
+from tests.control.conftest import claim, deliver, make_handoff
+from tests.support.responses import ok, refused
 from tests.reviews.factories import World, agent_reviewer, agent_verdict, make_world, verdict_for
 from novelforge_sessions.errors import GateClosed
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -31,20 +31,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def world(project) -> World:
     return make_world(project)
-
-
-def snapshot(session_id: int) -> dict[str, Any]:
-    """Everything a refused delivery, renewal or verdict could have written (but its delivery-log row)."""
-    return {
-        "session": Session.objects.filter(id=session_id).values_list("status", "version", "open_conflict").get(),
-        "runs": sorted(Run.objects.filter(session_id=session_id).values_list("id", "state", "pending_external")),
-        "handoffs": sorted(Handoff.objects.filter(session_id=session_id).values_list(
-            "id", "state", "fencing_token", "lease_expires_at")),
-        "receipts": ConsumeReceipt.objects.count(),
-        "verdicts": Verdict.objects.count(),
-        "gates": sorted(ReviewGate.objects.filter(session_id=session_id).values_list("id", "state", "bound_verdicts")),
-        "events": Event.objects.count(),
-    }
 
 
 def events_after(session_id: int, after: int) -> list[tuple[str, dict]]:
@@ -76,7 +62,7 @@ def test_the_move_cancels_unbound_handoffs_and_the_claimed_worker_renews_and_del
     assert cancelled[0]["reason"] == f"session {to}: abandon this line"
     assert Run.objects.get(id=s["run"]["id"]).pending_external == []
 
-    frozen = snapshot(s["id"])
+    frozen = snapshot(exclude=['ResultDelivery'])
     err = refused(worker.post(f"/handoffs/{lease['id']}/heartbeat", {"fencing_token": lease["fencing_token"]}),
                   409, "handoff_closed")
     assert err["details"]["state"] == "cancelled"
@@ -85,7 +71,7 @@ def test_the_move_cancels_unbound_handoffs_and_the_claimed_worker_renews_and_del
     # The delivery is logged (as every refused arrival is); nothing else is written.
     assert list(ResultDelivery.objects.filter(handoff_id=lease["id"]).values_list("outcome", flat=True)) == \
         ["not_claimable"] * (deliveries + 1)
-    after = snapshot(s["id"])
+    after = snapshot(exclude=['ResultDelivery'])
     assert after == frozen
     assert ok(worker.post("/handoffs/claim", {"worker": "w2", "capabilities": []}))["handoff"] is None
 
@@ -123,12 +109,12 @@ def test_an_agent_gate_is_withdrawn_and_its_reviewer_binds_nothing(world: World)
     assert [t for t, _ in events_after(world.writer.id, before)] == [
         "run.ended", "runtime.closed", "session.transitioned", "review.gate_cancelled", "handoff.cancelled"]
 
-    frozen = snapshot(world.writer.id)
+    frozen = snapshot(exclude=['ResultDelivery'])
     refused(reviewer.post(f"/review-packets/{gate.packet.id}/heartbeat", {"fencing_token": lease["fencing_token"]}),
             409, "handoff_closed")
     refused(reviewer.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, lease["fencing_token"])),
             409, "gate_closed")
-    assert snapshot(world.writer.id) == frozen
+    assert snapshot(exclude=['ResultDelivery']) == frozen
 
 
 def test_a_page_gate_is_withdrawn_and_its_reviewer_binds_nothing(world: World):
@@ -136,10 +122,10 @@ def test_a_page_gate_is_withdrawn_and_its_reviewer_binds_nothing(world: World):
     ok(world.writer_api.post(f"/sessions/{world.writer.id}/transition", {"to": "stale"}))
     gate.refresh_from_db()
     assert gate.state == "cancelled"
-    frozen = snapshot(world.writer.id)
+    frozen = snapshot(exclude=['ResultDelivery'])
     with pytest.raises(GateClosed):
         bind_verdict(reviewer_for_user(world.users["alice"]), gate.packet.id, verdict_for(gate), channel="page")
-    assert snapshot(world.writer.id) == frozen
+    assert snapshot(exclude=['ResultDelivery']) == frozen
 
 
 # ---- what such a session left open before the rule: refused all the same --------------------------
@@ -155,14 +141,14 @@ def test_a_handoff_such_a_session_left_open_takes_no_renewal_and_no_result(owner
     job = make_handoff(owner, s["run"]["id"], "job-1", result_schema={"text": "string"})
     lease = claim(worker, handoff_id=job["id"])
     close_without_withdrawing(s["id"], status)
-    frozen = snapshot(s["id"])
+    frozen = snapshot(exclude=['ResultDelivery'])
     err = refused(worker.post(f"/handoffs/{lease['id']}/heartbeat", {"fencing_token": lease["fencing_token"]}),
                   409, "handoff_closed")
     assert err["details"] == {"handoff_id": lease["id"], "state": "claimed", "session_status": status}
     err = refused(deliver(worker, lease, {"text": "late"}), 409, "handoff_closed")
     assert err["details"]["session_status"] == status
     assert list(ResultDelivery.objects.filter(handoff_id=lease["id"]).values_list("outcome", flat=True)) == ["not_claimable"]
-    assert snapshot(s["id"]) == frozen
+    assert snapshot(exclude=['ResultDelivery']) == frozen
 
 
 def test_a_gate_such_a_session_left_open_takes_no_verdict(world: World):
@@ -170,10 +156,10 @@ def test_a_gate_such_a_session_left_open_takes_no_verdict(world: World):
     _, reviewer = agent_reviewer(world.project)
     lease = ok(reviewer.post("/review-packets/claim"))["lease"]
     close_without_withdrawing(world.writer.id, "terminated")
-    frozen = snapshot(world.writer.id)
+    frozen = snapshot(exclude=['ResultDelivery'])
     err = refused(reviewer.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, lease["fencing_token"])),
                   409, "gate_closed")
     assert err["details"] == {"state": "pending", "session_status": "terminated"}
     refused(reviewer.post(f"/review-packets/{gate.packet.id}/heartbeat", {"fencing_token": lease["fencing_token"]}),
             409, "handoff_closed")
-    assert snapshot(world.writer.id) == frozen
+    assert snapshot(exclude=['ResultDelivery']) == frozen

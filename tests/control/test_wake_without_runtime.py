@@ -24,10 +24,12 @@ from novelforge_sessions.control.models import ConsumeReceipt, Handoff
 from novelforge_sessions.models import Checkpoint, Event, Run, RuntimeAttachment, Session
 from reviews.access import reviewer_for_user
 from reviews.actions import bind_verdict, cancel_gate
-from tests.conftest import RUNTIME
-from tests.control.conftest import claim, deliver, make_handoff, ok, refused
+from tests.support.factories import RUNTIME
+from tests.control.conftest import claim, deliver, make_handoff
+from tests.support.responses import ok, refused
 from tests.reviews.factories import World, agent_reviewer, agent_verdict, make_world, verdict_for
-from tests.sessions.test_liveness import expire, snapshot
+from tests.sessions.test_liveness import expire
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 

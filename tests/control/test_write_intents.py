@@ -1,18 +1,17 @@
 """Write intents: before-state CAS, idempotency, approval, post-condition (docs/model.md#write-intents-and-authority)."""
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from novelforge_sessions.control import intents as actions
 from novelforge_sessions.errors import StalePrecondition
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.models import Approval, AuthorityChange, WriteIntent
 from novelforge_sessions.models import Artifact, Event, Project
-from tests.conftest import caller_for, make_project
-from tests.control.conftest import make_artifact, ok, refused, token_api
+from tests.support.factories import caller_for, make_project
+from tests.control.conftest import make_artifact, token_api
+from tests.support.responses import ok, refused
+from tests.support.races import race
 
 pytestmark = pytest.mark.django_db
 
@@ -275,26 +274,9 @@ def test_racing_intents_on_one_before_state_only_one_writes():
                               params={"version_id": v.id}, before_fingerprint=state.fingerprint).intent
         for v in versions
     ]
-    barrier = threading.Barrier(len(intents), timeout=30)
-    outcomes: dict[int, str] = {}
-
-    def run(intent_id: int) -> None:
-        try:
-            barrier.wait()
-            actions.execute_intent(who, intent_id)
-            outcomes[intent_id] = "executed"
-        except StalePrecondition:
-            outcomes[intent_id] = "stale"
-        except Exception as exc:  # pragma: no cover
-            outcomes[intent_id] = repr(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i.id,)) for i in intents]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = race([lambda intent_id=i.id: actions.execute_intent(who, intent_id) for i in intents])
+    outcomes = {i.id: "executed" if kind == "ok" else "stale" if value == StalePrecondition.code else repr(value)
+                for i, (kind, value) in zip(intents, results)}
     assert sorted(outcomes.values()) == ["executed"] + ["stale"] * (len(intents) - 1)
     winner = next(i for i, o in outcomes.items() if o == "executed")
     art.refresh_from_db()

@@ -12,7 +12,7 @@ from novelforge_sessions.actions import runs
 from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.sessions import NewSession, create_session
 from novelforge_sessions.models import Membership, Project, Session
-from tests.conftest import SESSION, caller_for
+from tests.support.factories import SESSION, caller_for
 
 PASSWORD = "correct-horse-battery"
 

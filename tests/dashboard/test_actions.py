@@ -6,40 +6,31 @@ import pytest
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.models import Event, Project, Run, RuntimeAttachment
 from tests.dashboard.conftest import csrf_token, logged_in
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
 ACTIONS = ["close", "abort", "terminate", "resume"]
 
 
-def snapshot(session) -> tuple:
-    session.refresh_from_db()
-    return (
-        session.status, session.version, session.generation,
-        list(RuntimeAttachment.objects.filter(session=session).values_list("id", "state")),
-        list(Run.objects.filter(session=session).values_list("id", "state", "abort_requested_at")),
-        Event.objects.filter(session_id=session.id).count(),
-    )
-
-
 @pytest.mark.parametrize("action", ACTIONS)
 def test_actions_without_a_csrf_token_are_refused(mgr_client, make_session, action):
     session = make_session(run=True)
-    before = snapshot(session)
+    before = snapshot()
     resp = mgr_client.post(f"/sessions/{session.id}/{action}/", {"version": session.version})
     assert resp.status_code == 403
-    assert snapshot(session) == before
+    assert snapshot() == before
 
 
 @pytest.mark.parametrize("action", ACTIONS)
 def test_a_manager_of_another_project_gets_404_and_nothing_changes(other_manager, make_session, action):
     session = make_session(run=True)
-    before = snapshot(session)
+    before = snapshot()
     client = logged_in(other_manager, csrf=True)
     token = csrf_token(client, "/")
     resp = client.post(f"/sessions/{session.id}/{action}/", {"csrfmiddlewaretoken": token, "version": session.version})
     assert resp.status_code == 404
-    assert snapshot(session) == before
+    assert snapshot() == before
 
 
 @pytest.mark.parametrize("action", ACTIONS)
@@ -47,9 +38,9 @@ def test_actions_need_a_login_and_post(make_session, action):
     from django.test import Client
 
     session = make_session(run=True)
-    before = snapshot(session)
+    before = snapshot()
     assert Client().post(f"/sessions/{session.id}/{action}/")["Location"].startswith("/login/")
-    assert snapshot(session) == before
+    assert snapshot() == before
 
 
 def test_get_is_not_an_action(mgr_client, make_session):
@@ -97,7 +88,7 @@ def test_abort_without_an_open_run_reports_the_refusal(mgr_client, make_session)
 
 def test_terminate_checks_the_version_the_manager_saw(mgr_client, make_session):
     from novelforge_sessions.actions.sessions import transition_session
-    from tests.conftest import caller_for
+    from tests.support.factories import caller_for
 
     session = make_session(run=True)
     seen = session.version
@@ -116,12 +107,12 @@ def test_terminate_checks_the_version_the_manager_saw(mgr_client, make_session):
 
 def test_terminate_refused_by_the_table_changes_nothing(mgr_client, make_session):
     session = make_session()  # created: the table has no created → terminated
-    before = snapshot(session)
+    before = snapshot()
     token = csrf_token(mgr_client, f"/sessions/{session.id}/")
     resp = mgr_client.post(f"/sessions/{session.id}/terminate/", {"csrfmiddlewaretoken": token, "version": session.version},
                            follow=True)
     assert "illegal_transition" in resp.content.decode()
-    assert snapshot(session) == before
+    assert snapshot() == before
 
 
 def failed_after_runtime_lost(make_session):
@@ -131,7 +122,7 @@ def failed_after_runtime_lost(make_session):
 
     from novelforge_sessions.control.checkpoints import record_checkpoint
     from novelforge_sessions.actions.runtimes import reconcile_expired_runtimes
-    from tests.conftest import caller_for
+    from tests.support.factories import caller_for
 
     session = make_session(run=True)
     record_checkpoint(caller_for(session.project), session.runs.get().id,
@@ -144,7 +135,7 @@ def failed_after_runtime_lost(make_session):
 
 def test_resume_shows_the_dry_run_report_first_then_resumes_on_confirm(mgr_client, make_session):
     session = failed_after_runtime_lost(make_session)
-    before = snapshot(session)
+    before = snapshot()
     resp = mgr_client.get(f"/sessions/{session.id}/resume/")
     html = resp.content.decode()
     assert resp.status_code == 200
@@ -152,7 +143,7 @@ def test_resume_shows_the_dry_run_report_first_then_resumes_on_confirm(mgr_clien
     for step in ("load", "framework", "authority", "context", "artifacts", "continue"):
         assert f"<strong>{step}</strong>" in html
     assert 'class="step fail"' not in html
-    assert snapshot(session) == before, "the report acts on nothing"
+    assert snapshot() == before, "the report acts on nothing"
 
     token = mgr_client.cookies["csrftoken"].value
     checkpoint_id = session.checkpoints.get().id
@@ -169,22 +160,22 @@ def test_resume_shows_the_dry_run_report_first_then_resumes_on_confirm(mgr_clien
 def test_resume_refused_shows_the_failed_steps_and_repair_route(mgr_client, make_session):
     session = failed_after_runtime_lost(make_session)
     Project.objects.filter(id=session.project_id).update(authority_version=2)  # Canon moved on
-    before = snapshot(session)
+    before = snapshot()
     resp = mgr_client.get(f"/sessions/{session.id}/resume/")
     html = resp.content.decode()
     assert resp.status_code == 409
     assert 'class="step fail"' in html and "repair: re-freeze" in html and "Confirm resume" not in html
     token = mgr_client.cookies["csrftoken"].value
     assert mgr_client.post(f"/sessions/{session.id}/resume/", {"csrfmiddlewaretoken": token}).status_code == 409
-    assert snapshot(session) == before
+    assert snapshot() == before
 
 
 def test_resume_while_a_runtime_is_live_is_refused_with_its_code(mgr_client, make_session):
     session = make_session(run=True)
-    before = snapshot(session)
+    before = snapshot()
     resp = mgr_client.get(f"/sessions/{session.id}/resume/")
     assert resp.status_code == 409 and "live_runtime_exists" in resp.content.decode()
-    assert snapshot(session) == before
+    assert snapshot() == before
 
 
 def test_action_buttons_follow_the_state(mgr_client, make_session):

@@ -11,7 +11,7 @@ from novelforge_sessions.control import intents
 from novelforge_sessions.actions.artifacts import create_artifact
 from novelforge_sessions import event_types as ev
 from novelforge_sessions.models import Event, Project
-from tests.conftest import caller_for
+from tests.support.factories import caller_for
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from novelforge_sessions.control.results import deliver_result
 from novelforge_sessions.errors import ConflictingResult
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.dashboard import presenters
-from tests.conftest import caller_for
+from tests.support.factories import caller_for
 
 pytestmark = pytest.mark.django_db
 

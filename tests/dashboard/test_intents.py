@@ -15,9 +15,10 @@ from novelforge_sessions.models import Event, Membership, Project
 from reviews import actions as review_actions
 from reviews.access import reviewer_for_user
 from reviews.models import Verdict
-from tests.conftest import caller_for
+from tests.support.factories import caller_for
 from tests.dashboard.conftest import csrf_token, logged_in, make_user
 from tests.reviews.factories import make_world, verdict_for
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -48,12 +49,6 @@ def article(html: str, intent: WriteIntent) -> str:
     match = re.search(rf'<article class="intent[^"]*" id="intent-{intent.id}".*?</article>', html, re.S)
     assert match, f"intent {intent.id} is not on the page"
     return match.group(0)
-
-
-def snapshot(intent: WriteIntent) -> tuple:
-    intent.refresh_from_db()
-    return (intent.state, list(Approval.objects.filter(intent=intent).values_list("decision", "revoked_at")),
-            Event.objects.filter(type__startswith="write_intent.").count())
 
 
 def post(client, project: Project, intent: WriteIntent, decision: str, **data):
@@ -120,9 +115,9 @@ def test_a_note_the_database_cannot_store_is_refused_in_plain_words(mgr_client, 
     approval actions refuse text they cannot store themselves (the API's edge check is only the
     first of two), the page reports it in plain words, and nothing is written."""
     intent = propose(project)
-    before = snapshot(intent)
+    before = snapshot()
     resp = post(mgr_client, project, intent, decision, note="reads\x00 well")
-    assert resp.status_code == 302 and snapshot(intent) == before
+    assert resp.status_code == 302 and snapshot() == before
     html = mgr_client.get(f"/projects/{project.id}/").content.decode()
     assert "Nothing was changed: the note contains a character that cannot be saved (a NUL character, U+0000)" in html
 
@@ -134,15 +129,15 @@ def test_the_approval_actions_refuse_unstorable_notes_for_every_caller(project, 
     intent = propose(project)
     who = caller_for(project)
     for act in (intents.approve_intent, intents.reject_intent):
-        before = snapshot(intent)
+        before = snapshot()
         with pytest.raises(ValidationFailed) as info:
             act(who, intent.id, note=note)
-        assert info.value.details == {"field": "note"} and snapshot(intent) == before
+        assert info.value.details == {"field": "note"} and snapshot() == before
     intents.approve_intent(who, intent.id, note="fine")
-    before = snapshot(intent)
+    before = snapshot()
     with pytest.raises(ValidationFailed):
         intents.revoke_approval(who, intent.id, note=note)
-    assert snapshot(intent) == before
+    assert snapshot() == before
 
 
 def test_executed_intents_show_their_after_state(mgr_client, project):
@@ -164,9 +159,9 @@ def test_a_stale_before_state_cannot_be_approved_from_the_page(mgr_client, proje
     assert re.search(r'value="approve" disabled', card) and not re.search(r'value="refuse"[^>]*disabled', card)
     assert "settle 1 artifact version as authority v2" in card
     # Posting anyway is refused by the action, reported, and nothing changes.
-    before = snapshot(intent)
+    before = snapshot()
     resp = post(mgr_client, project, intent, "approve")
-    assert resp.status_code == 302 and snapshot(intent) == before
+    assert resp.status_code == 302 and snapshot() == before
     assert "stale_precondition" in mgr_client.get(f"/projects/{project.id}/").content.decode()
 
 
@@ -184,28 +179,30 @@ def test_a_stale_approval_asks_for_approval_again(mgr_client, project):
 @pytest.mark.parametrize("decision", ["approve", "refuse"])
 def test_without_csrf_nothing_happens(mgr_client, project, decision):
     intent = propose(project)
-    before = snapshot(intent)
+    before = snapshot()
     assert mgr_client.post(f"/projects/{project.id}/intents/{intent.id}/{decision}/").status_code == 403
-    assert snapshot(intent) == before
+    assert snapshot() == before
 
 
 @pytest.mark.parametrize("decision", ["approve", "refuse"])
 def test_only_a_manager_of_that_project_decides(other_manager, project, other_project, decision):
     intent = propose(project)
     theirs = propose(other_project)
-    before = snapshot(intent)
+    before = snapshot()
     client = logged_in(other_manager, csrf=True)
     # Their own project's URL with our intent id, and our project's URL: both 404.
     assert post(client, other_project, intent, decision).status_code == 404
     token = client.cookies["csrftoken"].value
     resp = client.post(f"/projects/{project.id}/intents/{intent.id}/{decision}/", {"csrfmiddlewaretoken": token})
     assert resp.status_code == 404
+    assert snapshot() == before
     reviewer = make_user("reviewer", project, role=Membership.Role.REVIEWER)
+    before = snapshot()
     client = logged_in(reviewer, csrf=True)
     token = csrf_token(client, "/reviews/")
     resp = client.post(f"/projects/{project.id}/intents/{intent.id}/{decision}/", {"csrfmiddlewaretoken": token})
     assert resp.status_code == 404
-    assert snapshot(intent) == before
+    assert snapshot() == before
     assert WriteIntent.objects.get(id=theirs.id).state == "proposed"
 
 

@@ -15,7 +15,7 @@ from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.dashboard import presenters
 from novelforge_sessions.errors import ConflictingResult
 from novelforge_sessions.models import Checkpoint, Event, Membership, Run, Session
-from tests.conftest import caller_for
+from tests.support.factories import caller_for
 from tests.dashboard.conftest import logged_in, make_user
 from tests.dashboard.test_handoffs import claim, deliver, handoff
 

@@ -10,7 +10,7 @@ from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.actions.sessions import transition_session
 from novelforge_sessions.models import Event, Membership
-from tests.conftest import caller_for, make_project
+from tests.support.factories import caller_for, make_project
 from tests.dashboard.conftest import logged_in, make_user
 
 pytestmark = pytest.mark.django_db

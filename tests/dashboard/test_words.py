@@ -18,7 +18,7 @@ from novelforge_sessions.actions import sessions as session_actions
 from novelforge_sessions.actions.runtimes import reconcile_expired_runtimes
 from novelforge_sessions.dashboard import presenters
 from novelforge_sessions.dashboard.presenters import build_diagram, describe, reason, state_label
-from tests.conftest import caller_for
+from tests.support.factories import caller_for
 
 pytestmark = pytest.mark.django_db
 

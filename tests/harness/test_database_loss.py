@@ -14,8 +14,9 @@ import pytest
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.models import Session
-from tests.conftest import SESSION, make_project
-from tests.live import DaphneServer, database_url
+from tests.support.factories import SESSION, make_project
+from tests.support.servers import DaphneServer, database_url
+from tests.support.waits import wait_until
 from tests.live.conftest import TIMEOUT, api_post
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -83,15 +84,9 @@ def test_a_connection_cut_under_a_request_is_a_typed_503(server):
         writer = threading.Thread(target=lambda: result.update(answer=request(
             server, token, "POST", f"/sessions/{session_id}/transcript", {"role": "user", "content": "cut"})))
         writer.start()
-        blocked = []
-        for _ in range(500):
-            blocked = [r[0] for r in admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            ).fetchall()]
-            if blocked:
-                break
-            threading.Event().wait(0.02)
-        assert blocked, "the server's write never blocked on the lock"
+        blocked = wait_until(lambda: [r[0] for r in admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchall()], "the server's write to block on the lock", timeout=10, interval=0.02)
         admin.execute("SELECT pg_terminate_backend(%s)", [blocked[0]])
         writer.join(timeout=TIMEOUT)
     status, headers, body = result["answer"]

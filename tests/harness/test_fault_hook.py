@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 
 from novelforge_sessions import faults
-from tests.live import ROOT
+from tests.support.servers import ROOT
 
 SPEC = "before_commit:1:/results$"
 

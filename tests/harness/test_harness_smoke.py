@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from tests.live import ROOT
+from tests.support.servers import ROOT
 
 
 def test_the_harness_runs_and_every_guarantee_holds(tmp_path):

@@ -17,8 +17,8 @@ import pytest
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.control.models import ConsumeReceipt, Handoff
 from novelforge_sessions.models import Checkpoint, RuntimeAttachment, Session
-from tests.conftest import RUNTIME, SESSION, make_project
-from tests.live import DaphneServer
+from tests.support.factories import RUNTIME, SESSION, make_project
+from tests.support.servers import DaphneServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -28,7 +28,8 @@ from hypothesis.stateful import (
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.lifecycles import runtime_move
 from novelforge_sessions.models import RuntimeAttachment
-from tests.conftest import Api, make_project
+from tests.support.factories import Api, make_project
+from tests.support.lifecycle import SESSION_TRANSITIONS
 
 pytestmark = pytest.mark.django_db
 
@@ -36,17 +37,7 @@ EXAMPLES = int(os.environ.get("NF_MODEL_EXAMPLES", "6"))
 STEPS = int(os.environ.get("NF_MODEL_STEPS", "25"))
 
 # ---- the model's own tables (the contract, written out by hand) --------------------------------------
-LEGAL = {
-    "created": {"running"},
-    "running": {"idle", "awaiting_user", "awaiting_external", "completed", "failed", "terminated", "stale"},
-    "idle": {"running", "completed", "terminated", "stale"},
-    "awaiting_user": {"running", "failed", "terminated", "stale"},
-    "awaiting_external": {"running", "failed", "terminated", "stale"},
-    "failed": {"running", "terminated", "stale"},
-    "completed": {"stale"},
-    "stale": {"terminated"},
-    "terminated": set(),
-}
+LEGAL = SESSION_TRANSITIONS  # the contract's table, written out by hand (tests/support/lifecycle.py)
 STATUSES = sorted(LEGAL)
 HOLDS_RUN = {"running", "awaiting_user", "awaiting_external"}
 NEVER_AGAIN = {"completed", "stale", "terminated"}  # can never run again

@@ -14,7 +14,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from tests.live import DaphneServer
+from tests.support.servers import DaphneServer
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL") or "redis://127.0.0.1:6379/14"
 #: No periodic sweep: a delivery must come from a wake-up that crossed processes (Redis).

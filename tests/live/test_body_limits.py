@@ -25,7 +25,7 @@ import pytest
 from django.conf import settings
 
 from novelforge_sessions.models import Session
-from tests.live import DaphneServer
+from tests.support.servers import DaphneServer
 
 # The servers need the test database (created for django_db tests); these tests write nothing,
 # and the servers' refusals must write nothing either: no transaction=True flush per test.

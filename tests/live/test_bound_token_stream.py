@@ -9,7 +9,7 @@ import pytest
 from novelforge_sessions.access import BOUND_TOKEN_MATRIX, PROJECT_WIDE, Reach
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.models import Session
-from tests.conftest import SESSION, make_project
+from tests.support.factories import SESSION, make_project
 from tests.live.conftest import api_post
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -19,7 +19,7 @@ from novelforge_sessions.models import Event
 
 #: Test-only event types (not in the catalog: production code emits only catalog constants).
 DOOMED, KEPT, UNANNOUNCED = (EventType(f"test.{n}", frozenset()) for n in ("doomed", "kept", "unannounced"))
-from tests.conftest import make_project
+from tests.support.factories import make_project
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 

@@ -20,8 +20,8 @@ from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.event_types import EventType
 from novelforge_sessions.live import fanout
 from novelforge_sessions.models import Event
-from tests.conftest import SESSION, caller_for, make_project
-from tests.live import DaphneServer
+from tests.support.factories import SESSION, caller_for, make_project
+from tests.support.servers import DaphneServer
 from tests.live.conftest import REDIS_URL, api_post
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,7 +15,7 @@ from novelforge_sessions import events
 from novelforge_sessions.actions.sessions import NewSession, create_session
 from novelforge_sessions.event_types import EventType
 from novelforge_sessions.live import fanout
-from tests.conftest import SESSION, caller_for, make_project
+from tests.support.factories import SESSION, caller_for, make_project
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 

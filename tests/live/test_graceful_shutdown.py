@@ -12,7 +12,6 @@ import json
 import signal
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
 from http.client import HTTPException
@@ -23,9 +22,10 @@ import pytest
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.server.drain import SHUTDOWN_CLOSE_CODE, grace_seconds
 from novelforge_sessions.models import Session, TranscriptEntry
-from tests.conftest import SESSION, make_project
-from tests.live import DaphneServer, database_url
+from tests.support.factories import SESSION, make_project
+from tests.support.servers import DaphneServer, database_url
 from tests.live.conftest import NO_SWEEP, TIMEOUT, api_post
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,14 +72,6 @@ def exit_code_after_drain(server: DaphneServer, grace: float) -> int:
         raise AssertionError(f"{server.server} did not exit after its drain; the end of its log:\n{tail}") from None
 
 
-def wait_for(predicate, what: str, timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("kind", ["daphne", "uvicorn"])
 def test_sigterm_finishes_the_request_in_flight_and_closes_sockets_with_1012(open_socket, kind):
     server = DaphneServer(extra_env=NO_SWEEP, server=kind)
@@ -107,12 +99,12 @@ def test_sigterm_finishes_the_request_in_flight_and_closes_sockets_with_1012(ope
                 ).fetchone()
                 return row[0] == 1
 
-            wait_for(blocked, "the append to wait on the row lock")
+            wait_until(blocked, "the append to wait on the row lock", timeout=TIMEOUT)
             server.proc.send_signal(signal.SIGTERM)
 
             code, _frames = sock.closed_with()
             assert code == SHUTDOWN_CLOSE_CODE == 1012
-            wait_for(lambda: refuses_connections(server), "the server to stop listening")
+            wait_until(lambda: refuses_connections(server), "the server to stop listening", timeout=TIMEOUT)
             assert server.proc.poll() is None, "the server exited with a request in flight"
             assert TranscriptEntry.objects.filter(session_id=session_id).count() == 0
             locker.rollback()  # release the lock: the request in flight completes
@@ -169,7 +161,8 @@ def test_sigterm_on_one_of_two_processes_loses_no_acknowledged_write_while_the_o
                 writers.append(Writer(server, token, session_id, f"{tag}{n}"))
         for w in writers:
             w.start()
-        wait_for(lambda: all(len(w.acked) >= 5 for w in writers), "every writer to get 5 writes acknowledged")
+        wait_until(lambda: all(len(w.acked) >= 5 for w in writers), "every writer to get 5 writes acknowledged",
+                   timeout=TIMEOUT)
 
         a.proc.send_signal(signal.SIGTERM)
         code, _frames = sock_a.closed_with()
@@ -182,7 +175,8 @@ def test_sigterm_on_one_of_two_processes_loses_no_acknowledged_write_while_the_o
 
         # B keeps serving: its writers get further writes acknowledged after A exited.
         after = {w.label: len(w.acked) for w in on_b}
-        wait_for(lambda: all(len(w.acked) >= after[w.label] + 5 for w in on_b), "B to keep acknowledging writes")
+        wait_until(lambda: all(len(w.acked) >= after[w.label] + 5 for w in on_b), "B to keep acknowledging writes",
+                   timeout=TIMEOUT)
         for w in on_b:
             w.stop_flag.set()
             w.join(TIMEOUT)

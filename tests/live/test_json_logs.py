@@ -19,8 +19,8 @@ import pytest
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.logredact import JsonFormatter, RedactingFilter
-from tests.conftest import make_project
-from tests.live import DaphneServer
+from tests.support.factories import make_project
+from tests.support.servers import DaphneServer
 
 
 def _get(url: str) -> int:

@@ -12,8 +12,8 @@ from redis import exceptions as redis_exceptions
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.logconnection import ConnectionLossFilter
-from tests.conftest import SESSION, make_project
-from tests.live import DaphneServer, free_port
+from tests.support.factories import SESSION, make_project
+from tests.support.servers import DaphneServer, free_port
 from tests.live.conftest import api_post
 
 

@@ -7,7 +7,6 @@ On the original code daphne's access log wrote the request line as received
 from __future__ import annotations
 
 import logging
-import time
 import urllib.error
 import urllib.request
 from urllib.parse import quote
@@ -18,8 +17,9 @@ from websockets.sync.client import connect
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.logredact import RedactingFilter, redact
-from tests.conftest import make_project
-from tests.live import DaphneServer
+from tests.support.factories import make_project
+from tests.support.servers import DaphneServer
+from tests.support.waits import wait_until
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> int:
@@ -33,12 +33,17 @@ def _get(url: str, headers: dict[str, str] | None = None) -> int:
 def _log_since(server, start: int, expect: list[str], timeout: float = 10.0) -> str:
     """The server's log written since ``start``, once every ``expect`` line is in it (deadline-bounded:
     daphne writes an access line just after the response)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        tail = server.log_path.read_bytes()[start:].decode("utf-8", "replace")
-        if all(e in tail for e in expect) or time.monotonic() > deadline:
-            return tail
-        time.sleep(0.05)
+    def tail() -> str:
+        return server.log_path.read_bytes()[start:].decode("utf-8", "replace")
+
+    def complete() -> str:
+        text = tail()
+        return text if all(e in text for e in expect) else ""
+
+    try:
+        return wait_until(complete, "the log lines", timeout=timeout)
+    except AssertionError:
+        return tail()  # the caller's assertions name what is missing
 
 
 @pytest.fixture(params=["daphne", "uvicorn"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,8 +15,9 @@ import pytest
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.models import TranscriptEntry
-from tests.conftest import SESSION, make_project
-from tests.live import ROOT, DaphneServer, free_port
+from tests.support.factories import SESSION, make_project
+from tests.support.servers import ROOT, DaphneServer, free_port
+from tests.support.waits import wait_until
 from tests.live.conftest import REDIS_URL, TIMEOUT, api_post
 from tests.live.test_graceful_shutdown import post_transcript
 
@@ -60,15 +60,9 @@ def cluster(tmp_path):
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "nginx.log", "wb"),
     )
     front = SimpleNamespace(url=f"http://127.0.0.1:{port}", ws_url=f"ws://127.0.0.1:{port}", port=port)
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        try:
-            urllib.request.urlopen(front.url + "/healthz", timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or nginx.poll() is not None:
-                raise RuntimeError((tmp_path / "nginx.log").read_text())
-            time.sleep(0.05)
+    wait_until(lambda: urllib.request.urlopen(front.url + "/healthz", timeout=1).close() or True,
+               f"nginx on {front.url}", timeout=TIMEOUT, ignore=(OSError,), error=RuntimeError,
+               fail=lambda: None if nginx.poll() is None else (tmp_path / "nginx.log").read_text())
     yield front, a, b
     nginx.send_signal(signal.SIGTERM)
     nginx.wait(timeout=10)

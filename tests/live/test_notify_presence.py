@@ -27,8 +27,8 @@ from django.conf import settings
 from novelforge_sessions import events
 from novelforge_sessions.live.pgnotify import APPLICATION_NAME_PREFIX
 from novelforge_sessions.models import Event
-from tests.conftest import SESSION
-from tests.live import ROOT, DaphneServer, database_url
+from tests.support.factories import SESSION
+from tests.support.servers import ROOT, DaphneServer, database_url
 from tests.live.conftest import api_post
 
 #: "Within about a second", as in test_pg_notify.py.

@@ -15,7 +15,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from novelforge_sessions.live.origins import origin_allowed
-from tests.live import free_port
+from tests.support.servers import free_port
 from tests.live.test_access import two_projects  # noqa: F401  (fixture)
 
 

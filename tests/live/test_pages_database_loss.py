@@ -18,7 +18,7 @@ from django.db import OperationalError
 from django.test import RequestFactory
 
 from novelforge_sessions.unavailable import server_error
-from tests.live import DaphneServer, database_url
+from tests.support.servers import DaphneServer, database_url
 from tests.live.conftest import TIMEOUT
 
 

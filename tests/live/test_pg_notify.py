@@ -20,13 +20,11 @@ from django.utils import timezone
 
 from novelforge_sessions import event_types as et
 from novelforge_sessions import events
-from novelforge_sessions.actions import runs, sessions
-from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.live.pgnotify import APPLICATION_NAME_PREFIX
 from novelforge_sessions.models import Event, RuntimeAttachment, Session
-from tests.conftest import caller_for, make_project
-from tests.live import ROOT, DaphneServer, database_url
+from tests.support.factories import make_project, running_session
+from tests.support.servers import ROOT, DaphneServer, database_url
 from tests.live.conftest import REDIS_URL
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,16 +64,6 @@ def _notifications(conn: psycopg.Connection, n: int) -> list[dict]:
 
 def _append(project_id: int, seq: int) -> int:
     return events.append(project_id=project_id, type=et.TRANSCRIPT_APPENDED, payload={"seq": seq, "role": "user"})
-
-
-def _running_session(slug: str):
-    who = caller_for(make_project(slug))
-    s = sessions.create_session(
-        who, sessions.NewSession(role="writer", memory_policy="bounded", task_mode="t", runtime_family="cli"),
-        runtime=RuntimeSpec(runtime_family="cli"),
-    )
-    runs.start_run(who, s.id)
-    return s
 
 
 def test_one_transaction_with_many_events_sends_exactly_one_notify_after_commit(listener):
@@ -137,7 +125,7 @@ def test_payloads_stay_under_postgresqls_limit():
 def test_the_reconcilers_events_reach_a_socket_on_the_server_within_a_second(ws_server, open_socket):
     """Another process (``manage.py reconcile_runtimes``) turns an expired runtime into
     failed / runtime_lost; the page's socket on daphne (sweep: 1 h) gets every event at once."""
-    s = _running_session("reconciled")
+    s = running_session("reconciled", task_mode="t")
     _, token = create_token(s.project, name="agent", permissions=ALL_PERMISSIONS)
     sock = open_socket(ws_server, token=token)
     assert sock.subscribe(project_id=s.project_id) == []

@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
-from tests.conftest import make_project
+from tests.support.factories import make_project
 from tests.live import ROOT, DaphneServer, free_port
 from tests.live.conftest import Socket
 

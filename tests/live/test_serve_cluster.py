@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 
-from tests.live import ROOT
+from tests.support.servers import ROOT
 
 
 def recipe(*args: str) -> str:

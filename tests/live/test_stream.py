@@ -17,7 +17,7 @@ from novelforge_sessions.models import Event
 #: Test-only event types (not in the catalog: production code emits only catalog constants).
 BACKLOG = EventType("test.backlog", frozenset({"n"}))
 DIRECT = EventType("test.direct", frozenset({"n"}))
-from tests.conftest import SESSION, caller_for, make_project
+from tests.support.factories import SESSION, caller_for, make_project
 from tests.live.conftest import api_post
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,7 +6,7 @@ import pytest
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.models import Event
-from tests.conftest import SESSION, make_project
+from tests.support.factories import SESSION, make_project
 from tests.live.conftest import api_post
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,7 +11,6 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
-from django.http import HttpResponse
 
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions import artifacts, runs, sessions
@@ -21,7 +20,7 @@ from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.models import ArtifactVersion, Membership, Project, Run, Session
 from reviews import actions
 from reviews.models import ReviewGate
-from tests.conftest import Api
+from tests.support.factories import Api
 
 RUBRIC: dict[str, Any] = {
     "criteria": [
@@ -150,12 +149,3 @@ def verdict_for(gate: ReviewGate, **overrides: Any) -> dict[str, Any]:
 def agent_verdict(gate: ReviewGate, fencing_token: int = 1, **overrides: Any) -> dict[str, Any]:
     """An agent reviewer's verdict body: the verdict plus its claim's fencing token (1 = the first claim)."""
     return {**verdict_for(gate, **overrides), "fencing_token": fencing_token}
-
-
-def assert_error(resp: HttpResponse, status: int, code: str) -> dict[str, Any]:
-    """The response is the API's typed error ``code`` with ``status``: exactly code, message and
-    details. Returns the error object."""
-    assert resp.status_code == status, resp.content
-    err = resp.json()["error"]
-    assert set(err) == {"code", "message", "details"} and err["code"] == code
-    return err

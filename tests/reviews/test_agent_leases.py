@@ -11,8 +11,9 @@ from django.utils import timezone
 from novelforge_sessions.control.models import ConsumeReceipt, Handoff, ResultDelivery
 from novelforge_sessions.models import Event
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
-from tests.conftest import Api
-from tests.reviews.factories import World, agent_reviewer, agent_verdict, assert_error, verdict_for
+from tests.support.factories import Api
+from tests.reviews.factories import World, agent_reviewer, agent_verdict, verdict_for
+from tests.support.responses import refused
 
 pytestmark = pytest.mark.django_db
 
@@ -79,16 +80,16 @@ def test_an_expired_lease_is_reclaimed_and_the_first_reviewers_verdict_is_stale(
     assert Event.objects.filter(type="handoff.claimed", payload__attempt=2,
                                 payload__reclaimed_after_expiry=True).count() == 1
 
-    err = assert_error(crashed.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, 1)),
+    err = refused(crashed.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, 1)),
                        409, "stale_lease")
     assert err["details"]["current_fencing_token"] == 2
     assert Verdict.objects.count() == 0 and ResultDelivery.objects.count() == 0
-    assert_error(crashed.post(f"/review-packets/{gate.packet.id}/heartbeat", {"fencing_token": 1}), 409, "stale_lease")
+    refused(crashed.post(f"/review-packets/{gate.packet.id}/heartbeat", {"fencing_token": 1}), 409, "stale_lease")
 
     bound = second.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, 2))
     assert bound.status_code == 201, bound.content
     # A bound claim takes no more heartbeats; the identical verdict again is idempotent.
-    assert_error(second.post(f"/review-packets/{gate.packet.id}/heartbeat", {"fencing_token": 2}), 409, "handoff_closed")
+    refused(second.post(f"/review-packets/{gate.packet.id}/heartbeat", {"fencing_token": 2}), 409, "handoff_closed")
     again = second.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, 2))
     assert again.status_code == 200 and again.json()["id"] == bound.json()["id"]
     world.refresh()
@@ -110,7 +111,7 @@ def test_heartbeat_renews_the_current_lease_and_refuses_a_stale_token(world: Wor
     expire(gate)
     again = claim(api)["lease"]
     assert again["fencing_token"] == 2
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/heartbeat", {"fencing_token": 1}), 409, "stale_lease")
+    err = refused(api.post(f"/review-packets/{gate.packet.id}/heartbeat", {"fencing_token": 1}), 409, "stale_lease")
     assert err["details"]["current_fencing_token"] == 2
     assert api.post(f"/review-packets/{gate.packet.id}/heartbeat", {"fencing_token": 2}).status_code == 200
     assert api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, 1)).status_code == 409
@@ -121,9 +122,9 @@ def test_a_verdict_without_its_fencing_token_is_422_naming_the_field(world: Worl
     gate = world.gate(route="agent")
     _, api = agent_reviewer(world.project)
     claim(api)
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate)), 422, "validation_error")
+    err = refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", verdict_for(gate)), 422, "validation_error")
     assert err["details"]["field"] == "fencing_token"
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, "1")),
+    err = refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, "1")),
                        422, "validation_error")
     assert err["details"]["field"] == "fencing_token"
     assert Verdict.objects.count() == 0
@@ -133,7 +134,7 @@ def test_a_pre_assigned_reviewer_claims_its_own_slot_before_binding(world: World
     session, api = agent_reviewer(world.project)
     _, other = agent_reviewer(world.project)
     gate = world.gate(route="agent", reviewer_session_ids=[session.id])
-    assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "handoff_not_claimable")
+    refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "handoff_not_claimable")
     assert claim(other) == {"packet": None, "lease": None}  # not someone else's to take
     lease = claim(api)["lease"]
     assert api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, lease["fencing_token"])).status_code == 201
@@ -150,5 +151,5 @@ def test_cancelling_an_agent_gate_withdraws_its_handoffs_and_resumes_the_session
     assert set(Handoff.objects.filter(review_assignment__packet__gate=gate).values_list("state", flat=True)) == {"cancelled"}
     world.refresh()
     assert world.writer.status == "running" and world.run.pending_external == []
-    assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "gate_closed")
+    refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "gate_closed")
     assert claim(api) == {"packet": None, "lease": None}

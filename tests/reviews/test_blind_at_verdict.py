@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.apps import apps
 from django.contrib.auth.models import Permission
 from django.test import Client
 
@@ -22,15 +21,9 @@ from reviews.access import reviewer_for_user, sighted_reason
 from reviews.models import ReviewAssignment, Verdict
 from tests.reviews.factories import RUBRIC, World, verdict_for
 from tests.reviews.test_pages import form_post
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
-
-
-def row_counts() -> dict[str, int]:
-    return {
-        m._meta.label: m.objects.count()
-        for app in ("novelforge_sessions", "control", "reviews") for m in apps.get_app_config(app).get_models()
-    }
 
 
 def perm(codename: str, app: str = "novelforge_sessions") -> Permission:
@@ -54,12 +47,12 @@ def promote(world: World, how: str) -> None:
 def test_a_reviewer_promoted_after_the_assignment_cannot_bind_a_verdict(world, how):
     gate = world.gate(route="page", reviewers=["alice"])
     promote(world, how)
-    before = row_counts()
+    before = snapshot()
     with pytest.raises(IndependenceViolation) as refused:
         actions.bind_verdict(reviewer_for_user(world.users["alice"]), gate.packet.id, verdict_for(gate), channel="page")
     assert refused.value.details["reason"] == how and refused.value.details["gate_id"] == gate.id
     assert "blind" in refused.value.message
-    assert row_counts() == before
+    assert snapshot() == before
     assert not Verdict.objects.exists()
     assert ReviewAssignment.objects.get(packet=gate.packet).state == ReviewAssignment.State.ASSIGNED
 
@@ -69,18 +62,18 @@ def test_the_packet_page_says_why_the_verdict_was_refused(world):
     promote(world, "manager")
     client = Client()
     client.force_login(world.users["alice"])
-    before = row_counts()
+    before = snapshot()
     resp = client.post(f"/reviews/packets/{gate.packet.id}/", form_post(gate))
     assert resp.status_code == 403
     html = resp.content.decode()
     assert "independence_violation" in html and "manages this project" in html
-    assert row_counts() == before
+    assert snapshot() == before
 
 
 def test_a_reviewer_who_stays_blind_still_binds(world):
     gate = world.gate(route="page", reviewers=["alice"])
     # A manager elsewhere, staff without any admin permission: still blind here.
-    from tests.conftest import make_project
+    from tests.support.factories import make_project
 
     Membership.objects.create(user=world.users["alice"], project=make_project("elsewhere"),
                               role=Membership.Role.MANAGER)
@@ -108,11 +101,11 @@ def test_staff_with_any_admin_permission_cannot_review_blind(world, codenames):
     alice.save(update_fields=["is_staff"])
     alice.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
     alice = type(alice).objects.get(pk=alice.pk)  # no cached permissions
-    before = row_counts()
+    before = snapshot()
     with pytest.raises(IndependenceViolation) as refused:
         actions.bind_verdict(reviewer_for_user(alice), gate.packet.id, verdict_for(gate), channel="page")
     assert refused.value.details["reason"] == "staff"
-    assert row_counts() == before and not Verdict.objects.exists()
+    assert snapshot() == before and not Verdict.objects.exists()
     # the rule assignment applies too (its API refusal: the view_checkpoint test below)
     assert sighted_reason(alice, world.project.id) == "staff"
 
@@ -126,11 +119,11 @@ def test_staff_who_can_read_the_writers_records_in_the_admin_cannot_be_assigned(
     alice.is_staff = True
     alice.save(update_fields=["is_staff"])
     alice.user_permissions.add(perm("view_checkpoint"))
-    before = row_counts()
+    before = snapshot()
     resp = world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", gate_body(world))
     assert resp.status_code == 403, resp.content
     err = resp.json()["error"]
     assert err["code"] == "independence_violation"
     assert err["details"] == {"field": "reviewers[0]", "reason": "staff"}
     assert "admin" in err["message"]
-    assert row_counts() == before
+    assert snapshot() == before

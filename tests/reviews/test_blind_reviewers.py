@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.apps import apps
 from django.test import Client
 
 from novelforge_sessions.models import Membership
-from tests.conftest import make_project
+from tests.support.factories import make_project
 from tests.reviews.factories import RUBRIC, World
+from tests.support.responses import refused
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -24,21 +25,6 @@ def body(world: World, **over: Any) -> dict[str, Any]:
     b = {"candidate_version_id": world.version.id, "rubric": RUBRIC, "route": "page", "reviewers": ["alice"]}
     b.update(over)
     return b
-
-
-def row_counts() -> dict[str, int]:
-    return {
-        m._meta.label: m.objects.count()
-        for app in ("novelforge_sessions", "control", "reviews") for m in apps.get_app_config(app).get_models()
-    }
-
-
-def refused(resp, field: str) -> dict[str, Any]:
-    assert resp.status_code == 403, resp.content
-    err = resp.json()["error"]
-    assert err["code"] == "independence_violation", err
-    assert err["details"]["field"] == field, err
-    return err
 
 
 @pytest.mark.parametrize("route", ["page", "relay"])
@@ -50,11 +36,12 @@ def test_a_manager_of_the_project_is_refused_as_a_reviewer(world, route):
     client.force_login(mia)
     assert client.get(f"/sessions/{world.writer.id}/").status_code == 200
 
-    before = row_counts()
+    before = snapshot()
     err = refused(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates",
-                                        body(world, route=route, reviewers=["alice", "mia"])), "reviewers[1]")
+                                        body(world, route=route, reviewers=["alice", "mia"])),
+                                                403, "independence_violation", "reviewers[1]")
     assert "manages this project" in err["message"] and "blind" in err["message"]
-    assert row_counts() == before
+    assert snapshot() == before
     world.refresh()
     assert world.writer.status == "running"
 
@@ -63,9 +50,10 @@ def test_a_superuser_reviewer_is_refused(world):
     alice = world.users["alice"]
     alice.is_superuser = True
     alice.save(update_fields=["is_superuser"])
-    before = row_counts()
-    refused(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world)), "reviewers[0]")
-    assert row_counts() == before
+    before = snapshot()
+    refused(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world)),
+            403, "independence_violation", "reviewers[0]")
+    assert snapshot() == before
 
 
 def test_a_manager_of_another_project_may_review_here(world):

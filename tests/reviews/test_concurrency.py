@@ -2,13 +2,9 @@
 and a gate completes (and resumes its session) exactly once."""
 from __future__ import annotations
 
-import threading
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
 
 import pytest
-from django.db import connection
 
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.models import Event
@@ -16,36 +12,15 @@ from reviews.access import reviewer_for_user
 from reviews.actions import bind_verdict
 from reviews.models import ReviewAssignment, Verdict
 from tests.reviews.factories import agent_reviewer, agent_verdict, verdict_for
+from tests.support.races import oks, race
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def race(fns: list[Callable[[], Any]]) -> list[Any]:
-    barrier = threading.Barrier(len(fns))
-    results: list[Any] = [None] * len(fns)
-
-    def run(i: int, fn: Callable[[], Any]) -> None:
-        try:
-            barrier.wait()
-            results[i] = fn()
-        except Exception as exc:  # recorded, asserted on by the test
-            results[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads)
-    return results
 
 
 def test_concurrent_claims_take_each_slot_once(world):
     gate = world.gate(route="agent", required_verdicts=3)
     agents = [agent_reviewer(world.project)[1] for _ in range(6)]
-    results = race([lambda api=api: api.post("/review-packets/claim") for api in agents])
+    results = oks(race([lambda api=api: api.post("/review-packets/claim") for api in agents]))
     assert [r.status_code for r in results] == [200] * 6
     claimed = [r.json()["packet"] for r in results if r.json()["packet"]]
     assert len(claimed) == 3 and {p["id"] for p in claimed} == {gate.packet.id}
@@ -63,7 +38,7 @@ def test_concurrent_claims_take_each_slot_once(world):
 def test_one_reviewer_racing_itself_holds_one_slot_per_packet(world):
     gate = world.gate(route="agent", required_verdicts=4)
     _, api = agent_reviewer(world.project)
-    results = race([lambda: api.post("/review-packets/claim") for _ in range(4)])
+    results = oks(race([lambda: api.post("/review-packets/claim") for _ in range(4)]))
     got = [r.json()["packet"] for r in results if r.status_code == 200 and r.json()["packet"]]
     assert len(got) == 1 and got[0]["id"] == gate.packet.id
     assert all(r.status_code in (200, 409) for r in results)
@@ -75,7 +50,7 @@ def test_identical_verdicts_racing_bind_once(world):
     _, api = agent_reviewer(world.project)
     api.post("/review-packets/claim")
     body = agent_verdict(gate)
-    results = race([lambda: api.post(f"/review-packets/{gate.packet.id}/verdicts", body) for _ in range(5)])
+    results = oks(race([lambda: api.post(f"/review-packets/{gate.packet.id}/verdicts", body) for _ in range(5)]))
     assert Counter(r.status_code for r in results) == {201: 1, 200: 4}
     assert len({r.json()["id"] for r in results}) == 1
     assert Verdict.objects.count() == 1
@@ -85,10 +60,10 @@ def test_identical_verdicts_racing_bind_once(world):
 def test_last_two_verdicts_racing_complete_the_gate_once(world):
     gate = world.gate(route="relay", reviewers=["alice", "bob"], required_verdicts=2)
     who = {name: reviewer_for_user(world.users[name]) for name in ("alice", "bob")}
-    results = race([
+    results = oks(race([
         lambda name=name: bind_verdict(who[name], gate.packet.id, verdict_for(gate), channel="relay")
         for name in ("alice", "bob")
-    ])
+    ]))
     assert all(r.created for r in results), results
     gate.refresh_from_db()
     world.refresh()

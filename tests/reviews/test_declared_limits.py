@@ -14,6 +14,7 @@ from reviews import actions, packets
 from reviews.models import ReviewGate, Verdict
 from tests.api.declared import declared_valid
 from tests.reviews.factories import RUBRIC, World, agent_reviewer, agent_verdict
+from tests.support.responses import refused
 
 pytestmark = pytest.mark.django_db
 
@@ -28,13 +29,6 @@ def anchored(label: str) -> dict[str, Any]:
     return rubric
 
 
-def refused(resp, field: str) -> dict[str, Any]:
-    assert resp.status_code == 422, resp.content
-    err = resp.json()["error"]
-    assert err["code"] == "validation_error" and err["details"]["field"] == field, err
-    return err
-
-
 EVIDENCE = {"key": "style_guide", "label": "House style", "content": "Short sentences."}
 
 
@@ -47,7 +41,8 @@ EVIDENCE = {"key": "style_guide", "label": "House style", "content": "Short sent
     ({"rubric": anchored("x" * packets.MAX_ANCHOR + "  ")}, "rubric.criteria[0].anchors.1"),
 ])
 def test_gate_limits_are_refused_and_open_nothing(world, over, field):
-    refused(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", gate_body(world, **over)), field)
+    refused(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", gate_body(world, **over)),
+            422, "validation_error", field)
     assert not ReviewGate.objects.exists()
     world.refresh()
     assert world.writer.status == "running"
@@ -74,7 +69,7 @@ def test_verdict_limits_are_refused_and_bind_nothing(world, over, field):
     _, reviewer = agent_reviewer(world.project)
     lease = reviewer.post("/review-packets/claim").json()["lease"]
     body = {**agent_verdict(gate, lease["fencing_token"]), **over}
-    refused(reviewer.post(f"/review-packets/{gate.packet.id}/verdicts", body), field)
+    refused(reviewer.post(f"/review-packets/{gate.packet.id}/verdicts", body), 422, "validation_error", field)
     assert not Verdict.objects.exists() and not ResultDelivery.objects.exists()
     gate.refresh_from_db()
     assert gate.state == "pending"
@@ -108,7 +103,7 @@ def test_the_agent_routes_verdict_count_is_declared_as_enforced(world, required,
         assert resp.status_code == 201, resp.content
         assert resp.json()["required_verdicts"] == required
     else:
-        refused(resp, "required_verdicts")
+        refused(resp, 422, "validation_error", "required_verdicts")
         assert_nothing_opened(world)
     # page and relay routes keep the higher bound (up to the number of reviewers they name)
     assert declared_valid("GateIn", gate_body(world, required_verdicts=actions.MAX_REVIEWERS,
@@ -121,7 +116,7 @@ def test_too_many_reviewer_sessions_are_refused_naming_them(world):
     ids = [agent_reviewer(world.project)[0].id for _ in range(actions.MAX_AGENT_VERDICTS + 1)]
     body = agent_body(world, reviewer_session_ids=ids)
     assert not declared_valid("GateIn", body)
-    err = refused(open_gate(world, body), "reviewer_session_ids")
+    err = refused(open_gate(world, body), 422, "validation_error", "reviewer_session_ids")
     assert f"at most {actions.MAX_AGENT_VERDICTS} reviewer sessions" in err["message"]
     assert "required_verdicts" not in err["message"]
     assert_nothing_opened(world)
@@ -137,11 +132,11 @@ def test_too_many_reviewer_sessions_are_refused_naming_them(world):
 def test_each_routes_reviewers_are_declared_as_enforced(world, over, field):
     body = gate_body(world, **over)
     assert not declared_valid("GateIn", body)
-    refused(open_gate(world, body), field)
+    refused(open_gate(world, body), 422, "validation_error", field)
     assert_nothing_opened(world)
     body = agent_body(world, reviewers=["alice"])  # agent route: sessions, not users
     assert not declared_valid("GateIn", body)
-    refused(open_gate(world, body), "reviewers")
+    refused(open_gate(world, body), 422, "validation_error", "reviewers")
 
 
 def with_evidence(world: World, **item: Any) -> dict[str, Any]:
@@ -171,7 +166,7 @@ def test_gate_rules_that_were_enforced_but_not_declared_are_declared(world, make
     declared invalid and refused, naming the field; nothing is opened."""
     body = make(world)
     assert not declared_valid("GateIn", body), body
-    refused(open_gate(world, body), field)
+    refused(open_gate(world, body), 422, "validation_error", field)
     assert_nothing_opened(world)
 
 
@@ -189,7 +184,7 @@ def test_a_scale_span_is_a_cross_field_rule_stated_in_words(world):
 
     assert f"max - min <= {packets.MAX_SCALE_SPAN}" in served()["components"]["schemas"]["ScaleIn"]["description"]
     body = with_criterion(world, scale={"min": 0, "max": packets.MAX_SCALE_SPAN + 1})
-    refused(open_gate(world, body), "rubric.criteria[0].scale.max")
+    refused(open_gate(world, body), 422, "validation_error", "rubric.criteria[0].scale.max")
     assert_nothing_opened(world)
 
 

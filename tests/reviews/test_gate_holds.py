@@ -16,40 +16,27 @@ import pytest
 
 from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.control.models import Handoff
-from novelforge_sessions.models import Event, Run, RuntimeAttachment, Session
+from novelforge_sessions.models import Event, Run, Session
 from reviews.access import reviewer_for_user
 from reviews.actions import bind_verdict, cancel_gate
 from reviews.models import ReviewGate
 from tests.reviews.factories import World, agent_reviewer, agent_verdict, verdict_for
+from tests.support.responses import refused
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
 RUNTIME = {"runtime_family": "claude-code", "capabilities": ["draft"], "lease_seconds": 600}
 
 
-def snapshot(world: World) -> dict[str, Any]:
-    s = Session.objects.get(id=world.writer.id)
-    return {
-        "session": (s.status, s.status_reason, s.version, s.generation, s.run_count),
-        "runs": sorted(Run.objects.filter(session=s).values_list("id", "state", "pending_external", "ended_at")),
-        "runtimes": sorted(RuntimeAttachment.objects.filter(session=s).values_list("id", "state")),
-        "events": list(Event.objects.order_by("id").values_list("id", flat=True)),
-        "gates": sorted(ReviewGate.objects.filter(session=s).values_list("id", "run_id", "state", "bound_verdicts")),
-        "handoffs": sorted(Handoff.objects.filter(session=s).values_list("id", "run_id", "state")),
-    }
-
-
 def status(world: World) -> str:
     return Session.objects.get(id=world.writer.id).status
 
 
-def refused(resp, *, gate: ReviewGate, awaits: str) -> dict[str, Any]:
-    assert resp.status_code == 409, resp.content
-    error = resp.json()["error"]
-    assert error["code"] == "wait_outstanding", error
-    assert error["details"]["waiting_on"] == [
-        {"kind": "review_gate", "id": gate.id, "label": f"review gate #{gate.id} ({gate.route} route)", "awaits": awaits}]
-    return error
+def waiting_on(gate: ReviewGate, awaits: str) -> dict[str, Any]:
+    """The details of a ``wait_outstanding`` refusal that names ``gate`` as the wait."""
+    label = f"review gate #{gate.id} ({gate.route} route)"
+    return {"waiting_on": [{"kind": "review_gate", "id": gate.id, "label": label, "awaits": awaits}]}
 
 
 def leave_running(world: World) -> None:
@@ -63,11 +50,11 @@ def leave_running(world: World) -> None:
 def test_a_person_routed_gate_refuses_a_plain_transition_to_running_and_writes_nothing(world: World, route: str):
     gate = world.gate(route=route)
     assert status(world) == "awaiting_user"  # a live runtime: only the gate stands in the way
-    before = snapshot(world)
+    before = snapshot()
     error = refused(world.writer_api.post(f"/sessions/{world.writer.id}/transition", {"to": "running"}),
-                    gate=gate, awaits="awaiting_user")
+                    409, "wait_outstanding", details_has=waiting_on(gate, "awaiting_user"))
     assert error["details"]["status"] == "awaiting_user" and error["details"]["run_id"] == world.run.id
-    assert snapshot(world) == before
+    assert snapshot() == before
     # the other exits of a waiting session stay open: it may still fail
     assert world.writer_api.post(f"/sessions/{world.writer.id}/transition", {"to": "failed"}).status_code == 200
     gate.refresh_from_db()
@@ -79,25 +66,26 @@ def test_an_agent_gate_refuses_a_plain_transition_to_running_while_its_review_is
     gate = world.gate(route="agent")
     assert status(world) == "awaiting_external"
     assert Handoff.objects.filter(review_assignment__packet__gate=gate, state="pending").count() == 1
-    before = snapshot(world)
+    before = snapshot()
     refused(world.writer_api.post(f"/sessions/{world.writer.id}/transition", {"to": "running"}),
-            gate=gate, awaits="awaiting_external")
-    assert snapshot(world) == before
+            409, "wait_outstanding", details_has=waiting_on(gate, "awaiting_external"))
+    assert snapshot() == before
 
 
 def test_the_refusal_keeps_the_more_fundamental_ones_first(world: World):
     gate = world.gate(route="page")
     path = f"/sessions/{world.writer.id}/transition"
     version = Session.objects.get(id=world.writer.id).version
-    before = snapshot(world)
+    before = snapshot()
     assert world.writer_api.post(path, {"to": "running", "expected_version": version - 1}).json()["error"]["code"] \
         == "version_conflict"
     assert world.writer_api.post(path, {"to": "idle"}).json()["error"]["code"] == "illegal_transition"
     Session.objects.filter(id=world.writer.id).update(open_conflict="handoff j1: conflicting result")
     assert world.writer_api.post(path, {"to": "running"}).json()["error"]["code"] == "open_conflict"
     Session.objects.filter(id=world.writer.id).update(open_conflict="")
-    refused(world.writer_api.post(path, {"to": "running", "expected_version": version}), gate=gate, awaits="awaiting_user")
-    assert snapshot(world) == before
+    refused(world.writer_api.post(path, {"to": "running", "expected_version": version}),
+            409, "wait_outstanding", details_has=waiting_on(gate, "awaiting_user"))
+    assert snapshot() == before
 
 
 # ---- a held run does not end completed ---------------------------------------------------------------
@@ -105,20 +93,21 @@ def test_the_refusal_keeps_the_more_fundamental_ones_first(world: World):
 def test_a_run_holding_a_pending_gate_cannot_end_completed(world: World, session_status: str | None):
     gate = world.gate(route="page")
     leave_running(world)
-    before = snapshot(world)
+    before = snapshot()
     body = {"outcome": "completed", **({"session_status": session_status} if session_status else {})}
-    refused(world.writer_api.post(f"/runs/{world.run.id}/end", body), gate=gate, awaits="awaiting_user")
-    assert snapshot(world) == before
+    refused(world.writer_api.post(f"/runs/{world.run.id}/end", body),
+            409, "wait_outstanding", details_has=waiting_on(gate, "awaiting_user"))
+    assert snapshot() == before
 
 
 @pytest.mark.parametrize("target", ["idle", "completed"])
 def test_a_plain_transition_that_would_complete_a_held_run_is_refused(world: World, target: str):
     gate = world.gate(route="page")
     leave_running(world)
-    before = snapshot(world)
+    before = snapshot()
     refused(world.writer_api.post(f"/sessions/{world.writer.id}/transition", {"to": target}),
-            gate=gate, awaits="awaiting_user")
-    assert snapshot(world) == before
+            409, "wait_outstanding", details_has=waiting_on(gate, "awaiting_user"))
+    assert snapshot() == before
 
 
 def test_a_held_run_may_still_fail(world: World):
@@ -174,13 +163,13 @@ def test_resume_with_a_pending_page_gate_leaves_the_session_awaiting_user(world:
 
     # the resumed run cannot complete past the gate: it is awaiting_user, and going back to
     # running is refused until the verdict is bound
-    before = snapshot(world)
+    before = snapshot()
     runtime_id = report["runtime_id"]
     assert world.writer_api.post(f"/runs/{new_run.id}/end", {"outcome": "completed", "session_status": "completed",
                                                                "runtime_id": runtime_id}).status_code == 409
     refused(world.writer_api.post(f"/sessions/{world.writer.id}/transition", {"to": "running", "runtime_id": runtime_id}),
-            gate=gate, awaits="awaiting_user")
-    assert snapshot(world) == before
+            409, "wait_outstanding", details_has=waiting_on(gate, "awaiting_user"))
+    assert snapshot() == before
 
     bind_verdict(reviewer_for_user(world.users["alice"]), gate.packet.id, verdict_for(gate), channel="page")
     assert status(world) == "running"
@@ -195,11 +184,11 @@ def test_resume_with_a_pending_agent_gate_leaves_the_session_awaiting_external(w
     report = _close_and_resume(world)
     gate.refresh_from_db()
     assert status(world) == "awaiting_external" and gate.run_id == report["run_id"]
-    before = snapshot(world)
+    before = snapshot()
     refused(world.writer_api.post(f"/sessions/{world.writer.id}/transition",
                                   {"to": "running", "runtime_id": report["runtime_id"]}),
-            gate=gate, awaits="awaiting_external")
-    assert snapshot(world) == before
+                                          409, "wait_outstanding", details_has=waiting_on(gate, "awaiting_external"))
+    assert snapshot() == before
     lease = agent.post("/review-packets/claim").json()["lease"]
     assert agent.post(f"/review-packets/{gate.packet.id}/verdicts",
                       agent_verdict(gate, lease["fencing_token"])).status_code == 201

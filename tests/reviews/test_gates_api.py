@@ -8,8 +8,9 @@ import pytest
 
 from novelforge_sessions.models import ArtifactVersion, Event
 from reviews.models import GateCalibration, ReviewAssignment, ReviewGate, ReviewPacket
-from tests.conftest import Api
-from tests.reviews.factories import RUBRIC, World, agent_reviewer, assert_error
+from tests.support.factories import Api
+from tests.reviews.factories import RUBRIC, World, agent_reviewer
+from tests.support.responses import refused
 
 pytestmark = pytest.mark.django_db
 
@@ -92,7 +93,7 @@ def test_routing_records_live_agent_reviewers_before_waiting_on_a_person(world, 
     ],
 )
 def test_bad_gates_are_422_naming_the_field_and_write_nothing(world, over, field):
-    err = assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world, **over)), 422,
+    err = refused(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world, **over)), 422,
                        "validation_error")
     assert err["details"]["field"] == field
     assert ReviewGate.objects.count() == 0 and ReviewPacket.objects.count() == 0
@@ -103,7 +104,7 @@ def test_bad_gates_are_422_naming_the_field_and_write_nothing(world, over, field
 def test_gate_needs_a_running_session(world):
     assert world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world)).status_code == 201
     # Now awaiting_user: a second gate cannot be opened until the run continues.
-    assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world)), 409, "session_not_running")
+    refused(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world)), 409, "session_not_running")
     assert ReviewGate.objects.count() == 1
 
 
@@ -112,7 +113,7 @@ def test_candidate_of_another_project_is_404(world, other_project):
         artifact=other_project.artifacts.create(name="x"), number=1, content="x",
         fingerprint="sha256:" + "b" * 64,
     )
-    assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates",
+    refused(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates",
                                        body(world, candidate_version_id=foreign.id)), 404, "not_found")
     assert ReviewGate.objects.count() == 0
 
@@ -122,7 +123,7 @@ def test_reviewer_who_wrote_the_candidate_is_refused(world):
         artifact=world.version.artifact, number=2, content="alice's draft",
         fingerprint="sha256:" + "c" * 64, created_by="user:alice",
     )
-    err = assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates",
+    err = refused(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates",
                                              body(world, candidate_version_id=mine.id, reviewers=["bob", "alice"])),
                        403, "independence_violation")
     assert err["details"]["field"] == "reviewers[1]"
@@ -134,7 +135,7 @@ def test_agent_route_refuses_non_independent_sessions(world, role, memory):
     """The same 422 as an id that names no session, saying nothing of the session's role or
     memory policy (a bound token reaches no other session: ``tests/api/test_bound_tokens.py``)."""
     reviewer, _ = agent_reviewer(world.project, role=role, memory=memory)
-    err = assert_error(world.writer_api.post(
+    err = refused(world.writer_api.post(
         f"/sessions/{world.writer.id}/review-gates",
         body(world, route="agent", reviewers=[], reviewer_session_ids=[reviewer.id])), 422, "validation_error")
     assert err["details"] == {"field": "reviewer_session_ids[0]"}
@@ -142,14 +143,14 @@ def test_agent_route_refuses_non_independent_sessions(world, role, memory):
 
 
 def test_agent_route_refuses_the_writer_as_its_own_reviewer(world):
-    assert_error(world.writer_api.post(
+    refused(world.writer_api.post(
         f"/sessions/{world.writer.id}/review-gates",
         body(world, route="agent", reviewers=[], reviewer_session_ids=[world.writer.id])), 403, "independence_violation")
 
 
 def test_only_writer_or_manager_sessions_open_gates(world, owner, new_session):
     specialist = new_session(role="specialist", run=True)
-    assert_error(owner.post(f"/sessions/{specialist['id']}/review-gates", body(world)), 403, "forbidden")
+    refused(owner.post(f"/sessions/{specialist['id']}/review-gates", body(world)), 403, "forbidden")
 
 
 def test_gate_reads_are_scoped_to_the_callers_sessions(world):
@@ -158,7 +159,7 @@ def test_gate_reads_are_scoped_to_the_callers_sessions(world):
     listing = world.writer_api.get(f"/sessions/{world.writer.id}/review-gates").json()
     assert [g["id"] for g in listing["items"]] == [gate.id]
     _, reviewer_api = agent_reviewer(world.project, permissions=("review", "read"))
-    assert_error(reviewer_api.get(f"/review-gates/{gate.id}"), 404, "not_found")
+    refused(reviewer_api.get(f"/review-gates/{gate.id}"), 404, "not_found")
 
 
 def test_cancel_returns_the_session_to_running(world):
@@ -203,8 +204,8 @@ def test_a_superseded_generation_cannot_open_a_gate_on_the_resumed_run(world):
     assert report["ok"] and report["generation"] == 2
     counts = (ReviewGate.objects.count(), ReviewPacket.objects.count(), ReviewAssignment.objects.count(), Event.objects.count())
 
-    assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world)), 409, "runtime_required")
-    err = assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world, runtime_id=gen1)),
+    refused(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world)), 409, "runtime_required")
+    err = refused(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world, runtime_id=gen1)),
                        409, "stale_runtime")
     assert err["details"]["live_runtime_id"] == report["runtime_id"]
     assert (ReviewGate.objects.count(), ReviewPacket.objects.count(), ReviewAssignment.objects.count(),
@@ -228,7 +229,7 @@ def test_a_gate_is_not_opened_once_the_writer_s_lease_ran_out(world, route):
     before = (Event.objects.count(), ReviewGate.objects.count(), ReviewPacket.objects.count(),
               ReviewAssignment.objects.count(), Handoff.objects.count())
     extra = {"reviewers": [], "required_verdicts": 1} if route == "agent" else {}
-    err = assert_error(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world, route=route, **extra)),
+    err = refused(world.writer_api.post(f"/sessions/{world.writer.id}/review-gates", body(world, route=route, **extra)),
                        409, "no_live_runtime")
     assert err["details"] == {"session_id": world.writer.id, "status": "running"}
     assert (Event.objects.count(), ReviewGate.objects.count(), ReviewPacket.objects.count(),

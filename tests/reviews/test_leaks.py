@@ -22,7 +22,7 @@ from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.models import Event
 from reviews.actions import GateSpec, bind_verdict, open_gate
 from reviews.access import reviewer_for_user
-from tests.conftest import Api
+from tests.support.factories import Api
 from tests.reviews.factories import RUBRIC, add_writer, agent_reviewer, agent_verdict, citing, make_world, orchestrator, verdict_for
 
 pytestmark = pytest.mark.django_db

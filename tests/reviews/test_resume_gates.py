@@ -18,12 +18,13 @@ from novelforge_sessions.control import waits
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.errors import ResumeRefused, ValidationFailed
-from novelforge_sessions.models import Artifact, ArtifactVersion, Checkpoint, Event, Run, RuntimeAttachment, Session
+from novelforge_sessions.models import Artifact, ArtifactVersion, Checkpoint, Event, Run, Session
 from reviews.access import reviewer_for_user
 from reviews.actions import GateSpec, bind_verdict, cancel_gate, open_gate
 from reviews.models import ReviewGate, Verdict
-from tests.conftest import caller_for
+from tests.support.factories import caller_for
 from tests.reviews.factories import RUBRIC, add_writer, agent_reviewer, agent_verdict, citing, orchestrator, verdict_for, World
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -49,20 +50,6 @@ def step(outcome_or_report, name: str) -> dict[str, Any]:
 
 def run_row(run_id: int) -> tuple:
     return Run.objects.filter(id=run_id).values_list("state", "pending_external", "ended_at", "end_reason").get()
-
-
-def snapshot(world: World) -> dict[str, Any]:
-    s = Session.objects.get(id=world.writer.id)
-    return {
-        "session": (s.status, s.version, s.generation, s.run_count),
-        "runs": sorted(Run.objects.filter(session=s).values_list("id", "state", "pending_external")),
-        "runtimes": RuntimeAttachment.objects.filter(session=s).count(),
-        "events": Event.objects.count(),
-        "gates": sorted(ReviewGate.objects.filter(session=s).values_list("id", "run_id", "state")),
-        "handoffs": sorted(Handoff.objects.filter(session=s).values_list("id", "run_id", "state")),
-        "checkpoints": Checkpoint.objects.filter(session=s).count(),
-        "verdicts": Verdict.objects.count(),
-    }
 
 
 def move_head(world: World, to: ArtifactVersion | None = None, key: str = "move-head") -> ArtifactVersion:
@@ -134,7 +121,7 @@ def test_a_gate_whose_candidate_went_stale_refuses_resume_with_re_review_and_wri
     freeze(world, gates=[{"gate_id": gate.id}])
     close_session(world.writer_caller, world.writer.id)
     move_head(world)
-    before = snapshot(world)
+    before = snapshot()
     with pytest.raises(ResumeRefused) as info:
         resume_session(world.writer_caller, world.writer.id, runtime=RUNTIME)
     report = info.value.details["report"]
@@ -143,7 +130,7 @@ def test_a_gate_whose_candidate_went_stale_refuses_resume_with_re_review_and_wri
     assert [p["problem"] for p in reviews["data"]["problems"]] == ["candidate changed"]
     assert reviews["data"]["problems"][0]["gate_id"] == gate.id
     assert [s["step"] for s in report["steps"] if not s["ok"]] == ["reviews", "continue"]
-    assert snapshot(world) == before
+    assert snapshot() == before
 
 
 def test_a_cancelled_gate_the_checkpoint_waits_on_is_reported(world: World):
@@ -151,13 +138,13 @@ def test_a_cancelled_gate_the_checkpoint_waits_on_is_reported(world: World):
     freeze(world, gates=[{"gate_id": gate.id}])
     cancel_gate(world.writer_caller, gate.id, reason="re-freeze the candidate")
     close_session(world.writer_caller, world.writer.id)
-    before = snapshot(world)
+    before = snapshot()
     with pytest.raises(ResumeRefused) as info:
         resume_session(world.writer_caller, world.writer.id, runtime=RUNTIME)
     reviews = step(info.value.details["report"], "reviews")
     assert reviews["ok"] is False and reviews["repair"] == "re-review"
     assert reviews["data"]["problems"] == [{"gate_id": gate.id, "problem": "review gate cancelled", "repair": "re-review"}]
-    assert snapshot(world) == before
+    assert snapshot() == before
 
 
 def test_a_complete_gate_is_reported_with_its_outcome(world: World):
@@ -174,15 +161,15 @@ def complete(world: World, gate: ReviewGate, decision: str = "pass") -> None:
     assert (gate.state, gate.outcome) == ("complete", decision)
 
 
-def refused(world: World) -> dict[str, Any]:
+def resume_refused(world: World) -> dict[str, Any]:
     """Resume is refused and writes nothing; the dry run reports the same; returns the report."""
     close_session(world.writer_caller, world.writer.id)
-    before = snapshot(world)
+    before = snapshot()
     with pytest.raises(ResumeRefused) as dry:
         resume_session(world.writer_caller, world.writer.id, runtime=RUNTIME, dry_run=True)
     with pytest.raises(ResumeRefused) as info:
         resume_session(world.writer_caller, world.writer.id, runtime=RUNTIME)
-    assert snapshot(world) == before
+    assert snapshot() == before
     report = info.value.details["report"]
     assert dry.value.details["report"]["steps"] == report["steps"]
     assert [s["step"] for s in report["steps"] if not s["ok"]] == ["reviews", "continue"]
@@ -199,7 +186,7 @@ def test_a_complete_gate_whose_candidate_changed_refuses_resume_with_re_review_a
     complete(world, gate, decision)
     freeze(world, gates=[{"gate_id": gate.id}])
     moved = move_head(world)
-    reviews = step(refused(world), "reviews")
+    reviews = step(resume_refused(world), "reviews")
     assert reviews["ok"] is False and reviews["repair"] == "re-review"
     assert reviews["detail"] == "1 review gate(s) no longer valid"
     assert reviews["data"] == {"pending": [], "complete": [], "problems": [{
@@ -215,7 +202,7 @@ def test_the_api_answers_409_resume_refused_for_a_complete_gate_whose_candidate_
     freeze(world, gates=[{"gate_id": gate.id}])
     moved = move_head(world)
     assert world.writer_api.post(f"/sessions/{world.writer.id}/close", {}).status_code == 200
-    before = snapshot(world)
+    before = snapshot()
     resp = world.writer_api.post(f"/sessions/{world.writer.id}/resume",
                                  {"runtime": {"runtime_family": "claude-code", "lease_seconds": 600}})
     assert resp.status_code == 409, resp.content
@@ -225,7 +212,7 @@ def test_the_api_answers_409_resume_refused_for_a_complete_gate_whose_candidate_
     assert reviews["ok"] is False and reviews["repair"] == "re-review" and reviews["data"]["complete"] == []
     assert [(p["gate_id"], p["candidate_fingerprint"], p["current"]) for p in reviews["data"]["problems"]] == [
         (gate.id, world.version.fingerprint, moved.fingerprint)]
-    assert snapshot(world) == before
+    assert snapshot() == before
 
 
 def test_a_complete_and_a_pending_gate_on_a_changed_candidate_are_reported_alike(world: World):
@@ -234,7 +221,7 @@ def test_a_complete_and_a_pending_gate_on_a_changed_candidate_are_reported_alike
     waiting = world.gate(route="page", reviewers=["bob"])
     freeze(world, gates=[{"gate_id": done.id}, {"gate_id": waiting.id}])
     move_head(world)
-    problems = step(refused(world), "reviews")["data"]["problems"]
+    problems = step(resume_refused(world), "reviews")["data"]["problems"]
     assert [p["gate_id"] for p in problems] == [done.id, waiting.id]
     assert {**problems[0], "gate_id": None} == {**problems[1], "gate_id": None}
 

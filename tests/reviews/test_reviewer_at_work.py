@@ -29,8 +29,9 @@ from novelforge_sessions.models import ArtifactVersion, Event, RuntimeAttachment
 from reviews import actions
 from reviews.access import reviewer_for_caller
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
-from tests.conftest import Api, caller_for
-from tests.reviews.factories import World, add_writer, agent_verdict, assert_error, citing, verdict_for
+from tests.support.factories import Api, caller_for
+from tests.reviews.factories import World, add_writer, agent_verdict, citing, verdict_for
+from tests.support.responses import refused
 
 pytestmark = pytest.mark.django_db
 
@@ -109,7 +110,7 @@ def test_a_reviewer_session_that_cannot_work_claims_nothing(world: World, how: s
     make_unable, code = UNABLE[how]
     make_unable(world, session)
     before = state(world)
-    err = assert_error(api.post("/review-packets/claim"), 409, code)
+    err = refused(api.post("/review-packets/claim"), 409, code)
     assert err["details"]["session_id"] == session.id
     if code == "handoff_not_claimable":
         assert err["details"]["missing_capabilities"] == ["review"]
@@ -123,7 +124,7 @@ def test_a_reviewer_session_that_never_had_a_runtime_claims_nothing(world: World
     world.gate(route="agent")
     session, api = reviewer(world, caps=None)
     before = state(world)
-    err = assert_error(api.post("/review-packets/claim"), 409, "no_live_runtime")
+    err = refused(api.post("/review-packets/claim"), 409, "no_live_runtime")
     assert err["details"] == {"session_id": session.id, "status": "created"}
     assert state(world) == before
 
@@ -132,7 +133,7 @@ def test_a_live_runtime_without_review_claims_nothing(world: World):
     world.gate(route="agent")
     _, api = reviewer(world, caps=["draft"])
     before = state(world)
-    err = assert_error(api.post("/review-packets/claim"), 409, "handoff_not_claimable")
+    err = refused(api.post("/review-packets/claim"), 409, "handoff_not_claimable")
     assert err["details"]["missing_capabilities"] == ["review"]
     assert state(world) == before
 
@@ -146,8 +147,8 @@ def test_a_claim_held_by_a_session_that_stopped_working_neither_renews_nor_binds
     make_unable, code = UNABLE[how]
     make_unable(world, session)
     before = state(world)
-    assert_error(api.post(f"/review-packets/{gate.packet.id}/heartbeat", {"fencing_token": 1}), 409, code)
-    assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, 1, decision="pass")),
+    refused(api.post(f"/review-packets/{gate.packet.id}/heartbeat", {"fencing_token": 1}), 409, code)
+    refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, 1, decision="pass")),
                  409, code)
     assert state(world) == before
     gate.refresh_from_db()
@@ -173,7 +174,7 @@ def test_a_bound_verdict_resubmitted_after_the_reviewer_stopped_working_gets_the
     # not the same verdict, or not under the claim that bound it: the session's refusal
     for body in (agent_verdict(gate, token, decision="fail"), agent_verdict(gate, token + 1, decision="pass"),
                  agent_verdict(gate, token, decision="pass", confidence="very")):
-        assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", body), 409, code)
+        refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", body), 409, code)
     assert state(world) == before
     assert Verdict.objects.get().fingerprint == Verdict.objects.get(id=first.json()["id"]).fingerprint
 
@@ -235,7 +236,7 @@ def test_a_reviewer_that_was_resumed_with_review_works_again(world: World):
     gate = world.gate(route="agent")
     session, api = reviewer(world)
     closed(world, session)
-    assert_error(api.post("/review-packets/claim"), 409, "no_live_runtime")
+    refused(api.post("/review-packets/claim"), 409, "no_live_runtime")
     attach_runtime(caller_for(world.project), session.id, RuntimeSpec(runtime_family="chat", capabilities=["review"]))
     assert api.post("/review-packets/claim").json()["packet"]["id"] == gate.packet.id
 

@@ -17,7 +17,8 @@ from novelforge_sessions.session_runtime import InvalidPayload
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
 from reviews.packets import build_packet, relay_prompt, sha256_fingerprint, validate_rubric
 from reviews.verdicts import location_error, parse_location, validate_verdict
-from tests.reviews.factories import CHAPTER, RUBRIC, add_writer, agent_reviewer, agent_verdict, assert_error, citing, orchestrator, verdict_for
+from tests.reviews.factories import CHAPTER, RUBRIC, add_writer, agent_reviewer, agent_verdict, citing, orchestrator, verdict_for
+from tests.support.responses import refused
 
 pytestmark = pytest.mark.django_db
 
@@ -79,7 +80,7 @@ def test_api_refuses_an_out_of_range_finding_with_a_typed_422_and_binds_nothing(
     assert api.post("/review-packets/claim").status_code == 200
     body = agent_verdict(gate, findings=[{"location": "L2", "severity": "minor", "note": "fine"},
                                          {"location": "L99", "severity": "major", "note": "beyond the end"}])
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", body), 422, "validation_error")
+    err = refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", body), 422, "validation_error")
     assert err["details"]["field"] == "findings[1].location"
     assert err["details"]["errors"] == [{"field": "findings[1].location",
                                          "message": "line 99 is not in the candidate (it has 4 lines)"}]
@@ -159,7 +160,7 @@ def test_api_opens_a_gate_with_anchors_and_refuses_bad_ones_writing_nothing(worl
     url = f"/sessions/{world.writer.id}/review-gates"
     base = {"candidate_version_id": world.version.id, "route": "page", "reviewers": ["alice"]}
     bad = {"criteria": [{**ANCHORED["criteria"][0], "anchors": {"9": "Off the scale"}}]}
-    err = assert_error(world.writer_api.post(url, {**base, "rubric": bad}), 422, "validation_error")
+    err = refused(world.writer_api.post(url, {**base, "rubric": bad}), 422, "validation_error")
     assert err["details"]["field"] == "rubric.criteria[0].anchors.9"
     assert not ReviewGate.objects.exists()
     resp = world.writer_api.post(url, {**base, "rubric": ANCHORED})

@@ -11,8 +11,9 @@ from novelforge_sessions.actions.artifacts import add_artifact_version, create_a
 from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.models import Artifact, Event, Session
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
-from tests.conftest import Api
-from tests.reviews.factories import World, agent_reviewer, agent_verdict, assert_error, orchestrator, verdict_for
+from tests.support.factories import Api
+from tests.reviews.factories import World, agent_reviewer, agent_verdict, orchestrator, verdict_for
+from tests.support.responses import refused
 
 pytestmark = pytest.mark.django_db
 
@@ -53,7 +54,7 @@ def test_agent_claims_reads_and_binds_a_typed_verdict(world, agent_gate):
 
 def test_wrong_packet_fingerprint_is_stale_and_stores_nothing(agent_gate):
     gate, _, api = agent_gate
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts",
+    err = refused(api.post(f"/review-packets/{gate.packet.id}/verdicts",
                                 agent_verdict(gate, packet_fingerprint="sha256:" + "f" * 64)), 409, "stale_fingerprint")
     assert err["details"]["field"] == "packet_fingerprint"
     assert Verdict.objects.count() == 0 and bound_events(gate) == 0
@@ -61,7 +62,7 @@ def test_wrong_packet_fingerprint_is_stale_and_stores_nothing(agent_gate):
 
 def test_wrong_artifact_fingerprint_is_stale(agent_gate):
     gate, _, api = agent_gate
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts",
+    err = refused(api.post(f"/review-packets/{gate.packet.id}/verdicts",
                                 agent_verdict(gate, artifact_fingerprint="sha256:" + "e" * 64)), 409, "stale_fingerprint")
     assert err["details"]["field"] == "artifact_fingerprint"
     assert Verdict.objects.count() == 0
@@ -72,7 +73,7 @@ def test_candidate_changed_since_freeze_is_stale(world, agent_gate):
     newer = add_artifact_version(world.writer_caller, world.version.artifact_id, content="A different chapter.")
     # Making a version current is an approved write elsewhere; here we only need its effect.
     Artifact.objects.filter(id=world.version.artifact_id).update(current_version=newer)
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "stale_fingerprint")
+    err = refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "stale_fingerprint")
     assert err["details"]["reason"] == "candidate_changed"
     gate.refresh_from_db()
     assert Verdict.objects.count() == 0 and gate.state == "pending" and gate.bound_verdicts == 0
@@ -87,7 +88,7 @@ def test_a_new_version_that_is_not_current_does_not_make_the_review_stale(world,
 
 def test_out_of_scale_score_is_422_naming_the_field(agent_gate):
     gate, _, api = agent_gate
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts",
+    err = refused(api.post(f"/review-packets/{gate.packet.id}/verdicts",
                                 agent_verdict(gate, scores={"clarity": 9, "pacing": 3})), 422, "validation_error")
     assert err["details"]["field"] == "scores.clarity"
     assert Verdict.objects.count() == 0
@@ -95,7 +96,7 @@ def test_out_of_scale_score_is_422_naming_the_field(agent_gate):
 
 def test_malformed_json_is_400(agent_gate):
     gate, _, api = agent_gate
-    assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", raw="{nope"), 400, "malformed_body")
+    refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", raw="{nope"), 400, "malformed_body")
 
 
 def test_identical_resubmission_is_idempotent(agent_gate):
@@ -112,7 +113,7 @@ def test_identical_resubmission_is_idempotent(agent_gate):
 def test_conflicting_resubmission_is_refused(agent_gate):
     gate, _, api = agent_gate
     first = api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)).json()
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, decision="reject")),
+    err = refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate, decision="reject")),
                        409, "verdict_conflict")
     assert err["details"]["verdict_id"] == first["id"]
     assert list(Verdict.objects.values_list("decision", flat=True)) == ["revise"] and bound_events(gate) == 1
@@ -139,8 +140,8 @@ def test_a_reviewer_cannot_open_another_reviewers_packet(world):
     _, second = agent_reviewer(world.project)
     assert first.post("/review-packets/claim").json()["packet"]["id"] == gate.packet.id
     assert second.post("/review-packets/claim").json() == {"packet": None, "lease": None}
-    assert_error(second.get(f"/review-packets/{gate.packet.id}"), 404, "not_found")
-    assert_error(second.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 404, "not_found")
+    refused(second.get(f"/review-packets/{gate.packet.id}"), 404, "not_found")
+    refused(second.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 404, "not_found")
     assert second.get("/review-packets").json()["items"] == []
     assert Verdict.objects.count() == 0
 
@@ -160,7 +161,7 @@ def test_claim_skips_packets_the_reviewer_is_not_independent_of(world):
     assert api.post("/review-packets/claim").json() == {"packet": None, "lease": None}
     # Pre-assigned anyway (the gate cannot see token labels)? Binding re-checks and refuses.
     gate = world.gate(route="agent", candidate_version_id=own.current_version_id, reviewer_session_ids=[session.id])
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 403,
+    err = refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 403,
                        "independence_violation")
     assert Verdict.objects.count() == 0 and err["message"]
 
@@ -168,11 +169,11 @@ def test_claim_skips_packets_the_reviewer_is_not_independent_of(world):
 def test_a_token_not_bound_to_a_reviewer_session_cannot_review(world):
     world.gate(route="agent")
     _, unbound = agent_reviewer(world.project, bound=False)
-    assert_error(unbound.post("/review-packets/claim"), 403, "independence_violation")
+    refused(unbound.post("/review-packets/claim"), 403, "independence_violation")
     _, bounded_memory = agent_reviewer(world.project, memory="session")
-    assert_error(bounded_memory.post("/review-packets/claim"), 403, "independence_violation")
+    refused(bounded_memory.post("/review-packets/claim"), 403, "independence_violation")
     _, no_permission = agent_reviewer(world.project, permissions=("read",))
-    assert_error(no_permission.post("/review-packets/claim"), 403, "forbidden")
+    refused(no_permission.post("/review-packets/claim"), 403, "forbidden")
     assert ReviewAssignment.objects.filter(state="open").count() == 1
 
 
@@ -181,7 +182,7 @@ def test_the_writer_session_cannot_review_its_own_candidate(world):
 
     world.gate(route="agent")
     _, raw = create_token(world.project, name="writer-review", permissions=["review"], session=world.writer)
-    assert_error(Api(raw).post("/review-packets/claim"), 403, "independence_violation")
+    refused(Api(raw).post("/review-packets/claim"), 403, "independence_violation")
 
 
 def test_human_reviewer_cannot_bind_on_a_packet_not_assigned_to_them(world, as_user):
@@ -196,7 +197,7 @@ def test_human_reviewer_cannot_bind_on_a_packet_not_assigned_to_them(world, as_u
 def test_a_cancelled_gate_takes_no_verdict(world, agent_gate):
     gate, _, api = agent_gate
     assert world.writer_api.post(f"/review-gates/{gate.id}/cancel").status_code == 200
-    assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "gate_closed")
+    refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "gate_closed")
     assert Verdict.objects.count() == 0
 
 
@@ -227,7 +228,7 @@ def test_reviewing_a_version_that_is_not_yet_current(world):
     assert one.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)).status_code == 201
     v3 = add_artifact_version(world.writer_caller, world.version.artifact_id, content="Third draft.")
     Artifact.objects.filter(id=v2.artifact_id).update(current_version=v3)
-    assert_error(two.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "stale_fingerprint")
+    refused(two.post(f"/review-packets/{gate.packet.id}/verdicts", agent_verdict(gate)), 409, "stale_fingerprint")
     assert Verdict.objects.count() == 1
 
 
@@ -252,7 +253,7 @@ def test_a_nul_in_a_verdict_is_422_and_stores_nothing(agent_gate):
     """The verdict body is parsed by hand; text PostgreSQL cannot store is refused there too."""
     gate, _, api = agent_gate
     body = agent_verdict(gate, findings=[{"location": "L1", "severity": "minor", "note": "bad\x00byte"}])
-    err = assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", body), 422, "validation_error")
+    err = refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", body), 422, "validation_error")
     assert err["details"]["field"] == "findings[0].note"
     assert Verdict.objects.count() == 0 and bound_events(gate) == 0
 
@@ -263,5 +264,5 @@ def test_a_verdict_nested_too_deep_is_400_not_500(agent_gate, depth):
     gate, _, api = agent_gate
     verdict = {**agent_verdict(gate), "scores": {"clarity": "DEEP"}}  # replaced, not repeated: keys are unique
     raw = json.dumps(verdict).replace('"DEEP"', "[" * depth + "]" * depth)
-    assert_error(api.post(f"/review-packets/{gate.packet.id}/verdicts", raw=raw), 400, "malformed_body")
+    refused(api.post(f"/review-packets/{gate.packet.id}/verdicts", raw=raw), 400, "malformed_body")
     assert Verdict.objects.count() == 0

@@ -16,10 +16,11 @@ from novelforge_sessions import lifecycles as lc
 from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.models import Event, Run, RuntimeAttachment, Session
 from reviews.models import ReviewGate
-from tests.conftest import RUNTIME
-from tests.control.conftest import make_handoff, ok, refused
+from tests.support.factories import RUNTIME
+from tests.control.conftest import make_handoff
+from tests.support.responses import ok, refused
 from tests.reviews.factories import World, make_world
-from tests.sessions.test_fencing import snapshot
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -94,10 +95,10 @@ def test_what_a_waiting_session_still_cannot_do(owner, new_session, body, code):
     s = new_session(run=True)
     make_handoff(owner, s["run"]["id"], "job-1")
     ok(owner.post(f"/sessions/{s['id']}/abort", {}))
-    before = snapshot(s["id"])
+    before = snapshot()
     err = refused(owner.post(f"/runs/{s['run']['id']}/end", body), 409, code)
     assert err["details"]["from"] == "awaiting_external"
-    assert snapshot(s["id"]) == before
+    assert snapshot() == before
 
 
 def test_an_aborted_run_of_a_running_session_still_leaves_it_idle(owner, new_session):

@@ -18,9 +18,10 @@ from novelforge_sessions.actions.artifacts import create_artifact
 from novelforge_sessions.control import checkpoints
 from novelforge_sessions.errors import CATALOG, ServiceError
 from novelforge_sessions.models import Checkpoint, Event, Project, Run
-from tests.conftest import caller_for, make_project
-from tests.sessions.test_concurrency import race, running_session
-from tests.sessions.test_expired_lease_writes import snapshot
+from tests.support.factories import caller_for, make_project
+from tests.support.factories import running_session
+from tests.support.races import race
+from tests.support.snapshots import snapshot
 from tests.sessions.test_liveness import expire
 
 CP = {"boundary": "context_freeze", "cursor": {"step": 2, "note": "ü \" \\ ok"}}

@@ -25,7 +25,7 @@ from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.apikit.auth import caller_for_token
 from novelforge_sessions.errors import UnknownArtifactVersion
 from novelforge_sessions.models import Artifact, ArtifactVersion, Checkpoint, Run
-from tests.conftest import caller_for
+from tests.support.factories import caller_for
 
 pytestmark = pytest.mark.django_db
 

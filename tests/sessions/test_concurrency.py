@@ -1,56 +1,17 @@
 """Racing transitions on one session, with real threads against PostgreSQL: exactly one wins."""
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import pytest
-from django.db import connection
 
-from novelforge_sessions.access import Caller
 from novelforge_sessions.actions import runs, sessions
 from novelforge_sessions.actions.runtimes import RuntimeSpec
-from novelforge_sessions.errors import ServiceError
 from novelforge_sessions.models import Event, Run, RuntimeAttachment, Session
-
-from tests.conftest import caller_for, make_project
+from tests.support.factories import caller_for, make_project, running_session
+from tests.support.races import THREADS, race
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-THREADS = 12
-
-
-def race(fn, n: int = THREADS) -> list:
-    """Run ``fn(i)`` in n threads released together; return each result or error code."""
-    barrier = threading.Barrier(n)
-    results: list = [None] * n
-
-    def work(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = ("ok", fn(i))
-        except ServiceError as exc:
-            results[i] = ("error", exc.code)
-        except Exception as exc:  # anything else is a bug the test must show
-            results[i] = ("crash", repr(exc))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
-
-
-def running_session(who: Caller) -> Session:
-    s = sessions.create_session(
-        who, sessions.NewSession(role="writer", memory_policy="bounded", task_mode="drafting", runtime_family="cli"),
-        runtime=RuntimeSpec(runtime_family="cli"),
-    )
-    runs.start_run(who, s.id, cursor={"step": 1})
-    return Session.objects.get(id=s.id)
 
 
 def test_racing_transitions_with_expected_version_have_exactly_one_winner():

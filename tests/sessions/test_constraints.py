@@ -25,7 +25,7 @@ def attachment(session: Session, generation: int, state: str = "live") -> Runtim
     )
 
 
-def refused(fn) -> bool:
+def violates_constraint(fn) -> bool:
     try:
         with transaction.atomic():
             fn()
@@ -36,19 +36,21 @@ def refused(fn) -> bool:
 
 def test_at_most_one_live_runtime_per_session(session):
     attachment(session, 1)
-    assert refused(lambda: attachment(session, 2))
+    assert violates_constraint(lambda: attachment(session, 2))
     attachment(session, 3, state="closed")  # ended generations are unlimited
-    assert refused(lambda: attachment(session, 3, state="closed")), "generation numbers are unique"
+    assert violates_constraint(lambda: attachment(session, 3, state="closed")), "generation numbers are unique"
 
 
 def test_at_most_one_open_run_and_unique_sequences(session):
     Run.objects.create(session=session, seq=1, generation=1, task_mode="t")
-    assert refused(lambda: Run.objects.create(session=session, seq=2, generation=1, task_mode="t"))
+    assert violates_constraint(lambda: Run.objects.create(session=session, seq=2, generation=1, task_mode="t"))
     Run.objects.filter(session=session).update(state="completed")
     run = Run.objects.create(session=session, seq=2, generation=1, task_mode="t")
-    assert refused(lambda: Run.objects.create(session=session, seq=2, generation=1, task_mode="t", state="failed"))
+    assert violates_constraint(
+        lambda: Run.objects.create(session=session, seq=2, generation=1, task_mode="t", state="failed"))
     Checkpoint.objects.create(session=session, run=run, seq=1, boundary="user_wait", cursor={"a": 1}, size_bytes=1)
-    assert refused(lambda: Checkpoint.objects.create(session=session, run=run, seq=1, boundary="user_wait", cursor={}, size_bytes=1))
+    assert violates_constraint(
+        lambda: Checkpoint.objects.create(session=session, run=run, seq=1, boundary="user_wait", cursor={}, size_bytes=1))
 
 
 @pytest.mark.parametrize(
@@ -56,16 +58,17 @@ def test_at_most_one_open_run_and_unique_sequences(session):
     [("status", "paused"), ("role", "boss"), ("memory_policy", "forever")],
 )
 def test_enums_are_checked_by_the_database(session, field, value):
-    assert refused(lambda: Session.objects.filter(id=session.id).update(**{field: value}))
+    assert violates_constraint(lambda: Session.objects.filter(id=session.id).update(**{field: value}))
 
 
 def test_role_extension_only_with_other(session):
-    assert refused(lambda: Session.objects.filter(id=session.id).update(role_extension="x"))
-    assert refused(lambda: Session.objects.filter(id=session.id).update(role="other"))
+    assert violates_constraint(lambda: Session.objects.filter(id=session.id).update(role_extension="x"))
+    assert violates_constraint(lambda: Session.objects.filter(id=session.id).update(role="other"))
     Session.objects.filter(id=session.id).update(role="other", role_extension="illustrator")
 
 
 def test_checkpoint_boundary_and_run_state_enums(session):
     run = Run.objects.create(session=session, seq=1, generation=1, task_mode="t")
-    assert refused(lambda: Run.objects.filter(id=run.id).update(state="paused"))
-    assert refused(lambda: Checkpoint.objects.create(session=session, run=run, seq=1, boundary="whenever", cursor={}, size_bytes=1))
+    assert violates_constraint(lambda: Run.objects.filter(id=run.id).update(state="paused"))
+    assert violates_constraint(
+        lambda: Checkpoint.objects.create(session=session, run=run, seq=1, boundary="whenever", cursor={}, size_bytes=1))

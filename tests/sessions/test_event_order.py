@@ -16,13 +16,12 @@ from django.test.utils import CaptureQueriesContext
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import events
-from novelforge_sessions.actions import runs, sessions
-from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.control.checkpoints import record_checkpoint
 from novelforge_sessions.models import Event, Session
 from novelforge_sessions.live.replay import Subscription, events_after, latest_event_id, settled_and_page
 
-from tests.conftest import caller_for, make_project
+from tests.support.factories import caller_for, make_project, running_session
+from tests.support.races import oks, race
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,15 +36,6 @@ def _append(project_id: int, session_id: int, n: int = 1) -> list[int]:
                       payload={"checkpoint_id": 0, "seq": i, "boundary": "context_freeze", "cursor": {}})
         for i in range(n)
     ]
-
-
-def _running_session(who) -> Session:
-    s = sessions.create_session(
-        who, sessions.NewSession(role="writer", memory_policy="bounded", task_mode="drafting", runtime_family="cli"),
-        runtime=RuntimeSpec(runtime_family="cli"),
-    )
-    runs.start_run(who, s.id, cursor={"step": 0})
-    return Session.objects.get(id=s.id)
 
 
 def _read_all(sub: Subscription, after: int) -> list[int]:
@@ -63,8 +53,8 @@ def test_an_older_open_transaction_holds_back_later_commits_until_it_ends():
     last; T2 (another session: the two do not wait for each other) commits in between. A
     reader must not see T2's event before T1's is visible."""
     project = make_project("order")
-    session_id = _running_session(caller_for(project)).id
-    other_id = _running_session(caller_for(project)).id
+    session_id = running_session(caller_for(project)).id
+    other_id = running_session(caller_for(project)).id
     sub = Subscription(key=f"project:{project.id}", project_id=project.id, session_id=None)
     start = latest_event_id()
     t1_has_xid, t1_may_commit, t2_done, t1_drew = (threading.Event() for _ in range(4))
@@ -112,7 +102,7 @@ def test_an_older_open_transaction_holds_back_later_commits_until_it_ends():
 
 def test_a_rolled_back_transaction_releases_the_watermark():
     project = make_project("rollback")
-    session_id = _running_session(caller_for(project)).id
+    session_id = running_session(caller_for(project)).id
     sub = Subscription(key=f"project:{project.id}", project_id=project.id, session_id=None)
     start = latest_event_id()
     with pytest.raises(Boom):
@@ -165,7 +155,7 @@ def test_committed_events_stay_visible_while_two_transactions_are_open():
     its cursor was empty, after which the stream's catch-up moved the cursor past events it
     never sent (the harness's Redis-restart run found 77 missing)."""
     project = make_project("two-open")
-    session_id = _running_session(caller_for(project)).id
+    session_id = running_session(caller_for(project)).id
     sub = Subscription(key=f"project:{project.id}", project_id=project.id, session_id=None)
     start = latest_event_id()
     with transaction.atomic():
@@ -195,7 +185,7 @@ def test_no_gaps_under_concurrent_writers_and_readers():
     project = make_project("nogap")
     who = caller_for(project)
     writers, per_writer, readers = 6, 25, 3
-    sessions_ = [_running_session(who) for _ in range(writers)]
+    sessions_ = [running_session(who) for _ in range(writers)]
     run_ids = [s.runs.get(state="open").id for s in sessions_]
     sub = Subscription(key=f"project:{project.id}", project_id=project.id, session_id=None)
     start = latest_event_id()
@@ -282,27 +272,14 @@ def test_a_sessions_events_follow_the_order_its_writers_held_it():
 
     project = make_project("causal")
     who = caller_for(project)
-    session_id = _running_session(who).id
+    session_id = running_session(who).id
     threads_n, per_thread = 8, 8
-    barrier = threading.Barrier(threads_n)
-    errors: list[BaseException] = []
 
-    def writer() -> None:
-        try:
-            barrier.wait()
-            for _ in range(per_thread):
-                append_transcript(who, session_id, role="assistant", content="x")
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
+    def writer(_: int) -> None:
+        for _ in range(per_thread):
+            append_transcript(who, session_id, role="assistant", content="x")
 
-    threads = [threading.Thread(target=writer) for _ in range(threads_n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    oks(race(writer, threads_n))
     seqs = list(
         Event.objects.filter(session_id=session_id, type=ev.TRANSCRIPT_APPENDED.name).order_by("id")
         .values_list("payload__seq", flat=True)
@@ -315,7 +292,7 @@ def test_the_suite_checks_the_ordering_rule_and_a_refused_write_stores_nothing()
     taken after the transaction's first write, or a session's event written without it, fails
     loudly, so a write path that forgets the rule cannot pass the suite."""
     project = make_project("rule")
-    session_id = _running_session(caller_for(project)).id
+    session_id = running_session(caller_for(project)).id
     before = Event.objects.count()
     with pytest.raises(AssertionError, match="after this transaction's first write"):
         with transaction.atomic():

@@ -19,29 +19,17 @@ from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import caller_for_user
 from novelforge_sessions.actions import sessions
 from novelforge_sessions.actions.runtimes import reconcile_expired_runtimes
-from novelforge_sessions.control.models import Handoff
 from novelforge_sessions.models import (
-    LIVE_RUNTIME_PARAMS, Checkpoint, Event, Run, RuntimeAttachment, Session, live_runtime_sql,
+    LIVE_RUNTIME_PARAMS, Run, RuntimeAttachment, Session, live_runtime_sql,
 )
 from novelforge_sessions.models import Membership
 from tests.dashboard.conftest import make_user
 from tests.sessions.test_liveness import expire
+from tests.support.responses import refused
+from tests.support.snapshots import snapshot
 
 S = rt.SessionStatus
 CP = {"boundary": "context_freeze", "cursor": {"step": 2}}
-
-
-def snapshot() -> tuple:
-    """Everything a refused write could have touched."""
-    return (
-        list(Event.objects.order_by("id").values_list("id", flat=True)),
-        list(Checkpoint.objects.order_by("id").values_list("id", flat=True)),
-        list(Handoff.objects.order_by("id").values_list("id", "state")),
-        list(Session.objects.order_by("id").values_list("id", "status", "status_reason", "version", "open_conflict")),
-        list(Run.objects.order_by("id").values_list("id", "state", "cursor", "checkpoint_count", "pending_external",
-                                                    "abort_requested_at")),
-        list(RuntimeAttachment.objects.order_by("id").values_list("id", "state", "lease_expires_at", "end_reason")),
-    )
 
 
 #: The runtime's own work on its run: (route, body), ``{sid}``/``{run}`` filled in.
@@ -67,20 +55,13 @@ def send(owner, write: str, s: dict):
     return owner.post(path.format(sid=s["id"], run=s["run"]["id"]), body)
 
 
-def refused_no_live_runtime(resp, session_id: int, status: S) -> None:
-    assert resp.status_code == 409, resp.content
-    err = resp.json()["error"]
-    assert err["code"] == "no_live_runtime", err
-    assert err["details"] == {"session_id": session_id, "status": status.value}
-
-
 @pytest.mark.django_db
 @pytest.mark.parametrize("write", list(RUNTIME_WRITES))
 def test_a_runtime_write_after_its_lease_ran_out_is_refused_before_any_reconciler_pass(owner, new_session, write):
     s = new_session(run=True)
     expire(s["id"])
     before = snapshot()
-    refused_no_live_runtime(send(owner, write, s), s["id"], S.RUNNING)
+    refused(send(owner, write, s), 409, "no_live_runtime", details={"session_id": s["id"], "status": S.RUNNING.value})
     assert snapshot() == before, "a refusal writes nothing"
     # The reconciler still finds the session as the runtime left it, and does what it always did.
     assert [r.session_status for r in reconcile_expired_runtimes()] == [S.FAILED]
@@ -103,12 +84,14 @@ def test_a_waiting_session_s_run_takes_no_runtime_write_once_its_lease_ran_out_b
     assert owner.post(f"/sessions/{s['id']}/transition", {"to": "awaiting_external"}).status_code == 200
     expire(s["id"])
     before = snapshot()
-    refused_no_live_runtime(send(owner, write, s), s["id"], S.AWAITING_EXTERNAL)
+    refused(send(owner, write, s), 409, "no_live_runtime",
+            details={"session_id": s["id"], "status": S.AWAITING_EXTERNAL.value})
     assert snapshot() == before
     assert [r.session_status for r in reconcile_expired_runtimes()] == [S.AWAITING_EXTERNAL]
     assert Run.objects.get(id=s["run"]["id"]).state == rt.RunState.OPEN
     after = snapshot()
-    refused_no_live_runtime(send(owner, write, s), s["id"], S.AWAITING_EXTERNAL)
+    refused(send(owner, write, s), 409, "no_live_runtime",
+            details={"session_id": s["id"], "status": S.AWAITING_EXTERNAL.value})
     assert snapshot() == after
 
 

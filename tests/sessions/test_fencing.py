@@ -11,23 +11,12 @@ import pytest
 from django.db import connection
 
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.models import Checkpoint, Event, Run, RuntimeAttachment, Session, TranscriptEntry
-from tests.conftest import RUNTIME
+from novelforge_sessions.models import Event, Run, RuntimeAttachment, Session, TranscriptEntry
+from tests.support.factories import RUNTIME
 from tests.dashboard.conftest import csrf_token, logged_in, make_user
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
-
-
-def snapshot(session_id: int) -> tuple:
-    s = Session.objects.get(id=session_id)
-    return (
-        s.status, s.version, s.generation, s.run_count, s.transcript_length,
-        list(RuntimeAttachment.objects.filter(session_id=session_id).order_by("id").values_list("id", "state")),
-        list(Run.objects.filter(session_id=session_id).order_by("id").values_list("id", "state", "cursor", "abort_requested_at")),
-        TranscriptEntry.objects.filter(session_id=session_id).count(),
-        Checkpoint.objects.filter(session_id=session_id).count(),
-        Event.objects.count(),
-    )
 
 
 @pytest.fixture
@@ -51,18 +40,18 @@ def test_create_with_a_runtime_returns_its_id(owner, new_session):
 
 
 def test_generation_one_cannot_complete_generation_twos_session(owner, resumed):
-    sid, before = resumed["id"], snapshot(resumed["id"])
+    sid, before = resumed["id"], snapshot()
     named = owner.post(f"/sessions/{sid}/transition", {"to": "completed", "runtime_id": resumed["gen1"]})
     assert named.status_code == 409
     err = named.json()["error"]
     assert err["code"] == "stale_runtime"
     assert err["details"] == {"runtime_id": resumed["gen1"], "live_runtime_id": resumed["gen2"], "live_generation": 2}
-    assert snapshot(sid) == before
+    assert snapshot() == before
 
     unnamed = owner.post(f"/sessions/{sid}/transition", {"to": "completed"})
     assert unnamed.status_code == 409 and unnamed.json()["error"]["code"] == "runtime_required"
     assert unnamed.json()["error"]["details"]["field"] == "runtime_id"
-    assert snapshot(sid) == before
+    assert snapshot() == before
 
     # Generation 2's session and run are untouched.
     assert Session.objects.get(id=sid).status == rt.SessionStatus.RUNNING
@@ -71,18 +60,18 @@ def test_generation_one_cannot_complete_generation_twos_session(owner, resumed):
 
 
 def test_a_late_transcript_append_from_generation_one_is_not_stored(owner, resumed):
-    sid, before = resumed["id"], snapshot(resumed["id"])
+    sid, before = resumed["id"], snapshot()
     named = owner.post(f"/sessions/{sid}/transcript", {"role": "assistant", "content": "late", "runtime_id": resumed["gen1"]})
     assert named.status_code == 409 and named.json()["error"]["code"] == "stale_runtime"
     unnamed = owner.post(f"/sessions/{sid}/transcript", {"role": "assistant", "content": "late"})
     assert unnamed.status_code == 409 and unnamed.json()["error"]["code"] == "runtime_required"
-    assert snapshot(sid) == before
+    assert snapshot() == before
     assert not TranscriptEntry.objects.filter(session_id=sid).exists()
 
 
 @pytest.mark.parametrize("write", ["close", "abort", "start_run", "cursor", "end_run"])
 def test_every_other_runtime_write_from_generation_one_is_refused(owner, resumed, write):
-    sid, gen1, before = resumed["id"], resumed["gen1"], snapshot(resumed["id"])
+    sid, gen1, before = resumed["id"], resumed["gen1"], snapshot()
     path, body = {
         "close": (f"/sessions/{sid}/close", {}),
         "abort": (f"/sessions/{sid}/abort", {}),
@@ -99,18 +88,18 @@ def test_every_other_runtime_write_from_generation_one_is_refused(owner, resumed
     if write in ("close", "abort"):
         unnamed = owner.post(path, body)
         assert unnamed.status_code == 409 and unnamed.json()["error"]["code"] == "runtime_required"
-    assert snapshot(sid) == before
+    assert snapshot() == before
 
 
 def test_generation_one_cannot_start_a_run_after_generation_two_went_idle(owner, resumed):
     sid = resumed["id"]
     assert owner.post(f"/runs/{resumed['run2']}/end", {"outcome": "completed", "runtime_id": resumed["gen2"]}).status_code == 200
-    before = snapshot(sid)
+    before = snapshot()
     named = owner.post(f"/sessions/{sid}/runs", {"runtime_id": resumed["gen1"]})
     assert named.status_code == 409 and named.json()["error"]["code"] == "stale_runtime"
     unnamed = owner.post(f"/sessions/{sid}/runs", {})
     assert unnamed.status_code == 409 and unnamed.json()["error"]["code"] == "runtime_required"
-    assert snapshot(sid) == before
+    assert snapshot() == before
     ok = owner.post(f"/sessions/{sid}/runs", {"runtime_id": resumed["gen2"]})
     assert ok.status_code == 201 and ok.json()["seq"] == 3
 
@@ -131,7 +120,7 @@ def test_generation_two_naming_its_runtime_succeeds(owner, resumed):
 def test_close_stays_idempotent_for_the_latest_generation_but_not_for_a_superseded_one(owner, resumed):
     sid, gen1, gen2 = resumed["id"], resumed["gen1"], resumed["gen2"]
     assert owner.post(f"/sessions/{sid}/close", {"runtime_id": gen2}).json()["closed_runtime_id"] == gen2
-    before = snapshot(sid)
+    before = snapshot()
     again = owner.post(f"/sessions/{sid}/close", {"runtime_id": gen2})
     assert again.status_code == 200 and again.json()["already_closed"] is True
     unnamed = owner.post(f"/sessions/{sid}/close", {})
@@ -139,26 +128,26 @@ def test_close_stays_idempotent_for_the_latest_generation_but_not_for_a_supersed
     stale = owner.post(f"/sessions/{sid}/close", {"runtime_id": gen1})
     assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_runtime"
     assert stale.json()["error"]["details"] == {"runtime_id": gen1, "live_runtime_id": None, "live_generation": None}
-    assert snapshot(sid) == before
+    assert snapshot() == before
 
 
 def test_a_runtime_whose_lease_ran_out_is_not_live_for_fencing(owner, resumed):
     sid, gen2 = resumed["id"], resumed["gen2"]
     with connection.cursor() as cur:
         cur.execute(f"UPDATE {RuntimeAttachment._meta.db_table} SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [gen2])
-    before = snapshot(sid)
+    before = snapshot()
     resp = owner.post(f"/sessions/{sid}/transition", {"to": "completed", "runtime_id": gen2})
     assert resp.status_code == 409 and resp.json()["error"]["code"] == "stale_runtime"
     assert resp.json()["error"]["details"]["live_runtime_id"] is None
-    assert snapshot(sid) == before
+    assert snapshot() == before
 
 
 def test_a_runtime_id_of_another_session_is_stale(owner, resumed, new_session):
     other = new_session()
-    before = snapshot(resumed["id"])
+    before = snapshot()
     resp = owner.post(f"/sessions/{resumed['id']}/transition", {"to": "idle", "runtime_id": other["runtime_id"]})
     assert resp.status_code == 409 and resp.json()["error"]["code"] == "stale_runtime"
-    assert snapshot(resumed["id"]) == before
+    assert snapshot() == before
 
 
 def test_a_single_generation_session_accepts_unnamed_writes(owner, new_session):
@@ -174,10 +163,10 @@ def test_a_single_generation_session_accepts_unnamed_writes(owner, new_session):
 
 def test_detach_after_resume_ends_only_its_own_generation(owner, resumed):
     sid = resumed["id"]
-    before = snapshot(sid)
+    before = snapshot()
     old = owner.post(f"/runtimes/{resumed['gen1']}/detach", {})
     assert old.status_code == 200 and old.json()["state"] == rt.RuntimeState.CLOSED
-    assert snapshot(sid) == before  # generation 1 was already closed: nothing happens to generation 2
+    assert snapshot() == before  # generation 1 was already closed: nothing happens to generation 2
     new = owner.post(f"/runtimes/{resumed['gen2']}/detach", {})
     assert new.status_code == 200 and new.json()["state"] == rt.RuntimeState.CLOSED
     assert Session.objects.get(id=sid).status == rt.SessionStatus.IDLE

@@ -6,21 +6,12 @@ import itertools
 import pytest
 
 from novelforge_sessions import lifecycles as lc
+from tests.support.lifecycle import SESSION_TRANSITIONS
 
 S = lc.SessionStatus
 
-# docs/model.md#session-lifecycle, written out independently of the module under test.
-CONTRACT = {
-    "created": {"running"},
-    "running": {"idle", "awaiting_user", "awaiting_external", "completed", "failed", "terminated", "stale"},
-    "idle": {"running", "completed", "terminated", "stale"},
-    "awaiting_user": {"running", "failed", "terminated", "stale"},
-    "awaiting_external": {"running", "failed", "terminated", "stale"},
-    "failed": {"running", "terminated", "stale"},
-    "completed": {"stale"},
-    "stale": {"terminated"},
-    "terminated": set(),
-}
+# docs/model.md#session-lifecycle, written out by hand independently of the module under test (tests/support/lifecycle.py).
+CONTRACT = SESSION_TRANSITIONS
 
 PAIRS = list(itertools.product([s.value for s in S], repeat=2))
 
@@ -29,6 +20,11 @@ def test_there_are_nine_states_and_81_pairs():
     assert len(S) == 9
     assert len(PAIRS) == 81
     assert set(CONTRACT) == {s.value for s in S}
+
+
+def test_the_declared_session_lifecycle_is_the_contract_s_table():
+    """``lifecycles.SESSION`` (what the transition helper checks) holds exactly this table too."""
+    assert {src.value: {dst.value for dst in dsts} for src, dsts in lc.SESSION.table.items()} == CONTRACT
 
 
 @pytest.mark.parametrize(("src", "dst"), PAIRS)

@@ -8,7 +8,6 @@ never run again is refused by the lifecycle first.
 """
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
@@ -23,8 +22,10 @@ from novelforge_sessions.control.resume import resume_session
 from novelforge_sessions.actions.runtimes import RuntimeSpec, reconcile_expired_runtimes
 from novelforge_sessions.models import Event, Run, RuntimeAttachment, Session
 
-from tests.conftest import RUNTIME, caller_for, make_project
+from tests.support.factories import RUNTIME, caller_for, make_project
 from tests.dashboard.conftest import logged_in, make_user
+from tests.support.snapshots import snapshot
+from tests.support.races import oks, race
 
 S = rt.SessionStatus
 LIVE, LOST, CLOSED = rt.RuntimeState.LIVE, rt.RuntimeState.LOST, rt.RuntimeState.CLOSED
@@ -52,15 +53,6 @@ def put_in(owner, new_session, status: S) -> dict:
     got = owner.get(f"/sessions/{s['id']}").json()
     assert got["status"] == status
     return {**got, "run": s.get("run")}
-
-
-def snapshot() -> tuple:
-    return (
-        Event.objects.count(),
-        list(RuntimeAttachment.objects.order_by("id").values_list("id", "state", "lease_expires_at", "end_reason")),
-        list(Session.objects.order_by("id").values_list("id", "status", "version", "generation")),
-        list(Run.objects.order_by("id").values_list("id", "state")),
-    )
 
 
 def types_for(session_id: int) -> list[str]:
@@ -364,27 +356,9 @@ def test_resume_racing_the_reconciler_over_one_expired_lease_loses_it_once():
         s = sessions.create_session(who, spec, runtime=RuntimeSpec(runtime_family="cli"))
         runs.start_run(who, s.id, cursor={"step": 1})
         expire(s.id)
-        barrier = threading.Barrier(2)
-        results: dict[str, object] = {}
-
-        def do(name, fn):
-            try:
-                barrier.wait()
-                results[name] = fn()
-            except Exception as exc:  # noqa: BLE001 - the test shows any failure
-                results[name] = exc
-            finally:
-                connection.close()
-
-        threads = [
-            threading.Thread(target=do, args=("resume", lambda: resume_session(who, s.id, runtime=RuntimeSpec("cli")).ok)),
-            threading.Thread(target=do, args=("reconcile", lambda: len(reconcile_expired_runtimes()))),
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert results["resume"] is True and results["reconcile"] in (0, 1), results
+        resumed, reconciled = oks(race([lambda: resume_session(who, s.id, runtime=RuntimeSpec("cli")).ok,
+                                        lambda: len(reconcile_expired_runtimes())]))
+        assert resumed is True and reconciled in (0, 1), (resumed, reconciled)
         assert Event.objects.filter(session_id=s.id, type="runtime.lost").count() == 1
         assert RuntimeAttachment.objects.filter(session_id=s.id, state=LOST).count() == 1
         live = RuntimeAttachment.objects.get(session_id=s.id, state=LIVE)

@@ -11,7 +11,7 @@ from novelforge_sessions.actions import runs, sessions
 from novelforge_sessions.actions.runtimes import RuntimeSpec, reconcile_expired_runtimes
 from novelforge_sessions.models import Event, Run, RuntimeAttachment, Session
 
-from tests.conftest import RUNTIME
+from tests.support.factories import RUNTIME
 
 pytestmark = pytest.mark.django_db
 

@@ -4,29 +4,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from novelforge_sessions.actions import runs, sessions
-from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.models import RuntimeAttachment, Session
 
-from tests.conftest import caller_for, make_project
-from tests.live import ROOT, database_url
+from tests.support.factories import running_session
+from tests.support.servers import ROOT, database_url
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_loop_mode_reconciles_leases_as_they_expire():
-    who = caller_for(make_project("loop"))
-    s = sessions.create_session(
-        who, sessions.NewSession(role="writer", memory_policy="bounded", task_mode="t", runtime_family="cli"),
-        runtime=RuntimeSpec(runtime_family="cli"),
-    )
-    runs.start_run(who, s.id)
+    s = running_session("loop", task_mode="t")
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "reconcile_runtimes", "--loop", "--interval", "0.2"],
         cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url()}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -36,15 +29,16 @@ def test_loop_mode_reconciles_leases_as_they_expire():
     os.set_blocking(proc.stdout.fileno(), False)
     try:
         RuntimeAttachment.objects.filter(session_id=s.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and Session.objects.get(id=s.id).status != "failed":
-            time.sleep(0.1)
-        assert Session.objects.get(id=s.id).status == "failed"
+        wait_until(lambda: Session.objects.get(id=s.id).status == "failed", "the loop to fail the session", timeout=30)
         # The loop reports the pass after its commit: read its output until the line is there
         # (terminating it as soon as the status changed could come before the print).
-        while time.monotonic() < deadline and expected not in out:
+
+        def printed() -> bool:
+            nonlocal out
             out += (proc.stdout.read() or b"").decode()
-            time.sleep(0.05)
+            return expected in out
+
+        wait_until(printed, "the loop to report the pass", timeout=30)
         assert proc.poll() is None, "the loop keeps running"
     finally:
         proc.terminate()

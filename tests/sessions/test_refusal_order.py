@@ -17,8 +17,8 @@ import pytest
 from django.conf import settings
 
 from novelforge_sessions.models import Session
-from tests.conftest import RUNTIME
-from tests.sessions.test_fencing import snapshot
+from tests.support.factories import RUNTIME
+from tests.support.snapshots import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -129,14 +129,14 @@ def perform(owner, session: dict, action: str):
 @pytest.mark.parametrize(("state", "action", "code"), CASES, ids=[f"{s}-{a}" for s, a, _ in CASES])
 def test_the_most_fundamental_refusal_wins(owner, new_session, state, action, code):
     session = build(owner, new_session, state)
-    before = snapshot(session["id"])
+    before = snapshot()
     resp = perform(owner, session, action)
     if code is OK:
         assert resp.status_code in (200, 201, 204), resp.content
         return
     assert resp.json()["error"]["code"] == code, resp.content
     assert resp.status_code == (404 if code == "not_found" else 409)
-    assert snapshot(session["id"]) == before
+    assert snapshot() == before
 
 
 @pytest.mark.parametrize("state", ["completed_closed", "stale_closed", "terminated"])
@@ -164,10 +164,10 @@ def test_resume_refuses_a_session_that_can_never_run_again_with_illegal_transiti
     """A completed or stale session whose runtime is still live was answered
     ``live_runtime_exists`` ("close it before resuming"), a repair that could not help."""
     session = build(owner, new_session, state)
-    before = snapshot(session["id"])
+    before = snapshot()
     resp = owner.post(f"/sessions/{session['id']}/resume", {"runtime": RUNTIME, "dry_run": dry_run})
     assert resp.status_code == 409 and resp.json()["error"]["code"] == code, resp.content
     if code == "illegal_transition":
         status = Session.objects.get(id=session["id"]).status
         assert resp.json()["error"]["details"]["from"] == status
-    assert snapshot(session["id"]) == before
+    assert snapshot() == before

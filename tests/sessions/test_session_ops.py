@@ -5,7 +5,7 @@ import pytest
 
 from novelforge_sessions.models import Event, Run, RuntimeAttachment, Session, TranscriptEntry
 
-from tests.conftest import RUNTIME
+from tests.support.factories import RUNTIME
 
 pytestmark = pytest.mark.django_db
 

@@ -51,7 +51,7 @@ def test_every_reason_writer_stores_a_reason_that_fits_its_column(new_session, p
     and ``move_rows`` cut a reason to its column whoever built it: no caller can overflow one."""
     from novelforge_sessions.actions.lifecycle import Outbox, apply_transition, end_runtime, lock_session
     from novelforge_sessions.models import Session
-    from tests.conftest import caller_for
+    from tests.support.factories import caller_for
 
     long = "because " + "x" * 400
     session = new_session(run=True)
