@@ -365,6 +365,13 @@ class GraphBlobMismatch(ValidationFailed):
     code = "graph_blob_mismatch"
 
 
+class WebhookUrlRefused(ValidationFailed):
+    """A webhook URL the sender may not call: not http(s), credentials in it, a host that does not
+    resolve, or one that resolves to a private, loopback or link-local address (docs/webhooks.md)."""
+
+    code = "webhook_url_refused"
+
+
 #: The closed catalog, in one explicit list: every code the service answers with.
 _CATALOGUED: tuple[type[ServiceError], ...] = (
     # generic refusals
@@ -383,6 +390,8 @@ _CATALOGUED: tuple[type[ServiceError], ...] = (
     IndependenceViolation, StaleFingerprint, AlreadyClaimed, VerdictConflict, GateClosed,
     # graph threads
     GraphCheckpointConflict, GraphBlobMissing, GraphBlobMismatch,
+    # webhooks
+    WebhookUrlRefused,
 )
 
 #: code → class. Codes are unique (checked here at import, and by the tests).

@@ -327,6 +327,10 @@ def _register_routers() -> None:
 
     api.add_router("/v1/", graphs.router)
 
+    from novelforge_sessions.api import webhooks
+
+    api.add_router("/v1/", webhooks.router)
+
     from reviews.api import router as reviews_router
 
     api.add_router("/v1/", reviews_router)
