@@ -13,6 +13,7 @@ from novelforge_sessions.access import Caller
 from novelforge_sessions.api.common import caller, errors
 from novelforge_sessions.api.schemas import EventTypeName, Strict
 from novelforge_sessions.errors import Forbidden
+from novelforge_sessions.lifecycles import DeliveryState
 from novelforge_sessions.webhooks import endpoints as hooks
 from novelforge_sessions.webhooks.models import MAX_DESCRIPTION, MAX_EVENT_TYPES, MAX_URL, WebhookDelivery
 
@@ -40,7 +41,7 @@ class DeliveryOut(Schema):
     event_id: int
     event_type: str
     webhook_id: str = Field(..., description="the `webhook-id` header: the same on every attempt")
-    state: Literal["pending", "delivered", "failed"]
+    state: str = Field(..., description="pending, delivered or failed (docs/lifecycles.md)")
     attempts: int
     next_attempt_at: datetime | None = Field(..., description="when the next attempt is due (pending only)")
     last_attempt_at: datetime | None
@@ -51,7 +52,7 @@ class DeliveryOut(Schema):
 
     @staticmethod
     def resolve_next_attempt_at(obj: WebhookDelivery) -> datetime | None:
-        return obj.next_attempt_at if obj.state == WebhookDelivery.State.PENDING else None
+        return obj.next_attempt_at if obj.state == DeliveryState.PENDING else None
 
 
 class WebhookOut(Schema):
@@ -128,8 +129,8 @@ def delete_webhook(request: HttpRequest, webhook_id: int):
     return Status(204, None)
 
 
-@router.post("/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver", response={202: DeliveryOut, **errors(403, 404)},
-             summary="Send a delivery again now (same webhook-id, a fresh 24-hour retry window)")
+@router.post("/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver", response={200: DeliveryOut, **errors(403, 404, 409)},
+             summary="Send a failed (or pending) delivery now (same webhook-id, a fresh 24-hour retry window)")
 def redeliver_webhook(request: HttpRequest, webhook_id: int, delivery_id: int):
     who = _manager(request)
-    return Status(202, hooks.redeliver(who.project_ids, webhook_id, delivery_id))
+    return hooks.redeliver(who.project_ids, webhook_id, delivery_id)

@@ -12,6 +12,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from novelforge_sessions import events
+from novelforge_sessions import lifecycles as lc
+from novelforge_sessions.actions.lifecycle import move
+from novelforge_sessions.lifecycles import DeliveryState
 from novelforge_sessions.errors import NotFound, ValidationFailed, WebhookUrlRefused
 from novelforge_sessions.event_types import CATALOG
 from novelforge_sessions.models import Project
@@ -107,7 +110,7 @@ def delete_endpoint(project_ids, endpoint_id: int) -> None:
 
 
 def redeliver(project_ids, endpoint_id: int, delivery_id: int) -> WebhookDelivery:
-    """Send a delivery again, now (same ``webhook-id``), with a fresh retry window."""
+    """Send a failed (or pending) delivery now (same ``webhook-id``), with a fresh retry window."""
     now = timezone.now()
     with transaction.atomic():
         endpoint = get_endpoint(project_ids, endpoint_id)
@@ -115,10 +118,9 @@ def redeliver(project_ids, endpoint_id: int, delivery_id: int) -> WebhookDeliver
             delivery = WebhookDelivery.objects.select_for_update().get(id=delivery_id, endpoint=endpoint)
         except WebhookDelivery.DoesNotExist:
             raise NotFound("webhook delivery not found", id=delivery_id) from None
-        delivery.state = WebhookDelivery.State.PENDING
-        delivery.next_attempt_at = now
-        delivery.expires_at = now + timedelta(seconds=RETRY_WINDOW_SECONDS)
-        delivery.save(update_fields=["state", "next_attempt_at", "expires_at"])
+        # 409 illegal_transition for a delivered one: its receiver acknowledged it.
+        move(delivery, lc.WEBHOOK_DELIVERY, DeliveryState.PENDING, next_attempt_at=now,
+             expires_at=now + timedelta(seconds=RETRY_WINDOW_SECONDS))
     return delivery
 
 

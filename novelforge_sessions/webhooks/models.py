@@ -4,7 +4,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from novelforge_sessions.models import Project
+from novelforge_sessions.lifecycles import DeliveryState
+from novelforge_sessions.models import Project, text_choices
 
 #: Limits the API declares (and the database keeps).
 MAX_URL = 2000
@@ -51,10 +52,7 @@ class WebhookDelivery(models.Model):
     before it passes, so two senders never make the same attempt twice at once.
     """
 
-    class State(models.TextChoices):
-        PENDING = "pending"
-        DELIVERED = "delivered"
-        FAILED = "failed"
+    State = text_choices("DeliveryState", DeliveryState)
 
     endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
     event_id = models.BigIntegerField()
@@ -77,12 +75,12 @@ class WebhookDelivery(models.Model):
         ordering = ["id"]
         indexes = [
             # The sender's claim: due pending rows, oldest first.
-            models.Index(fields=["next_attempt_at"], condition=Q(state="pending"), name="webhook_delivery_due"),
+            models.Index(fields=["next_attempt_at"], condition=Q(state=DeliveryState.PENDING), name="webhook_delivery_due"),
             models.Index(fields=["endpoint", "-id"], name="webhook_delivery_endpoint"),
         ]
         constraints = [
             models.UniqueConstraint(fields=["endpoint", "event_id"], name="webhook_delivery_one_per_event"),
-            models.CheckConstraint(condition=Q(state__in=["pending", "delivered", "failed"]), name="webhook_delivery_state_enum"),
+            models.CheckConstraint(condition=Q(state__in=[s.value for s in DeliveryState]), name="webhook_delivery_state_enum"),
         ]
 
 

@@ -14,7 +14,8 @@ never waits for a webhook. One pass (``run_once``):
    (``leased_until``, a random ``lease_token``) and counts the attempt, in one short
    transaction: no other sender claims a row while its attempt is in flight, and no
    transaction stays open during HTTP (an open one would hold back the log's watermark).
-3. **Deliver.** Each claimed attempt is one signed POST, run concurrently on a thread pool,
+3. **Deliver.** Each claimed attempt is one signed POST, run concurrently on a thread pool
+   (a slot is refilled as soon as it frees, so a slow endpoint holds one slot only),
    each bounded by ``WEBHOOK_TIMEOUT_SECONDS`` and a response-size cap, to the address checked
    at that moment (``addresses``). A dead endpoint costs its own attempts only.
 4. **Record.** 2xx: ``delivered``. Anything else: the next attempt after an exponential
@@ -30,7 +31,7 @@ import logging
 import random
 import secrets
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone as dt_timezone
 
@@ -41,6 +42,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from novelforge_sessions import events
+from novelforge_sessions import lifecycles as lc
+from novelforge_sessions.actions.lifecycle import move_rows
+from novelforge_sessions.lifecycles import DeliveryState
 from novelforge_sessions.models import Event
 from novelforge_sessions.webhooks import addresses, signing
 from novelforge_sessions.webhooks.endpoints import RETRY_WINDOW_SECONDS, secrets_in_force
@@ -56,17 +60,16 @@ BACKOFF_MAX_SECONDS = 3600.0
 JITTER = 0.25
 #: How much of a response is read (its status is what counts; the start of its body is kept for the error).
 MAX_RESPONSE_BYTES = 64 * 1024
-#: Events read per scan page; deliveries claimed per batch.
+#: Events read per scan page; attempts in flight at once (``--concurrency``).
 SCAN_PAGE = 1000
-CLAIM_BATCH = 32
 CONCURRENCY = 8
 USER_AGENT = "NovelForge-Webhooks/1"
 
 _D = WebhookDelivery._meta.db_table
 _E = WebhookEndpoint._meta.db_table
-_PENDING = WebhookDelivery.State.PENDING.value
-_DELIVERED = WebhookDelivery.State.DELIVERED.value
-_FAILED = WebhookDelivery.State.FAILED.value
+_PENDING = DeliveryState.PENDING.value
+_DELIVERED = DeliveryState.DELIVERED.value
+_FAILED = DeliveryState.FAILED.value
 
 
 def backoff_seconds(attempts: int, rnd: float | None = None) -> float:
@@ -155,7 +158,7 @@ RETURNING d.id, d.event_id, d.webhook_id, d.attempts, d.expires_at, e.url, e.sec
 """
 
 
-def claim(limit: int = CLAIM_BATCH) -> list[Claim]:
+def claim(limit: int = CONCURRENCY) -> list[Claim]:
     """Lease up to ``limit`` due attempts to this sender (nobody else's in flight)."""
     now = timezone.now()
     token = secrets.token_hex(8)
@@ -236,17 +239,17 @@ def record(item: Claim, outcome: Outcome) -> str | None:
     fields = {"last_status": outcome.status, "last_latency_ms": outcome.latency_ms, "last_error": outcome.error,
               "leased_until": None, "lease_token": ""}
     if outcome.ok:
-        fields.update(state=_DELIVERED, delivered_at=now)
+        state = _DELIVERED
+        fields.update(delivered_at=now)
     else:
         due = now + timedelta(seconds=backoff_seconds(item.attempts))
-        if due > item.expires_at:
-            fields.update(state=_FAILED)
-        else:
+        state = _FAILED if due > item.expires_at else _PENDING
+        if state == _PENDING:
             fields.update(next_attempt_at=due)
-    done = WebhookDelivery.objects.filter(id=item.delivery_id, lease_token=item.lease_token, state=_PENDING).update(**fields)
-    if not done:
+    ours = WebhookDelivery.objects.filter(id=item.delivery_id, lease_token=item.lease_token,
+                                          state=DeliveryState.PENDING)
+    if not move_rows(ours, lc.WEBHOOK_DELIVERY, state, **fields):
         return None
-    state = fields.get("state", _PENDING)
     if not outcome.ok:
         log.warning("webhook %s attempt %s failed (%s); %s", item.webhook_id, item.attempts, outcome.error or outcome.status,
                     "giving up" if state == _FAILED else f"next at {fields['next_attempt_at'].isoformat()}")
@@ -261,15 +264,19 @@ def run_once(*, concurrency: int = CONCURRENCY) -> dict[str, int]:
         counts["events"] += read
         if read < SCAN_PAGE:
             break
+    # Claims only what can be in flight at once (a claimed attempt is counted and leased), and
+    # refills each slot as it frees: a slow endpoint holds one slot, not the others' attempts.
+    in_flight: dict = {}
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="webhook") as pool:
         while True:
-            batch = claim()
-            if not batch:
+            room = concurrency - len(in_flight)
+            for item in claim(room) if room else ():
+                in_flight[pool.submit(deliver, item)] = item
+            if not in_flight:
                 break
-            futures = {pool.submit(deliver, item): item for item in batch}
-            for future in as_completed(futures):
-                item = futures[future]
-                state = record(item, future.result())
+            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in done:
+                state = record(in_flight.pop(future), future.result())
                 counts["attempts"] += 1
                 if state == _DELIVERED:
                     counts["delivered"] += 1

@@ -33,6 +33,7 @@ class Receiver:
 
     secrets: list[str] = field(default_factory=list)
     fail_first: int = 0
+    delay: float = 0.0
     received: list[Received] = field(default_factory=list)
     hold: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
@@ -63,10 +64,15 @@ class Receiver:
                     receiver.arrived.notify_all()
                 if receiver.hold.is_set():
                     receiver.release.wait(60)
-                self.send_response(status)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
+                elif receiver.delay:
+                    receiver.release.wait(receiver.delay)  # a slow endpoint (not a synchronisation)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                except OSError:  # the sender was killed while it waited
+                    pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

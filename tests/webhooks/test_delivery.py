@@ -117,10 +117,14 @@ def test_a_delivery_that_keeps_failing_is_failed_after_its_window_and_redelivere
 
     receiver.fail_first = 0
     resp = manager.post(f"/webhooks/{hook['id']}/deliveries/{row.id}/redeliver")
-    assert resp.status_code == 202 and resp.json()["state"] == "pending", resp.content
+    assert resp.status_code == 200 and resp.json()["state"] == "pending", resp.content
     assert run_once()["delivered"] == 1
     row.refresh_from_db()
     assert row.state == "delivered" and row.attempts == 3
+    # A delivered one was acknowledged by its receiver: not sent again, nothing written.
+    again = manager.post(f"/webhooks/{hook['id']}/deliveries/{row.id}/redeliver")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "illegal_transition", again.content
+    assert WebhookDelivery.objects.get(id=row.id).state == "delivered" and run_once()["attempts"] == 0
     assert len({r.webhook_id for r in receiver.received}) == 1 and len(receiver.received) == 3
 
 
@@ -167,3 +171,23 @@ def test_an_inactive_endpoint_gets_no_deliveries(project, manager, receiver, all
     make_sessions(manager, 2)
     assert run_once()["attempts"] == 0
     assert not WebhookDelivery.objects.exists() and not receiver.received
+
+
+def test_an_attempt_in_flight_is_claimed_by_no_other_sender_until_its_lease_runs_out(project, manager, receiver,
+                                                                                     allow_private):
+    hook = register(manager, receiver.url, ["session.created"])
+    receiver.secrets = [hook["secret"]]
+    make_sessions(manager, 3)
+    sender.scan()
+    first = sender.claim(10)
+    assert len(first) == 3 and all(c.attempts == 1 for c in first)
+    assert sender.claim(10) == [], "a second sender finds nothing to claim while the attempts are in flight"
+    # A sender that died mid-attempt: its lease runs out, and the attempt is made again.
+    WebhookDelivery.objects.filter(id=first[0].delivery_id).update(leased_until=timezone.now() - timedelta(seconds=1))
+    again = sender.claim(10)
+    assert [(c.delivery_id, c.attempts, c.webhook_id) for c in again] == [(first[0].delivery_id, 2, first[0].webhook_id)]
+    # The first sender's late answer no longer counts; the lease holder's does, once.
+    assert sender.record(first[0], sender.Outcome(True, 200, 1)) is None
+    assert sender.record(again[0], sender.Outcome(True, 200, 1)) == "delivered"
+    assert sender.record(again[0], sender.Outcome(True, 200, 1)) is None, "recorded delivered exactly once"
+    assert WebhookDelivery.objects.get(id=first[0].delivery_id).state == "delivered"
