@@ -14,8 +14,11 @@ never waits for a webhook. One pass (``run_once``):
    (``leased_until``, a random ``lease_token``) and counts the attempt, in one short
    transaction: no other sender claims a row while its attempt is in flight, and no
    transaction stays open during HTTP (an open one would hold back the log's watermark).
+   One attempt per endpoint is in flight at a time (the oldest due one first), so a slow or
+   dead endpoint occupies one slot, and one endpoint's deliveries go out in event order
+   unless a retry reorders them.
 3. **Deliver.** Each claimed attempt is one signed POST, run concurrently on a thread pool
-   (a slot is refilled as soon as it frees, so a slow endpoint holds one slot only),
+   (a slot is refilled as soon as it frees),
    each bounded by ``WEBHOOK_TIMEOUT_SECONDS`` and a response-size cap, to the address checked
    at that moment (``addresses``). A dead endpoint costs its own attempts only.
 4. **Record.** 2xx: ``delivered``. Anything else: the next attempt after an exponential
@@ -143,23 +146,34 @@ class Claim:
     body: bytes | None = None
 
 
+#: The oldest due attempt of each active endpoint that has none in flight (one per endpoint: a slow
+#: or dead endpoint holds one slot, never the others'), locked with SKIP LOCKED (another sender's
+#: claim in progress is passed over) and checked again once locked (a row claimed and committed by
+#: another sender meanwhile has its lease now).
 _CLAIM_SQL = f"""
 UPDATE {_D} AS d SET leased_until = %(lease_until)s, lease_token = %(token)s, attempts = d.attempts + 1,
        last_attempt_at = %(now)s
   FROM {_E} AS e
  WHERE e.id = d.endpoint_id AND d.id IN (
-       SELECT d2.id FROM {_D} AS d2 JOIN {_E} AS e2 ON e2.id = d2.endpoint_id
-        WHERE d2.state = %(pending)s AND e2.active AND d2.next_attempt_at <= %(now)s
-          AND (d2.leased_until IS NULL OR d2.leased_until <= %(now)s)
+       SELECT d2.id FROM {_D} AS d2
+        WHERE d2.id IN (
+              SELECT DISTINCT ON (c.endpoint_id) c.id FROM {_D} AS c JOIN {_E} AS ce ON ce.id = c.endpoint_id
+               WHERE c.state = %(pending)s AND ce.active AND c.next_attempt_at <= %(now)s
+                 AND (c.leased_until IS NULL OR c.leased_until <= %(now)s)
+                 AND NOT EXISTS (SELECT 1 FROM {_D} AS f WHERE f.endpoint_id = c.endpoint_id
+                                    AND f.state = %(pending)s AND f.leased_until > %(now)s)
+               ORDER BY c.endpoint_id, c.next_attempt_at, c.id)
+          AND d2.state = %(pending)s AND (d2.leased_until IS NULL OR d2.leased_until <= %(now)s)
         ORDER BY d2.next_attempt_at, d2.id LIMIT %(limit)s
-          FOR UPDATE OF d2 SKIP LOCKED)
+          FOR UPDATE SKIP LOCKED)
 RETURNING d.id, d.event_id, d.webhook_id, d.attempts, d.expires_at, e.url, e.secret, e.previous_secret,
           e.previous_secret_expires_at
 """
 
 
 def claim(limit: int = CONCURRENCY) -> list[Claim]:
-    """Lease up to ``limit`` due attempts to this sender (nobody else's in flight)."""
+    """Lease up to ``limit`` due attempts to this sender, at most one per endpoint (none of an
+    endpoint that has one in flight)."""
     now = timezone.now()
     token = secrets.token_hex(8)
     lease = timedelta(seconds=settings.WEBHOOK_TIMEOUT_SECONDS + 30)

@@ -3,6 +3,8 @@
 the backoff schedule, giving up after the window, secret rotation, private addresses."""
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -180,8 +182,9 @@ def test_an_attempt_in_flight_is_claimed_by_no_other_sender_until_its_lease_runs
     make_sessions(manager, 3)
     sender.scan()
     first = sender.claim(10)
-    assert len(first) == 3 and all(c.attempts == 1 for c in first)
-    assert sender.claim(10) == [], "a second sender finds nothing to claim while the attempts are in flight"
+    oldest = WebhookDelivery.objects.order_by("event_id").first()
+    assert [(c.delivery_id, c.attempts) for c in first] == [(oldest.id, 1)], "one attempt per endpoint in flight, the oldest"
+    assert sender.claim(10) == [], "a second sender finds nothing to claim while the attempt is in flight"
     # A sender that died mid-attempt: its lease runs out, and the attempt is made again.
     WebhookDelivery.objects.filter(id=first[0].delivery_id).update(leased_until=timezone.now() - timedelta(seconds=1))
     again = sender.claim(10)
@@ -191,3 +194,44 @@ def test_an_attempt_in_flight_is_claimed_by_no_other_sender_until_its_lease_runs
     assert sender.record(again[0], sender.Outcome(True, 200, 1)) == "delivered"
     assert sender.record(again[0], sender.Outcome(True, 200, 1)) is None, "recorded delivered exactly once"
     assert WebhookDelivery.objects.get(id=first[0].delivery_id).state == "delivered"
+    following = sender.claim(10)
+    assert len(following) == 1 and following[0].delivery_id != first[0].delivery_id, "then the endpoint's next one"
+
+
+def test_a_hanging_endpoint_holds_one_slot_and_never_delays_the_others(project, manager, allow_private):
+    from django.db import connection
+
+    from tests.webhooks.receiver import Receiver
+
+    slow, fast = Receiver().start(), Receiver().start()
+    try:
+        slow_hook = register(manager, slow.url, ["session.created"])
+        fast_hook = register(manager, fast.url, ["session.created"])
+        slow.secrets, fast.secrets = [slow_hook["secret"]], [fast_hook["secret"]]
+        slow.hold.set()  # answers nothing until released
+        make_sessions(manager, 3)
+        result: dict = {}
+
+        def send() -> None:
+            try:
+                result["counts"] = run_once(concurrency=3)
+            finally:
+                connection.close()
+
+        worker = threading.Thread(target=send)
+        worker.start()
+        # The fast endpoint gets all three while the slow one still holds its requests.
+        fast.wait_for(3)
+        assert not slow.release.is_set() and len(slow.received) >= 1
+        fast_rows = WebhookDelivery.objects.filter(endpoint_id=fast_hook["id"])
+        deadline = time.monotonic() + 30
+        while fast_rows.filter(state="delivered").count() < 3:
+            assert time.monotonic() < deadline, "the fast endpoint's deliveries were not recorded"
+            time.sleep(0.05)
+        assert WebhookDelivery.objects.filter(endpoint_id=slow_hook["id"], state="delivered").count() == 0
+        slow.release.set()
+        worker.join(60)
+        assert result["counts"]["delivered"] == 6
+    finally:
+        slow.stop()
+        fast.stop()

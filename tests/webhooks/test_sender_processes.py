@@ -41,15 +41,15 @@ def wait_until(predicate, timeout: float = 60.0, what: str = "") -> None:
 def test_nothing_is_lost_across_a_sigkill_and_a_restart(project, manager, receiver, tmp_path):
     settings.WEBHOOK_ALLOW_PRIVATE = True
     try:
-        hook = register(manager, receiver.url, ["session.created"])
+        hooks = [register(manager, receiver.url, ["session.created"]) for _ in range(2)]
     finally:
         settings.WEBHOOK_ALLOW_PRIVATE = False
-    receiver.secrets = [hook["secret"]]
+    receiver.secrets = [h["secret"] for h in hooks]
     first_batch = make_sessions(manager, 4)
     receiver.hold.set()  # the first attempts hang: the sender is killed while they are in flight
     proc = sender("--loop", "--interval", "0.1", "--concurrency", "2", log=tmp_path / "sender.log")
     try:
-        receiver.wait_for(2)  # two attempts in flight (concurrency 2), none answered
+        receiver.wait_for(2)  # one attempt in flight per endpoint, none answered
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
     finally:
@@ -68,12 +68,14 @@ def test_nothing_is_lost_across_a_sigkill_and_a_restart(project, manager, receiv
     try:
         expected = events_of(project.id, types=("session.created",))
         assert len(expected) == 7 and len(first_batch) == 4
-        wait_until(lambda: WebhookDelivery.objects.filter(state="delivered").count() == len(expected), what="all delivered")
+        wait_until(lambda: WebhookDelivery.objects.filter(state="delivered").count() == 2 * len(expected),
+                   what="all delivered")
     finally:
         proc.terminate()
         proc.wait(10)
-    rows = list(WebhookDelivery.objects.order_by("event_id"))
-    assert [r.event_id for r in rows] == [e.id for e in expected], "one delivery row per event, none lost"
+    rows = list(WebhookDelivery.objects.order_by("event_id", "endpoint_id"))
+    assert [(r.endpoint_id, r.event_id) for r in rows] == [(h["id"], e.id) for e in expected for h in hooks], (
+        "one delivery row per event and endpoint, none lost")
     assert all(r.state == "delivered" and r.delivered_at is not None for r in rows)
     got = receiver.by_id()
     assert set(got) == {r.webhook_id for r in rows}, "every event arrived"
