@@ -2,7 +2,7 @@
 #
 #   make setup      venv + PostgreSQL + database (+ Redis, Chromium)   [scripts/bootstrap.sh test]
 #   make run        migrate, collectstatic, load_demo, then daphne on http://$(RUN_HOST):$(RUN_PORT)/
-#                   with the lease reconciler beside it (every $(RECONCILE_INTERVAL) s; stopped with the server)
+#                   with the lease reconciler (every $(RECONCILE_INTERVAL) s) and the webhook sender beside it (stopped with the server)
 #   make test       pytest -m "not browser", then pytest -m browser (exit 5 = none collected is OK)
 #   make serve-cluster  N uvicorn processes (N=2, python -m novelforge_sessions.serve) on $(CLUSTER_BASE_PORT)..
 #                   sharing Redis, the reconciler beside them; all stopped together (deploy/nginx.conf in front)
@@ -31,6 +31,7 @@ HARNESS_ARGS ?=
 RUN_HOST    ?= 127.0.0.1
 RUN_PORT    ?= 8000
 RECONCILE_INTERVAL ?= 2
+WEBHOOK_INTERVAL  ?= 1
 N                 ?= 2
 CLUSTER_BASE_PORT ?= 8001
 CLUSTER_REDIS_URL ?= redis://127.0.0.1:6379/0
@@ -59,10 +60,15 @@ run:
 	# failed/runtime_lost), every $(RECONCILE_INTERVAL) s: well within one lease. Stopped with it.
 	$(MANAGE) reconcile_runtimes --loop --interval $(RECONCILE_INTERVAL) &
 	reconciler=$$!
-	trap 'kill $$reconciler 2>/dev/null || true; wait $$reconciler 2>/dev/null || true' EXIT
+	# The webhook sender (docs/webhooks.md) reads the event log beside the server: a slow or dead
+	# endpoint never delays a write. Stopped with the server, like the reconciler.
+	$(MANAGE) send_webhooks --loop --interval $(WEBHOOK_INTERVAL) &
+	sender=$$!
+	trap 'kill $$reconciler $$sender 2>/dev/null || true; wait $$reconciler $$sender 2>/dev/null || true' EXIT
 	trap 'exit 130' INT
 	trap 'exit 143' TERM
 	echo "Reconciling expired runtime leases every $(RECONCILE_INTERVAL) s (pid $$reconciler)"
+	echo "Sending webhooks every $(WEBHOOK_INTERVAL) s (pid $$sender)"
 	# The server takes its database connections from psycopg's pool (see docs/deployment.md, Configuration).
 	export DB_POOL_MAX_SIZE="$${DB_POOL_MAX_SIZE:-10}"
 	$(VENV)/bin/daphne -b $(RUN_HOST) -p $(RUN_PORT) novelforge_sessions.asgi:application

@@ -390,6 +390,13 @@ class TooManySubscriptions(BadRequest):
     code = "too_many_subscriptions"
 
 
+class WebhookUrlRefused(ValidationFailed):
+    """A webhook URL the sender may not call: not http(s), credentials in it, a host that does not
+    resolve, or one that resolves to a private, loopback or link-local address (docs/webhooks.md)."""
+
+    code = "webhook_url_refused"
+
+
 #: The closed catalog, in one explicit list: every code the service answers with.
 _CATALOGUED: tuple[type[ServiceError], ...] = (
     # generic refusals
@@ -410,6 +417,8 @@ _CATALOGUED: tuple[type[ServiceError], ...] = (
     GraphCheckpointConflict, GraphBlobMissing, GraphBlobMismatch,
     # the event stream's frames
     MalformedFrame, UnknownFrameType, AlreadyAuthenticated, TooManySubscriptions,
+    # webhooks
+    WebhookUrlRefused,
 )
 
 #: code → class. Codes are unique (checked here at import, and by the tests).

@@ -2,7 +2,7 @@
 
 The pure core of the service, below :mod:`novelforge_sessions.session_runtime` (the payload
 validators). Each record that has states — session, run, runtime
-attachment, handoff, write intent, review gate, review assignment — declares here its states
+attachment, handoff, write intent, review gate, review assignment, webhook delivery — declares here its states
 (an enum), its initial state and its table of legal transitions. Nothing else in the service
 spells a state name: models take their choices and constraints from these enums, actions
 check every status write with :meth:`Lifecycle.check` (through one transition helper,
@@ -99,6 +99,12 @@ class AssignmentState(StrEnum):
     OPEN = "open"  # an unclaimed agent slot
     ASSIGNED = "assigned"
     SUBMITTED = "submitted"
+
+
+class DeliveryState(StrEnum):
+    PENDING = "pending"  # due now, or after its backoff
+    DELIVERED = "delivered"  # the endpoint answered 2xx
+    FAILED = "failed"  # no 2xx within its retry window (docs/webhooks.md#retries)
 
 
 @dataclass(frozen=True)
@@ -248,7 +254,15 @@ REVIEW_ASSIGNMENT = Lifecycle("review assignment", AssignmentState, A.OPEN, _tab
     A.SUBMITTED: (),
 }))
 
-ALL: tuple[Lifecycle, ...] = (SESSION, RUN, RUNTIME, HANDOFF, WRITE_INTENT, REVIEW_GATE, REVIEW_ASSIGNMENT)
+#: One event's delivery to one webhook endpoint (docs/webhooks.md). ``pending → pending``: a
+#: failed attempt waits for its retry; ``failed → pending``: redelivered on request.
+WEBHOOK_DELIVERY = Lifecycle("webhook delivery", DeliveryState, DeliveryState.PENDING, _table({
+    DeliveryState.PENDING: {DeliveryState.PENDING, DeliveryState.DELIVERED, DeliveryState.FAILED},
+    DeliveryState.DELIVERED: (),
+    DeliveryState.FAILED: {DeliveryState.PENDING},
+}))
+
+ALL: tuple[Lifecycle, ...] = (SESSION, RUN, RUNTIME, HANDOFF, WRITE_INTENT, REVIEW_GATE, REVIEW_ASSIGNMENT, WEBHOOK_DELIVERY)
 
 #: When a session leaves the run-holding states, its open run ends with this state.
 RUN_END_ON_STATUS: Mapping[SessionStatus, RunState] = {

@@ -412,6 +412,7 @@ class ApiToken(models.Model):
         APPROVE = "approve"  # approve write intents, mark stale (managers)
         REVIEW = "review"  # claim review packets, submit verdicts (agent reviewers)
         PROJECT = "project"  # project-wide despite a session binding (artifacts, intents, authority history)
+        MANAGE = "manage"  # the project's settings: webhook endpoints (docs/webhooks.md)
 
     name = models.CharField(max_length=200)
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tokens")

@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "ninja",  # its templates and static files: /api/docs serves Swagger UI locally, not from a CDN
     "novelforge_sessions",
     "novelforge_sessions.control",
+    "novelforge_sessions.webhooks",
     "reviews",
 ]
 
@@ -265,6 +266,14 @@ LIVE_FEED_READS_PER_SECOND = _strict_int("LIVE_FEED_READS_PER_SECOND", default=2
 # command) reach open sockets within about a second rather than at the next sweep. With
 # REDIS_URL the Redis layer crosses processes itself and this is off.
 LIVE_PG_NOTIFY = _strict_bool("LIVE_PG_NOTIFY", default=True) and not REDIS_URL
+
+# Signed webhooks (docs/webhooks.md): the sender (manage.py send_webhooks) refuses endpoints on
+# private, loopback and link-local addresses unless this is on (a receiver on one's own network).
+WEBHOOK_ALLOW_PRIVATE = _strict_bool("WEBHOOK_ALLOW_PRIVATE", default=False)
+#: One attempt's whole budget (connect, send, read the capped response), in seconds.
+WEBHOOK_TIMEOUT_SECONDS = _strict_int("WEBHOOK_TIMEOUT_SECONDS", default=10, minimum=1)
+#: After a rotation the previous secret still signs (a second signature) for this long.
+WEBHOOK_SECRET_OVERLAP_SECONDS = _strict_int("WEBHOOK_SECRET_OVERLAP_SECONDS", default=24 * 3600, minimum=0)
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the dashboard's JS reads it for POSTs

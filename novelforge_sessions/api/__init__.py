@@ -11,9 +11,9 @@ from ninja import Router
 
 def routers() -> list[Router]:
     """This app's routers, in the order their operations appear in the OpenAPI document."""
-    from novelforge_sessions.api import artifacts, control, events, graphs, projects, runs, runtimes, sessions
+    from novelforge_sessions.api import artifacts, control, events, graphs, projects, runs, runtimes, sessions, webhooks
 
     return [
         projects.router, artifacts.router, sessions.router, runtimes.router, runs.router, events.router,
-        *control.routers, graphs.router,
+        *control.routers, graphs.router, webhooks.router,
     ]

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 
 from novelforge_sessions.access import BOUND_TOKEN_MATRIX, PROJECT_WIDE, Caller, Reach
 from novelforge_sessions.actions import artifacts, runs, sessions
@@ -34,6 +35,9 @@ from novelforge_sessions.control import graphs
 from novelforge_sessions.control.models import AuthorityChange, GraphThread, Handoff, WriteIntent
 from novelforge_sessions.errors import NotFound
 from novelforge_sessions.models import ApiToken, Artifact, Checkpoint, Event, Run, RuntimeAttachment, Session
+from novelforge_sessions.lifecycles import DeliveryState
+from novelforge_sessions.webhooks import endpoints as webhook_endpoints
+from novelforge_sessions.webhooks.models import WebhookDelivery
 from reviews import actions as review_actions
 from tests.support.factories import Api
 from tests.reviews.factories import RUBRIC, agent_reviewer, make_user, make_world
@@ -112,7 +116,14 @@ def build(project) -> World:
     o = _session(project, "writer", "session", ["draft"])
     other = Api(_token(project, "other-writer", WRITER_PERMS, o))
     ok(other.post(f"/sessions/{o.id}/runs", {"cursor": {"step": "x"}}), 201)
+    # A webhook endpoint of the project with a failed delivery (webhooks are no bound token's: 403).
+    endpoint, _secret = webhook_endpoints.create_endpoint(project, url="https://93.184.216.34/victim", event_types=["*"])
+    event = Event.objects.filter(session_id=w.id).order_by("-id").first()
+    delivery = WebhookDelivery.objects.create(
+        endpoint=endpoint, event_id=event.id, event_type=event.type, webhook_id=f"msg_test{event.id}",
+        state=DeliveryState.FAILED, next_attempt_at=timezone.now(), expires_at=timezone.now())
     ids = {
+        "webhook_id": endpoint.id, "delivery_id": delivery.id,
         "session_id": w.id, "runtime_id": RuntimeAttachment.objects.get(session=w).id, "run_id": run.id,
         "checkpoint_id": cp["id"], "handoff_id": handoff["id"], "artifact_id": art.id, "version_id": v2["id"],
         "intent_id": intent["id"], "gate_id": gate.id, "packet_id": gate.packet.id,
@@ -160,6 +171,8 @@ def _body(method: str, path: str, ids: dict[str, int], world: World) -> Any:
                                        "writes": [{"idx": 0, "channel": "c", "value": {"serde": "json", "data": ""}}]},
         "POST /graph-blobs": {"fingerprint": "sha256:" + "0" * 64, "serde": "json", "index": 0, "count": 1, "data": ""},
         "POST /graph-blobs/missing": {"fingerprints": ["sha256:" + "0" * 64]},
+        "POST /webhooks": {"url": "https://93.184.216.34/mine", "event_types": ["*"]},
+        "POST /webhooks/{webhook_id}/active": {"active": False},
         "POST /review-packets/{packet_id}/verdicts": {"packet_fingerprint": fp, "artifact_fingerprint": fp, "decision": "pass",
                                                       "scores": {"clarity": 4, "pacing": 6}, "confidence": 0.5},
     }

@@ -31,6 +31,7 @@ import schemathesis
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
+from django.utils import timezone
 from hypothesis import HealthCheck, settings
 
 from novelforge_sessions.actions import artifacts, runs, sessions
@@ -39,6 +40,9 @@ from novelforge_sessions.actions.runtimes import RuntimeSpec
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS
 from novelforge_sessions.actions.transcript import append_transcript
 from novelforge_sessions.models import ApiToken, Project, Session
+from novelforge_sessions.lifecycles import DeliveryState
+from novelforge_sessions.webhooks import endpoints as webhook_endpoints
+from novelforge_sessions.webhooks.models import WebhookDelivery
 from reviews import actions as review_actions
 from tests.support.factories import caller_for, make_project
 
@@ -101,6 +105,8 @@ CONFIG = schemathesis.Config.from_dict({
             # read); JSON Schema counts characters, so its maxLength is the bound in characters and a
             # shorter multi-byte entry can still be over it
             "POST /api/v1/sessions/{session_id}/transcript",
+            # a webhook URL's host must resolve, and only to public addresses (docs/webhooks.md#private-addresses)
+            "POST /api/v1/webhooks",
         )
     ],
 })
@@ -184,7 +190,18 @@ def build_world() -> World:
         route="agent", required_verdicts=1, reviewer_session_ids=[reviewer.id],
     ))
 
+    # A webhook endpoint (a literal public address: no DNS) with a failed delivery to redeliver.
+    endpoint, _secret = webhook_endpoints.create_endpoint(project, url="https://93.184.216.34/hook", event_types=["*"])
+    event = project.events.order_by("-id").first()
+    now = timezone.now()
+    delivery = WebhookDelivery.objects.create(
+        endpoint=endpoint, event_id=event.id, event_type=event.type, webhook_id=f"msg_fuzz{event.id}",
+        state=DeliveryState.FAILED, attempts=3, next_attempt_at=now, expires_at=now,
+    )
+
     ids = {
+        "webhook_id": [endpoint.id],
+        "delivery_id": [delivery.id],
         "session_id": [writer.id, waiting.id, reviewer.id],
         "run_id": [run.id, waiting_run.id],
         "runtime_id": list(writer.runtimes.values_list("id", flat=True)) + list(waiting.runtimes.values_list("id", flat=True)),

@@ -33,6 +33,7 @@ EXPECTED = {
     },
     "review gate": {"pending": {"complete", "cancelled"}, "complete": set(), "cancelled": set()},
     "review assignment": {"open": {"assigned"}, "assigned": {"assigned", "submitted"}, "submitted": set()},
+    "webhook delivery": {"pending": {"pending", "delivered", "failed"}, "delivered": set(), "failed": {"pending"}},
 }
 
 BY_NAME = {lifecycle.record: lifecycle for lifecycle in lc.ALL}

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 from django.apps import apps
 
 #: The apps whose tables a request of this project can write.
-PROJECT_APPS = ("novelforge_sessions", "control", "reviews")
+PROJECT_APPS = ("novelforge_sessions", "control", "reviews", "webhooks")
 #: Columns written by authentication itself, not by the request's work.
 BOOKKEEPING = {"novelforge_sessions.ApiToken": frozenset({"last_used_at"})}
 

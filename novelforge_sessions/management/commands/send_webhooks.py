@@ -1,0 +1,43 @@
+import logging
+import time
+
+from django.core.management.base import BaseCommand
+from django.db import close_old_connections
+
+from novelforge_sessions.webhooks.sender import CONCURRENCY, run_once
+
+log = logging.getLogger("novelforge.webhooks")
+
+
+class Command(BaseCommand):
+    help = "Deliver the projects' signed webhooks from the event log (docs/webhooks.md)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--loop", action="store_true", help="keep sending every --interval seconds")
+        parser.add_argument("--once", action="store_true", help="one pass: scan the log, make every due attempt (default)")
+        parser.add_argument("--interval", type=float, default=1.0)
+        parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help="attempts in flight at once")
+
+    def handle(self, *args, loop: bool, once: bool, interval: float, concurrency: int, **options):
+        if loop and once:
+            self.stderr.write("--loop and --once exclude each other")
+            raise SystemExit(2)
+        # httpx logs every request's URL at INFO; a webhook URL may carry a secret (a relay's path).
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        while True:
+            try:
+                counts = run_once(concurrency=concurrency)
+            except Exception:
+                if not loop:
+                    raise
+                log.exception("webhook pass failed; trying again in %s s", interval)
+                counts = None
+            if counts and counts["attempts"]:
+                self.stdout.write(
+                    f"{counts['attempts']} attempts: {counts['delivered']} delivered, {counts['failed']} failed"
+                )
+                self.stdout.flush()
+            if not loop:
+                return
+            close_old_connections()
+            time.sleep(interval)
