@@ -337,6 +337,13 @@ class GraphBlobMismatch(ValidationFailed):
     code = "graph_blob_mismatch"
 
 
+class WebhookUrlRefused(ValidationFailed):
+    """A webhook URL the sender may not call: not http(s), credentials in it, a host that does not
+    resolve, or one that resolves to a private, loopback or link-local address."""
+
+    code = "webhook_url_refused"
+
+
 # The event stream's refusals: an error frame, then the socket closes with 4000 + the status.
 class MalformedFrame(BadRequest):
     """A websocket frame that is not a JSON text object with a ``type``, or a message with wrong fields."""

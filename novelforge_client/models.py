@@ -1106,6 +1106,75 @@ class VerdictOut(ResponseModel):
     bound_at: datetime
 
 
+class WebhookActiveIn(RequestModel):
+    """WebhookActiveIn"""
+
+    active: bool
+
+
+class WebhookDeliveryOut(ResponseModel):
+    """WebhookDeliveryOut"""
+
+    id: int
+    event_id: int
+    event_type: str
+    webhook_id: str = Field(description='the `webhook-id` header: the same on every attempt')
+    state: str = Field(description='pending, delivered or failed (docs/lifecycles.md)')
+    attempts: int
+    next_attempt_at: datetime | None = Field(description='when the next attempt is due (pending only)')
+    last_attempt_at: datetime | None
+    last_status: int | None = Field(description="the endpoint's HTTP status at the last attempt")
+    last_latency_ms: int | None
+    last_error: str
+    delivered_at: datetime | None
+
+
+class WebhookDetailOut(ResponseModel):
+    """WebhookDetailOut"""
+
+    id: int
+    url: str
+    description: str
+    event_types: list[str]
+    active: bool
+    created_at: datetime
+    previous_secret_expires_at: datetime | None = Field(description='after a rotation: until when the previous secret still signs (a second signature)')
+    recent_deliveries: list[WebhookDeliveryOut]
+
+
+class WebhookIn(RequestModel):
+    """WebhookIn"""
+
+    url: str = Field(description='http(s) URL; its host must resolve to public addresses only (WEBHOOK_ALLOW_PRIVATE)')
+    event_types: list[Literal["artifact.created", "artifact.current_changed", "artifact.version_added", "authority.settled", "checkpoint.recorded", "framework.changed", "handoff.cancelled", "handoff.claimed", "handoff.conflict_resolved", "handoff.created", "handoff.result_conflict", "handoff.result_consumed", "handoff.result_invalid", "review.gate_cancelled", "review.gate_completed", "review.gate_opened", "review.packet_claimed", "review.verdict_bound", "run.abort_requested", "run.cursor_advanced", "run.ended", "run.started", "runtime.attached", "runtime.closed", "runtime.lost", "session.binding_invalidated", "session.created", "session.forgotten", "session.resumed", "session.transitioned", "transcript.appended", "write_intent.approval_revoked", "write_intent.approved", "write_intent.created", "write_intent.executed", "write_intent.refused", "write_intent.rejected"] | str] = Field(description='event type names of the catalog, or "*" for every one')
+    description: str = Field(default='')
+
+
+class WebhookOut(ResponseModel):
+    """WebhookOut"""
+
+    id: int
+    url: str
+    description: str
+    event_types: list[str]
+    active: bool
+    created_at: datetime
+    previous_secret_expires_at: datetime | None = Field(description='after a rotation: until when the previous secret still signs (a second signature)')
+
+
+class WebhookSecretOut(ResponseModel):
+    """WebhookSecretOut"""
+
+    id: int
+    url: str
+    description: str
+    event_types: list[str]
+    active: bool
+    created_at: datetime
+    previous_secret_expires_at: datetime | None = Field(description='after a rotation: until when the previous secret still signs (a second signature)')
+    secret: str = Field(description='`whsec_…`: shown only in this answer; keep it to verify signatures')
+
+
 class WriteIntentIn(RequestModel):
     """WriteIntentIn"""
 

@@ -20,7 +20,7 @@ from novelforge_sessions.control import result_schema as result_schemas
 from novelforge_sessions.control import results as result_actions
 from novelforge_sessions.control import routing as routing_actions
 from novelforge_sessions.apikit.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
-from novelforge_sessions.api.schemas import CAPABILITIES, HandoffStateName, IntentStateName, ShortNameDeclared
+from novelforge_sessions.api.schemas import CAPABILITIES, HandoffStateName, IntentStateName, ReasonIn, ShortNameDeclared
 from novelforge_sessions.apikit.schemas import (
     Page, NON_BLANK_TEXT, Strict, X_MAX_BYTES, max_bytes, page_after, page_limit,
 )
@@ -195,10 +195,6 @@ class DeliveryLogOut(Schema):
     delivered_by: str
     received_at: datetime
     validation: ValidationOut | None
-
-
-class ReasonIn(Strict):
-    reason: str = Field("", max_length=200)
 
 
 class ResolveIn(Strict):

@@ -37,7 +37,7 @@ class WebhookActiveIn(Strict):
     active: bool
 
 
-class DeliveryOut(Schema):
+class WebhookDeliveryOut(Schema):
     id: int
     event_id: int
     event_type: str
@@ -68,7 +68,7 @@ class WebhookOut(Schema):
 
 
 class WebhookDetailOut(WebhookOut):
-    recent_deliveries: list[DeliveryOut]
+    recent_deliveries: list[WebhookDeliveryOut]
 
 
 class WebhookSecretOut(WebhookOut):
@@ -130,7 +130,7 @@ def delete_webhook(request: HttpRequest, webhook_id: int):
     return Status(204, None)
 
 
-@router.post("/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver", response={200: DeliveryOut, **errors(403, 404, 409)},
+@router.post("/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver", response={200: WebhookDeliveryOut, **errors(403, 404, 409)},
              summary="Send a failed (or pending) delivery now (same webhook-id, a fresh 24-hour retry window)")
 def redeliver_webhook(request: HttpRequest, webhook_id: int, delivery_id: int):
     who = _manager(request)

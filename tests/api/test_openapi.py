@@ -129,3 +129,28 @@ def test_every_list_says_what_its_after_cursor_promises(schema):
     assert lists >= 12
     assert "GET /events?after=" in AFTER_DOC and "skipped" in AFTER_DOC
     assert "Gap-free" in EVENTS_AFTER_DOC
+
+
+
+def test_no_two_schema_classes_share_a_name():
+    """The OpenAPI document names a component by its class name alone: two schema classes of the
+    same name in different modules would become one component, and one of the two routes would
+    document (and the generated client would parse) the other's body."""
+    import ast
+    from collections import defaultdict
+    from pathlib import Path
+
+    from novelforge_sessions.routers import api
+
+    root = Path(__file__).resolve().parents[2]
+    modules = [*root.glob("novelforge_sessions/api/*.py"), *root.glob("novelforge_sessions/apikit/*.py"),
+               root / "reviews" / "api.py"]
+    where: dict[str, list[str]] = defaultdict(list)
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where[node.name].append(str(path.relative_to(root)))
+    components = api.get_openapi_schema()["components"]["schemas"]
+    assert len(components) > 50
+    shared = {name: places for name, places in where.items() if len(places) > 1 and name in components}
+    assert not shared, shared
