@@ -346,6 +346,19 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             yield {"fingerprint": value.fingerprint, "serde": value.serde, "index": index, "count": len(pieces),
                    "data": piece}
 
+    def _plan_again(self, exc: GraphBlobMissing | PayloadTooLarge, plan: _Plan, retried: bool) -> bool:
+        """After a refused send, whether to plan it again (re-raises ``exc`` when not): a value
+        the server turned out not to hold is sent again once; a smaller body limit the server
+        named is planned with. Returns the new ``retried``."""
+        if isinstance(exc, GraphBlobMissing):
+            if retried:
+                raise exc
+            self._forget(exc.details.get("missing") or plan.named)
+            return True
+        if not self._learn_limit(exc):
+            raise exc
+        return retried
+
     def _send(self, path: str, make: Callable[[bool], _Plan]) -> Any:
         """Upload what the plan needs, then send its body; a value the server turns out not to hold
         (forgotten by the server, or another server behind the URL) is sent again, once."""
@@ -369,14 +382,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                 out = self._call("POST", path, json=plan.body)
                 stored = True
                 return out
-            except GraphBlobMissing as exc:
-                if retried:
-                    raise
-                retried = True
-                self._forget(exc.details.get("missing") or plan.named)
-            except PayloadTooLarge as exc:
-                if not self._learn_limit(exc):
-                    raise
+            except (GraphBlobMissing, PayloadTooLarge) as exc:
+                retried = self._plan_again(exc, plan, retried)
             finally:
                 self._release(plan, stored=stored)
 
@@ -399,14 +406,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                 out = await self._acall("POST", path, json=plan.body)
                 stored = True
                 return out
-            except GraphBlobMissing as exc:
-                if retried:
-                    raise
-                retried = True
-                self._forget(exc.details.get("missing") or plan.named)
-            except PayloadTooLarge as exc:
-                if not self._learn_limit(exc):
-                    raise
+            except (GraphBlobMissing, PayloadTooLarge) as exc:
+                retried = self._plan_again(exc, plan, retried)
             finally:
                 self._release(plan, stored=stored)
 

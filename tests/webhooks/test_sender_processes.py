@@ -29,12 +29,8 @@ def sender(*args: str, log: Path) -> subprocess.Popen:
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT)
 
 
-def test_nothing_is_lost_across_a_sigkill_and_a_restart(project, manager, receiver, tmp_path):
-    settings.WEBHOOK_ALLOW_PRIVATE = True
-    try:
-        hooks = [register(manager, receiver.url, ["session.created"]) for _ in range(2)]
-    finally:
-        settings.WEBHOOK_ALLOW_PRIVATE = False
+def test_nothing_is_lost_across_a_sigkill_and_a_restart(project, manager, receiver, tmp_path, allow_private):
+    hooks = [register(manager, receiver.url, ["session.created"]) for _ in range(2)]
     receiver.secrets = [h["secret"] for h in hooks]
     first_batch = make_sessions(manager, 4)
     receiver.hold.set()  # the first attempts hang: the sender is killed while they are in flight
@@ -76,12 +72,8 @@ def test_nothing_is_lost_across_a_sigkill_and_a_restart(project, manager, receiv
     assert sum(r.attempts for r in rows) == len(receiver.received)
 
 
-def test_two_senders_at_once_never_double_an_attempt(project, manager, receiver, tmp_path):
-    settings.WEBHOOK_ALLOW_PRIVATE = True
-    try:
-        hooks = [register(manager, receiver.url, ["*"]) for _ in range(2)]
-    finally:
-        settings.WEBHOOK_ALLOW_PRIVATE = False
+def test_two_senders_at_once_never_double_an_attempt(project, manager, receiver, tmp_path, allow_private):
+    hooks = [register(manager, receiver.url, ["*"]) for _ in range(2)]
     receiver.secrets = [h["secret"] for h in hooks]
     make_sessions(manager, 30)
     receiver.delay = 0.05  # each pass takes a while: the two processes' claims overlap
