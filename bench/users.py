@@ -72,6 +72,10 @@ def machine_busy_jiffies() -> int:
     return user + nice + system + irq + softirq + steal
 
 
+#: The PostgreSQL backends seen by :func:`own_cpu_ticks` (for the database's share of own CPU).
+_BACKENDS: set[int] = set()
+
+
 def own_cpu_ticks(db_url: str) -> dict[int, int]:
     """CPU ticks so far of this workload's processes and of the PostgreSQL backends connected to
     its database (by pid): the diagnostic "own CPU", which another tenant of the machine does not
@@ -83,6 +87,7 @@ def own_cpu_ticks(db_url: str) -> dict[int, int]:
         backends = [int(r[0]) for r in conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,)).fetchall()]
     ticks = {}
+    _BACKENDS.update(backends)
     for pid in process_tree(os.getpid()) + backends:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -473,6 +478,7 @@ def run_workload(args: argparse.Namespace) -> dict[str, Any]:
     hz = os.sysconf("SC_CLK_TCK")
     busy_s = (busy1 - busy0) / hz
     own_s = sum(t - own0.get(pid, 0) for pid, t in own1.items()) / hz
+    db_s = sum(t - own0.get(pid, 0) for pid, t in own1.items() if pid in _BACKENDS) / hz
     return {
         "workload": name, "clients": args.clients, "seconds": round(elapsed, 3), "steps": steps,
         "steps_per_s": round(steps / elapsed, 1),
@@ -480,6 +486,7 @@ def run_workload(args: argparse.Namespace) -> dict[str, Any]:
         "machine_busy_cores": round(busy_s / elapsed, 2),
         "server_cpu_ms_per_step": round((server1 - server0) / steps * 1000, 3) if server else None,
         "own_cpu_ms_per_step": round(own_s / steps * 1000, 3),
+        "db_cpu_ms_per_step": round(db_s / steps * 1000, 3),
         "per_client_steps": [results[i][0] for i in sorted(results)],
         "latency_ms": {"p50": round(statistics.median(latencies) * 1000, 2),
                        "p99": round(latencies[int(0.99 * (len(latencies) - 1))] * 1000, 2)},

@@ -42,10 +42,30 @@ def execute_write(sql: str, params: Any, using: str = DEFAULT_DB_ALIAS) -> tuple
 
     Outside an atomic block the statement is its own transaction: committed when this returns,
     rolled back entirely when it raises."""
-    db = connections[using]
     own = own_transaction(using)
     if own:
         faults.fire("before_commit")
+    with _prepared_cursor(using) as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if own:
+        faults.fire("after_commit")
+    return row
+
+
+def fetch_prepared(sql: str, params: Any, using: str = DEFAULT_DB_ALIAS) -> list[tuple[Any, ...]]:
+    """Every row of ``sql``, sent as :func:`execute_write` sends its statement (server-side
+    binding, prepared after ``DB_PREPARE_THRESHOLD`` executions on the connection), as one more
+    statement of the caller's transaction. For the large statements of a multi-statement write
+    (the graph routes' lock, resolve and write statements), which PostgreSQL otherwise plans on
+    every request."""
+    with _prepared_cursor(using) as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description is not None else []
+
+
+def _prepared_cursor(using: str) -> Any:
+    db = connections[using]
     db.ensure_connection()
     with db.wrap_database_errors:
         raw = psycopg.Cursor(db.connection)  # server-side binding: the statement can be prepared
@@ -53,9 +73,4 @@ def execute_write(sql: str, params: Any, using: str = DEFAULT_DB_ALIAS) -> tuple
     # statement is prepared once per set of parameter types (a run id or a size growing past
     # 32767 would prepare it again).
     raw.adapters.register_dumper(int, Int8Dumper)
-    with db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw) as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if own:
-        faults.fire("after_commit")
-    return row
+    return db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw)

@@ -95,7 +95,9 @@ class Membership(models.Model):
 
 
 class Artifact(models.Model):
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="artifacts")
+    # No index of its own: ``artifact_name_unique_per_project`` (project, name) serves every lookup
+    # by project, the cascade included; a second index would only cost each insert.
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="artifacts", db_index=False)
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=64, default="document")
     current_version = models.ForeignKey(
@@ -114,15 +116,18 @@ class Artifact(models.Model):
 class ArtifactVersion(models.Model):
     """Immutable, content-addressed. Created once, never updated (no API or admin edits it)."""
 
-    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="versions")
+    # No index of its own: ``artifact_version_number_unique`` (artifact, number) serves it.
+    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="versions", db_index=False)
     number = models.PositiveIntegerField()
     content = models.TextField()
-    fingerprint = models.CharField(max_length=71, db_index=True)
+    fingerprint = models.CharField(max_length=71)
     created_by = models.CharField(max_length=200, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["artifact_id", "number"]
+        # Equality lookups only: no ``varchar_pattern_ops`` twin (what ``db_index=True`` adds).
+        indexes = [models.Index(fields=["fingerprint"], name="artifact_version_fingerprint")]
         constraints = [
             models.UniqueConstraint(fields=["artifact", "number"], name="artifact_version_number_unique"),
             models.CheckConstraint(condition=Q(fingerprint__regex=rt.FINGERPRINT_PATTERN), name="artifact_version_fp_format"),
@@ -283,8 +288,10 @@ class Run(models.Model):
 class Checkpoint(models.Model):
     """A validated cursor plus fingerprints and preconditions (docs/model.md#checkpoints). Immutable."""
 
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="checkpoints")
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    # No indexes of their own: ``checkpoint_session_id`` (session, id) and
+    # ``checkpoint_seq_unique_per_run`` (run, seq) serve every lookup, the cascades included.
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
     seq = models.PositiveIntegerField()
     boundary = models.CharField(max_length=40, choices=_choices(rt.CheckpointBoundary))
     cursor = models.JSONField()

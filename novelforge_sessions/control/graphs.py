@@ -39,7 +39,7 @@ from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
 from novelforge_sessions.actions import runs as run_actions
 from novelforge_sessions.actions import sessions as session_actions
-from novelforge_sessions import events
+from novelforge_sessions import commit, events
 from novelforge_sessions.actions.lifecycle import check, live_runtime, lock_session
 from novelforge_sessions.actions.runtimes import MAX_LEASE_SECONDS, RuntimeSpec
 from novelforge_sessions.control.checkpoints import ResolvedRefs, record_checkpoint
@@ -136,6 +136,15 @@ class WriteSpec:
 
 
 @dataclass(frozen=True)
+class LockedSession:
+    """What a write to a thread reads of the session it locked."""
+
+    id: int
+    project_id: int
+    status: str
+
+
+@dataclass(frozen=True)
 class Stored:
     """A put checkpoint with what it landed in."""
 
@@ -168,7 +177,7 @@ _THREAD_IN_REACH = f"""
 #: may change while this waits for the lock (the open run, the checkpoints) is read by the
 #: next statement, which sees what the previous holder committed.
 _LOCK_THREAD_SQL = f"""
-SELECT s.*, t.id AS nf_thread, t.created_at AS nf_thread_created
+SELECT s.id, s.project_id, s.status, t.id, t.created_at
   FROM {_GT} t JOIN {Session._meta.db_table} s ON s.id = t.session_id
  WHERE t.id = ({_THREAD_IN_REACH.format(col="id")})
    AND {events.order_lock_sql(f"({_THREAD_IN_REACH.format(col='session_id')})")}
@@ -176,24 +185,24 @@ SELECT s.*, t.id AS nf_thread, t.created_at AS nf_thread_created
 """
 
 
-def lock_thread(caller: Caller, thread_id: str) -> tuple[GraphThread, Session] | None:
+def lock_thread(caller: Caller, thread_id: str) -> tuple[GraphThread, LockedSession] | None:
     """Lock the session of the caller's thread ``thread_id`` (one statement; lock order: session,
     then run); None (nothing locked) when the caller reaches no such thread."""
     assert transaction.get_connection().in_atomic_block
     events.before_order_lock()
     params = {"thread": thread_id, "projects": list(caller.project_ids), "bound": caller.session_id}
-    session = next(iter(Session.objects.raw(_LOCK_THREAD_SQL, params)), None)
-    if session is None:
+    rows = commit.fetch_prepared(_LOCK_THREAD_SQL, params)
+    if not rows:
         return None
-    thread = GraphThread(id=session.nf_thread, project_id=session.project_id, session_id=session.id,
-                         thread_id=thread_id, created_at=session.nf_thread_created)
+    session_id, project_id, status, pk, created_at = rows[0]
+    thread = GraphThread(id=pk, project_id=project_id, session_id=session_id, thread_id=thread_id, created_at=created_at)
     thread._state.adding = False
-    thread._state.db = session._state.db
-    return thread, session
+    thread._state.db = connection.alias
+    return thread, LockedSession(session_id, project_id, status)
 
 
 def _on_thread(caller: Caller, thread_id: str, open_spec: ThreadSpec | None,
-               write: Callable[[GraphThread, Session], Any]) -> tuple[Any, int | None]:
+               write: Callable[[GraphThread, LockedSession], Any]) -> tuple[Any, int | None]:
     """``write(thread, session)`` in one transaction, under the lock of the thread's session;
     and the runtime id when this call opened the thread. A thread the caller does not reach is
     opened with ``open_spec`` (else 404), in its own transaction committed first (a loser of the
@@ -337,8 +346,7 @@ def _insert_blobs(project_id: int, blobs: Mapping[str, str], actor: str) -> None
     if not blobs:
         return
     fps = sorted(blobs)
-    with connection.cursor() as cursor:
-        cursor.execute(_INSERT_BLOBS_SQL, [fps, [blobs[fp] for fp in fps], project_id, actor])
+    commit.fetch_prepared(_INSERT_BLOBS_SQL, [fps, [blobs[fp] for fp in fps], project_id, actor])
 
 
 def missing_blobs(caller: Caller, fingerprints: list[str]) -> list[str]:
@@ -494,8 +502,10 @@ def open_thread(caller: Caller, thread_id: str, spec: ThreadSpec) -> tuple[Graph
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------------
-#: Every blob lookup below is a scalar subquery per row of the request (one index probe each):
-#: as a join, the planner's estimates for young tables chose to scan all of the project's blobs.
+#: Every blob lookup below is a scalar subquery per row of the request (one index probe each, on
+#: every column of a unique index): as a join, the planner's estimates for young tables chose to
+#: scan all of the thread's (or the project's) blobs, a cost that grew with every superstep.
+#: (``OFFSET 0`` keeps the channel lookups a subquery of their own, evaluated once per row.)
 #: The put's (channel, version) → blob rows, and what the checkpoint cites, in one statement:
 #: the upsert of the put's rows (the latest value at a (channel, version) stands, as in
 #: LangGraph's own savers); the stored rows of the channels the put did not bring (read from the
@@ -512,12 +522,16 @@ WITH upsert AS (
     RETURNING 1
 )
 SELECT 'stored', o.channel, o.fingerprint, o.artifact[1], o.artifact[2] FROM (
-    SELECT o.channel, g.fingerprint,
+    SELECT s.channel, s.fingerprint,
            (SELECT ARRAY[a.id, a.current_version_id] FROM {_A} a
-             WHERE a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || g.fingerprint) AS artifact
-    FROM unnest(%(old_channels)s::text[], %(old_versions)s::text[]) AS o(channel, version)
-    JOIN {_GB} g ON g.thread_id = %(thread)s AND g.checkpoint_ns = %(ns)s AND g.channel = o.channel
-                AND g.version = o.version
+             WHERE a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || s.fingerprint) AS artifact
+    FROM (
+        SELECT o.channel, (SELECT g.fingerprint FROM {_GB} g
+                            WHERE g.thread_id = %(thread)s AND g.checkpoint_ns = %(ns)s AND g.channel = o.channel
+                              AND g.version = o.version) AS fingerprint
+        FROM unnest(%(old_channels)s::text[], %(old_versions)s::text[]) AS o(channel, version)
+        OFFSET 0
+    ) s WHERE s.fingerprint IS NOT NULL
 ) o WHERE o.artifact IS NOT NULL
 UNION ALL
 SELECT 'named', NULL, substr(n.name, {len(BLOB_PREFIX) + 1}), n.artifact[1], n.artifact[2] FROM (
@@ -569,22 +583,20 @@ def put_checkpoint(
     meta = check(rt.validate_metadata, dict(metadata or {}), "metadata", MAX_METADATA_BYTES)
     _check_open(open_spec)
 
-    def write(thread: GraphThread, session: Session) -> tuple[GraphCheckpoint, bool]:
+    def write(thread: GraphThread, session: LockedSession) -> tuple[GraphCheckpoint, bool]:
         # The session lock serialises the thread's writers (lock order: session, then run).
         _insert_blobs(session.project_id, inline, caller.label)
         versions = {ch: json.dumps(v) for ch, v in sorted((document.get("channel_versions") or {}).items())}
         old = [(ch, v) for ch, v in versions.items() if (ch, v) not in put]
         named = sorted(set(put.values()))
-        with connection.cursor() as cursor:
-            cursor.execute(_RESOLVE_PUT_SQL, {
-                "thread": thread.id, "ns": checkpoint_ns, "project": session.project_id,
-                "put_channels": [ch for ch, _ in put], "put_versions": [v for _, v in put],
-                "put_fps": list(put.values()),
-                "old_channels": [ch for ch, _ in old], "old_versions": [v for _, v in old],
-                "names": [BLOB_PREFIX + fp for fp in named], "cp": checkpoint_id, "session": session.id,
-                "open": rt.RunState.OPEN.value,
-            })
-            rows = cursor.fetchall()
+        rows = commit.fetch_prepared(_RESOLVE_PUT_SQL, {
+            "thread": thread.id, "ns": checkpoint_ns, "project": session.project_id,
+            "put_channels": [ch for ch, _ in put], "put_versions": [v for _, v in put],
+            "put_fps": list(put.values()),
+            "old_channels": [ch for ch, _ in old], "old_versions": [v for _, v in old],
+            "names": [BLOB_PREFIX + fp for fp in named], "cp": checkpoint_id, "session": session.id,
+            "open": rt.RunState.OPEN.value,
+        })
         artifact_of = {fp: artifact_id for kind, _, fp, artifact_id, _ in rows if kind in ("stored", "named")}
         heads = {(artifact_id, fp): head for kind, _, fp, artifact_id, head in rows if kind in ("stored", "named")}
         existing_id = next((i for kind, _, _, i, _ in rows if kind == "existing"), None)
@@ -691,15 +703,13 @@ def put_writes(
             rows[w.idx] = (w.channel, fp)
     _check_open(open_spec)
 
-    def write(thread: GraphThread, session: Session) -> bool:
+    def write(thread: GraphThread, session: LockedSession) -> bool:
         _insert_blobs(session.project_id, inline, caller.label)
-        with connection.cursor() as cursor:
-            cursor.execute(_PUT_WRITES_SQL, {
-                "idx": list(rows), "channels": [ch for ch, _ in rows.values()], "fps": [fp for _, fp in rows.values()],
-                "project": session.project_id, "thread": thread.id, "ns": checkpoint_ns, "cp": checkpoint_id,
-                "task": task_id, "path": task_path,
-            })
-            missing, changed = cursor.fetchone()
+        [(missing, changed)] = commit.fetch_prepared(_PUT_WRITES_SQL, {
+            "idx": list(rows), "channels": [ch for ch, _ in rows.values()], "fps": [fp for _, fp in rows.values()],
+            "project": session.project_id, "thread": thread.id, "ns": checkpoint_ns, "cp": checkpoint_id,
+            "task": task_id, "path": task_path,
+        })
         if missing:
             raise GraphBlobMissing("a blob named by fingerprint is not in this project: upload it first",
                                    missing=list(missing))

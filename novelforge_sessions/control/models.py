@@ -340,7 +340,8 @@ class GraphThread(models.Model):
     anything. Forgetting the session (``delete_thread``) deletes this row with it.
     """
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="graph_threads")
+    # No index of its own: ``graph_thread_unique_per_project`` (project, thread_id) serves it.
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="graph_threads", db_index=False)
     session = models.OneToOneField(Session, on_delete=models.CASCADE, related_name="graph_thread")
     thread_id = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -360,7 +361,8 @@ class GraphCheckpoint(models.Model):
     versions, versions seen, the channel → blob fingerprint map), without any channel value.
     """
 
-    thread = models.ForeignKey(GraphThread, on_delete=models.CASCADE, related_name="checkpoints")
+    # No index of its own: ``graph_cp_unique_id`` (thread, …) serves it.
+    thread = models.ForeignKey(GraphThread, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
     record = models.OneToOneField(Checkpoint, on_delete=models.CASCADE, related_name="graph")
     checkpoint_ns = models.CharField(max_length=200, blank=True, default="")
     checkpoint_id = models.CharField(max_length=64)
@@ -385,7 +387,8 @@ class GraphBlob(models.Model):
     the others are found here (LangGraph's incremental channel updates).
     """
 
-    thread = models.ForeignKey(GraphThread, on_delete=models.CASCADE, related_name="blobs")
+    # No index of its own: ``graph_blob_unique_version`` (thread, …) serves it.
+    thread = models.ForeignKey(GraphThread, on_delete=models.CASCADE, related_name="blobs", db_index=False)
     checkpoint_ns = models.CharField(max_length=200, blank=True, default="")
     channel = models.CharField(max_length=200)
     version = models.CharField(max_length=100, help_text="the channel version, as JSON")
@@ -407,7 +410,8 @@ class GraphWrite(models.Model):
     a repeated write is stored once.
     """
 
-    thread = models.ForeignKey(GraphThread, on_delete=models.CASCADE, related_name="writes")
+    # No index of its own: ``graph_write_unique_idx`` (thread, …) serves it.
+    thread = models.ForeignKey(GraphThread, on_delete=models.CASCADE, related_name="writes", db_index=False)
     checkpoint_ns = models.CharField(max_length=200, blank=True, default="")
     checkpoint_id = models.CharField(max_length=64)
     task_id = models.CharField(max_length=64)
@@ -433,7 +437,8 @@ class GraphBlobChunk(models.Model):
     fingerprint, in the transaction that removes the staged chunks. A chunk is never read as state.
     """
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    # No index of its own: ``graph_blob_chunk_unique_index`` (project, …) serves it.
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     fingerprint = models.CharField(max_length=71)
     serde = models.CharField(max_length=64)
     index = models.IntegerField()
