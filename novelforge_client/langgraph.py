@@ -26,7 +26,11 @@ Usage::
     graph.invoke(inputs, {"configurable": {"thread_id": "chapter-3"}})
 
 Sync and async (``aget_tuple``, ``alist``, ``aput``, ``aput_writes``, ``adelete_thread``) share one
-request builder; requests go through httpx.
+request builder. Requests go over the client's keep-alive ``http.client`` connections
+(:mod:`novelforge_client._wire`, as :class:`~novelforge_client.Client` sends them: a graph saves a
+checkpoint every superstep, on the machine of the service and its database, and ``httpx``'s
+general-purpose request machinery was most of the saver's CPU per superstep); through ``httpx``
+when a ``transport``/``async_transport`` is given or the environment sets a proxy.
 
 Values travel once: each is named by its fingerprint (the sha256 of its content, as the server
 computes it). A value the server holds (this saver sent it, or the server said so) is sent by
@@ -72,6 +76,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "novelforge_client.langgraph needs LangGraph: pip install 'novelforge-sessions[langgraph]'"
     ) from exc
 
+from novelforge_client._core import JSON_CONTENT, NOT_SENT, Call
+from novelforge_client._wire import AsyncWire, Wire, usable
 from novelforge_client.errors import GraphBlobMissing, PayloadTooLarge, error_for
 
 __all__ = ["NovelForgeSaver", "ThreadSpec", "review_gate", "REVIEW_GATE_KEY"]
@@ -92,6 +98,9 @@ _BODY_MARGIN = 4 * 1024
 KNOWN_MAX = 100_000
 #: How many fingerprints one ``POST /graph-blobs/missing`` may ask about.
 _ASK_MAX = 500
+#: Sends of a request that failed before it left this process (what ``httpx.HTTPTransport(retries=2)``
+#: gives the httpx path): every graph request is safe to repeat, but only these are repeated here.
+_SENDS = 3
 
 
 @dataclass(frozen=True)
@@ -172,13 +181,17 @@ def _configurable(config: RunnableConfig) -> dict[str, Any]:
 
 def raise_for_response(response: httpx.Response) -> Any:
     """The JSON body, or the client's typed exception for the error (``novelforge_client.errors``)."""
-    if response.status_code < 400:
-        return response.json()
+    return _answer(response.status_code, response.content)
+
+
+def _answer(status: int, content: bytes) -> Any:
+    if status < 400:
+        return json.loads(content)
     try:
-        body = response.json()
+        body = json.loads(content) if content else None
     except ValueError:
         body = None
-    raise error_for(response.status_code, body)
+    raise error_for(status, body)
 
 
 def _jsonable(value: Any, what: str) -> Any:
@@ -204,9 +217,13 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self.thread_spec = thread_spec or ThreadSpec()
         headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         # Every graph request is safe to repeat (a put or write retried is stored once), so
-        # connection failures are retried by the transport.
-        self._http = httpx.Client(base_url=self.url + _API, headers=headers, timeout=timeout,
-                                  transport=transport or httpx.HTTPTransport(retries=2))
+        # connection failures are retried (by the transport, on the httpx path).
+        direct = usable(self.url)
+        self._wire = Wire(self.url + _API, headers, timeout) if transport is None and direct else None
+        self._awire = AsyncWire(self.url + _API, headers, timeout) if async_transport is None and direct else None
+        self._http = None if self._wire is not None else httpx.Client(
+            base_url=self.url + _API, headers=headers, timeout=timeout,
+            transport=transport or httpx.HTTPTransport(retries=2))
         self._headers, self._timeout, self._async_transport = headers, timeout, async_transport
         self._ahttp: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
         #: thread id → the runtime id this saver opened it with (for gates, heartbeats, close).
@@ -231,17 +248,46 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             self._ahttp[loop] = client
         return client
 
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
-        return raise_for_response(self._http.request(method, path, **kw))
+    def _call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None) -> Any:
+        if self._wire is None:
+            assert self._http is not None
+            return raise_for_response(self._http.request(method, path, json=json, params=params))
+        call = Call(method, path, body=json, params=params or {})
+        body = call.content()
+        for attempt in range(1, _SENDS + 1):
+            try:
+                status, content = self._wire.request(method, call.target(), body, JSON_CONTENT if body is not None else {})
+                return _answer(status, content)
+            except NOT_SENT:
+                if attempt == _SENDS:
+                    raise
+        raise AssertionError("unreachable")
 
-    async def _acall(self, method: str, path: str, **kw: Any) -> Any:
-        return raise_for_response(await self._async_client().request(method, path, **kw))
+    async def _acall(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None) -> Any:
+        if self._awire is None:
+            return raise_for_response(await self._async_client().request(method, path, json=json, params=params))
+        call = Call(method, path, body=json, params=params or {})
+        body = call.content()
+        for attempt in range(1, _SENDS + 1):
+            try:
+                status, content = await self._awire.request(method, call.target(), body,
+                                                            JSON_CONTENT if body is not None else {})
+                return _answer(status, content)
+            except NOT_SENT:
+                if attempt == _SENDS:
+                    raise
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
-        self._http.close()
+        if self._wire is not None:
+            self._wire.close()
+        if self._http is not None:
+            self._http.close()
 
     async def aclose(self) -> None:
-        self._http.close()
+        self.close()
+        if self._awire is not None:
+            await self._awire.aclose()
         clients, self._ahttp = list(self._ahttp.values()), {}
         for client in clients:
             await client.aclose()
