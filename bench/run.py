@@ -285,6 +285,9 @@ def main() -> int:
                         "(default 10, --quick 5)")
     parser.add_argument("--db-prefix", default="nfbench", help="goals table: databases are <prefix>_ours, _dbos, "
                         "_langgraph (and the plug-ins' <prefix>_stream, <prefix>_scaling_*), dropped and recreated")
+    parser.add_argument("--server", choices=["uvicorn", "daphne"], default="uvicorn",
+                        help="goals table: our server and the floor's: uvicorn as production serves it "
+                             "(python -m novelforge_sessions.serve), or daphne as make run serves it")
     parser.add_argument("--no-plugins", action="store_true", help="goals table: skip bench/stream.py and bench/scaling.py")
     args = parser.parse_args()
     if not args.classic:
@@ -357,8 +360,10 @@ def main() -> int:
 
 
 def run_goal_scenario(name: str, argv: list[str], *, db_url: str, log_file: Path, timeout: float,
-                      script: str = "workloads.py") -> dict[str, Any]:
+                      script: str = "workloads.py", server: str | None = None) -> dict[str, Any]:
     cmd = [sys.executable, str(BENCH_DIR / script), *argv, "--db-url", db_url, "--log-file", str(log_file)]
+    if server is not None:
+        cmd += ["--server", server]
     env = {**os.environ, "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
     env.pop("REDIS_URL", None)
     with open(log_file, "ab") as err:
@@ -416,7 +421,8 @@ def goals_main(args: argparse.Namespace) -> int:
         for name in names_order:
             log(f"round {round_no}/{rounds_n}: {name} ...")
             db = urls[goals.DATABASE_OF.get(name, "ours")]
-            result = run_goal_scenario(name, plan[name], db_url=db, log_file=log_file, timeout=timeout, script="users.py")
+            result = run_goal_scenario(name, plan[name], db_url=db, log_file=log_file, timeout=timeout, script="users.py",
+                                       server=args.server)
             if "error" in result or "skipped" in result:
                 errors.append(f"{name} (round {round_no}): {result.get('error') or result.get('skipped')}")
                 log(f"  {errors[-1]}")
@@ -428,12 +434,13 @@ def goals_main(args: argparse.Namespace) -> int:
     counted: dict[str, dict[str, Any]] = {}
     for name, argv in goals.counts(args.quick).items():
         log(f"{name}: counting on the server ...")
-        counted[name] = run_goal_scenario(name, argv, db_url=urls["ours"], log_file=log_file, timeout=300, script="users.py")
+        counted[name] = run_goal_scenario(name, argv, db_url=urls["ours"], log_file=log_file, timeout=300, script="users.py",
+                                          server=args.server)
         if "error" in counted[name] or "skipped" in counted[name]:
             errors.append(f"{name}: {counted[name].get('error') or counted[name].get('skipped')}")
     log("sustained load (RSS drift) ...")
     drift = [run_goal_scenario("sustained", goals.sustained(args.quick), db_url=urls["ours"], log_file=log_file,
-                               timeout=400)]
+                               timeout=400, server=args.server)]
     if "error" in drift[0]:
         errors.append(f"sustained: {drift[0]['error']}")
     plugins: list[dict[str, Any]] = []
@@ -448,7 +455,7 @@ def goals_main(args: argparse.Namespace) -> int:
     goals.dump(out, {
         "started_at": started.isoformat(timespec="seconds"), "finished_at": finished.isoformat(timespec="seconds"),
         "git": {**git, "changed_during_run": git_state() != git}, "mode": "quick" if args.quick else "full",
-        "rounds": rounds_n,
+        "rounds": rounds_n, "server": args.server,
         "method": "steps/s of whole workloads (8 client processes), whole-machine CPU per step from /proc/stat; "
                   "goals are medians of per-round steps/s ratios",
         "workloads": workloads, "goals": rows, "errors": errors,
@@ -457,7 +464,7 @@ def goals_main(args: argparse.Namespace) -> int:
         "scenarios": {name: argv for name, argv in plan.items()}, "per_round": rounds, "counts": counted,
         "sustained": drift,
     })
-    print(f"\ncommit {git['commit'][:12]}{' (dirty tree)' if git['dirty'] else ''}, {rounds_n} round(s), "
+    print(f"\ncommit {git['commit'][:12]}{' (dirty tree)' if git['dirty'] else ''}, {rounds_n} round(s), {args.server}, "
           f"{plan[next(iter(plan))][-1]} s windows, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end")
     goals.print_workloads(workloads)
     goals.print_table(rows)

@@ -378,10 +378,16 @@ def ours_fixture(label: str, runs: int) -> tuple[str, list[int], int]:
     return raw, run_ids, project.id
 
 
+#: The server the workloads run on (``--server``): ``uvicorn`` as production serves
+#: (``python -m novelforge_sessions.serve``), or ``daphne`` as ``make run`` serves.
+SERVER = ["uvicorn"]
+
+
 def start_server(name: str, db_url: str, log_file: Path) -> Daphne:
     if name == "floor":
-        return Daphne(db_url, log_file, extra_env=SERVER_ENV, app="floorapp.asgi:application", settings="floorapp.settings")
-    return Daphne(db_url, log_file, extra_env=SERVER_ENV)
+        return Daphne(db_url, log_file, extra_env=SERVER_ENV, app="floorapp.asgi:application", settings="floorapp.settings",
+                      server=SERVER[0])
+    return Daphne(db_url, log_file, extra_env=SERVER_ENV, server=SERVER[0])
 
 
 # ---------------------------------------------------------------- one workload
@@ -664,10 +670,13 @@ def main() -> int:
     parser.add_argument("--workload", choices=[*WORKLOADS, "p2", "p3"], required=True)
     parser.add_argument("--db-url", required=True, help="the database this system uses")
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--server", choices=["uvicorn", "daphne"], default="uvicorn",
+                        help="uvicorn: the production server (python -m novelforge_sessions.serve); daphne: as make run serves")
     parser.add_argument("--seconds", type=float, default=10.0, help="the measured window")
     parser.add_argument("--count", type=int, default=100, help="p2: checkpoints per try; p3: replays")
     parser.add_argument("--log-file", default=str(BENCH_DIR / "results" / "users.log"), help="where servers write")
     args = parser.parse_args()
+    SERVER[0] = args.server
     try:
         if args.workload == "p2":
             result = count_p2(args)
