@@ -294,6 +294,10 @@ NOTIFY_BASE_URL = env.str("NOTIFY_BASE_URL", default="http://127.0.0.1:8000")
 #: At most one mail per person per this many minutes; it carries everything that waited meanwhile.
 NOTIFY_BATCH_MINUTES = _strict_int("NOTIFY_BATCH_MINUTES", default=10, minimum=1)
 
+#: A handoff still waiting this long after its creation gets one ``handoff.waiting_long`` event, written
+#: by the webhook sender's pass (a subscribable notice: docs/webhooks.md#event-types); 0 turns it off.
+HANDOFF_LONG_WAIT_SECONDS = _strict_int("HANDOFF_LONG_WAIT_SECONDS", default=15 * 60, minimum=0)
+
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the dashboard's JS reads it for POSTs
 X_FRAME_OPTIONS = "DENY"

@@ -30,6 +30,7 @@ NAMED_KINDS = {
     "approval requested": "write_intent.created",  # with "requires_approval": true in its payload
     "session failed": "session.transitioned",  # with "to": "failed" in its payload
     "conflict opened": "handoff.result_conflict",
+    "handoff waiting too long": "handoff.waiting_long",  # HANDOFF_LONG_WAIT_SECONDS
 }
 
 
