@@ -176,3 +176,18 @@ def test_the_cursor_resumes_where_it_stopped(world, smtp):
     assert mailer.run_once()["mails"] == 1
     assert f"/reviews/packets/{gate.packet.id}/" in body_of(smtp.to("carl@example.org")[0])
     assert EmailCursor.objects.get(id=1).last_event_id > cursor
+
+
+def test_the_command_makes_one_pass_and_refuses_loop_with_once(world, smtp):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    open_gate(world, ["bob"])
+    out = StringIO()
+    call_command("send_notifications", "--once", stdout=out)
+    assert "1 mails sent, 0 failed" in out.getvalue()
+    assert len(smtp.to("bob@example.org")) == 1
+    with pytest.raises(SystemExit) as exit_:
+        call_command("send_notifications", "--once", "--loop", stderr=StringIO())
+    assert exit_.value.code == 2
