@@ -2,10 +2,10 @@
 #
 #   make setup      venv + PostgreSQL + database (+ Redis, Chromium)   [scripts/bootstrap.sh test]
 #   make run        migrate, collectstatic, load_demo, then daphne on http://$(RUN_HOST):$(RUN_PORT)/
-#                   with the lease reconciler (every $(RECONCILE_INTERVAL) s) and the webhook sender beside it (stopped with the server)
+#                   with the lease reconciler (every $(RECONCILE_INTERVAL) s), the webhook sender and the mailer beside it (stopped with the server)
 #   make test       pytest -m "not browser", then pytest -m browser (exit 5 = none collected is OK)
 #   make serve-cluster  N uvicorn processes (N=2, python -m novelforge_sessions.serve) on $(CLUSTER_BASE_PORT)..
-#                   sharing Redis, the reconciler beside them; all stopped together (deploy/nginx.conf in front)
+#                   sharing Redis, the reconciler, webhook sender and mailer beside them; all stopped together (deploy/nginx.conf in front)
 #   make reconcile  manage.py reconcile_runtimes --loop
 #   make bench      python bench/run.py $(BENCH_ARGS): the goals as users run the systems, steps/s (3 rounds)
 #   make bench-quick  the same table, one round of 5 s windows (a few minutes; make bench BENCH_ARGS=--quick)
@@ -32,6 +32,7 @@ RUN_HOST    ?= 127.0.0.1
 RUN_PORT    ?= 8000
 RECONCILE_INTERVAL ?= 2
 WEBHOOK_INTERVAL  ?= 1
+NOTIFY_INTERVAL   ?= 5
 N                 ?= 2
 CLUSTER_BASE_PORT ?= 8001
 CLUSTER_REDIS_URL ?= redis://127.0.0.1:6379/0
@@ -64,11 +65,16 @@ run:
 	# endpoint never delays a write. Stopped with the server, like the reconciler.
 	$(MANAGE) send_webhooks --loop --interval $(WEBHOOK_INTERVAL) &
 	sender=$$!
-	trap 'kill $$reconciler $$sender 2>/dev/null || true; wait $$reconciler $$sender 2>/dev/null || true' EXIT
+	# The mailer (docs/notifications.md) emails the people a wait names, from the event log too
+	# (console backend unless EMAIL_HOST is set: the mails appear in this terminal).
+	$(MANAGE) send_notifications --loop --interval $(NOTIFY_INTERVAL) &
+	mailer=$$!
+	trap 'kill $$reconciler $$sender $$mailer 2>/dev/null || true; wait $$reconciler $$sender $$mailer 2>/dev/null || true' EXIT
 	trap 'exit 130' INT
 	trap 'exit 143' TERM
 	echo "Reconciling expired runtime leases every $(RECONCILE_INTERVAL) s (pid $$reconciler)"
 	echo "Sending webhooks every $(WEBHOOK_INTERVAL) s (pid $$sender)"
+	echo "Sending notification emails every $(NOTIFY_INTERVAL) s (pid $$mailer)"
 	# The server takes its database connections from psycopg's pool (see docs/deployment.md, Configuration).
 	export DB_POOL_MAX_SIZE="$${DB_POOL_MAX_SIZE:-10}"
 	$(VENV)/bin/daphne -b $(RUN_HOST) -p $(RUN_PORT) novelforge_sessions.asgi:application
@@ -101,6 +107,12 @@ serve-cluster:
 	$(MANAGE) reconcile_runtimes --loop --interval $(RECONCILE_INTERVAL) &
 	pids="$$!"
 	echo "Reconciling expired runtime leases every $(RECONCILE_INTERVAL) s (pid $$!)"
+	$(MANAGE) send_webhooks --loop --interval $(WEBHOOK_INTERVAL) &
+	pids="$$pids $$!"
+	echo "Sending webhooks every $(WEBHOOK_INTERVAL) s (pid $$!)"
+	$(MANAGE) send_notifications --loop --interval $(NOTIFY_INTERVAL) &
+	pids="$$pids $$!"
+	echo "Sending notification emails every $(NOTIFY_INTERVAL) s (pid $$!)"
 	for i in $$(seq 0 $$(( $(N) - 1 ))); do
 	  port=$$(( $(CLUSTER_BASE_PORT) + i ))
 	  $(PY) -m novelforge_sessions.serve --host $(RUN_HOST) --port $$port &

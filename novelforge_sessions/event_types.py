@@ -103,6 +103,9 @@ HANDOFF_RESULT_CONFLICT = _declare(
     "handoff.result_conflict",
     "handoff_id logical_id consumed_hash conflicting_hash receipt_id delivery_id session_status open_conflict",
 )
+#: A handoff has waited for its result longer than ``HANDOFF_LONG_WAIT_SECONDS`` (written once per
+#: handoff by the webhook sender's pass: control/long_waits.py).
+HANDOFF_WAITING_LONG = _declare("handoff.waiting_long", "handoff_id logical_id state waited_seconds threshold_seconds")
 HANDOFF_CONFLICT_RESOLVED = _declare("handoff.conflict_resolved", "handoff_id logical_id resolution open_conflict")
 
 # ---- write intents and authority (docs/model.md#write-intents-and-authority) ----------------------------

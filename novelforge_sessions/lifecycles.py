@@ -258,7 +258,7 @@ REVIEW_ASSIGNMENT = Lifecycle("review assignment", AssignmentState, A.OPEN, _tab
 #: failed attempt waits for its retry; ``failed → pending``: redelivered on request.
 WEBHOOK_DELIVERY = Lifecycle("webhook delivery", DeliveryState, DeliveryState.PENDING, _table({
     DeliveryState.PENDING: {DeliveryState.PENDING, DeliveryState.DELIVERED, DeliveryState.FAILED},
-    DeliveryState.DELIVERED: (),
+    DeliveryState.DELIVERED: (),  # redelivering it makes a new delivery (same webhook-id)
     DeliveryState.FAILED: {DeliveryState.PENDING},
 }))
 

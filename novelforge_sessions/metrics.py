@@ -39,6 +39,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, connections
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.decorators import sync_and_async_middleware
@@ -53,6 +54,8 @@ from novelforge_sessions.control.models import Handoff, WriteIntent
 from novelforge_sessions.health import PROBES
 from novelforge_sessions.live import fanout
 from novelforge_sessions.models import Event, RuntimeAttachment, Session
+from novelforge_sessions.notify.models import EmailCursor
+from novelforge_sessions.webhooks.models import WebhookCursor, WebhookDelivery
 from reviews.models import ReviewGate
 
 log = logging.getLogger("novelforge.metrics")
@@ -199,6 +202,47 @@ class DatabaseCollector:
         yield _gauge("review_gate_oldest_wait_seconds", "Age of the oldest pending review gate (0: none).", _age(now, gates_since))
         yield _gauge("write_intents_awaiting_approval", "Write intents proposed and not yet approved or rejected.", proposed)
         yield _gauge("event_log_head_id", "The highest visible event id (0: an empty log).", head)
+        try:
+            consumers = consumer_lags(now)
+            deliveries = dict(WebhookDelivery.objects.values_list("state").annotate(n=Count("id")).order_by())
+        except Exception:
+            log.warning("metrics: the log consumers' lag could not be read", exc_info=True)
+            return
+        behind = _gauge("event_consumer_behind_events",
+                        f"Visible events past a log consumer's cursor (counted up to {LAG_COUNT_CAP}).", labels=["consumer"])
+        lag = _gauge("event_consumer_lag_seconds",
+                     "Age of the oldest visible event a log consumer has not read yet (0: caught up).", labels=["consumer"])
+        for name, (n, age) in consumers.items():
+            behind.add_metric([name], n)
+            lag.add_metric([name], age)
+        yield behind
+        yield lag
+        by_state = _gauge("webhook_deliveries", "Webhook deliveries by state (pending: waiting for an attempt or its retry).",
+                          labels=["state"])
+        for state in lc.DeliveryState:
+            by_state.add_metric([state.value], deliveries.get(state.value, 0))
+        yield by_state
+
+
+#: Counting the events past a cursor stops here (a consumer far behind costs no more than this).
+LAG_COUNT_CAP = 10_000
+#: The event-log consumers with a cursor in the database: the webhook sender and the mailer.
+CONSUMER_CURSORS = {"webhook_sender": WebhookCursor, "mailer": EmailCursor}
+
+
+def consumer_lags(now: Any) -> dict[str, tuple[int, float]]:
+    """Per consumer that has run (its cursor row exists): the visible events past its cursor
+    (capped) and the age of the oldest of them."""
+    marks = events.read_marks()
+    found = {}
+    for name, model in CONSUMER_CURSORS.items():
+        cursor = model.objects.filter(id=1).values_list("last_event_id", flat=True).first()
+        if cursor is None:
+            continue
+        unread = events.visible(Event.objects.filter(id__gt=cursor), marks)
+        oldest = unread.order_by("id").values_list("created_at", flat=True).first()
+        found[name] = (unread.order_by("id")[:LAG_COUNT_CAP].count(), _age(now, oldest))
+    return found
 
 
 class ProcessCollector:

@@ -79,6 +79,7 @@ INSTALLED_APPS = [
     "novelforge_sessions",
     "novelforge_sessions.control",
     "novelforge_sessions.webhooks",
+    "novelforge_sessions.notify",
     "reviews",
 ]
 
@@ -274,6 +275,28 @@ WEBHOOK_ALLOW_PRIVATE = _strict_bool("WEBHOOK_ALLOW_PRIVATE", default=False)
 WEBHOOK_TIMEOUT_SECONDS = _strict_int("WEBHOOK_TIMEOUT_SECONDS", default=10, minimum=1)
 #: After a rotation the previous secret still signs (a second signature) for this long.
 WEBHOOK_SECRET_OVERLAP_SECONDS = _strict_int("WEBHOOK_SECRET_OVERLAP_SECONDS", default=24 * 3600, minimum=0)
+
+# Email to the people a wait names (docs/notifications.md): the mailer (manage.py send_notifications).
+# Django's email backend: the console (mails printed by the mailer process) unless EMAIL_HOST is set,
+# then SMTP; EMAIL_BACKEND overrides either.
+EMAIL_HOST = env.str("EMAIL_HOST", default="")
+EMAIL_PORT = _strict_int("EMAIL_PORT", default=25, minimum=1)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = _strict_bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = _strict_bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = _strict_int("EMAIL_TIMEOUT", default=10, minimum=1)
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default=(
+    "django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST else "django.core.mail.backends.console.EmailBackend"))
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="NovelForge <novelforge@localhost>")
+#: The links in the mails are this address plus the page's path (the address people open the service at).
+NOTIFY_BASE_URL = env.str("NOTIFY_BASE_URL", default="http://127.0.0.1:8000")
+#: At most one mail per person per this many minutes; it carries everything that waited meanwhile.
+NOTIFY_BATCH_MINUTES = _strict_int("NOTIFY_BATCH_MINUTES", default=10, minimum=1)
+
+#: A handoff still waiting this long after its creation gets one ``handoff.waiting_long`` event, written
+#: by the webhook sender's pass (a subscribable notice: docs/webhooks.md#event-types); 0 turns it off.
+HANDOFF_LONG_WAIT_SECONDS = _strict_int("HANDOFF_LONG_WAIT_SECONDS", default=15 * 60, minimum=0)
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the dashboard's JS reads it for POSTs

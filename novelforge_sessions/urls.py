@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from novelforge_sessions import health, metrics
+from novelforge_sessions.dashboard import notifications
 from novelforge_sessions.routers import api
 
 # A page that fails on the database answers 503 in plain words (novelforge_sessions.unavailable).
@@ -20,5 +21,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", api.urls),
     path("reviews/", include("reviews.urls")),
+    # Each person's notification emails on or off (docs/notifications.md).
+    path("notifications/", notifications.preferences, name="notifications"),
     path("", include("novelforge_sessions.dashboard.urls")),
 ]

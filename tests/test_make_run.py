@@ -57,3 +57,16 @@ def test_load_demo_prints_a_curl_line_for_the_given_address():
     out = StringIO()
     call_command("load_demo", "--base-url", "http://0.0.0.0:9001/", stdout=out)  # bound everywhere: loopback
     assert out.getvalue().rstrip().endswith(" http://127.0.0.1:9001/api/v1/sessions"), out.getvalue()
+
+
+def test_make_run_and_serve_cluster_start_the_webhook_sender_and_the_mailer_and_stop_them():
+    recipe = _run_recipe()
+    for command, var in (("send_webhooks", "sender"), ("send_notifications", "mailer")):
+        assert re.search(rf"manage\.py {command} --loop --interval \S+ &\n\s*{var}=\$!", recipe), recipe
+        assert re.search(rf"trap 'kill [^']*\${var}\b[^']*' EXIT", recipe), f"{command} stopped with the server"
+        assert recipe.index(f"{command} --loop") < recipe.index("daphne -b")
+    cluster = subprocess.run(["make", "--no-print-directory", "-n", "serve-cluster"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout
+    for command in ("reconcile_runtimes", "send_webhooks", "send_notifications"):
+        assert re.search(rf"manage\.py {command} --loop --interval \S+ &\n\s*pids=\"\$pids \$!\"|"
+                         rf"manage\.py {command} --loop --interval \S+ &\n\s*pids=\"\$!\"", cluster), (command, cluster)

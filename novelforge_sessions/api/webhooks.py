@@ -130,8 +130,8 @@ def delete_webhook(request: HttpRequest, webhook_id: int):
     return Status(204, None)
 
 
-@router.post("/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver", response={200: WebhookDeliveryOut, **errors(403, 404, 409)},
-             summary="Send a failed (or pending) delivery now (same webhook-id, a fresh 24-hour retry window)")
+@router.post("/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver", response={200: WebhookDeliveryOut, **errors(403, 404)},
+             summary="Send a delivery again now (same webhook-id, a fresh 24-hour window); a delivered one is repeated by a new delivery")
 def redeliver_webhook(request: HttpRequest, webhook_id: int, delivery_id: int):
     who = _manager(request)
     return hooks.redeliver(who.project_ids, webhook_id, delivery_id)

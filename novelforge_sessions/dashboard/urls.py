@@ -1,7 +1,7 @@
 """Manager pages, their partials, and the manager actions (all POST, CSRF-protected)."""
 from django.urls import path
 
-from novelforge_sessions.dashboard import views
+from novelforge_sessions.dashboard import views, webhooks
 
 app_name = "dashboard"
 
@@ -21,4 +21,10 @@ urlpatterns = [
     path("projects/<int:project_id>/", views.project_detail, name="project"),
     path("projects/<int:project_id>/intents/<int:intent_id>/approve/", views.approve_intent, name="intent-approve"),
     path("projects/<int:project_id>/intents/<int:intent_id>/refuse/", views.refuse_intent, name="intent-refuse"),
+    path("projects/<int:project_id>/webhooks/", webhooks.endpoints, name="webhooks"),
+    path("projects/<int:project_id>/webhooks/<int:endpoint_id>/", webhooks.endpoint_detail, name="webhook"),
+    path("projects/<int:project_id>/webhooks/<int:endpoint_id>/rotate/", webhooks.rotate, name="webhook-rotate"),
+    path("projects/<int:project_id>/webhooks/<int:endpoint_id>/active/", webhooks.set_active, name="webhook-active"),
+    path("projects/<int:project_id>/webhooks/<int:endpoint_id>/deliveries/<int:delivery_id>/redeliver/",
+         webhooks.redeliver, name="webhook-redeliver"),
 ]

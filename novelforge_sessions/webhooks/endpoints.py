@@ -30,6 +30,7 @@ NAMED_KINDS = {
     "approval requested": "write_intent.created",  # with "requires_approval": true in its payload
     "session failed": "session.transitioned",  # with "to": "failed" in its payload
     "conflict opened": "handoff.result_conflict",
+    "handoff waiting too long": "handoff.waiting_long",  # HANDOFF_LONG_WAIT_SECONDS
 }
 
 
@@ -110,7 +111,9 @@ def delete_endpoint(project_ids, endpoint_id: int) -> None:
 
 
 def redeliver(project_ids, endpoint_id: int, delivery_id: int) -> WebhookDelivery:
-    """Send a failed (or pending) delivery now (same ``webhook-id``), with a fresh retry window."""
+    """Send a delivery again now (same ``webhook-id``), with a fresh retry window: a failed one (or
+    a pending one sooner) moves back to ``pending``; a delivered one, whose receiver lost it, stays
+    ``delivered`` and a new delivery of the same event repeats it (returned)."""
     now = timezone.now()
     with transaction.atomic():
         endpoint = get_endpoint(project_ids, endpoint_id)
@@ -118,7 +121,12 @@ def redeliver(project_ids, endpoint_id: int, delivery_id: int) -> WebhookDeliver
             delivery = WebhookDelivery.objects.select_for_update().get(id=delivery_id, endpoint=endpoint)
         except WebhookDelivery.DoesNotExist:
             raise NotFound("webhook delivery not found", id=delivery_id) from None
-        # 409 illegal_transition for a delivered one: its receiver acknowledged it.
+        if delivery.state == DeliveryState.DELIVERED:
+            return WebhookDelivery.objects.create(
+                endpoint=endpoint, event_id=delivery.event_id, event_type=delivery.event_type,
+                webhook_id=delivery.webhook_id, next_attempt_at=now,
+                expires_at=now + timedelta(seconds=RETRY_WINDOW_SECONDS), redelivery_of=delivery,
+            )
         move(delivery, lc.WEBHOOK_DELIVERY, DeliveryState.PENDING, next_attempt_at=now,
              expires_at=now + timedelta(seconds=RETRY_WINDOW_SECONDS))
     return delivery

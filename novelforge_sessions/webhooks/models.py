@@ -69,6 +69,10 @@ class WebhookDelivery(models.Model):
     last_latency_ms = models.PositiveIntegerField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True, default="")
     delivered_at = models.DateTimeField(null=True, blank=True)
+    #: A delivered delivery sent again on request is a new row of the same event and ``webhook_id``
+    #: pointing at the one it repeats (the delivered one stays as it was: ``delivered`` is terminal).
+    redelivery_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE,
+                                      related_name="redeliveries")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -79,7 +83,9 @@ class WebhookDelivery(models.Model):
             models.Index(fields=["endpoint", "-id"], name="webhook_delivery_endpoint"),
         ]
         constraints = [
-            models.UniqueConstraint(fields=["endpoint", "event_id"], name="webhook_delivery_one_per_event"),
+            # One per event and endpoint from the log's scan (ON CONFLICT DO NOTHING); redeliveries aside.
+            models.UniqueConstraint(fields=["endpoint", "event_id"], condition=Q(redelivery_of__isnull=True),
+                                    name="webhook_delivery_one_per_event"),
             models.CheckConstraint(condition=Q(state__in=[s.value for s in DeliveryState]), name="webhook_delivery_state_enum"),
         ]
 

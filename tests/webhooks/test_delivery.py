@@ -123,11 +123,20 @@ def test_a_delivery_that_keeps_failing_is_failed_after_its_window_and_redelivere
     assert run_once()["delivered"] == 1
     row.refresh_from_db()
     assert row.state == "delivered" and row.attempts == 3
-    # A delivered one was acknowledged by its receiver: not sent again, nothing written.
+    assert run_once()["attempts"] == 0, "a delivered one is not sent again by itself"
+    # A delivered one is redelivered on request (a receiver that lost it): a new delivery of the
+    # same event with the same webhook-id; the delivered one stays as it was.
     again = manager.post(f"/webhooks/{hook['id']}/deliveries/{row.id}/redeliver")
-    assert again.status_code == 409 and again.json()["error"]["code"] == "illegal_transition", again.content
-    assert WebhookDelivery.objects.get(id=row.id).state == "delivered" and run_once()["attempts"] == 0
-    assert len({r.webhook_id for r in receiver.received}) == 1 and len(receiver.received) == 3
+    assert again.status_code == 200, again.content
+    repeat = again.json()
+    assert repeat["state"] == "pending" and repeat["id"] != row.id
+    assert repeat["webhook_id"] == row.webhook_id and repeat["event_id"] == row.event_id
+    assert run_once()["delivered"] == 1
+    row.refresh_from_db()
+    assert row.state == "delivered" and row.attempts == 3
+    assert WebhookDelivery.objects.get(id=repeat["id"]).state == "delivered"
+    assert run_once()["attempts"] == 0
+    assert len({r.webhook_id for r in receiver.received}) == 1 and len(receiver.received) == 4
 
 
 def test_after_a_rotation_both_secrets_sign_until_the_overlap_ends(project, manager, receiver, allow_private):

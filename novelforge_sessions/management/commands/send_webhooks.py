@@ -1,9 +1,11 @@
 import logging
 import time
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from novelforge_sessions.control.long_waits import notice_long_waits
 from novelforge_sessions.webhooks.sender import CONCURRENCY, run_once
 
 log = logging.getLogger("novelforge.webhooks")
@@ -26,6 +28,8 @@ class Command(BaseCommand):
         logging.getLogger("httpx").setLevel(logging.WARNING)
         while True:
             try:
+                # A handoff waiting longer than the setting becomes an event first, so this pass sends it.
+                notice_long_waits(settings.HANDOFF_LONG_WAIT_SECONDS)
                 counts = run_once(concurrency=concurrency)
             except Exception:
                 if not loop:
