@@ -89,6 +89,9 @@ MIDDLEWARE = [
     "novelforge_sessions.middleware.CSPMiddleware",  # django-csp's, plus the websocket origin
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # the pages' language: the switcher's cookie, else the browser's Accept-Language, else English
+    # (docs/pages.md#language). Not in API_MIDDLEWARE: the API answers in English, codes unchanged.
+    "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -216,9 +219,14 @@ LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 
-LANGUAGE_CODE = "en-us"
+# The pages in English (the default) and Simplified Chinese (docs/pages.md#language): Django's own
+# machinery. The catalog is locale/zh_Hans/LC_MESSAGES/django.po (shipped in the package beside the
+# templates); its compiled .mo is built by scripts/bootstrap.sh (`compilemessages`), never committed.
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [SITE_DIR / "locale"]
+USE_I18N = True
 TIME_ZONE = "UTC"
-USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
@@ -292,6 +300,10 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = _strict_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", 
 SECURE_HSTS_PRELOAD = _strict_bool("SECURE_HSTS_PRELOAD", default=False)
 SESSION_COOKIE_SECURE = _strict_bool("SESSION_COOKIE_SECURE", default=False)
 CSRF_COOKIE_SECURE = _strict_bool("CSRF_COOKIE_SECURE", default=False)
+# The language switcher's cookie (a signed-in person's choice is also stored: dashboard/language.py).
+LANGUAGE_COOKIE_AGE = 365 * 24 * 3600
+LANGUAGE_COOKIE_SAMESITE = "Lax"
+LANGUAGE_COOKIE_SECURE = SESSION_COOKIE_SECURE
 
 
 def _proxy_ssl_header() -> tuple[str, str] | None:

@@ -13,10 +13,16 @@
 (function () {
   "use strict";
   const NF = (window.NF = window.NF || {});
+  // The page's language: Django's JavaScriptCatalog (base.html, /i18n/js/) defines gettext and
+  // interpolate; without it (a page that does not load it) the English text is kept.
+  const gettext = window.gettext || ((s) => s);
+  const interpolate = window.interpolate || ((fmt, obj, named) => fmt.replace(/%\(\w+\)s/g, (m) => obj[m.slice(2, -2)]));
+  NF.gettext = gettext;
+  NF.interpolate = interpolate;
 
   // ------------------------------------------------------------------ connection indicator
-  const CONN_TEXT = { connecting: "connecting…", catching_up: "catching up…", live: "live",
-                      reconnecting: "reconnecting…", offline: "offline" };
+  const CONN_TEXT = { connecting: gettext("connecting…"), catching_up: gettext("catching up…"), live: gettext("live"),
+                      reconnecting: gettext("reconnecting…"), offline: gettext("offline") };
   NF.setConn = function (state, title) {
     const el = document.getElementById("conn");
     if (!el) return;
