@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.utils.translation import gettext_noop
+
 from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN, InvalidPayload
 
 PACKET_SCHEMA = "novelforge.review_packet/1"
@@ -41,11 +43,12 @@ MAX_EVIDENCE_LABEL = 200
 
 #: Named confidence levels offered to people (the form); a verdict carries the number, and the API
 #: takes any number from 0 to 1.
+#: The labels are marked for the pages' catalogs (the form shows them translated, views.py).
 CONFIDENCE_LEVELS: tuple[tuple[str, str, float], ...] = (
-    ("unsure", "Not sure", 0.25),
-    ("fairly", "Fairly sure", 0.5),
-    ("sure", "Sure", 0.75),
-    ("certain", "Certain", 1.0),
+    ("unsure", gettext_noop("Not sure"), 0.25),
+    ("fairly", gettext_noop("Fairly sure"), 0.5),
+    ("sure", gettext_noop("Sure"), 0.75),
+    ("certain", gettext_noop("Certain"), 1.0),
 )
 
 #: Rubric criterion and evidence keys (the API schema declares this pattern).

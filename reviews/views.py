@@ -20,6 +20,7 @@ from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.translation import gettext
 from django.views.decorators.http import require_http_methods, require_POST
 
 from novelforge_sessions.apikit.schemas import loads_json
@@ -153,7 +154,7 @@ def _packet_context(request: HttpRequest, assignment: ReviewAssignment, **extra:
         "verdict": verdict,
         "decisions": DECISIONS,
         "severities": SEVERITIES,
-        "confidence_levels": [(str(v), label) for _, label, v in CONFIDENCE_LEVELS],
+        "confidence_levels": [(str(v), gettext(label)) for _, label, v in CONFIDENCE_LEVELS],
         "location_hint": LOCATION_HINT,
         "has_anchors": any(c.anchors for c in rubric.criteria),
         "next_packet": _next_packet(request, assignment) if verdict else None,

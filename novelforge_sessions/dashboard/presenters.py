@@ -18,6 +18,7 @@ from typing import Any
 from django.db.models import Count, Prefetch, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.utils.translation import gettext_lazy
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import leases
@@ -60,16 +61,17 @@ STATES: list[str] = [s.value for s in S]
 #: (``templatetags/dashboard_words``), and the live pages get it once in the page
 #: (``{% dashboard_words %}``, read by static/js/dashboard.js as ``NF.stateLabel``). The code
 #: itself stays in ``data-state`` and ``title`` attributes and in the filter's URLs.
+#: The words are marked for translation and read in the request's language (docs/pages.md#language).
 STATE_LABELS: dict[str, str] = {
-    S.CREATED: "created",
-    S.RUNNING: "running",
-    S.IDLE: "idle",
-    S.AWAITING_USER: "waiting for a person",
-    S.AWAITING_EXTERNAL: "waiting for a worker",
-    S.COMPLETED: "completed",
-    S.FAILED: "failed",
-    S.TERMINATED: "terminated",
-    S.STALE: "stale",
+    S.CREATED: gettext_lazy("created"),
+    S.RUNNING: gettext_lazy("running"),
+    S.IDLE: gettext_lazy("idle"),
+    S.AWAITING_USER: gettext_lazy("waiting for a person"),
+    S.AWAITING_EXTERNAL: gettext_lazy("waiting for a worker"),
+    S.COMPLETED: gettext_lazy("completed"),
+    S.FAILED: gettext_lazy("failed"),
+    S.TERMINATED: gettext_lazy("terminated"),
+    S.STALE: gettext_lazy("stale"),
 }
 
 #: Status and end reasons the service writes as codes (``actions/runtimes.py`` and
@@ -77,14 +79,14 @@ STATE_LABELS: dict[str, str] = {
 #: handoff's logical id). Every other reason is a person's or an agent's own words, shown as
 #: written. Mirrored by ``NF.reasonText`` from the same map.
 REASON_TEXT: dict[str, str] = {
-    "runtime_lost": "The runtime went away (closed, or it stopped answering)",
-    "conflicting_result": "A different result arrived for handoff {detail} after one was consumed",
+    "runtime_lost": gettext_lazy("The runtime went away (closed, or it stopped answering)"),
+    "conflicting_result": gettext_lazy("A different result arrived for handoff {detail} after one was consumed"),
 }
 
 
 def state_label(state: str | None) -> str:
     """A session state in words (an unknown value as it is)."""
-    return STATE_LABELS.get(state or "", state or "")
+    return str(STATE_LABELS.get(state or "", state or ""))
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ def reason(value: str | None) -> Reason:
     template = REASON_TEXT.get(code)
     if template is None or ("{detail}" in template) != bool(sep and detail):
         return Reason(raw, raw, False)
-    return Reason(raw, template.replace("{detail}", detail), True)
+    return Reason(raw, str(template).replace("{detail}", detail), True)
 
 
 def reason_text(value: str | None) -> str:
@@ -114,7 +116,8 @@ def reason_text(value: str | None) -> str:
 
 def words() -> dict[str, dict[str, str]]:
     """The maps the live pages need (rendered once into the page as JSON)."""
-    return {"states": {str(k): v for k, v in STATE_LABELS.items()}, "reasons": dict(REASON_TEXT)}
+    return {"states": {str(k): str(v) for k, v in STATE_LABELS.items()},
+            "reasons": {k: str(v) for k, v in REASON_TEXT.items()}}
 
 
 # ------------------------------------------------------------------------------------

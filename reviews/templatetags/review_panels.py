@@ -10,6 +10,7 @@ from typing import Any
 
 from django import template
 from django.db.models import Prefetch
+from django.utils.translation import gettext_lazy
 
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
 
@@ -24,6 +25,15 @@ def shortfp(value: str | None) -> str:
     if not digest or len(digest) <= 12:
         return str(value)
     return f"{algo}:{digest[:4]}…{digest[-4:]}"
+
+
+#: A finding's severity in the page's language (the code stays in classes and the form's values).
+SEVERITY_LABELS = {"minor": gettext_lazy("Minor"), "major": gettext_lazy("Major"), "critical": gettext_lazy("Critical")}
+
+
+@register.filter
+def severity_label(value: str | None) -> str:
+    return str(SEVERITY_LABELS.get(value or "", value or ""))
 
 
 @register.filter

@@ -33,8 +33,8 @@
   };
 
   // ------------------------------------------------------------------ event stream
-  const FINAL_CODES = { 4400: "the server refused a malformed message", 4401: "your login has expired — reload to log in",
-                        4403: "you may not watch this any more", 4413: "a message was too large" };
+  const FINAL_CODES = { 4400: gettext("the server refused a malformed message"), 4401: gettext("your login has expired — reload to log in"),
+                        4403: gettext("you may not watch this any more"), 4413: gettext("a message was too large") };
 
   NF.EventStream = class {
     /** subs: [{project_id: N} | {session_id: N}]; after: the page's cursor; onEvent(event, subKey). */
@@ -50,7 +50,7 @@
     }
 
     start() {
-      if (!("WebSocket" in window) || !this.subs.length) { NF.setConn("offline", "live updates unavailable"); return; }
+      if (!("WebSocket" in window) || !this.subs.length) { NF.setConn("offline", gettext("live updates unavailable")); return; }
       this.connect();
       window.addEventListener("online", () => { if (!this.ws && !this.stopped) this.connect(); });
     }
@@ -244,11 +244,11 @@
   // ------------------------------------------------------------------ times and countdowns
   NF.relative = function (date) {
     const s = Math.round((Date.now() - date.getTime()) / 1000);
-    if (s < 10) return "just now";
-    if (s < 60) return s + " s ago";
-    if (s < 3600) return Math.floor(s / 60) + " min ago";
-    if (s < 86400) return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min ago";
-    return Math.floor(s / 86400) + " d ago";
+    if (s < 10) return gettext("just now");
+    if (s < 60) return interpolate(gettext("%(n)s s ago"), { n: s }, true);
+    if (s < 3600) return interpolate(gettext("%(n)s min ago"), { n: Math.floor(s / 60) }, true);
+    if (s < 86400) return interpolate(gettext("%(h)s h %(m)s min ago"), { h: Math.floor(s / 3600), m: Math.floor((s % 3600) / 60) }, true);
+    return interpolate(gettext("%(n)s d ago"), { n: Math.floor(s / 86400) }, true);
   };
 
   function clock(seconds) {
@@ -263,7 +263,8 @@
       const left = (new Date(c.dataset.expires).getTime() - Date.now()) / 1000;
       c.classList.toggle("expired", left <= 0);
       c.classList.toggle("soon", left > 0 && left < 15);
-      c.textContent = left > 0 ? "expires in " + clock(left) : "expired " + clock(left) + " ago";
+      c.textContent = left > 0 ? interpolate(gettext("expires in %(clock)s"), { clock: clock(left) }, true)
+                              : interpolate(gettext("expired %(clock)s ago"), { clock: clock(left) }, true);
     }
   };
 
@@ -285,8 +286,8 @@
     const btn = e.target.closest("button.copy[data-copy]");
     if (!btn) return;
     const ok = await copyText(btn.dataset.copy);
-    btn.textContent = ok ? "copied" : "failed";
-    setTimeout(() => { btn.textContent = "copy"; }, 1200);
+    btn.textContent = ok ? gettext("copied") : gettext("failed");
+    setTimeout(() => { btn.textContent = gettext("copy"); }, 1200);
   });
 
   document.addEventListener("submit", (e) => {
