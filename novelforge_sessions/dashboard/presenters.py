@@ -18,6 +18,8 @@ from typing import Any
 from django.db.models import Count, Prefetch, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import leases
@@ -82,6 +84,55 @@ REASON_TEXT: dict[str, str] = {
 }
 
 
+#: Every event type of the catalog (``event_types.CATALOG``) in plain words, the one map: the
+#: overview's "Last event" column and the event feeds say these; the code stays in ``title`` and
+#: ``data-type`` attributes (``tests/dashboard/test_event_words.py`` checks none is missing).
+EVENT_WORDS: dict[str, str] = {
+    "session.created": _("session opened"),
+    "session.transitioned": _("state changed"),
+    "session.resumed": _("session resumed"),
+    "session.forgotten": _("session forgotten"),
+    "session.binding_invalidated": _("checkpoint binding invalidated"),
+    "transcript.appended": _("transcript entry added"),
+    "runtime.attached": _("runtime attached"),
+    "runtime.closed": _("runtime closed"),
+    "runtime.lost": _("runtime lost"),
+    "run.started": _("run started"),
+    "run.cursor_advanced": _("run moved on"),
+    "run.ended": _("run ended"),
+    "run.abort_requested": _("abort requested"),
+    "checkpoint.recorded": _("checkpoint saved"),
+    "artifact.created": _("artifact created"),
+    "artifact.version_added": _("new artifact version"),
+    "handoff.created": _("job handed off"),
+    "handoff.claimed": _("job claimed by a worker"),
+    "handoff.cancelled": _("handoff cancelled"),
+    "handoff.result_consumed": _("worker's result used"),
+    "handoff.result_invalid": _("worker's result refused"),
+    "handoff.result_conflict": _("conflicting result"),
+    "handoff.conflict_resolved": _("conflict resolved"),
+    "write_intent.created": _("write proposed"),
+    "write_intent.approved": _("write approved"),
+    "write_intent.rejected": _("write rejected"),
+    "write_intent.approval_revoked": _("write approval revoked"),
+    "write_intent.executed": _("write carried out"),
+    "write_intent.refused": _("write refused"),
+    "artifact.current_changed": _("current artifact version changed"),
+    "authority.settled": _("authority settled"),
+    "framework.changed": _("framework changed"),
+    "review.gate_opened": _("review requested"),
+    "review.packet_claimed": _("review packet claimed"),
+    "review.verdict_bound": _("review verdict recorded"),
+    "review.gate_completed": _("review finished"),
+    "review.gate_cancelled": _("review withdrawn"),
+}
+
+
+def event_words(event_type: str | None) -> str:
+    """An event type in words (an unknown type as it is)."""
+    return str(EVENT_WORDS.get(event_type or "", event_type or ""))
+
+
 def state_label(state: str | None) -> str:
     """A session state in words (an unknown value as it is)."""
     return STATE_LABELS.get(state or "", state or "")
@@ -114,7 +165,9 @@ def reason_text(value: str | None) -> str:
 
 def words() -> dict[str, dict[str, str]]:
     """The maps the live pages need (rendered once into the page as JSON)."""
-    return {"states": {str(k): v for k, v in STATE_LABELS.items()}, "reasons": dict(REASON_TEXT)}
+    return {"states": {str(k): v for k, v in STATE_LABELS.items()}, "reasons": dict(REASON_TEXT),
+            "events": {k: str(v) for k, v in EVENT_WORDS.items()},
+            "labels": {"details": str(_("details")), "event": str(_("event #{id}"))}}
 
 
 # ------------------------------------------------------------------------------------
@@ -404,8 +457,27 @@ class Timeline:
         return any(b.spans for b in self.runs)
 
     @property
+    def lasted(self) -> str:
+        """How long the drawn span is, in words (the scale's ends alone read the same for a short session)."""
+        return duration_text((self.end - self.start).total_seconds())
+
+    @property
     def has_gates(self) -> bool:
         return any(b.flags for b in self.runs)
+
+
+def duration_text(seconds: float) -> str:
+    """A duration in words: "under a second", "42 seconds", "4 minutes", "3 hours"."""
+    if seconds < 1:
+        return str(_("under a second"))
+    if seconds < 120:
+        n = int(seconds)
+        return ngettext("%(n)d second", "%(n)d seconds", n) % {"n": n}
+    if seconds < 7200:
+        n = int(seconds // 60)
+        return ngettext("%(n)d minute", "%(n)d minutes", n) % {"n": n}
+    n = int(seconds // 3600)
+    return ngettext("%(n)d hour", "%(n)d hours", n) % {"n": n}
 
 
 def _pct(t: datetime, t0: datetime, span: float) -> float:
@@ -562,9 +634,17 @@ def pretty_json(value: Any) -> str:
 # ------------------------------------------------------------------------------------
 # Events and session rows
 # ------------------------------------------------------------------------------------
-def _scalar_items(payload: dict[str, Any]) -> str:
+def technical_key(key: str) -> bool:
+    """Payload keys for engineers (ids, fingerprints, hashes): shown under "details", never in
+    the summary line (mirrored by ``NF.technicalKey``)."""
+    return key == "id" or key.endswith(("_id", "fingerprint", "_hash"))
+
+
+def _scalar_items(payload: dict[str, Any], *, technical: bool = False) -> str:
     parts = []
     for key, value in payload.items():
+        if technical_key(key) != technical:
+            continue
         if isinstance(value, (str, int, float, bool)) and value != "":
             parts.append(f"{key}={value}")
     text = " · ".join(parts)
@@ -684,6 +764,11 @@ class EventView:
     summary: str
     created_at: datetime
     to_state: str | None
+    details: str = ""  # ids and fingerprints of the payload, for the "details" disclosure
+
+    @property
+    def words(self) -> str:
+        return event_words(self.type)
 
 
 def event_views(rows: Iterable[Event]) -> list[EventView]:
@@ -691,7 +776,7 @@ def event_views(rows: Iterable[Event]) -> list[EventView]:
     for e in rows:
         to_state = e.payload.get("to") if e.type == ev.SESSION_TRANSITIONED.name else None
         out.append(EventView(e.id, e.type, e.session_id, e.project_id, describe(e.type, e.payload), e.created_at,
-                             to_state if to_state in STATES else None))
+                             to_state if to_state in STATES else None, _scalar_items(e.payload or {}, technical=True)))
     return out
 
 

@@ -35,3 +35,9 @@ def dashboard_words() -> str:
 @register.filter
 def reason_text(value: str | None) -> str:
     return presenters.reason_text(value)
+
+
+@register.filter
+def event_words(value: str | None) -> str:
+    """An event type in words (``presenters.EVENT_WORDS``)."""
+    return presenters.event_words(value)

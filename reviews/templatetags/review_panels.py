@@ -44,7 +44,7 @@ def review_panel(session) -> dict[str, Any]:
     """The review gates of one session, newest first, for the manager's session page."""
     gates = list(
         ReviewGate.objects.filter(session=session)
-        .select_related("packet", "candidate__artifact")
+        .select_related("packet", "candidate__artifact", "run")
         .prefetch_related(
             Prefetch(
                 "packet__assignments",

@@ -44,7 +44,12 @@
     }
 
     start() {
-      if (!("WebSocket" in window) || !this.subs.length) { NF.setConn("offline", "live updates unavailable"); return; }
+      if (!this.subs.length) {  // nothing to follow (no project): no indicator, nothing is wrong
+        const conn = document.getElementById("conn");
+        if (conn) conn.hidden = true;
+        return;
+      }
+      if (!("WebSocket" in window)) { NF.setConn("offline", "live updates unavailable"); return; }
       this.connect();
       window.addEventListener("online", () => { if (!this.ws && !this.stopped) this.connect(); });
     }
@@ -118,6 +123,19 @@
     if (typeof template !== "string" || template.includes("{detail}") !== (detail !== "")) return raw;
     return template.split("{detail}").join(detail);
   };
+  /** An event type in words (presenters.EVENT_WORDS); an unknown type as it is. */
+  NF.eventWords = function (type) {
+    const label = (wordMaps().events || {})[type];
+    return typeof label === "string" ? label : String(type);
+  };
+  function label(key, fallback) {
+    const text = (wordMaps().labels || {})[key];
+    return typeof text === "string" ? text : fallback;
+  }
+  /** Ids, fingerprints, hashes: shown under "details" only (presenters.technical_key). */
+  NF.technicalKey = function (key) {
+    return key === "id" || /(_id|fingerprint|_hash)$/.test(key);
+  };
   /** Paint a state badge as the server renders it: colour class, words, the code as its title. */
   NF.paintBadge = function (badge, state, extraClass) {
     badge.textContent = NF.stateLabel(state);
@@ -146,7 +164,17 @@
     if (type === "authority.settled" || type === "framework.changed") return describeAuthority(type, p);
     const parts = [];
     for (const [k, v] of Object.entries(p)) {
+      if (NF.technicalKey(k)) continue;
       if (["string", "number", "boolean"].includes(typeof v) && v !== "") parts.push(k + "=" + v);
+    }
+    const text = parts.join(" · ");
+    return text.length <= 120 ? text : text.slice(0, 119) + "…";
+  };
+  /** The payload's ids and fingerprints, for the "details" disclosure (presenters._scalar_items). */
+  NF.technicalDetails = function (p) {
+    const parts = [];
+    for (const [k, v] of Object.entries(p || {})) {
+      if (NF.technicalKey(k) && ["string", "number", "boolean"].includes(typeof v) && v !== "") parts.push(k + "=" + v);
     }
     const text = parts.join(" · ");
     return text.length <= 120 ? text : text.slice(0, 119) + "…";
@@ -208,7 +236,7 @@
   NF.renderEvent = function (ev, opts) {
     const li = el("li", { class: "ev fresh", "data-id": ev.id, "data-type": ev.type });
     const head = el("div", { class: "ev-head" });
-    head.append(el("span", { class: "ev-type" }, ev.type));
+    head.append(el("span", { class: "ev-type", title: ev.type }, NF.eventWords(ev.type)));
     const when = el("span", { class: "ev-when" });
     when.append(NF.timeEl(ev.created_at));
     head.append(when);
@@ -220,9 +248,14 @@
       body.append(" · ");
     }
     body.append(el("span", { class: "ev-sum" }, NF.describe(ev.type, ev.payload, ev.family)));
-    body.append(" ");
-    body.append(el("span", { class: "ev-id" }, "#" + ev.id));
-    li.append(head, body);
+    const details = el("details", { class: "ev-details" });
+    details.append(el("summary", {}, label("details", "details")));
+    details.append(el("span", { class: "ev-id" }, label("event", "event #{id}").split("{id}").join(String(ev.id))));
+    details.append(" · ");
+    details.append(el("code", {}, ev.type));
+    const tech = NF.technicalDetails(ev.payload);
+    if (tech) { details.append(" · "); details.append(el("span", { class: "ev-tech" }, tech)); }
+    li.append(head, body, details);
     return li;
   };
 
@@ -312,6 +345,16 @@
       if (d.height != null) n.style.height = d.height + "px";
     }
     NF.placeLabels(root);
+    NF.fitBarLabels(root);
+  };
+
+  /** A bar's label that does not fit its bar is hidden (the bar's tooltip still says it):
+   * never a label cut to its first letter. */
+  NF.fitBarLabels = function (root) {
+    for (const span of (root || document).querySelectorAll(".tl-bar > span, .tl-span > span")) {
+      span.classList.remove("cut");
+      if (span.scrollWidth > span.parentElement.clientWidth + 1) span.classList.add("cut");
+    }
   };
 
   /** Checkpoint labels, placed again from their measured boxes (the server placed them from an
@@ -342,7 +385,7 @@
       track.classList.add("lanes-" + used);
     }
   };
-  window.addEventListener("resize", () => NF.placeLabels(document));
+  window.addEventListener("resize", () => { NF.placeLabels(document); NF.fitBarLabels(document); });
 
   document.addEventListener("DOMContentLoaded", () => {
     NF.layout(document);
