@@ -18,7 +18,8 @@ from typing import Any
 from django.db.models import Count, Prefetch, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import leases
@@ -63,15 +64,15 @@ STATES: list[str] = [s.value for s in S]
 #: itself stays in ``data-state`` and ``title`` attributes and in the filter's URLs.
 #: The words are marked for translation and read in the request's language (docs/pages.md#language).
 STATE_LABELS: dict[str, str] = {
-    S.CREATED: gettext_lazy("created"),
-    S.RUNNING: gettext_lazy("running"),
-    S.IDLE: gettext_lazy("idle"),
-    S.AWAITING_USER: gettext_lazy("waiting for a person"),
-    S.AWAITING_EXTERNAL: gettext_lazy("waiting for a worker"),
-    S.COMPLETED: gettext_lazy("completed"),
-    S.FAILED: gettext_lazy("failed"),
-    S.TERMINATED: gettext_lazy("terminated"),
-    S.STALE: gettext_lazy("stale"),
+    S.CREATED: _("created"),
+    S.RUNNING: _("running"),
+    S.IDLE: _("idle"),
+    S.AWAITING_USER: _("waiting for a person"),
+    S.AWAITING_EXTERNAL: _("waiting for a worker"),
+    S.COMPLETED: _("completed"),
+    S.FAILED: _("failed"),
+    S.TERMINATED: _("terminated"),
+    S.STALE: _("stale"),
 }
 
 #: Status and end reasons the service writes as codes (``actions/runtimes.py`` and
@@ -79,9 +80,75 @@ STATE_LABELS: dict[str, str] = {
 #: handoff's logical id). Every other reason is a person's or an agent's own words, shown as
 #: written. Mirrored by ``NF.reasonText`` from the same map.
 REASON_TEXT: dict[str, str] = {
-    "runtime_lost": gettext_lazy("The runtime went away (closed, or it stopped answering)"),
-    "conflicting_result": gettext_lazy("A different result arrived for handoff {detail} after one was consumed"),
+    "runtime_lost": _("The runtime went away (closed, or it stopped answering)"),
+    "conflicting_result": _("A different result arrived for handoff {detail} after one was consumed"),
 }
+
+
+#: Every event type of the catalog (``event_types.CATALOG``) in plain words, the one map: the
+#: overview's "Last event" column and the event feeds say these; the code stays in ``title`` and
+#: ``data-type`` attributes (``tests/dashboard/test_event_words.py`` checks none is missing).
+EVENT_WORDS: dict[str, str] = {
+    "session.created": _("session opened"),
+    "session.transitioned": _("state changed"),
+    "session.resumed": _("session resumed"),
+    "session.forgotten": _("session forgotten"),
+    "session.binding_invalidated": _("checkpoint binding invalidated"),
+    "transcript.appended": _("transcript entry added"),
+    "runtime.attached": _("runtime attached"),
+    "runtime.closed": _("runtime closed"),
+    "runtime.lost": _("runtime lost"),
+    "run.started": _("run started"),
+    "run.cursor_advanced": _("run moved on"),
+    "run.ended": _("run ended"),
+    "run.abort_requested": _("abort requested"),
+    "checkpoint.recorded": _("checkpoint saved"),
+    "artifact.created": _("artifact created"),
+    "artifact.version_added": _("new artifact version"),
+    "handoff.created": _("job handed off"),
+    "handoff.claimed": _("job claimed by a worker"),
+    "handoff.cancelled": _("handoff cancelled"),
+    "handoff.result_consumed": _("worker's result used"),
+    "handoff.result_invalid": _("worker's result refused"),
+    "handoff.result_conflict": _("conflicting result"),
+    "handoff.conflict_resolved": _("conflict resolved"),
+    "write_intent.created": _("write proposed"),
+    "write_intent.approved": _("write approved"),
+    "write_intent.rejected": _("write rejected"),
+    "write_intent.approval_revoked": _("write approval revoked"),
+    "write_intent.executed": _("write carried out"),
+    "write_intent.refused": _("write refused"),
+    "artifact.current_changed": _("current artifact version changed"),
+    "authority.settled": _("authority settled"),
+    "framework.changed": _("framework changed"),
+    "review.gate_opened": _("review requested"),
+    "review.packet_claimed": _("review packet claimed"),
+    "review.verdict_bound": _("review verdict recorded"),
+    "review.gate_completed": _("review finished"),
+    "review.gate_cancelled": _("review withdrawn"),
+}
+
+
+#: The other records' state codes (runtimes, handoffs, write intents, review gates and assignments)
+#: and the review decisions, as a page shows them: in English the code itself, in another language
+#: its translation; the code stays in ``class``/``data-state``/``title`` attributes.
+CODE_WORDS: dict[str, str] = {
+    "live": _("live"), "closed": _("closed"), "lost": _("lost"),
+    "pending": _("pending"), "claimed": _("claimed"), "bound": _("bound"), "conflicted": _("conflicted"),
+    "cancelled": _("cancelled"), "complete": _("complete"), "open": _("open"), "assigned": _("assigned"),
+    "submitted": _("submitted"), "proposed": _("proposed"), "approved": _("approved"), "rejected": _("rejected"),
+    "executed": _("executed"), "refused": _("refused"), "pass": _("pass"), "revise": _("revise"), "reject": _("reject"),
+}
+
+
+def code_word(code: str | None) -> str:
+    """A state code or decision in the page's language (an unknown code as it is)."""
+    return str(CODE_WORDS.get(code or "", code or ""))
+
+
+def event_words(event_type: str | None) -> str:
+    """An event type in words (an unknown type as it is)."""
+    return str(EVENT_WORDS.get(event_type or "", event_type or ""))
 
 
 def state_label(state: str | None) -> str:
@@ -117,7 +184,9 @@ def reason_text(value: str | None) -> str:
 def words() -> dict[str, dict[str, str]]:
     """The maps the live pages need (rendered once into the page as JSON)."""
     return {"states": {str(k): str(v) for k, v in STATE_LABELS.items()},
-            "reasons": {k: str(v) for k, v in REASON_TEXT.items()}}
+            "reasons": {k: str(v) for k, v in REASON_TEXT.items()},
+            "events": {k: str(v) for k, v in EVENT_WORDS.items()},
+            "labels": {"details": str(_("details")), "event": str(_("event #{id}"))}}
 
 
 # ------------------------------------------------------------------------------------
@@ -407,8 +476,27 @@ class Timeline:
         return any(b.spans for b in self.runs)
 
     @property
+    def lasted(self) -> str:
+        """How long the drawn span is, in words (the scale's ends alone read the same for a short session)."""
+        return duration_text((self.end - self.start).total_seconds())
+
+    @property
     def has_gates(self) -> bool:
         return any(b.flags for b in self.runs)
+
+
+def duration_text(seconds: float) -> str:
+    """A duration in words: "under a second", "42 seconds", "4 minutes", "3 hours"."""
+    if seconds < 1:
+        return str(_("under a second"))
+    if seconds < 120:
+        n = int(seconds)
+        return ngettext("%(n)d second", "%(n)d seconds", n) % {"n": n}
+    if seconds < 7200:
+        n = int(seconds // 60)
+        return ngettext("%(n)d minute", "%(n)d minutes", n) % {"n": n}
+    n = int(seconds // 3600)
+    return ngettext("%(n)d hour", "%(n)d hours", n) % {"n": n}
 
 
 def _pct(t: datetime, t0: datetime, span: float) -> float:
@@ -565,9 +653,17 @@ def pretty_json(value: Any) -> str:
 # ------------------------------------------------------------------------------------
 # Events and session rows
 # ------------------------------------------------------------------------------------
-def _scalar_items(payload: dict[str, Any]) -> str:
+def technical_key(key: str) -> bool:
+    """Payload keys for engineers (ids, fingerprints, hashes): shown under "details", never in
+    the summary line (mirrored by ``NF.technicalKey``)."""
+    return key == "id" or key.endswith(("_id", "fingerprint", "_hash"))
+
+
+def _scalar_items(payload: dict[str, Any], *, technical: bool = False) -> str:
     parts = []
     for key, value in payload.items():
+        if technical_key(key) != technical:
+            continue
         if isinstance(value, (str, int, float, bool)) and value != "":
             parts.append(f"{key}={value}")
     text = " · ".join(parts)
@@ -592,23 +688,30 @@ def describe(event_type: str, payload: dict[str, Any]) -> str:
     if event_type == ev.SESSION_CREATED.name:
         return f"{p.get('role')} · {p.get('task_mode')} · {p.get('runtime_family')}"
     if event_type == ev.RUN_STARTED.name:
-        return f"run #{p.get('seq')} started · gen {p.get('generation')}"
+        return _("run #%(seq)s started · gen %(gen)s") % {"seq": p.get("seq"), "gen": p.get("generation")}
     if event_type == ev.RUN_ENDED.name:
-        return f"run #{p.get('seq')} {p.get('state')}" + _why(p)
+        return _("run #%(seq)s %(state)s") % {"seq": p.get("seq"), "state": p.get("state")} + _why(p)
     if event_type == ev.CHECKPOINT_RECORDED.name:
-        return f"checkpoint #{p.get('seq')} · {p.get('boundary')}"
+        return _("checkpoint #%(seq)s · %(boundary)s") % {"seq": p.get("seq"), "boundary": p.get("boundary")}
     if family == ev.RUNTIME_ATTACHED.family:
-        return f"generation {p.get('generation', '?')}" + _why(p)
+        return _("generation %(gen)s") % {"gen": p.get("generation", "?")} + _why(p)
     if family == ev.HANDOFF_CREATED.family:
         return _describe_handoff(ev.CATALOG[event_type], p)
     if family == ev.REVIEW_GATE_OPENED.family:
         return _describe_review(ev.CATALOG[event_type], p)
     if family == ev.WRITE_INTENT_CREATED.family:
-        what = _action(ev.CATALOG[event_type]).replace("_", " ")
-        return f"write intent #{p.get('intent_id')} {what}" + (f" · {p['kind']}" if p.get("kind") else "")
+        action = _action(ev.CATALOG[event_type])
+        what = _WRITE_ACTIONS.get(action, action.replace("_", " "))
+        return (_("write intent #%(id)s %(what)s") % {"id": p.get("intent_id"), "what": what}
+                + (f" · {p['kind']}" if p.get("kind") else ""))
     if event_type in _AUTHORITY_HISTORY_NAMES:
         return _describe_authority(event_type, p)
     return _scalar_items(p)
+
+
+#: What happened to a write intent, in the summary's words (mirrored by static/js/dashboard.js).
+_WRITE_ACTIONS = {"created": _("created"), "approved": _("approved"), "rejected": _("rejected"),
+                  "approval_revoked": _("approval revoked"), "executed": _("executed"), "refused": _("refused")}
 
 
 def _why(p: dict[str, Any]) -> str:
@@ -625,13 +728,15 @@ def _action(event: ev.EventType) -> str:
 def _describe_authority(event_type: str, p: dict[str, Any]) -> str:
     before, after = p.get("before") or {}, p.get("after") or {}
     if event_type == ev.FRAMEWORK_CHANGED.name:
-        text = f"framework {before.get('framework_version')} → {after.get('framework_version')}"
+        text = _("framework %(before)s → %(after)s") % {"before": before.get("framework_version"),
+                                                       "after": after.get("framework_version")}
     else:
-        text = f"authority v{before.get('authority_version')} → v{after.get('authority_version')}"
+        text = _("authority v%(before)s → v%(after)s") % {"before": before.get("authority_version"),
+                                                          "after": after.get("authority_version")}
         lock = after.get("lock_fingerprint")
         if isinstance(lock, str):
-            text += f" · lock {lock[:15]}…"
-    return text + (f" · write intent #{p['intent_id']}" if p.get("intent_id") else "")
+            text += " · " + _("lock %(lock)s…") % {"lock": lock[:15]}
+    return text + (" · " + _("write intent #%(id)s") % {"id": p["intent_id"]} if p.get("intent_id") else "")
 
 
 def authority_history(project: Project, *, limit: int = 20) -> list[EventView]:
@@ -647,35 +752,44 @@ def authority_history(project: Project, *, limit: int = 20) -> list[EventView]:
 
 
 def _describe_handoff(event: ev.EventType, p: dict[str, Any]) -> str:
-    job = f"handoff {p.get('logical_id')}"
+    job = {"job": p.get("logical_id")}
     if event is ev.HANDOFF_CREATED:
         caps = p.get("required_capabilities") or []
-        return f"{job} created" + (f" · needs {', '.join(map(str, caps))}" if caps else "")
+        return _("handoff %(job)s created") % job + (
+            " · " + _("needs %(caps)s") % {"caps": ", ".join(map(str, caps))} if caps else "")
     if event is ev.HANDOFF_CLAIMED:
-        text = f"{job} claimed by {p.get('worker')} · attempt {p.get('attempt')}"
-        return text + (" · previous lease expired" if p.get("reclaimed_after_expiry") else "")
+        text = _("handoff %(job)s claimed by %(worker)s · attempt %(attempt)s") % {
+            **job, "worker": p.get("worker"), "attempt": p.get("attempt")}
+        return text + (" · " + _("previous lease expired") if p.get("reclaimed_after_expiry") else "")
     if event is ev.HANDOFF_RESULT_CONSUMED:
-        return f"{job} · result consumed"
+        return _("handoff %(job)s · result consumed") % job
     if event is ev.HANDOFF_RESULT_INVALID:
-        return f"{job} · invalid result refused"
+        return _("handoff %(job)s · invalid result refused") % job
     if event is ev.HANDOFF_RESULT_CONFLICT:
-        return f"{job} · CONFLICTING result: hard stop"
+        return _("handoff %(job)s · CONFLICTING result: hard stop") % job
     if event is ev.HANDOFF_CONFLICT_RESOLVED:
-        return f"{job} · conflict resolved"
+        return _("handoff %(job)s · conflict resolved") % job
     if event is ev.HANDOFF_CANCELLED:
-        return f"{job} cancelled" + _why(p)
-    return f"{job} · {_action(event).replace('_', ' ')}"
+        return _("handoff %(job)s cancelled") % job + _why(p)
+    return _("handoff %(job)s") % job + f" · {_action(event).replace('_', ' ')}"
 
 
 def _describe_review(event: ev.EventType, p: dict[str, Any]) -> str:
-    gate = f"review gate #{p.get('gate_id')}"
+    gate = {"gate": p.get("gate_id")}
     if event is ev.REVIEW_GATE_OPENED:
-        return f"{gate} opened · {p.get('route')} route · {p.get('required_verdicts')} verdict(s) needed"
+        return _("review gate #%(gate)s opened · %(route)s route · %(n)s verdict(s) needed") % {
+            **gate, "route": p.get("route"), "n": p.get("required_verdicts")}
     if event is ev.REVIEW_VERDICT_BOUND:
-        return f"{gate} · verdict bound ({p.get('bound_verdicts')} of {p.get('required_verdicts')})"
+        return _("review gate #%(gate)s · verdict bound (%(bound)s of %(n)s)") % {
+            **gate, "bound": p.get("bound_verdicts"), "n": p.get("required_verdicts")}
     if event is ev.REVIEW_PACKET_CLAIMED:
-        return f"{gate} · packet #{p.get('packet_id')} claimed"
-    return f"{gate} · {_action(event).replace('gate_', '').replace('_', ' ')}"
+        return _("review gate #%(gate)s · packet #%(packet)s claimed") % {**gate, "packet": p.get("packet_id")}
+    action = _action(event).replace("gate_", "")
+    return _("review gate #%(gate)s") % gate + f" · {_GATE_ACTIONS.get(action, action.replace('_', ' '))}"
+
+
+#: A review gate's end in the summary's words (mirrored by static/js/dashboard.js).
+_GATE_ACTIONS = {"completed": _("completed"), "cancelled": _("cancelled")}
 
 
 @dataclass
@@ -687,6 +801,11 @@ class EventView:
     summary: str
     created_at: datetime
     to_state: str | None
+    details: str = ""  # ids and fingerprints of the payload, for the "details" disclosure
+
+    @property
+    def words(self) -> str:
+        return event_words(self.type)
 
 
 def event_views(rows: Iterable[Event]) -> list[EventView]:
@@ -694,7 +813,7 @@ def event_views(rows: Iterable[Event]) -> list[EventView]:
     for e in rows:
         to_state = e.payload.get("to") if e.type == ev.SESSION_TRANSITIONED.name else None
         out.append(EventView(e.id, e.type, e.session_id, e.project_id, describe(e.type, e.payload), e.created_at,
-                             to_state if to_state in STATES else None))
+                             to_state if to_state in STATES else None, _scalar_items(e.payload or {}, technical=True)))
     return out
 
 

@@ -35,3 +35,15 @@ def dashboard_words() -> str:
 @register.filter
 def reason_text(value: str | None) -> str:
     return presenters.reason_text(value)
+
+
+@register.filter
+def code_word(value: str | None) -> str:
+    """A record's state code or a review decision in the page's language (``presenters.CODE_WORDS``)."""
+    return presenters.code_word(value)
+
+
+@register.filter
+def event_words(value: str | None) -> str:
+    """An event type in words (``presenters.EVENT_WORDS``)."""
+    return presenters.event_words(value)

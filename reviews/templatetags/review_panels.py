@@ -10,7 +10,7 @@ from typing import Any
 
 from django import template
 from django.db.models import Prefetch
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext, gettext_lazy
 
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
 
@@ -28,7 +28,7 @@ def shortfp(value: str | None) -> str:
 
 
 #: A finding's severity in the page's language (the code stays in classes and the form's values).
-SEVERITY_LABELS = {"minor": gettext_lazy("Minor"), "major": gettext_lazy("Major"), "critical": gettext_lazy("Critical")}
+SEVERITY_LABELS = {"minor": gettext_lazy("minor"), "major": gettext_lazy("major"), "critical": gettext_lazy("critical")}
 
 
 @register.filter
@@ -45,8 +45,8 @@ def _reviewer_name(assignment: ReviewAssignment) -> str:
     if assignment.reviewer_user is not None:
         return assignment.reviewer_user.get_username()
     if assignment.reviewer_session_id is not None:
-        return f"agent session #{assignment.reviewer_session_id}"
-    return assignment.reviewer or "unclaimed"
+        return gettext("agent session #%(id)s") % {"id": assignment.reviewer_session_id}
+    return assignment.reviewer or gettext("unclaimed")
 
 
 @register.inclusion_tag("reviews/_session_panel.html")
@@ -54,7 +54,7 @@ def review_panel(session) -> dict[str, Any]:
     """The review gates of one session, newest first, for the manager's session page."""
     gates = list(
         ReviewGate.objects.filter(session=session)
-        .select_related("packet", "candidate__artifact")
+        .select_related("packet", "candidate__artifact", "run")
         .prefetch_related(
             Prefetch(
                 "packet__assignments",
