@@ -42,7 +42,7 @@ from novelforge_client.worker import Job, Worker
 
 RUBRIC = {"criteria": [
     {"key": "clarity", "label": "Clarity", "scale": {"min": 1, "max": 5}, "description": "Can a reader follow it?"},
-    {"key": "voice", "label": "Voice", "scale": {"min": 1, "max": 5}, "description": "Does it sound like the book?"},
+    {"key": "voice", "label": "Voice", "scale": {"min": 1, "max": 5}, "description": "Does the voice hold steady within the passage?"},
 ]}
 DRAFT = ("The storm came in sideways, and the lamp answered it.\n"
          "Mara climbed the hundred and twelve steps with the logbook under her coat.\n")

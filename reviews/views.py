@@ -16,10 +16,11 @@ from urllib.parse import urlencode
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.translation import gettext
 from django.views.decorators.http import require_http_methods, require_POST
 
 from novelforge_sessions.apikit.schemas import loads_json
@@ -30,7 +31,9 @@ from reviews import actions, calibration as scoring, relay
 from reviews.access import assignment_for, assignments_for, managed_project_ids, reviewer_for_user
 from reviews.forms import FindingRow, RelayAnswerForm, finding_rows, verdict_payload_from_post
 from reviews.models import GateCalibration, ReviewAssignment, ReviewGate, Verdict
-from reviews.packets import CONFIDENCE_LEVELS, DECISIONS, SEVERITIES, Rubric, relay_prompt, rubric_from_dict
+from reviews.packets import (
+    CONFIDENCE_LEVELS, DECISION_LABELS, DECISIONS, SEVERITIES, Rubric, relay_prompt, rubric_from_dict,
+)
 from reviews.verdicts import LOCATION_HINT
 
 _FINDING_FIELD = re.compile(r"^findings\[(\d{1,3})\](?:\.(\w+))?$")  # a real index (at most 50 findings)
@@ -215,7 +218,8 @@ def plain_message(field: str, message: str, rubric: Rubric, *, relay: bool = Fal
     if relay and message == "unknown field":
         return f"The reply has a field the prompt does not ask for ({field}); ask the other chat to leave it out."
     if field == "decision":
-        return "Please choose a decision: pass, revise or reject."
+        return gettext("Please choose a decision: %(choices)s.") % {
+            "choices": gettext("%(a)s, %(b)s or %(c)s") % dict(zip("abc", map(str, DECISION_LABELS.values())))}
     if field == "confidence":
         return "Please choose how sure you are."
     if field.startswith("scores."):
@@ -369,3 +373,39 @@ def calibration(request: HttpRequest) -> HttpResponse:
         sections.append({"project": project, "rows": [(names[r.reviewer], r) for r in rows],
                          "calibrated_packets": len(expected), "verdicts": len(decisions)})
     return render(request, "reviews/calibration.html", {"sections": sections, **_nav(request)})
+
+
+#: Gates per list on the managers' reviews page (waiting ones first, then the latest finished).
+GATES_SHOWN = 100
+
+
+@login_required
+def gates(request: HttpRequest) -> HttpResponse:
+    """The managers' reviews page: every review gate of the projects they manage, waiting ones
+    first (oldest first), then the latest finished, each with its reviewers and where they are.
+    Managers only; anyone else gets 404 (a reviewer never sees other reviewers' work)."""
+    project_ids = managed_project_ids(request.user)
+    if not project_ids:
+        raise Http404("not found")
+    base = (ReviewGate.objects.filter(project_id__in=project_ids)
+            .select_related("project", "run", "candidate__artifact", "packet")
+            .prefetch_related(Prefetch("packet__assignments",
+                                       queryset=ReviewAssignment.objects.select_related("reviewer_user", "verdict")
+                                       .order_by("id"))))
+    waiting = list(base.filter(state=ReviewGate.State.PENDING).order_by("created_at", "id")[:GATES_SHOWN])
+    finished = list(base.exclude(state=ReviewGate.State.PENDING).order_by("-created_at", "-id")[:GATES_SHOWN])
+    keys = {a.reviewer for g in waiting + finished for a in g.packet.assignments.all() if a.reviewer}
+    names = reviewer_names(keys)
+
+    def rows(items: list[ReviewGate]) -> list[dict[str, Any]]:
+        return [{"gate": g, "reviewers": [(names.get(a.reviewer, a.reviewer) if a.reviewer else gettext("anyone (open)"), a)
+                                          for a in g.packet.assignments.all()]} for g in items]
+
+    totals = ReviewGate.objects.filter(project_id__in=project_ids).aggregate(
+        waiting=Count("id", filter=Q(state=ReviewGate.State.PENDING)), finished=Count("id", filter=~Q(state=ReviewGate.State.PENDING)))
+    return render(request, "reviews/gates.html", {
+        "waiting": rows(waiting), "finished": rows(finished), "totals": totals,
+        "projects": Project.objects.filter(id__in=project_ids).order_by("name"),
+        "show_project": len(project_ids) > 1, "has_queue": bool(assignments_for(reviewer_for_user(request.user)).exists()),
+        **_nav(request),
+    })
