@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.utils.translation import gettext_lazy as _
 from django.utils.translation import gettext_noop
 
 from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN, InvalidPayload
@@ -50,6 +51,18 @@ CONFIDENCE_LEVELS: tuple[tuple[str, str, float], ...] = (
     ("sure", gettext_noop("Sure"), 0.75),
     ("certain", gettext_noop("Certain"), 1.0),
 )
+
+#: The decisions in the verdict form's words (the confirmation, the refusals and the manager's
+#: pages say these; the API and the stored verdict keep the codes).
+DECISION_LABELS: dict[str, str] = {"pass": _("Pass"), "revise": _("Needs revision"), "reject": _("Reject")}
+
+
+def confidence_words(value: float | None) -> str:
+    """A stored confidence as the form's choice nearest to it ("Sure" for 0.75; "0.6" is "Fairly sure")."""
+    if value is None:
+        return ""
+    return str(_(min(CONFIDENCE_LEVELS, key=lambda level: (abs(level[2] - float(value)), -level[2]))[1]))
+
 
 #: Rubric criterion and evidence keys (the API schema declares this pattern).
 KEY_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"

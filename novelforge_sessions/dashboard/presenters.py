@@ -49,7 +49,7 @@ from novelforge_sessions.models import (
     RuntimeAttachment,
     Session,
 )
-from reviews.models import ReviewGate, Verdict
+from reviews.models import ReviewAssignment, ReviewGate, Verdict
 
 S = rt.SessionStatus
 STATES: list[str] = [s.value for s in S]
@@ -1167,10 +1167,12 @@ def project_reviews(project: Project) -> dict[str, int]:
     gates = ReviewGate.objects.filter(project=project).aggregate(
         total=Count("id"), pending=Count("id", filter=Q(state=ReviewGate.State.PENDING)),
     )
-    verdicts = Verdict.objects.filter(packet__gate__project=project).aggregate(
-        n=Count("id"), reviewers=Count("reviewer", distinct=True),
-    )
-    return {"gates": gates["total"], "pending": gates["pending"], "verdicts": verdicts["n"], "reviewers": verdicts["reviewers"]}
+    verdicts = Verdict.objects.filter(packet__gate__project=project).aggregate(n=Count("id"))
+    # Everyone asked to review in this project (an assigned slot or a verdict), not only those
+    # who already answered.
+    reviewers = (ReviewAssignment.objects.filter(packet__gate__project=project).exclude(reviewer="")
+                 .aggregate(n=Count("reviewer", distinct=True)))
+    return {"gates": gates["total"], "pending": gates["pending"], "verdicts": verdicts["n"], "reviewers": reviewers["n"]}
 
 
 # ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from django.db.models import Prefetch
 from django.utils.translation import gettext, gettext_lazy
 
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
+from reviews.packets import DECISION_LABELS, confidence_words
 
 register = template.Library()
 
@@ -39,6 +40,29 @@ def severity_label(value: str | None) -> str:
 @register.filter
 def get_item(mapping: dict | None, key: str) -> Any:
     return (mapping or {}).get(key, "")
+
+
+@register.filter
+def packet_gist(packet) -> dict[str, Any]:
+    """What a queue row says is to be read, from the stored packet only (the reviewer's whole
+    world): how many lines, how the text opens, what it is scored on."""
+    content = packet.content or {}
+    text = (content.get("candidate") or {}).get("content", "")
+    opening = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    criteria = [c.get("label") or c.get("key") for c in (content.get("rubric") or {}).get("criteria", [])]
+    return {"lines": len(text.splitlines()), "opening": opening, "criteria": ", ".join(map(str, criteria))}
+
+
+@register.filter
+def decision_label(value: str | None) -> str:
+    """A decision in the verdict form's own words ("Needs revision" for ``revise``)."""
+    return str(DECISION_LABELS.get(value or "", value or ""))
+
+
+@register.filter
+def confidence_label(value: float | None) -> str:
+    """A confidence in the verdict form's own words: the nearest of its choices ("Sure" for 0.75)."""
+    return confidence_words(value)
 
 
 def _reviewer_name(assignment: ReviewAssignment) -> str:
