@@ -1,6 +1,12 @@
+from functools import cache
+from pathlib import Path
+
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
+from django.views.decorators.http import require_safe
 
 from novelforge_sessions import health, metrics
 from novelforge_sessions.routers import api
@@ -10,7 +16,21 @@ handler500 = "novelforge_sessions.unavailable.server_error"
 # Below /api/, a Host outside ALLOWED_HOSTS is the typed disallowed_host (server/hosts.py).
 handler400 = "novelforge_sessions.server.hosts.bad_request"
 
+
+
+@cache
+def _favicon_bytes() -> bytes:
+    return (Path(settings.STATICFILES_DIRS[0]) / "favicon.ico").read_bytes()
+
+
+@require_safe
+def favicon(request: HttpRequest) -> HttpResponse:
+    """``/favicon.ico``, which every browser asks for: the static icon (static/favicon.ico)."""
+    return HttpResponse(_favicon_bytes(), content_type="image/x-icon", headers={"Cache-Control": "public, max-age=86400"})
+
+
 urlpatterns = [
+    path("favicon.ico", favicon, name="favicon"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     # Prometheus; off (404) unless METRICS_TOKEN or METRICS_ALLOW_IPS is set (metrics.py).
