@@ -158,6 +158,6 @@ stop-local:
 	@scripts/bootstrap.sh stop
 
 messages:
-	$(MANAGE) makemessages -l zh_Hans --add-location file $(MESSAGES_IGNORE)
-	$(MANAGE) makemessages -l zh_Hans -d djangojs --add-location file $(MESSAGES_IGNORE)
+	$(MANAGE) makemessages -l zh_Hans --no-obsolete --add-location file $(MESSAGES_IGNORE)
+	$(MANAGE) makemessages -l zh_Hans -d djangojs --no-obsolete --add-location file $(MESSAGES_IGNORE)
 	$(MANAGE) compilemessages --ignore '*'

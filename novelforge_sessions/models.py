@@ -329,6 +329,7 @@ class TranscriptEntry(models.Model):
 
     class Meta:
         ordering = ["session_id", "seq"]
+        verbose_name_plural = "transcript entries"
         constraints = [
             models.UniqueConstraint(fields=["session", "seq"], name="transcript_seq_unique_per_session"),
             models.CheckConstraint(condition=Q(role__in=["user", "assistant", "system", "tool"]), name="transcript_role_enum"),

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import environ
 from csp.constants import NONCE, NONE, SELF
+from django.core.checks.security.base import (
+    SECRET_KEY_INSECURE_PREFIX, SECRET_KEY_MIN_LENGTH, SECRET_KEY_MIN_UNIQUE_CHARACTERS,
+)
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -57,8 +60,15 @@ _DEV_SECRET = "insecure-development-key-change-me-0123456789abcdefghijklmnopqrst
 SECRET_KEY = env.str("SECRET_KEY", default=_DEV_SECRET)
 if SECRET_KEY == _DEV_SECRET and not DEBUG and _strict_bool("REQUIRE_SECRET_KEY", default=False):
     raise ImproperlyConfigured("SECRET_KEY must be set when REQUIRE_SECRET_KEY is true")
-if len(SECRET_KEY) < 32:
-    raise ImproperlyConfigured("SECRET_KEY must be at least 32 characters long")
+# One rule, Django's own (`check --deploy`, security.W009): at least 50 characters, at least 5
+# different ones, no "django-insecure-" prefix. `python -m django generate_secret_key` prints one.
+if (len(SECRET_KEY) < SECRET_KEY_MIN_LENGTH or len(set(SECRET_KEY)) < SECRET_KEY_MIN_UNIQUE_CHARACTERS
+        or SECRET_KEY.startswith(SECRET_KEY_INSECURE_PREFIX)):
+    raise ImproperlyConfigured(
+        f"SECRET_KEY must be at least {SECRET_KEY_MIN_LENGTH} characters long, with at least "
+        f"{SECRET_KEY_MIN_UNIQUE_CHARACTERS} different characters and no {SECRET_KEY_INSECURE_PREFIX!r} prefix "
+        "(`python -m django generate_secret_key` prints one)"
+    )
 SECRET_KEY_IS_DEVELOPMENT_DEFAULT = SECRET_KEY == _DEV_SECRET  # `check --deploy` warns (checks.py)
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])

@@ -1103,6 +1103,8 @@ class ProjectIntents:
     open_total: int
     closed: list[IntentRow]
     closed_total: int
+    awaiting: int = 0  # of the open ones: still waiting for an approval
+    approved: int = 0  # of the open ones: approved, waiting for the agent to execute them
 
 
 def _intent_target(intent: WriteIntent, numbers: dict[int, int]) -> str:
@@ -1159,6 +1161,7 @@ def project_intents(project: Project) -> ProjectIntents:
     open_total = sum(counts.get(s, 0) for s in open_states)
     return ProjectIntents(
         _intent_rows(project, open_intents), open_total, _intent_rows(project, closed), sum(counts.values()) - open_total,
+        awaiting=counts.get(IntentState.PROPOSED, 0), approved=counts.get(IntentState.APPROVED, 0),
     )
 
 

@@ -13,10 +13,16 @@
 (function () {
   "use strict";
   const NF = (window.NF = window.NF || {});
-  // The page's language: Django's JavaScriptCatalog (base.html, /i18n/js/) defines gettext and
-  // interpolate; without it (a page that does not load it) the English text is kept.
-  const gettext = window.gettext || ((s) => s);
-  const interpolate = window.interpolate || ((fmt, obj, named) => fmt.replace(/%\(\w+\)s/g, (m) => obj[m.slice(2, -2)]));
+  // The page's language: the script catalog base.html renders as JSON (<script id="nf-i18n">,
+  // templatetags/page_language.py, built by Django's JavaScriptCatalog). No catalog (English): the
+  // strings as written here.
+  const I18N = (() => {
+    const node = document.getElementById("nf-i18n");
+    try { return (node && JSON.parse(node.textContent)) || {}; } catch (_) { return {}; }
+  })();
+  const CATALOG = I18N.catalog || {};
+  const gettext = (s) => { const v = CATALOG[s]; return typeof v === "string" ? v : Array.isArray(v) ? v[0] : s; };
+  const interpolate = (fmt, obj) => fmt.replace(/%\((\w+)\)s/g, (m, k) => String(obj[k]));
   NF.gettext = gettext;
   NF.interpolate = interpolate;
 

@@ -6,12 +6,24 @@
 (function () {
   "use strict";
   document.documentElement.classList.add("js");
-  // The page's language: Django's JavaScriptCatalog (base.html) defines gettext/ngettext/interpolate.
-  var gettext = window.gettext || function (s) { return s; };
-  var ngettext = window.ngettext || function (one, many, n) { return n === 1 ? one : many; };
-  var interpolate = window.interpolate || function (fmt, obj) {
-    return fmt.replace(/%\((\w+)\)s/g, function (m, k) { return obj[k]; });
-  };
+  // The page's language: the script catalog base.html renders as JSON (<script id="nf-i18n">,
+  // templatetags/page_language.py). No catalog (English): the strings as written here. Its plural
+  // rule is Django's expression: "0" (one form, as in Chinese) or null (English: one and many).
+  var I18N = {};
+  try { I18N = JSON.parse((document.getElementById("nf-i18n") || {}).textContent || "{}") || {}; } catch (e) { I18N = {}; }
+  var CATALOG = I18N.catalog || {};
+  function gettext(s) {
+    var v = CATALOG[s];
+    return typeof v === "string" ? v : (Array.isArray(v) ? v[0] : s);
+  }
+  function ngettext(one, many, n) {
+    var v = CATALOG[one];
+    if (Array.isArray(v)) return I18N.plural === "0" ? v[0] : v[n === 1 ? 0 : Math.min(1, v.length - 1)];
+    return n === 1 ? one : many;
+  }
+  function interpolate(fmt, obj) {
+    return fmt.replace(/%\((\w+)\)s/g, function (m, k) { return String(obj[k]); });
+  }
 
   function flash(button, text) {
     var original = button.dataset.label || button.textContent;

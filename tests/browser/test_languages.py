@@ -107,6 +107,7 @@ def test_the_manager_walk_in_each_language(server, page, project, language):
         "overview": "/",
         "session": f"/sessions/{world.writer.id}/",
         "project": f"/projects/{world.project.id}/",
+        "reviews": "/reviews/gates/",
         "calibration": "/reviews/calibration/",
         "resume": f"/sessions/{world.writer.id}/resume/",
         "not-found": "/no-such-page/",

@@ -145,3 +145,20 @@ def test_the_lean_api_path_has_no_locale_middleware():
     """The API's own path does not pay for LocaleMiddleware (settings.API_MIDDLEWARE)."""
     assert "django.middleware.locale.LocaleMiddleware" in settings.MIDDLEWARE
     assert "django.middleware.locale.LocaleMiddleware" not in settings.API_MIDDLEWARE
+
+
+def test_the_scripts_strings_come_in_the_page_as_data_not_code():
+    """The djangojs catalog of the page's language is a JSON data block (no extra request, nothing
+    the Content-Security-Policy would have to allow); English carries none."""
+    import json
+
+    def block(client):
+        html = client.get("/login/").content.decode()
+        found = re.search(r'<script id="nf-i18n" type="application/json">(.*?)</script>', html, re.S)
+        return json.loads(found.group(1))
+
+    assert block(Client()) == {"catalog": {}, "plural": None}
+    chinese = Client()
+    chinese.cookies[COOKIE] = "zh-hans"
+    data = block(chinese)
+    assert data["catalog"]["copied"] == "已复制" and data["plural"] == "0"

@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('auth', '0012_alter_user_first_name_max_length'),
-        ('novelforge_sessions', '0007_refs_cited_gin'),
+        ('novelforge_sessions', '0008_transcript_entries_plural'),
     ]
 
     operations = [
