@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 from django.db.models import Count, Prefetch, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.utils.translation import get_language
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
@@ -82,6 +84,9 @@ STATE_LABELS: dict[str, str] = {
 REASON_TEXT: dict[str, str] = {
     "runtime_lost": _("The runtime went away (closed, or it stopped answering)"),
     "conflicting_result": _("A different result arrived for handoff {detail} after one was consumed"),
+    # reasons the service writes in words (actions/runs.py, control/graphs.py): the same words, translated
+    "run started": _("run started"),
+    "graph thread deleted": _("graph thread deleted"),
 }
 
 
@@ -138,12 +143,60 @@ CODE_WORDS: dict[str, str] = {
     "cancelled": _("cancelled"), "complete": _("complete"), "open": _("open"), "assigned": _("assigned"),
     "submitted": _("submitted"), "proposed": _("proposed"), "approved": _("approved"), "rejected": _("rejected"),
     "executed": _("executed"), "refused": _("refused"), "pass": _("pass"), "revise": _("revise"), "reject": _("reject"),
+    "completed": _("completed"), "failed": _("failed"), "aborted": _("aborted"), "interrupted": _("interrupted"),
+    "terminated": _("terminated"),
 }
 
 
 def code_word(code: str | None) -> str:
     """A state code or decision in the page's language (an unknown code as it is)."""
     return str(CODE_WORDS.get(code or "", code or ""))
+
+
+_WAIT_GATE = re.compile(r"^review gate #(\d+) \((\w+) route\)$")
+_WAIT_HANDOFF = re.compile(r"^handoff (.+) \((\w+)\)$")
+
+
+def wait_words(label: str | None) -> str:
+    """What a session waits on (the wait registry's labels: ``review gate #3 (page route)``,
+    ``handoff chapter-2/check (claimed)``) in the page's language; any other label as it is."""
+    text = label or ""
+    if m := _WAIT_GATE.match(text):
+        return _("review gate #%(id)s (%(route)s route)") % {"id": m.group(1), "route": m.group(2)}
+    if m := _WAIT_HANDOFF.match(text):
+        return _("handoff %(job)s (%(state)s)") % {"job": m.group(1), "state": code_word(m.group(2))}
+    return text
+
+
+#: A refusal a manager's action can meet, for the pages in another language than English: the
+#: API's message is English (its catalogued code stays the same everywhere), so a page says the
+#: code's sentence in the page's language and shows the code beside it; in English, the message.
+ERROR_WORDS: dict[str, str] = {
+    "illegal_transition": _("This change of state is not allowed from the session's current state."),
+    "version_conflict": _("The session changed since you loaded the page."),
+    "live_runtime_exists": _("A runtime is live for this session; close it first."),
+    "no_live_runtime": _("No runtime is live for this session."),
+    "open_run_exists": _("The session already has an open run."),
+    "no_open_run": _("The session has no open run."),
+    "session_terminated": _("The session is terminated."),
+    "wait_outstanding": _("The session still waits on something (a review, a handoff or a question)."),
+    "open_conflict": _("The session has an open conflict; resolve it first."),
+    "no_open_conflict": _("There is no open conflict to resolve."),
+    "resume_refused": _("Resume was refused: a check failed."),
+    "stale_precondition": _("The before-state changed since this write intent was made."),
+    "approval_required": _("This write intent needs a manager's approval first."),
+    "intent_closed": _("This write intent is already closed."),
+    "intent_not_executable": _("This write intent cannot be executed."),
+    "not_approved": _("This write intent is not approved."),
+}
+
+
+def error_words(code: str | None, message: str) -> str:
+    """A refusal in the page's language: the API's own (English) message in English, else the
+    code's sentence (``ERROR_WORDS``) when there is one."""
+    if (get_language() or "en").startswith("en") or code not in ERROR_WORDS:
+        return message
+    return str(ERROR_WORDS[code])
 
 
 def event_words(event_type: str | None) -> str:
@@ -173,18 +226,31 @@ def reason(value: str | None) -> Reason:
     code, sep, detail = raw.partition(": ")
     template = REASON_TEXT.get(code)
     if template is None or ("{detail}" in template) != bool(sep and detail):
+        for pattern, said in SERVICE_REASONS:
+            if m := pattern.fullmatch(raw):
+                return Reason(raw, str(said).replace("{1}", m.group(1)), False)
         return Reason(raw, raw, False)
     return Reason(raw, str(template).replace("{detail}", detail), True)
+
+
+#: Reasons the service writes with an id in them (reviews/actions.py, control/handoffs.py): shown as
+#: written in English, translated in another language (``{1}`` is the id). Mirrored by NF.reasonText.
+SERVICE_REASONS: list[tuple[re.Pattern, str]] = [
+    (re.compile(r"review gate (\d+) waits on a reviewer"), _("review gate {1} waits on a reviewer")),
+    (re.compile(r"review gate (\d+) bound"), _("review gate {1} bound")),
+    (re.compile(r"waiting on handoff (.+)"), _("waiting on handoff {1}")),
+]
 
 
 def reason_text(value: str | None) -> str:
     return reason(value).text
 
 
-def words() -> dict[str, dict[str, str]]:
+def words() -> dict[str, Any]:
     """The maps the live pages need (rendered once into the page as JSON)."""
     return {"states": {str(k): str(v) for k, v in STATE_LABELS.items()},
             "reasons": {k: str(v) for k, v in REASON_TEXT.items()},
+            "patterns": [[p.pattern, str(said)] for p, said in SERVICE_REASONS],
             "events": {k: str(v) for k, v in EVENT_WORDS.items()},
             "labels": {"details": str(_("details")), "event": str(_("event #{id}"))}}
 
@@ -531,13 +597,15 @@ def _pack_spans(bar: Bar, handoffs: list[Handoff], t0: datetime, span: float, no
         else:
             row_ends[row] = right
         lease = h.lease_expires_at if h.state == HandoffState.CLAIMED else None
-        title = f"handoff {h.logical_id} · {h.state} · attempt {h.attempt}"
+        title = _("handoff %(job)s · %(state)s · attempt %(attempt)s") % {
+            "job": h.logical_id, "state": code_word(h.state), "attempt": h.attempt}
         if lease is not None:
-            title += f" · lease held by {h.lease_holder or '?'} until {lease:%Y-%m-%d %H:%M:%S} UTC"
-        title += f" · created {h.created_at:%Y-%m-%d %H:%M:%S} UTC"
+            title += " · " + _("lease held by %(holder)s until %(at)s UTC") % {
+                "holder": h.lease_holder or "?", "at": f"{lease:%Y-%m-%d %H:%M:%S}"}
+        title += " · " + _("created %(at)s UTC") % {"at": f"{h.created_at:%Y-%m-%d %H:%M:%S}"}
         end = handoff_end(h)
         if end:
-            title += f" · {h.state} {end:%Y-%m-%d %H:%M:%S} UTC"
+            title += f" · {code_word(h.state)} {end:%Y-%m-%d %H:%M:%S} UTC"
         bar.spans.append(Span(left, right - left, row, f"hs-{h.state}", h.logical_id, title, h.id, lease))
     bar.span_rows = len(row_ends)
 
@@ -570,21 +638,25 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
         state = run.state + (" abort-requested" if run.abort_requested_at and run.state == rt.RunState.OPEN else "")
         left, width = _min_width(left, right, MIN_BAR_PCT)
         bar = Bar(
-            label=f"run #{run.seq}", left=left, width=width, classes=f"run-{state}",
-            title=f"run #{run.seq} · gen {run.generation} · {run.task_mode} · {run.state}"
+            label=_("run #%(seq)s") % {"seq": run.seq}, left=left, width=width, classes=f"run-{state}",
+            title=_("run #%(seq)s · gen %(gen)s · %(mode)s · %(state)s") % {
+                "seq": run.seq, "gen": run.generation, "mode": run.task_mode, "state": code_word(run.state)}
             + (f" ({reason_text(run.end_reason)})" if run.end_reason else ""),
         )
         for cp in by_run.get(run.id, []):
             bar.ticks.append(Tick(_pct(cp.created_at, t0, span), cp.boundary.replace("_", " "),
-                                  f"checkpoint #{cp.seq} · {cp.boundary} · {cp.created_at:%Y-%m-%d %H:%M:%S} UTC", cp.id))
+                                  _("checkpoint #%(seq)s · %(boundary)s") % {"seq": cp.seq, "boundary": cp.boundary}
+                                  + f" · {cp.created_at:%Y-%m-%d %H:%M:%S} UTC", cp.id))
         _place_labels(bar.ticks)
         _pack_spans(bar, handoffs_by_run.get(run.id, []), t0, span, now)
         for g in sorted(gates_by_run.get(run.id, []), key=lambda x: x.id):
-            outcome = f" · outcome {g.outcome}" if g.outcome else ""
+            outcome = " · " + _("outcome %(outcome)s") % {"outcome": code_word(g.outcome)} if g.outcome else ""
             bar.flags.append(Flag(
                 _pct(g.created_at, t0, span), f"gate-{g.state}" + (f" dc-{g.outcome}" if g.outcome else ""),
-                f"review gate #{g.id} · {g.route} route · {g.state}{outcome} · "
-                f"{g.bound_verdicts} of {g.required_verdicts} verdicts · opened {g.created_at:%Y-%m-%d %H:%M:%S} UTC",
+                _("review gate #%(id)s · %(route)s route · %(state)s%(outcome)s · %(bound)s of %(n)s verdicts · "
+                  "opened %(at)s UTC") % {"id": g.id, "route": g.route, "state": code_word(g.state), "outcome": outcome,
+                                          "bound": g.bound_verdicts, "n": g.required_verdicts,
+                                          "at": f"{g.created_at:%Y-%m-%d %H:%M:%S}"},
                 g.id, g.state,
             ))
         run_bars.append(bar)
@@ -596,9 +668,10 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
         right = _pct(att.ended_at or (min(att.lease_expires_at, now) if expired else now), t0, span)
         left, width = _min_width(left, right, MIN_BAR_PCT)
         runtime_bars.append(Bar(
-            label=f"gen {att.generation}", left=left, width=width,
+            label=_("gen %(gen)s") % {"gen": att.generation}, left=left, width=width,
             classes="rt-lost lease-expired" if expired else f"rt-{att.state}",
-            title=f"generation {att.generation} · {att.runtime_family} · {'lease expired' if expired else att.state}"
+            title=_("generation %(gen)s") % {"gen": att.generation}
+            + f" · {att.runtime_family} · {_('lease expired') if expired else code_word(att.state)}"
             + (f" ({reason_text(att.end_reason)})" if att.end_reason else ""),
         ))
     return Timeline(t0, t1, run_bars, runtime_bars, hidden_runs, _legend(run_bars, runtime_bars))
@@ -612,7 +685,7 @@ def _min_width(left: float, right: float, minimum: float) -> tuple[float, float]
     return left, width
 
 
-_RUN_WORDS = {"open": "open run", "abort-requested": "abort requested"}
+_RUN_WORDS = {"open": _("open run"), "abort-requested": _("abort requested")}
 
 
 def _legend(runs: list[Bar], runtimes: list[Bar]) -> list[LegendItem]:
@@ -628,17 +701,24 @@ def _legend(runs: list[Bar], runtimes: list[Bar]) -> list[LegendItem]:
 
     for b in runs:
         state = b.classes.removeprefix("run-")
-        add("tl-bar", b.classes, _RUN_WORDS.get(state, f"run {state.replace(' abort-requested', ', abort requested')}"))
+        words = _RUN_WORDS.get(state)
+        if words is None:
+            code, _sep, abort = state.partition(" ")
+            words = _("run %(state)s") % {"state": code_word(code)} + (", " + str(_("abort requested")) if abort else "")
+        add("tl-bar", b.classes, str(words))
     if any(b.ticks for b in runs):
-        add("tl-tick", "", "checkpoint")
+        add("tl-tick", "", str(_("checkpoint")))
     for b in runs:
         for sp in b.spans:
-            add("tl-span", sp.classes, f"handoff {sp.classes.removeprefix('hs-')}")
+            add("tl-span", sp.classes, _("handoff %(state)s") % {"state": code_word(sp.classes.removeprefix("hs-"))})
         for f in b.flags:
-            add("tl-flag", f.classes, f"review gate {f.classes.removeprefix('gate-').replace(' dc-', ', ')}")
+            gate_state, _sep, outcome = f.classes.removeprefix("gate-").partition(" dc-")
+            words = code_word(gate_state) + (f", {code_word(outcome)}" if outcome else "")
+            add("tl-flag", f.classes, _("review gate %(state)s") % {"state": words})
     for b in runtimes:
-        label = "runtime lease expired" if "lease-expired" in b.classes else f"runtime {b.classes.removeprefix('rt-')}"
-        add("tl-bar", b.classes, label)
+        label = (_("runtime lease expired") if "lease-expired" in b.classes
+                 else _("runtime %(state)s") % {"state": code_word(b.classes.removeprefix("rt-"))})
+        add("tl-bar", b.classes, str(label))
     return items
 
 

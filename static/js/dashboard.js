@@ -132,7 +132,13 @@
     const at = raw.indexOf(": ");
     const code = at < 0 ? raw : raw.slice(0, at), detail = at < 0 ? "" : raw.slice(at + 2);
     const template = Object.prototype.hasOwnProperty.call(wordMaps().reasons, code) ? wordMaps().reasons[code] : null;
-    if (typeof template !== "string" || template.includes("{detail}") !== (detail !== "")) return raw;
+    if (typeof template !== "string" || template.includes("{detail}") !== (detail !== "")) {
+      for (const [source, words] of wordMaps().patterns || []) {  // presenters.SERVICE_REASONS
+        const m = new RegExp("^(?:" + source + ")$").exec(raw);
+        if (m) return words.split("{1}").join(m[1]);
+      }
+      return raw;
+    }
     return template.split("{detail}").join(detail);
   };
   /** An event type in words (presenters.EVENT_WORDS); an unknown type as it is. */
