@@ -12,6 +12,7 @@
 #   make harness    python -m harness $(HARNESS_ARGS): faults (kill points, PostgreSQL and Redis
 #                   restarts), load and the model-based test on throwaway loopback servers (minutes)
 #   make stop-local stop the project-local PostgreSQL/Redis the bootstrap may have started
+#   make messages   update locale/zh_Hans/LC_MESSAGES/django.po and djangojs.po from the sources, compile them
 #
 # scripts/bootstrap.sh prints `export NAME=value` lines on stdout (logs go to stderr); every
 # recipe evals them, so DATABASE_URL (and TEST_REDIS_URL in test mode) reach Django and pytest.
@@ -40,10 +41,16 @@ CLUSTER_REDIS_URL ?= redis://127.0.0.1:6379/0
 # $(call bootstrap,MODE): run the bootstrap, abort on failure, import its exports.
 bootstrap = bootstrap_env="$$(scripts/bootstrap.sh $(1))"; eval "$$bootstrap_env"
 
-.PHONY: help setup run serve-cluster test reconcile bench bench-quick harness stop-local
+.PHONY: help setup run serve-cluster test reconcile bench bench-quick harness stop-local messages
+
+# The translation catalogs (docs/pages.md#language): makemessages finds what templates/, the server's
+# Python and static/js mark; translate the new entries in the .po files, then compile (the bootstrap
+# and the tests also compile; the .mo files are never committed).
+MESSAGES_IGNORE := -i tests -i bench -i harness -i examples -i novelforge_client -i docs -i deploy \
+                   -i staticfiles -i build -i '*.egg-info' -i .venv -i locale
 
 help:
-	@sed -n '1,18p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,19p' Makefile | sed 's/^# \{0,1\}//'
 
 setup:
 	@$(call bootstrap,test)
@@ -161,3 +168,8 @@ bench-quick:
 
 stop-local:
 	@scripts/bootstrap.sh stop
+
+messages:
+	$(MANAGE) makemessages -l zh_Hans --no-obsolete --add-location file $(MESSAGES_IGNORE)
+	$(MANAGE) makemessages -l zh_Hans -d djangojs --no-obsolete --add-location file $(MESSAGES_IGNORE)
+	$(MANAGE) compilemessages --ignore '*'

@@ -13,15 +13,18 @@ What it does, step by step (each step prints a line):
 3. hands a continuity check off to an external worker: a worker loop (``novelforge_client.worker``)
    claims it, runs a function and delivers the result; the session waits in ``awaiting_external``
    and runs again when the result is consumed; checkpoint ``after_external_result``;
-4. opens a blind review gate for the demo reviewer (``awaiting_user``); the demo reviewer logs in
-   to the reviewer pages and submits a typed verdict; the agent waits for it;
+4. opens a blind review gate for the demo reviewer (``awaiting_user``); then the example plays the
+   reviewer (it says so): it logs in to the reviewer pages as the demo reviewer and submits a typed
+   verdict, and the agent waits for it (``--reviewer none`` leaves the verdict to you, in the browser);
 5. is "killed": it stops heartbeating without detaching, as a crashed process would; the reconciler
    (``make run`` starts it) finds the lease expired and marks the session ``failed / runtime_lost``;
 6. resumes: first a dry run (the report, nothing changed), then for real (runtime generation 2 and
    a new run at the saved cursor), prints the report, finishes the run and completes the session.
 
-Options: ``--lease SECONDS`` (default 4), ``--reviewer USER:PASSWORD`` (default the demo reviewer),
-``--timeout SECONDS`` for each wait (default 120).
+Options: ``--pace SECONDS`` pauses that long after each step and in each waiting state, so the
+dashboard can be watched (default 0: as fast as it goes, about 7 s in all; ``--pace 5`` takes about a
+minute), ``--lease SECONDS`` (default 4), ``--reviewer USER:PASSWORD`` (default the demo reviewer;
+``none``: a person submits the verdict), ``--timeout SECONDS`` for each wait (default 120).
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ from novelforge_client.worker import Job, Worker
 
 RUBRIC = {"criteria": [
     {"key": "clarity", "label": "Clarity", "scale": {"min": 1, "max": 5}, "description": "Can a reader follow it?"},
-    {"key": "voice", "label": "Voice", "scale": {"min": 1, "max": 5}, "description": "Does it sound like the book?"},
+    {"key": "voice", "label": "Voice", "scale": {"min": 1, "max": 5}, "description": "Does the voice hold steady within the passage?"},
 ]}
 DRAFT = ("The storm came in sideways, and the lamp answered it.\n"
          "Mara climbed the hundred and twelve steps with the logbook under her coat.\n")
@@ -94,10 +97,16 @@ def review_as_demo_reviewer(url: str, user: str, password: str, gate: Any) -> No
             raise SystemExit(f"the verdict was refused ({bound.status_code})")
 
 
-def run_agent(url: str, token: str, *, lease: int = 4, reviewer: tuple[str, str] = ("reviewer", "reviewer-demo-pass"),
-              timeout: float = 120.0) -> int:
+def run_agent(url: str, token: str, *, lease: int = 4, reviewer: tuple[str, str] | None = ("reviewer", "reviewer-demo-pass"),
+              timeout: float = 120.0, pace: float = 0.0) -> int:
     tag = uuid.uuid4().hex[:8]
     nf = Client(url, token)
+
+    def pause(what: str) -> None:
+        """With ``--pace``: hold the current state long enough to watch it on the dashboard."""
+        if pace > 0:
+            print(f"    (pausing {pace:g} s: {what})", flush=True)
+            time.sleep(pace)
 
     step("1. a chapter draft, and a writer session with runtime generation 1 (heartbeating)")
     chapter = nf.create_artifact(f"example-chapter-{tag}", DRAFT, kind="chapter")
@@ -113,6 +122,7 @@ def run_agent(url: str, token: str, *, lease: int = 4, reviewer: tuple[str, str]
     ref = {"artifact_id": chapter.id, "fingerprint": draft.fingerprint}
     cp = nf.checkpoint(run.id, boundary="context_freeze", cursor={"step": "outline", "chapter": 2}, artifacts=[ref])
     print(f"    run {run.id}, checkpoint {cp.id}")
+    pause("the session is running")
 
     step("3. a continuity check handed off to the worker loop")
     capability = f"example-continuity-{tag}"  # only this example's worker takes it
@@ -120,6 +130,7 @@ def run_agent(url: str, token: str, *, lease: int = 4, reviewer: tuple[str, str]
                       required_capabilities=[capability], timeout_seconds=60,
                       result_schema={"ok": "boolean", "names": "array"})
     print(f"    handoff {job.id} ({job.logical_id}); session {nf.session(s.id).status}")
+    pause("the session waits for a worker")
     worker = Worker(Client(url, token), capabilities=[capability], handler=continuity_check,
                     name=f"example-worker-{tag}", poll_interval=0.2)
     thread = threading.Thread(target=worker.run, kwargs={"max_jobs": 1}, daemon=True)
@@ -133,9 +144,16 @@ def run_agent(url: str, token: str, *, lease: int = 4, reviewer: tuple[str, str]
     nf.checkpoint(run.id, boundary="after_external_result", cursor={"step": "review", "chapter": 2}, artifacts=[ref])
 
     step("4. a blind review gate for the demo reviewer")
-    gate = nf.open_review_gate(s.id, candidate_version_id=draft.id, rubric=RUBRIC, route="page", reviewers=[reviewer[0]])
+    gate = nf.open_review_gate(s.id, candidate_version_id=draft.id, rubric=RUBRIC, route="page",
+                               reviewers=[reviewer[0] if reviewer else "reviewer"])
     print(f"    gate {gate.id}, packet {gate.packet_id}; session {nf.session(s.id).status}")
-    review_as_demo_reviewer(url, reviewer[0], reviewer[1], gate)
+    pause("the session waits for a person")
+    if reviewer:
+        print(f"    this example now plays the reviewer: it logs in as {reviewer[0]!r} and submits the verdict "
+              "through the reviewer pages (a real reviewer would; --reviewer none leaves it to you)", flush=True)
+        review_as_demo_reviewer(url, reviewer[0], reviewer[1], gate)
+    else:
+        print(f"    waiting for a person's verdict: log in as the reviewer at {url}/reviews/", flush=True)
     gate = nf.wait_for_verdict(gate.id, timeout=timeout, poll=0.25)
     print(f"    verdict: {gate.verdicts[0].decision} {gate.verdicts[0].scores}; gate {gate.state}; "
           f"session {nf.session(s.id).status}")
@@ -146,6 +164,7 @@ def run_agent(url: str, token: str, *, lease: int = 4, reviewer: tuple[str, str]
     lost = wait_until("the reconciler to mark the session failed / runtime_lost",
                       lambda: (x := nf.session(s.id)).status == "failed" and x, timeout + lease)
     print(f"    session {lost.status} ({lost.status_reason})")
+    pause("the session has failed; resume comes next")
 
     step("6. resume: a dry run first, then for real")
     runtime = {"runtime_family": "example-agent", "capabilities": ["draft"], "lease_seconds": lease}
@@ -170,11 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease", type=int, default=4)
     parser.add_argument("--reviewer", default="reviewer:reviewer-demo-pass")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--pace", type=float, default=0.0, metavar="SECONDS",
+                        help="pause this long after each step and in each waiting state (default 0)")
     args = parser.parse_args(argv)
     if not args.token:
         parser.error("set NOVELFORGE_TOKEN (make run prints the demo token) or pass --token")
+    if args.pace < 0:
+        parser.error("--pace must be 0 or more seconds")
     user, _, password = args.reviewer.partition(":")
-    return run_agent(args.url, args.token, lease=args.lease, reviewer=(user, password), timeout=args.timeout)
+    reviewer = None if args.reviewer == "none" else (user, password)
+    return run_agent(args.url, args.token, lease=args.lease, reviewer=reviewer, timeout=args.timeout, pace=args.pace)
 
 
 if __name__ == "__main__":

@@ -336,6 +336,7 @@ class TranscriptEntry(models.Model):
 
     class Meta:
         ordering = ["session_id", "seq"]
+        verbose_name_plural = "transcript entries"
         constraints = [
             models.UniqueConstraint(fields=["session", "seq"], name="transcript_seq_unique_per_session"),
             models.CheckConstraint(condition=Q(role__in=["user", "assistant", "system", "tool"]), name="transcript_role_enum"),
@@ -443,3 +444,13 @@ class ApiToken(models.Model):
 
     def has(self, permission: str) -> bool:
         return permission in self.permissions
+
+
+class LanguagePreference(models.Model):
+    """The language a person chose for the pages with the switcher (docs/pages.md#language): applied
+    again at each login, in any browser. Nothing else reads it; the API answers in English."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True,
+                                related_name="language_preference")
+    language = models.CharField(max_length=16)
+    updated_at = models.DateTimeField(auto_now=True)

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import environ
 from csp.constants import NONCE, NONE, SELF
+from django.core.checks.security.base import (
+    SECRET_KEY_INSECURE_PREFIX, SECRET_KEY_MIN_LENGTH, SECRET_KEY_MIN_UNIQUE_CHARACTERS,
+)
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -57,8 +60,15 @@ _DEV_SECRET = "insecure-development-key-change-me-0123456789abcdefghijklmnopqrst
 SECRET_KEY = env.str("SECRET_KEY", default=_DEV_SECRET)
 if SECRET_KEY == _DEV_SECRET and not DEBUG and _strict_bool("REQUIRE_SECRET_KEY", default=False):
     raise ImproperlyConfigured("SECRET_KEY must be set when REQUIRE_SECRET_KEY is true")
-if len(SECRET_KEY) < 32:
-    raise ImproperlyConfigured("SECRET_KEY must be at least 32 characters long")
+# One rule, Django's own (`check --deploy`, security.W009): at least 50 characters, at least 5
+# different ones, no "django-insecure-" prefix. `python -m django generate_secret_key` prints one.
+if (len(SECRET_KEY) < SECRET_KEY_MIN_LENGTH or len(set(SECRET_KEY)) < SECRET_KEY_MIN_UNIQUE_CHARACTERS
+        or SECRET_KEY.startswith(SECRET_KEY_INSECURE_PREFIX)):
+    raise ImproperlyConfigured(
+        f"SECRET_KEY must be at least {SECRET_KEY_MIN_LENGTH} characters long, with at least "
+        f"{SECRET_KEY_MIN_UNIQUE_CHARACTERS} different characters and no {SECRET_KEY_INSECURE_PREFIX!r} prefix "
+        "(`python -m django generate_secret_key` prints one)"
+    )
 SECRET_KEY_IS_DEVELOPMENT_DEFAULT = SECRET_KEY == _DEV_SECRET  # `check --deploy` warns (checks.py)
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
@@ -90,6 +100,9 @@ MIDDLEWARE = [
     "novelforge_sessions.middleware.CSPMiddleware",  # django-csp's, plus the websocket origin
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # the pages' language: the switcher's cookie, else the browser's Accept-Language, else English
+    # (docs/pages.md#language). Not in API_MIDDLEWARE: the API answers in English, codes unchanged.
+    "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -217,9 +230,14 @@ LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 
-LANGUAGE_CODE = "en-us"
+# The pages in English (the default) and Simplified Chinese (docs/pages.md#language): Django's own
+# machinery. The catalog is locale/zh_Hans/LC_MESSAGES/django.po (shipped in the package beside the
+# templates); its compiled .mo is built by scripts/bootstrap.sh (`compilemessages`), never committed.
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [SITE_DIR / "locale"]
+USE_I18N = True
 TIME_ZONE = "UTC"
-USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "/static/"
@@ -315,6 +333,10 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = _strict_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", 
 SECURE_HSTS_PRELOAD = _strict_bool("SECURE_HSTS_PRELOAD", default=False)
 SESSION_COOKIE_SECURE = _strict_bool("SESSION_COOKIE_SECURE", default=False)
 CSRF_COOKIE_SECURE = _strict_bool("CSRF_COOKIE_SECURE", default=False)
+# The language switcher's cookie (a signed-in person's choice is also stored: dashboard/language.py).
+LANGUAGE_COOKIE_AGE = 365 * 24 * 3600
+LANGUAGE_COOKIE_SAMESITE = "Lax"
+LANGUAGE_COOKIE_SECURE = SESSION_COOKIE_SECURE
 
 
 def _proxy_ssl_header() -> tuple[str, str] | None:

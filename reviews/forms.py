@@ -14,6 +14,7 @@ from typing import Any
 
 from django import forms
 from django.http import QueryDict
+from django.utils.translation import gettext_lazy
 
 from reviews.packets import Rubric
 
@@ -82,5 +83,5 @@ class RelayAnswerForm(forms.Form):
     answer = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 10, "spellcheck": "false", "class": "mono"}),
         max_length=200_000, strip=True,
-        error_messages={"required": "Paste the other chat's reply here."},
+        error_messages={"required": gettext_lazy("Paste the other chat's reply here.")},
     )

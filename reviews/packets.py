@@ -19,6 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import gettext_noop
+
 from novelforge_sessions.session_runtime import FINGERPRINT_PATTERN, InvalidPayload
 
 PACKET_SCHEMA = "novelforge.review_packet/1"
@@ -41,12 +44,25 @@ MAX_EVIDENCE_LABEL = 200
 
 #: Named confidence levels offered to people (the form); a verdict carries the number, and the API
 #: takes any number from 0 to 1.
+#: The labels are marked for the pages' catalogs (the form shows them translated, views.py).
 CONFIDENCE_LEVELS: tuple[tuple[str, str, float], ...] = (
-    ("unsure", "Not sure", 0.25),
-    ("fairly", "Fairly sure", 0.5),
-    ("sure", "Sure", 0.75),
-    ("certain", "Certain", 1.0),
+    ("unsure", gettext_noop("Not sure"), 0.25),
+    ("fairly", gettext_noop("Fairly sure"), 0.5),
+    ("sure", gettext_noop("Sure"), 0.75),
+    ("certain", gettext_noop("Certain"), 1.0),
 )
+
+#: The decisions in the verdict form's words (the confirmation, the refusals and the manager's
+#: pages say these; the API and the stored verdict keep the codes).
+DECISION_LABELS: dict[str, str] = {"pass": _("Pass"), "revise": _("Needs revision"), "reject": _("Reject")}
+
+
+def confidence_words(value: float | None) -> str:
+    """A stored confidence as the form's choice nearest to it ("Sure" for 0.75; "0.6" is "Fairly sure")."""
+    if value is None:
+        return ""
+    return str(_(min(CONFIDENCE_LEVELS, key=lambda level: (abs(level[2] - float(value)), -level[2]))[1]))
+
 
 #: Rubric criterion and evidence keys (the API schema declares this pattern).
 KEY_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"

@@ -11,4 +11,5 @@ urlpatterns = [
     path("packets/<int:packet_id>/relay/", views.relay_paste, name="relay"),
     path("packets/<int:packet_id>/relay.txt", views.relay_export, name="relay-export"),
     path("calibration/", views.calibration, name="calibration"),
+    path("gates/", views.gates, name="gates"),
 ]

@@ -16,10 +16,11 @@ from urllib.parse import urlencode
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.translation import gettext, gettext_lazy
 from django.views.decorators.http import require_http_methods, require_POST
 
 from novelforge_sessions.apikit.schemas import loads_json
@@ -30,12 +31,15 @@ from reviews import actions, calibration as scoring, relay
 from reviews.access import assignment_for, assignments_for, managed_project_ids, reviewer_for_user
 from reviews.forms import FindingRow, RelayAnswerForm, finding_rows, verdict_payload_from_post
 from reviews.models import GateCalibration, ReviewAssignment, ReviewGate, Verdict
-from reviews.packets import CONFIDENCE_LEVELS, DECISIONS, SEVERITIES, Rubric, relay_prompt, rubric_from_dict
+from reviews.packets import (
+    CONFIDENCE_LEVELS, DECISION_LABELS, DECISIONS, SEVERITIES, Rubric, relay_prompt, rubric_from_dict,
+)
 from reviews.verdicts import LOCATION_HINT
 
 _FINDING_FIELD = re.compile(r"^findings\[(\d{1,3})\](?:\.(\w+))?$")  # a real index (at most 50 findings)
 #: What the confirmation may say about where a relay answer was found (query parameters, allowlisted).
-_EXTRACTED = {"whole": "the whole answer", "fenced": "the ```json block", "prose": "the text around it"}
+_EXTRACTED = {"whole": gettext_lazy("the whole answer"), "fenced": gettext_lazy("the ```json block"),
+              "prose": gettext_lazy("the text around it")}
 _LINES_PARAM = re.compile(r"^\d{1,6}(-\d{1,6})?$")
 
 
@@ -153,7 +157,7 @@ def _packet_context(request: HttpRequest, assignment: ReviewAssignment, **extra:
         "verdict": verdict,
         "decisions": DECISIONS,
         "severities": SEVERITIES,
-        "confidence_levels": [(str(v), label) for _, label, v in CONFIDENCE_LEVELS],
+        "confidence_levels": [(str(v), gettext(label)) for _, label, v in CONFIDENCE_LEVELS],
         "location_hint": LOCATION_HINT,
         "has_anchors": any(c.anchors for c in rubric.criteria),
         "next_packet": _next_packet(request, assignment) if verdict else None,
@@ -185,18 +189,21 @@ def _extracted_note(request: HttpRequest) -> str:
     source, lines = request.GET.get("extracted", ""), request.GET.get("lines", "")
     if source not in _EXTRACTED:
         return ""
-    where = f" ({'line' if '-' not in lines else 'lines'} {lines.replace('-', '–')})" if _LINES_PARAM.match(lines) else ""
-    return f"Read one JSON object from {_EXTRACTED[source]}{where} of the pasted answer."
+    where = ""
+    if _LINES_PARAM.match(lines):
+        where = " (" + (gettext("line %(n)s") if "-" not in lines else gettext("lines %(n)s")) % {"n": lines.replace("-", "–")} + ")"
+    return gettext("Read one JSON object from %(source)s%(where)s of the pasted answer.") % {
+        "source": _EXTRACTED[source], "where": where}
 
 
 _FINGERPRINT_FIELDS = ("packet_fingerprint", "artifact_fingerprint")
-_RELAY_FINGERPRINTS = ("The reply does not quote this packet's fingerprints exactly. Ask the other chat to copy "
-                       "packet_fingerprint and artifact_fingerprint from the prompt as written.")
+_RELAY_FINGERPRINTS = gettext_lazy("The reply does not quote this packet's fingerprints exactly. Ask the other chat to copy "
+                                   "packet_fingerprint and artifact_fingerprint from the prompt as written.")
 
 
 #: Text the database cannot hold (``session_runtime.UNSTORABLE_TEXT``), said for a person.
-_UNSTORABLE_PLAIN = ("contains a character that cannot be saved (a NUL character, U+0000, or half of a "
-                     "surrogate pair such as \\ud800)")
+_UNSTORABLE_PLAIN = gettext_lazy("contains a character that cannot be saved (a NUL character, U+0000, or half of a "
+                                 "surrogate pair such as \\ud800)")
 
 
 def plain_message(field: str, message: str, rubric: Rubric, *, relay: bool = False) -> str:
@@ -204,50 +211,55 @@ def plain_message(field: str, message: str, rubric: Rubric, *, relay: bool = Fal
     other chat's reply), a missing top-level field is named as the chat must write it."""
     if message == UNSTORABLE_TEXT:
         m = _FINDING_FIELD.match(field)
-        where = f"Finding {int(m.group(1)) + 1}'s {m.group(2) or 'text'}" if m else f"The field {field}"
+        where = (gettext("Finding %(n)s's %(part)s") % {"n": int(m.group(1)) + 1, "part": m.group(2) or "text"} if m
+                 else gettext("The field %(field)s") % {"field": field})
         if relay:
-            return f"In the reply, {where[0].lower()}{where[1:]} {_UNSTORABLE_PLAIN}. Ask the other chat to answer again without it."
-        return f"{where} {_UNSTORABLE_PLAIN}: please remove it and submit again."
+            return gettext("In the reply, %(where)s %(problem)s. Ask the other chat to answer again without it.") % {
+                "where": where[0].lower() + where[1:], "problem": _UNSTORABLE_PLAIN}
+        return gettext("%(where)s %(problem)s: please remove it and submit again.") % {"where": where, "problem": _UNSTORABLE_PLAIN}
     if relay and field in _FINGERPRINT_FIELDS:
-        return _RELAY_FINGERPRINTS
+        return str(_RELAY_FINGERPRINTS)
     if relay and message == "is required" and "." not in field and "[" not in field:
-        return f"The reply has no {field}; ask the other chat to answer with every field the prompt lists."
+        return gettext("The reply has no %(field)s; ask the other chat to answer with every field the prompt lists.") % {"field": field}
     if relay and message == "unknown field":
-        return f"The reply has a field the prompt does not ask for ({field}); ask the other chat to leave it out."
+        return gettext("The reply has a field the prompt does not ask for (%(field)s); ask the other chat to leave it out.") % {"field": field}
     if field == "decision":
-        return "Please choose a decision: pass, revise or reject."
+        return gettext("Please choose a decision: %(choices)s.") % {
+            "choices": gettext("%(a)s, %(b)s or %(c)s") % dict(zip("abc", map(str, DECISION_LABELS.values())))}
     if field == "confidence":
-        return "Please choose how sure you are."
+        return gettext("Please choose how sure you are.")
     if field.startswith("scores."):
         c = rubric.criterion(field[len("scores."):])
         if c is None:
-            return f"The answer scores something this rubric does not have ({field[len('scores.'):]})."
+            return gettext("The answer scores something this rubric does not have (%(key)s).") % {"key": field[len("scores."):]}
         if "required" in message:
-            return f"Please score {c.label}."
-        return f"Please give {c.label} a whole-number score from {c.min} to {c.max}."
+            return gettext("Please score %(label)s.") % {"label": c.label}
+        return gettext("Please give %(label)s a whole-number score from %(min)s to %(max)s.") % {
+            "label": c.label, "min": c.min, "max": c.max}
     if m := _FINDING_FIELD.match(field):
         n, part = int(m.group(1)) + 1, m.group(2)
         if part == "location":
             if message.startswith("line ") or "backwards" in message:
-                return f"Finding {n}: {message[0].upper()}{message[1:]}."
-            return f"Finding {n}: say which line it is about — {LOCATION_HINT}."
+                return gettext("Finding %(n)s:") % {"n": n} + f" {message[0].upper()}{message[1:]}."
+            return gettext("Finding %(n)s: say which line it is about — %(hint)s.") % {
+                "n": n, "hint": gettext("a line or range of the candidate, e.g. L3, L3-5 or L3, L7")}
         if part == "severity":
-            return f"Finding {n}: please choose how serious it is (minor, major or critical)."
+            return gettext("Finding %(n)s: please choose how serious it is (minor, major or critical).") % {"n": n}
         if part == "note":
-            return f"Finding {n}: please describe the problem."
-        return f"Finding {n}: {message}."
+            return gettext("Finding %(n)s: please describe the problem.") % {"n": n}
+        return gettext("Finding %(n)s:") % {"n": n} + f" {message}."
     if field in ("packet_fingerprint", "artifact_fingerprint"):
-        return "This page is out of date: the text under review changed. Reload the page and review it again."
+        return str(_PLAIN_CODES["stale_fingerprint"])
     if field == "body":
         return message
     return f"{field}: {message}"
 
 
 _PLAIN_CODES = {
-    "stale_fingerprint": "This page is out of date: the text under review changed. Reload the page and review it again.",
-    "verdict_conflict": "You have already submitted a different review of this packet; a review cannot be changed.",
-    "gate_closed": "This review was withdrawn by its author; there is nothing to submit any more.",
-    "independence_violation": "You may not review this text: it is your own work, or you opened this review.",
+    "stale_fingerprint": gettext_lazy("This page is out of date: the text under review changed. Reload the page and review it again."),
+    "verdict_conflict": gettext_lazy("You have already submitted a different review of this packet; a review cannot be changed."),
+    "gate_closed": gettext_lazy("This review was withdrawn by its author; there is nothing to submit any more."),
+    "independence_violation": gettext_lazy("You may not review this text: it is your own work, or you opened this review."),
 }
 
 
@@ -258,9 +270,9 @@ def _refusal(exc: ServiceError, rubric: Rubric | None = None, *, relay: bool = F
     if not fields and exc.details.get("field"):
         fields = [{"field": exc.details["field"], "message": exc.message}]
     if relay and exc.code == "stale_fingerprint" and exc.details.get("reason") != "candidate_changed":
-        plain = [_RELAY_FINGERPRINTS]
+        plain = [str(_RELAY_FINGERPRINTS)]
     elif exc.code in _PLAIN_CODES:
-        plain = [_PLAIN_CODES[exc.code]]
+        plain = [str(_PLAIN_CODES[exc.code])]
     elif rubric is not None and fields:
         plain = list(dict.fromkeys(plain_message(f["field"], f["message"], rubric, relay=relay) for f in fields))
     else:
@@ -369,3 +381,39 @@ def calibration(request: HttpRequest) -> HttpResponse:
         sections.append({"project": project, "rows": [(names[r.reviewer], r) for r in rows],
                          "calibrated_packets": len(expected), "verdicts": len(decisions)})
     return render(request, "reviews/calibration.html", {"sections": sections, **_nav(request)})
+
+
+#: Gates per list on the managers' reviews page (waiting ones first, then the latest finished).
+GATES_SHOWN = 100
+
+
+@login_required
+def gates(request: HttpRequest) -> HttpResponse:
+    """The managers' reviews page: every review gate of the projects they manage, waiting ones
+    first (oldest first), then the latest finished, each with its reviewers and where they are.
+    Managers only; anyone else gets 404 (a reviewer never sees other reviewers' work)."""
+    project_ids = managed_project_ids(request.user)
+    if not project_ids:
+        raise Http404("not found")
+    base = (ReviewGate.objects.filter(project_id__in=project_ids)
+            .select_related("project", "run", "candidate__artifact", "packet")
+            .prefetch_related(Prefetch("packet__assignments",
+                                       queryset=ReviewAssignment.objects.select_related("reviewer_user", "verdict")
+                                       .order_by("id"))))
+    waiting = list(base.filter(state=ReviewGate.State.PENDING).order_by("created_at", "id")[:GATES_SHOWN])
+    finished = list(base.exclude(state=ReviewGate.State.PENDING).order_by("-created_at", "-id")[:GATES_SHOWN])
+    keys = {a.reviewer for g in waiting + finished for a in g.packet.assignments.all() if a.reviewer}
+    names = reviewer_names(keys)
+
+    def rows(items: list[ReviewGate]) -> list[dict[str, Any]]:
+        return [{"gate": g, "reviewers": [(names.get(a.reviewer, a.reviewer) if a.reviewer else gettext("anyone (open)"), a)
+                                          for a in g.packet.assignments.all()]} for g in items]
+
+    totals = ReviewGate.objects.filter(project_id__in=project_ids).aggregate(
+        waiting=Count("id", filter=Q(state=ReviewGate.State.PENDING)), finished=Count("id", filter=~Q(state=ReviewGate.State.PENDING)))
+    return render(request, "reviews/gates.html", {
+        "waiting": rows(waiting), "finished": rows(finished), "totals": totals,
+        "projects": Project.objects.filter(id__in=project_ids).order_by("name"),
+        "show_project": len(project_ids) > 1, "has_queue": bool(assignments_for(reviewer_for_user(request.user)).exists()),
+        **_nav(request),
+    })

@@ -2,7 +2,7 @@
 # Bootstrap the local development / test environment for NovelForge Session Runtime.
 #
 # Usage: scripts/bootstrap.sh MODE
-#   MODE = run   venv + PostgreSQL + database
+#   MODE = run   venv + compiled translations (gettext) + PostgreSQL + database
 #   MODE = test  the above + Redis + Chromium (for browser tests), nginx and Prometheus (best effort)
 #   MODE = stop  stop the project-local PostgreSQL / Redis this script may have started
 #
@@ -304,6 +304,16 @@ else
   log ".venv up to date"
 fi
 fi  # BOOTSTRAP_PYTHON
+
+# ---- 1b. the pages' translations (docs/pages.md#language): the catalogs in locale/ are compiled
+# here (GNU gettext's msgfmt, through Django's compilemessages; only what changed). The compiled
+# .mo files are never committed. `--ignore '*'` keeps it to the project's locale/ (not the venv's).
+if ! command -v msgfmt >/dev/null 2>&1; then
+  apt_install gettext
+  command -v msgfmt >/dev/null 2>&1 || die "msgfmt not found after installing gettext"
+fi
+log "compiling the translation catalogs (locale/)"
+"$VPY" manage.py compilemessages --ignore '*' -v 0
 
 # ---- 2. PostgreSQL
 if [ "${FORCE_LOCAL_PG:-0}" = 1 ]; then

@@ -19,6 +19,27 @@ from novelforge_sessions.models import Project
 from tests.support.factories import Api, api_session, caller_for, make_project
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_catalogs():
+    """The pages' translations compiled, as scripts/bootstrap.sh does (a fresh clone has no .mo:
+    they are never committed), before any test or server process reads them. Only what changed
+    is compiled; without GNU gettext's msgfmt this fails with Django's message naming it."""
+    from django.core.management import call_command
+
+    call_command("compilemessages", ignore_patterns=["*"], verbosity=0)
+
+
+@pytest.fixture(autouse=True)
+def _default_language():
+    """Each test starts and ends in the default language: a page request in Chinese through the test
+    client leaves Chinese active in the thread (LocaleMiddleware activates it for its request)."""
+    from django.utils import translation
+
+    translation.deactivate()
+    yield
+    translation.deactivate()
+
+
 @pytest.fixture(autouse=True)
 def _no_recalled_tokens():
     """Each test starts with no token recalled from an earlier one (apikit/auth.py)."""

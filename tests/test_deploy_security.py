@@ -56,6 +56,22 @@ def test_the_production_profile_passes_check_deploy_with_no_warning():
     assert "System check identified no issues" in out and "WARNING" not in out, out
 
 
+def test_a_generated_secret_key_passes_check_deploy_and_a_short_one_is_refused_before_it():
+    """One SECRET_KEY rule: what ``generate_secret_key`` prints passes ``check --deploy`` (W009), and
+    a key that W009 would flag (49 characters) stops the settings before any check runs."""
+    env = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "REQUIRE_SECRET_KEY"}}
+    env.update(PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="novelforge_sessions.settings")
+    made = subprocess.run([sys.executable, "-m", "django", "generate_secret_key"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    assert len(key) >= 50 and len(set(key)) >= 5 and "\n" not in key
+    proc = _check_deploy({**_production(), "SECRET_KEY": key})
+    assert proc.returncode == 0 and "W009" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    short = _check_deploy({**_production(), "SECRET_KEY": key[:49]})
+    assert short.returncode != 0 and "SECRET_KEY must be at least 50 characters" in short.stderr, short.stderr
+
+
 def test_the_development_defaults_fail_check_deploy_naming_each_setting():
     proc = _check_deploy({})
     out = proc.stdout + proc.stderr

@@ -25,7 +25,7 @@ import pytest
 
 from tests.support.servers import ROOT, free_port
 
-SHIPPED = ("templates", "static")  # top-level folders of the checkout, shipped as package data
+SHIPPED = ("templates", "static", "locale")  # top-level folders of the checkout, shipped as package data
 CODE = ("novelforge_sessions", "reviews", "novelforge_client")
 SOURCES = ("pyproject.toml", "README.md", *CODE, *SHIPPED)  # what a clean clone gives setuptools
 SITE = Path("novelforge_sessions") / "_site"  # where the installed package carries SHIPPED

@@ -37,7 +37,9 @@ def _settings_with(**env: str) -> subprocess.CompletedProcess:
         ({"DEBUG": "maybe"}, "DEBUG must be a boolean"),
         ({"DATABASE_URL": "sqlite:///x.db"}, "must point at PostgreSQL"),
         ({"REDIS_URL": "http://nope"}, "REDIS_URL must be a redis:// URL"),
-        ({"SECRET_KEY": "short"}, "SECRET_KEY must be at least 32"),
+        ({"SECRET_KEY": "short"}, "SECRET_KEY must be at least 50"),
+        ({"SECRET_KEY": "k" * 40 + "0123456789"[:8]}, "SECRET_KEY must be at least 50"),  # 48: the old rule took it
+        ({"SECRET_KEY": "ab" * 30}, "at least 5 different characters"),
         ({"CHECKPOINT_MAX_BYTES": "lots"}, "CHECKPOINT_MAX_BYTES must be an integer"),
     ],
 )

@@ -35,6 +35,8 @@ from django.db import connection
 from django.db.models import Count, Min, Q
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
@@ -224,12 +226,12 @@ def handoffs_waiting_over_time(scope: Scope, cutoff: int, start: datetime,
 
 def _age(seconds: float | None) -> str:
     if seconds is None:
-        return "none waiting"
+        return _("none waiting")
     if seconds < 90:
-        return f"{int(seconds)} s"
+        return _("%(n)d s") % {"n": int(seconds)}
     if seconds < 5400:
-        return f"{int(seconds // 60)} min"
-    return f"{seconds / 3600:.1f} h"
+        return _("%(n)d min") % {"n": int(seconds // 60)}
+    return _("%(n).1f h") % {"n": seconds / 3600}
 
 
 def build(scope: Scope, now_counts: Collection[tuple[str, int]] | Counter, *, now: datetime | None = None,
@@ -253,7 +255,7 @@ def _state_chart(series: list[Counter], samples: list[datetime], single: bool) -
     n = len(series)
     slot = W / n
     top = max([sum(c.values()) for c in series] + [1])
-    chart = Chart("states", "State over time" if single else "Sessions per state", "")
+    chart = Chart("states", _("State over time") if single else _("Sessions per state"), "")
     seen: list[str] = []
     for k, (c, t) in enumerate(zip(series, samples)):
         y = float(H)
@@ -270,9 +272,9 @@ def _state_chart(series: list[Counter], samples: list[datetime], single: bool) -
     last = series[-1] if series else Counter()
     if single:
         current = next((state_label(s) for s in STATES if last.get(s)), "—")
-        chart.summary = f"now {current}"
+        chart.summary = _("now %(state)s") % {"state": current}
     else:
-        chart.summary = ", ".join(f"{last[s]} {state_label(s)}" for s in STATES if last.get(s)) or "no sessions"
+        chart.summary = ", ".join(f"{last[s]} {state_label(s)}" for s in STATES if last.get(s)) or _("no sessions")
     chart.legend = [(f"st-{s}", state_label(s)) for s in STATES if s in seen]
     return chart
 
@@ -280,14 +282,16 @@ def _state_chart(series: list[Counter], samples: list[datetime], single: bool) -
 def _events_chart(per_minute: list[int], start: datetime) -> Chart:
     top = max(per_minute + [1])
     slot = W / len(per_minute)
-    chart = Chart("events", "Events per minute", "")
+    chart = Chart("events", _("Events per minute"), "")
     for k, v in enumerate(per_minute):
         if not v:
             continue
         h = max(v / top * (H - 2), 2)
         chart.rects.append(Rect(round(k * slot, 2), round(H - h, 2), round(max(slot - 1, 1), 2), round(h, 2), "bar-events",
-                                f"{_hms(start + timedelta(minutes=k))}: {v} event{'s' if v != 1 else ''}"))
-    chart.summary = f"{sum(per_minute)} in the last {len(per_minute)} min, at most {max(per_minute)} a minute"
+                                f"{_hms(start + timedelta(minutes=k))}: "
+                                + ngettext("%(n)d event", "%(n)d events", v) % {"n": v}))
+    chart.summary = _("%(total)d in the last %(minutes)d min, at most %(most)d a minute") % {
+        "total": sum(per_minute), "minutes": len(per_minute), "most": max(per_minute)}
     return chart
 
 
@@ -296,18 +300,18 @@ def _handoffs_chart(series: list[tuple[int, float | None]], samples: list[dateti
     slot = W / n
     top = max([c for c, _ in series] + [1])
     top_age = max([a or 0 for _, a in series] + [1])
-    chart = Chart("handoffs", "Handoffs waiting", "")
+    chart = Chart("handoffs", _("Handoffs waiting"), "")
     points = []
     for k, ((count, age), t) in enumerate(zip(series, samples)):
         if count:
             h = count / top * (H - 2)
             chart.rects.append(Rect(round(k * slot + 1, 2), round(H - h, 2), round(slot - 2, 2), round(h, 2), "bar-waiting",
-                                    f"{_hms(t)}: {count} waiting, oldest {_age(age)}"))
+                                    f"{_hms(t)}: " + _("%(n)d waiting, oldest %(age)s") % {"n": count, "age": _age(age)}))
         y = H - 1 - ((age or 0) / top_age) * (H - 4)
         points.append(f"{k * slot + slot / 2:.1f},{y:.1f}")
     chart.line = " ".join(points)
-    chart.line_title = "age of the oldest waiting handoff"
+    chart.line_title = _("age of the oldest waiting handoff")
     count, age = series[-1] if series else (0, None)
-    chart.summary = f"{count} waiting now, oldest {_age(age)}" if count else "none waiting now"
-    chart.legend = [("bar-waiting", "waiting"), ("line-age", "oldest age")]
+    chart.summary = (_("%(n)d waiting now, oldest %(age)s") % {"n": count, "age": _age(age)}) if count else _("none waiting now")
+    chart.legend = [("bar-waiting", _("waiting")), ("line-age", _("oldest age"))]
     return chart

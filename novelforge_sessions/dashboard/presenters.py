@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,9 @@ from typing import Any
 from django.db.models import Count, Prefetch, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.utils.translation import get_language
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import leases
@@ -47,7 +51,7 @@ from novelforge_sessions.models import (
     RuntimeAttachment,
     Session,
 )
-from reviews.models import ReviewGate, Verdict
+from reviews.models import ReviewAssignment, ReviewGate, Verdict
 
 S = rt.SessionStatus
 STATES: list[str] = [s.value for s in S]
@@ -60,16 +64,17 @@ STATES: list[str] = [s.value for s in S]
 #: (``templatetags/dashboard_words``), and the live pages get it once in the page
 #: (``{% dashboard_words %}``, read by static/js/dashboard.js as ``NF.stateLabel``). The code
 #: itself stays in ``data-state`` and ``title`` attributes and in the filter's URLs.
+#: The words are marked for translation and read in the request's language (docs/pages.md#language).
 STATE_LABELS: dict[str, str] = {
-    S.CREATED: "created",
-    S.RUNNING: "running",
-    S.IDLE: "idle",
-    S.AWAITING_USER: "waiting for a person",
-    S.AWAITING_EXTERNAL: "waiting for a worker",
-    S.COMPLETED: "completed",
-    S.FAILED: "failed",
-    S.TERMINATED: "terminated",
-    S.STALE: "stale",
+    S.CREATED: _("created"),
+    S.RUNNING: _("running"),
+    S.IDLE: _("idle"),
+    S.AWAITING_USER: _("waiting for a person"),
+    S.AWAITING_EXTERNAL: _("waiting for a worker"),
+    S.COMPLETED: _("completed"),
+    S.FAILED: _("failed"),
+    S.TERMINATED: _("terminated"),
+    S.STALE: _("stale"),
 }
 
 #: Status and end reasons the service writes as codes (``actions/runtimes.py`` and
@@ -77,14 +82,131 @@ STATE_LABELS: dict[str, str] = {
 #: handoff's logical id). Every other reason is a person's or an agent's own words, shown as
 #: written. Mirrored by ``NF.reasonText`` from the same map.
 REASON_TEXT: dict[str, str] = {
-    "runtime_lost": "The runtime went away (closed, or it stopped answering)",
-    "conflicting_result": "A different result arrived for handoff {detail} after one was consumed",
+    "runtime_lost": _("The runtime went away (closed, or it stopped answering)"),
+    "conflicting_result": _("A different result arrived for handoff {detail} after one was consumed"),
+    # reasons the service writes in words (actions/runs.py, control/graphs.py): the same words, translated
+    "run started": _("run started"),
+    "graph thread deleted": _("graph thread deleted"),
 }
+
+
+#: Every event type of the catalog (``event_types.CATALOG``) in plain words, the one map: the
+#: overview's "Last event" column and the event feeds say these; the code stays in ``title`` and
+#: ``data-type`` attributes (``tests/dashboard/test_event_words.py`` checks none is missing).
+EVENT_WORDS: dict[str, str] = {
+    "session.created": _("session opened"),
+    "session.transitioned": _("state changed"),
+    "session.resumed": _("session resumed"),
+    "session.forgotten": _("session forgotten"),
+    "session.binding_invalidated": _("checkpoint binding invalidated"),
+    "transcript.appended": _("transcript entry added"),
+    "runtime.attached": _("runtime attached"),
+    "runtime.closed": _("runtime closed"),
+    "runtime.lost": _("runtime lost"),
+    "run.started": _("run started"),
+    "run.cursor_advanced": _("run moved on"),
+    "run.ended": _("run ended"),
+    "run.abort_requested": _("abort requested"),
+    "checkpoint.recorded": _("checkpoint saved"),
+    "artifact.created": _("artifact created"),
+    "artifact.version_added": _("new artifact version"),
+    "handoff.created": _("job handed off"),
+    "handoff.claimed": _("job claimed by a worker"),
+    "handoff.cancelled": _("handoff cancelled"),
+    "handoff.result_consumed": _("worker's result used"),
+    "handoff.result_invalid": _("worker's result refused"),
+    "handoff.result_conflict": _("conflicting result"),
+    "handoff.conflict_resolved": _("conflict resolved"),
+    "write_intent.created": _("write proposed"),
+    "write_intent.approved": _("write approved"),
+    "write_intent.rejected": _("write rejected"),
+    "write_intent.approval_revoked": _("write approval revoked"),
+    "write_intent.executed": _("write carried out"),
+    "write_intent.refused": _("write refused"),
+    "artifact.current_changed": _("current artifact version changed"),
+    "authority.settled": _("authority settled"),
+    "framework.changed": _("framework changed"),
+    "review.gate_opened": _("review requested"),
+    "review.packet_claimed": _("review packet claimed"),
+    "review.verdict_bound": _("review verdict recorded"),
+    "review.gate_completed": _("review finished"),
+    "review.gate_cancelled": _("review withdrawn"),
+}
+
+
+#: The other records' state codes (runtimes, handoffs, write intents, review gates and assignments)
+#: and the review decisions, as a page shows them: in English the code itself, in another language
+#: its translation; the code stays in ``class``/``data-state``/``title`` attributes.
+CODE_WORDS: dict[str, str] = {
+    "live": _("live"), "closed": _("closed"), "lost": _("lost"),
+    "pending": _("pending"), "claimed": _("claimed"), "bound": _("bound"), "conflicted": _("conflicted"),
+    "cancelled": _("cancelled"), "complete": _("complete"), "open": _("open"), "assigned": _("assigned"),
+    "submitted": _("submitted"), "proposed": _("proposed"), "approved": _("approved"), "rejected": _("rejected"),
+    "executed": _("executed"), "refused": _("refused"), "pass": _("pass"), "revise": _("revise"), "reject": _("reject"),
+    "completed": _("completed"), "failed": _("failed"), "aborted": _("aborted"), "interrupted": _("interrupted"),
+    "terminated": _("terminated"),
+}
+
+
+def code_word(code: str | None) -> str:
+    """A state code or decision in the page's language (an unknown code as it is)."""
+    return str(CODE_WORDS.get(code or "", code or ""))
+
+
+_WAIT_GATE = re.compile(r"^review gate #(\d+) \((\w+) route\)$")
+_WAIT_HANDOFF = re.compile(r"^handoff (.+) \((\w+)\)$")
+
+
+def wait_words(label: str | None) -> str:
+    """What a session waits on (the wait registry's labels: ``review gate #3 (page route)``,
+    ``handoff chapter-2/check (claimed)``) in the page's language; any other label as it is."""
+    text = label or ""
+    if m := _WAIT_GATE.match(text):
+        return _("review gate #%(id)s (%(route)s route)") % {"id": m.group(1), "route": m.group(2)}
+    if m := _WAIT_HANDOFF.match(text):
+        return _("handoff %(job)s (%(state)s)") % {"job": m.group(1), "state": code_word(m.group(2))}
+    return text
+
+
+#: A refusal a manager's action can meet, for the pages in another language than English: the
+#: API's message is English (its catalogued code stays the same everywhere), so a page says the
+#: code's sentence in the page's language and shows the code beside it; in English, the message.
+ERROR_WORDS: dict[str, str] = {
+    "illegal_transition": _("This change of state is not allowed from the session's current state."),
+    "version_conflict": _("The session changed since you loaded the page."),
+    "live_runtime_exists": _("A runtime is live for this session; close it first."),
+    "no_live_runtime": _("No runtime is live for this session."),
+    "open_run_exists": _("The session already has an open run."),
+    "no_open_run": _("The session has no open run."),
+    "session_terminated": _("The session is terminated."),
+    "wait_outstanding": _("The session still waits on something (a review, a handoff or a question)."),
+    "open_conflict": _("The session has an open conflict; resolve it first."),
+    "no_open_conflict": _("There is no open conflict to resolve."),
+    "resume_refused": _("Resume was refused: a check failed."),
+    "stale_precondition": _("The before-state changed since this write intent was made."),
+    "approval_required": _("This write intent needs a manager's approval first."),
+    "intent_closed": _("This write intent is already closed."),
+    "intent_not_executable": _("This write intent cannot be executed."),
+    "not_approved": _("This write intent is not approved."),
+}
+
+
+def error_words(code: str | None, message: str) -> str:
+    """A refusal in the page's language: the API's own (English) message in English, else the
+    code's sentence (``ERROR_WORDS``) when there is one."""
+    if (get_language() or "en").startswith("en") or code not in ERROR_WORDS:
+        return message
+    return str(ERROR_WORDS[code])
+
+
+def event_words(event_type: str | None) -> str:
+    """An event type in words (an unknown type as it is)."""
+    return str(EVENT_WORDS.get(event_type or "", event_type or ""))
 
 
 def state_label(state: str | None) -> str:
     """A session state in words (an unknown value as it is)."""
-    return STATE_LABELS.get(state or "", state or "")
+    return str(STATE_LABELS.get(state or "", state or ""))
 
 
 @dataclass(frozen=True)
@@ -104,17 +226,33 @@ def reason(value: str | None) -> Reason:
     code, sep, detail = raw.partition(": ")
     template = REASON_TEXT.get(code)
     if template is None or ("{detail}" in template) != bool(sep and detail):
+        for pattern, said in SERVICE_REASONS:
+            if m := pattern.fullmatch(raw):
+                return Reason(raw, str(said).replace("{1}", m.group(1)), False)
         return Reason(raw, raw, False)
-    return Reason(raw, template.replace("{detail}", detail), True)
+    return Reason(raw, str(template).replace("{detail}", detail), True)
+
+
+#: Reasons the service writes with an id in them (reviews/actions.py, control/handoffs.py): shown as
+#: written in English, translated in another language (``{1}`` is the id). Mirrored by NF.reasonText.
+SERVICE_REASONS: list[tuple[re.Pattern, str]] = [
+    (re.compile(r"review gate (\d+) waits on a reviewer"), _("review gate {1} waits on a reviewer")),
+    (re.compile(r"review gate (\d+) bound"), _("review gate {1} bound")),
+    (re.compile(r"waiting on handoff (.+)"), _("waiting on handoff {1}")),
+]
 
 
 def reason_text(value: str | None) -> str:
     return reason(value).text
 
 
-def words() -> dict[str, dict[str, str]]:
+def words() -> dict[str, Any]:
     """The maps the live pages need (rendered once into the page as JSON)."""
-    return {"states": {str(k): v for k, v in STATE_LABELS.items()}, "reasons": dict(REASON_TEXT)}
+    return {"states": {str(k): str(v) for k, v in STATE_LABELS.items()},
+            "reasons": {k: str(v) for k, v in REASON_TEXT.items()},
+            "patterns": [[p.pattern, str(said)] for p, said in SERVICE_REASONS],
+            "events": {k: str(v) for k, v in EVENT_WORDS.items()},
+            "labels": {"details": str(_("details")), "event": str(_("event #{id}"))}}
 
 
 # ------------------------------------------------------------------------------------
@@ -404,8 +542,27 @@ class Timeline:
         return any(b.spans for b in self.runs)
 
     @property
+    def lasted(self) -> str:
+        """How long the drawn span is, in words (the scale's ends alone read the same for a short session)."""
+        return duration_text((self.end - self.start).total_seconds())
+
+    @property
     def has_gates(self) -> bool:
         return any(b.flags for b in self.runs)
+
+
+def duration_text(seconds: float) -> str:
+    """A duration in words: "under a second", "42 seconds", "4 minutes", "3 hours"."""
+    if seconds < 1:
+        return str(_("under a second"))
+    if seconds < 120:
+        n = int(seconds)
+        return ngettext("%(n)d second", "%(n)d seconds", n) % {"n": n}
+    if seconds < 7200:
+        n = int(seconds // 60)
+        return ngettext("%(n)d minute", "%(n)d minutes", n) % {"n": n}
+    n = int(seconds // 3600)
+    return ngettext("%(n)d hour", "%(n)d hours", n) % {"n": n}
 
 
 def _pct(t: datetime, t0: datetime, span: float) -> float:
@@ -440,13 +597,15 @@ def _pack_spans(bar: Bar, handoffs: list[Handoff], t0: datetime, span: float, no
         else:
             row_ends[row] = right
         lease = h.lease_expires_at if h.state == HandoffState.CLAIMED else None
-        title = f"handoff {h.logical_id} · {h.state} · attempt {h.attempt}"
+        title = _("handoff %(job)s · %(state)s · attempt %(attempt)s") % {
+            "job": h.logical_id, "state": code_word(h.state), "attempt": h.attempt}
         if lease is not None:
-            title += f" · lease held by {h.lease_holder or '?'} until {lease:%Y-%m-%d %H:%M:%S} UTC"
-        title += f" · created {h.created_at:%Y-%m-%d %H:%M:%S} UTC"
+            title += " · " + _("lease held by %(holder)s until %(at)s UTC") % {
+                "holder": h.lease_holder or "?", "at": f"{lease:%Y-%m-%d %H:%M:%S}"}
+        title += " · " + _("created %(at)s UTC") % {"at": f"{h.created_at:%Y-%m-%d %H:%M:%S}"}
         end = handoff_end(h)
         if end:
-            title += f" · {h.state} {end:%Y-%m-%d %H:%M:%S} UTC"
+            title += f" · {code_word(h.state)} {end:%Y-%m-%d %H:%M:%S} UTC"
         bar.spans.append(Span(left, right - left, row, f"hs-{h.state}", h.logical_id, title, h.id, lease))
     bar.span_rows = len(row_ends)
 
@@ -479,21 +638,25 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
         state = run.state + (" abort-requested" if run.abort_requested_at and run.state == rt.RunState.OPEN else "")
         left, width = _min_width(left, right, MIN_BAR_PCT)
         bar = Bar(
-            label=f"run #{run.seq}", left=left, width=width, classes=f"run-{state}",
-            title=f"run #{run.seq} · gen {run.generation} · {run.task_mode} · {run.state}"
+            label=_("run #%(seq)s") % {"seq": run.seq}, left=left, width=width, classes=f"run-{state}",
+            title=_("run #%(seq)s · gen %(gen)s · %(mode)s · %(state)s") % {
+                "seq": run.seq, "gen": run.generation, "mode": run.task_mode, "state": code_word(run.state)}
             + (f" ({reason_text(run.end_reason)})" if run.end_reason else ""),
         )
         for cp in by_run.get(run.id, []):
             bar.ticks.append(Tick(_pct(cp.created_at, t0, span), cp.boundary.replace("_", " "),
-                                  f"checkpoint #{cp.seq} · {cp.boundary} · {cp.created_at:%Y-%m-%d %H:%M:%S} UTC", cp.id))
+                                  _("checkpoint #%(seq)s · %(boundary)s") % {"seq": cp.seq, "boundary": cp.boundary}
+                                  + f" · {cp.created_at:%Y-%m-%d %H:%M:%S} UTC", cp.id))
         _place_labels(bar.ticks)
         _pack_spans(bar, handoffs_by_run.get(run.id, []), t0, span, now)
         for g in sorted(gates_by_run.get(run.id, []), key=lambda x: x.id):
-            outcome = f" · outcome {g.outcome}" if g.outcome else ""
+            outcome = " · " + _("outcome %(outcome)s") % {"outcome": code_word(g.outcome)} if g.outcome else ""
             bar.flags.append(Flag(
                 _pct(g.created_at, t0, span), f"gate-{g.state}" + (f" dc-{g.outcome}" if g.outcome else ""),
-                f"review gate #{g.id} · {g.route} route · {g.state}{outcome} · "
-                f"{g.bound_verdicts} of {g.required_verdicts} verdicts · opened {g.created_at:%Y-%m-%d %H:%M:%S} UTC",
+                _("review gate #%(id)s · %(route)s route · %(state)s%(outcome)s · %(bound)s of %(n)s verdicts · "
+                  "opened %(at)s UTC") % {"id": g.id, "route": g.route, "state": code_word(g.state), "outcome": outcome,
+                                          "bound": g.bound_verdicts, "n": g.required_verdicts,
+                                          "at": f"{g.created_at:%Y-%m-%d %H:%M:%S}"},
                 g.id, g.state,
             ))
         run_bars.append(bar)
@@ -505,9 +668,10 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
         right = _pct(att.ended_at or (min(att.lease_expires_at, now) if expired else now), t0, span)
         left, width = _min_width(left, right, MIN_BAR_PCT)
         runtime_bars.append(Bar(
-            label=f"gen {att.generation}", left=left, width=width,
+            label=_("gen %(gen)s") % {"gen": att.generation}, left=left, width=width,
             classes="rt-lost lease-expired" if expired else f"rt-{att.state}",
-            title=f"generation {att.generation} · {att.runtime_family} · {'lease expired' if expired else att.state}"
+            title=_("generation %(gen)s") % {"gen": att.generation}
+            + f" · {att.runtime_family} · {_('lease expired') if expired else code_word(att.state)}"
             + (f" ({reason_text(att.end_reason)})" if att.end_reason else ""),
         ))
     return Timeline(t0, t1, run_bars, runtime_bars, hidden_runs, _legend(run_bars, runtime_bars))
@@ -521,7 +685,7 @@ def _min_width(left: float, right: float, minimum: float) -> tuple[float, float]
     return left, width
 
 
-_RUN_WORDS = {"open": "open run", "abort-requested": "abort requested"}
+_RUN_WORDS = {"open": _("open run"), "abort-requested": _("abort requested")}
 
 
 def _legend(runs: list[Bar], runtimes: list[Bar]) -> list[LegendItem]:
@@ -537,17 +701,24 @@ def _legend(runs: list[Bar], runtimes: list[Bar]) -> list[LegendItem]:
 
     for b in runs:
         state = b.classes.removeprefix("run-")
-        add("tl-bar", b.classes, _RUN_WORDS.get(state, f"run {state.replace(' abort-requested', ', abort requested')}"))
+        words = _RUN_WORDS.get(state)
+        if words is None:
+            code, _sep, abort = state.partition(" ")
+            words = _("run %(state)s") % {"state": code_word(code)} + (", " + str(_("abort requested")) if abort else "")
+        add("tl-bar", b.classes, str(words))
     if any(b.ticks for b in runs):
-        add("tl-tick", "", "checkpoint")
+        add("tl-tick", "", str(_("checkpoint")))
     for b in runs:
         for sp in b.spans:
-            add("tl-span", sp.classes, f"handoff {sp.classes.removeprefix('hs-')}")
+            add("tl-span", sp.classes, _("handoff %(state)s") % {"state": code_word(sp.classes.removeprefix("hs-"))})
         for f in b.flags:
-            add("tl-flag", f.classes, f"review gate {f.classes.removeprefix('gate-').replace(' dc-', ', ')}")
+            gate_state, _sep, outcome = f.classes.removeprefix("gate-").partition(" dc-")
+            words = code_word(gate_state) + (f", {code_word(outcome)}" if outcome else "")
+            add("tl-flag", f.classes, _("review gate %(state)s") % {"state": words})
     for b in runtimes:
-        label = "runtime lease expired" if "lease-expired" in b.classes else f"runtime {b.classes.removeprefix('rt-')}"
-        add("tl-bar", b.classes, label)
+        label = (_("runtime lease expired") if "lease-expired" in b.classes
+                 else _("runtime %(state)s") % {"state": code_word(b.classes.removeprefix("rt-"))})
+        add("tl-bar", b.classes, str(label))
     return items
 
 
@@ -562,9 +733,17 @@ def pretty_json(value: Any) -> str:
 # ------------------------------------------------------------------------------------
 # Events and session rows
 # ------------------------------------------------------------------------------------
-def _scalar_items(payload: dict[str, Any]) -> str:
+def technical_key(key: str) -> bool:
+    """Payload keys for engineers (ids, fingerprints, hashes): shown under "details", never in
+    the summary line (mirrored by ``NF.technicalKey``)."""
+    return key == "id" or key.endswith(("_id", "fingerprint", "_hash"))
+
+
+def _scalar_items(payload: dict[str, Any], *, technical: bool = False) -> str:
     parts = []
     for key, value in payload.items():
+        if technical_key(key) != technical:
+            continue
         if isinstance(value, (str, int, float, bool)) and value != "":
             parts.append(f"{key}={value}")
     text = " · ".join(parts)
@@ -589,23 +768,30 @@ def describe(event_type: str, payload: dict[str, Any]) -> str:
     if event_type == ev.SESSION_CREATED.name:
         return f"{p.get('role')} · {p.get('task_mode')} · {p.get('runtime_family')}"
     if event_type == ev.RUN_STARTED.name:
-        return f"run #{p.get('seq')} started · gen {p.get('generation')}"
+        return _("run #%(seq)s started · gen %(gen)s") % {"seq": p.get("seq"), "gen": p.get("generation")}
     if event_type == ev.RUN_ENDED.name:
-        return f"run #{p.get('seq')} {p.get('state')}" + _why(p)
+        return _("run #%(seq)s %(state)s") % {"seq": p.get("seq"), "state": p.get("state")} + _why(p)
     if event_type == ev.CHECKPOINT_RECORDED.name:
-        return f"checkpoint #{p.get('seq')} · {p.get('boundary')}"
+        return _("checkpoint #%(seq)s · %(boundary)s") % {"seq": p.get("seq"), "boundary": p.get("boundary")}
     if family == ev.RUNTIME_ATTACHED.family:
-        return f"generation {p.get('generation', '?')}" + _why(p)
+        return _("generation %(gen)s") % {"gen": p.get("generation", "?")} + _why(p)
     if family == ev.HANDOFF_CREATED.family:
         return _describe_handoff(ev.CATALOG[event_type], p)
     if family == ev.REVIEW_GATE_OPENED.family:
         return _describe_review(ev.CATALOG[event_type], p)
     if family == ev.WRITE_INTENT_CREATED.family:
-        what = _action(ev.CATALOG[event_type]).replace("_", " ")
-        return f"write intent #{p.get('intent_id')} {what}" + (f" · {p['kind']}" if p.get("kind") else "")
+        action = _action(ev.CATALOG[event_type])
+        what = _WRITE_ACTIONS.get(action, action.replace("_", " "))
+        return (_("write intent #%(id)s %(what)s") % {"id": p.get("intent_id"), "what": what}
+                + (f" · {p['kind']}" if p.get("kind") else ""))
     if event_type in _AUTHORITY_HISTORY_NAMES:
         return _describe_authority(event_type, p)
     return _scalar_items(p)
+
+
+#: What happened to a write intent, in the summary's words (mirrored by static/js/dashboard.js).
+_WRITE_ACTIONS = {"created": _("created"), "approved": _("approved"), "rejected": _("rejected"),
+                  "approval_revoked": _("approval revoked"), "executed": _("executed"), "refused": _("refused")}
 
 
 def _why(p: dict[str, Any]) -> str:
@@ -622,13 +808,15 @@ def _action(event: ev.EventType) -> str:
 def _describe_authority(event_type: str, p: dict[str, Any]) -> str:
     before, after = p.get("before") or {}, p.get("after") or {}
     if event_type == ev.FRAMEWORK_CHANGED.name:
-        text = f"framework {before.get('framework_version')} → {after.get('framework_version')}"
+        text = _("framework %(before)s → %(after)s") % {"before": before.get("framework_version"),
+                                                       "after": after.get("framework_version")}
     else:
-        text = f"authority v{before.get('authority_version')} → v{after.get('authority_version')}"
+        text = _("authority v%(before)s → v%(after)s") % {"before": before.get("authority_version"),
+                                                          "after": after.get("authority_version")}
         lock = after.get("lock_fingerprint")
         if isinstance(lock, str):
-            text += f" · lock {lock[:15]}…"
-    return text + (f" · write intent #{p['intent_id']}" if p.get("intent_id") else "")
+            text += " · " + _("lock %(lock)s…") % {"lock": lock[:15]}
+    return text + (" · " + _("write intent #%(id)s") % {"id": p["intent_id"]} if p.get("intent_id") else "")
 
 
 def authority_history(project: Project, *, limit: int = 20) -> list[EventView]:
@@ -644,35 +832,44 @@ def authority_history(project: Project, *, limit: int = 20) -> list[EventView]:
 
 
 def _describe_handoff(event: ev.EventType, p: dict[str, Any]) -> str:
-    job = f"handoff {p.get('logical_id')}"
+    job = {"job": p.get("logical_id")}
     if event is ev.HANDOFF_CREATED:
         caps = p.get("required_capabilities") or []
-        return f"{job} created" + (f" · needs {', '.join(map(str, caps))}" if caps else "")
+        return _("handoff %(job)s created") % job + (
+            " · " + _("needs %(caps)s") % {"caps": ", ".join(map(str, caps))} if caps else "")
     if event is ev.HANDOFF_CLAIMED:
-        text = f"{job} claimed by {p.get('worker')} · attempt {p.get('attempt')}"
-        return text + (" · previous lease expired" if p.get("reclaimed_after_expiry") else "")
+        text = _("handoff %(job)s claimed by %(worker)s · attempt %(attempt)s") % {
+            **job, "worker": p.get("worker"), "attempt": p.get("attempt")}
+        return text + (" · " + _("previous lease expired") if p.get("reclaimed_after_expiry") else "")
     if event is ev.HANDOFF_RESULT_CONSUMED:
-        return f"{job} · result consumed"
+        return _("handoff %(job)s · result consumed") % job
     if event is ev.HANDOFF_RESULT_INVALID:
-        return f"{job} · invalid result refused"
+        return _("handoff %(job)s · invalid result refused") % job
     if event is ev.HANDOFF_RESULT_CONFLICT:
-        return f"{job} · CONFLICTING result: hard stop"
+        return _("handoff %(job)s · CONFLICTING result: hard stop") % job
     if event is ev.HANDOFF_CONFLICT_RESOLVED:
-        return f"{job} · conflict resolved"
+        return _("handoff %(job)s · conflict resolved") % job
     if event is ev.HANDOFF_CANCELLED:
-        return f"{job} cancelled" + _why(p)
-    return f"{job} · {_action(event).replace('_', ' ')}"
+        return _("handoff %(job)s cancelled") % job + _why(p)
+    return _("handoff %(job)s") % job + f" · {_action(event).replace('_', ' ')}"
 
 
 def _describe_review(event: ev.EventType, p: dict[str, Any]) -> str:
-    gate = f"review gate #{p.get('gate_id')}"
+    gate = {"gate": p.get("gate_id")}
     if event is ev.REVIEW_GATE_OPENED:
-        return f"{gate} opened · {p.get('route')} route · {p.get('required_verdicts')} verdict(s) needed"
+        return _("review gate #%(gate)s opened · %(route)s route · %(n)s verdict(s) needed") % {
+            **gate, "route": p.get("route"), "n": p.get("required_verdicts")}
     if event is ev.REVIEW_VERDICT_BOUND:
-        return f"{gate} · verdict bound ({p.get('bound_verdicts')} of {p.get('required_verdicts')})"
+        return _("review gate #%(gate)s · verdict bound (%(bound)s of %(n)s)") % {
+            **gate, "bound": p.get("bound_verdicts"), "n": p.get("required_verdicts")}
     if event is ev.REVIEW_PACKET_CLAIMED:
-        return f"{gate} · packet #{p.get('packet_id')} claimed"
-    return f"{gate} · {_action(event).replace('gate_', '').replace('_', ' ')}"
+        return _("review gate #%(gate)s · packet #%(packet)s claimed") % {**gate, "packet": p.get("packet_id")}
+    action = _action(event).replace("gate_", "")
+    return _("review gate #%(gate)s") % gate + f" · {_GATE_ACTIONS.get(action, action.replace('_', ' '))}"
+
+
+#: A review gate's end in the summary's words (mirrored by static/js/dashboard.js).
+_GATE_ACTIONS = {"completed": _("completed"), "cancelled": _("cancelled")}
 
 
 @dataclass
@@ -684,6 +881,11 @@ class EventView:
     summary: str
     created_at: datetime
     to_state: str | None
+    details: str = ""  # ids and fingerprints of the payload, for the "details" disclosure
+
+    @property
+    def words(self) -> str:
+        return event_words(self.type)
 
 
 def event_views(rows: Iterable[Event]) -> list[EventView]:
@@ -691,7 +893,7 @@ def event_views(rows: Iterable[Event]) -> list[EventView]:
     for e in rows:
         to_state = e.payload.get("to") if e.type == ev.SESSION_TRANSITIONED.name else None
         out.append(EventView(e.id, e.type, e.session_id, e.project_id, describe(e.type, e.payload), e.created_at,
-                             to_state if to_state in STATES else None))
+                             to_state if to_state in STATES else None, _scalar_items(e.payload or {}, technical=True)))
     return out
 
 
@@ -981,6 +1183,8 @@ class ProjectIntents:
     open_total: int
     closed: list[IntentRow]
     closed_total: int
+    awaiting: int = 0  # of the open ones: still waiting for an approval
+    approved: int = 0  # of the open ones: approved, waiting for the agent to execute them
 
 
 def _intent_target(intent: WriteIntent, numbers: dict[int, int]) -> str:
@@ -1037,6 +1241,7 @@ def project_intents(project: Project) -> ProjectIntents:
     open_total = sum(counts.get(s, 0) for s in open_states)
     return ProjectIntents(
         _intent_rows(project, open_intents), open_total, _intent_rows(project, closed), sum(counts.values()) - open_total,
+        awaiting=counts.get(IntentState.PROPOSED, 0), approved=counts.get(IntentState.APPROVED, 0),
     )
 
 
@@ -1045,10 +1250,12 @@ def project_reviews(project: Project) -> dict[str, int]:
     gates = ReviewGate.objects.filter(project=project).aggregate(
         total=Count("id"), pending=Count("id", filter=Q(state=ReviewGate.State.PENDING)),
     )
-    verdicts = Verdict.objects.filter(packet__gate__project=project).aggregate(
-        n=Count("id"), reviewers=Count("reviewer", distinct=True),
-    )
-    return {"gates": gates["total"], "pending": gates["pending"], "verdicts": verdicts["n"], "reviewers": verdicts["reviewers"]}
+    verdicts = Verdict.objects.filter(packet__gate__project=project).aggregate(n=Count("id"))
+    # Everyone asked to review in this project (an assigned slot or a verdict), not only those
+    # who already answered.
+    reviewers = (ReviewAssignment.objects.filter(packet__gate__project=project).exclude(reviewer="")
+                 .aggregate(n=Count("reviewer", distinct=True)))
+    return {"gates": gates["total"], "pending": gates["pending"], "verdicts": verdicts["n"], "reviewers": reviewers["n"]}
 
 
 # ------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from novelforge_sessions import access
@@ -286,11 +287,11 @@ def _session_context(session: Session) -> dict[str, Any]:
     if runtime_gone:
         resume_note = ""
     elif status is rt.SessionStatus.RUNNING:
-        resume_note = "the session is already running"
+        resume_note = _("the session is already running")
     elif not lc.resumable(status):
-        resume_note = f"a {presenters.state_label(status)} session cannot return to running"
+        resume_note = _("a %(state)s session cannot return to running") % {"state": presenters.state_label(status)}
     elif live is not None:
-        resume_note = f"generation {live.generation} is live: close it before resuming"
+        resume_note = _("generation %(gen)s is live: close it before resuming") % {"gen": live.generation}
     else:
         resume_note = ""
     return {
@@ -357,10 +358,10 @@ def _after_action(session_id: int) -> HttpResponse:
 
 def _report_error(request: HttpRequest, exc: ServiceError) -> None:
     if exc.message.endswith(rt.UNSTORABLE_TEXT):  # the actions' refusal of text the database cannot hold
-        messages.error(request, f"Nothing was changed: the {exc.details.get('field', 'text')} contains a character that "
-                                "cannot be saved (a NUL character, U+0000). Remove it and try again.")
+        messages.error(request, _("Nothing was changed: the %(field)s contains a character that cannot be saved "
+                                  "(a NUL character, U+0000). Remove it and try again.") % {"field": exc.details.get("field", "text")})
         return
-    messages.error(request, f"{exc.message} ({exc.code})")
+    messages.error(request, f"{presenters.error_words(exc.code, exc.message)} ({exc.code})")
 
 
 @login_required
@@ -374,9 +375,9 @@ def close_session(request: HttpRequest, session_id: int) -> HttpResponse:
         _report_error(request, exc)
     else:
         if result.already_closed:
-            messages.info(request, "No runtime was live; nothing to close.")
+            messages.info(request, _("No runtime was live; nothing to close."))
         else:
-            messages.success(request, f"Closed the live runtime (#{result.closed_runtime_id}).")
+            messages.success(request, _("Closed the live runtime (#%(id)s).") % {"id": result.closed_runtime_id})
     return _after_action(session_id)
 
 
@@ -391,9 +392,9 @@ def abort_session(request: HttpRequest, session_id: int) -> HttpResponse:
         _report_error(request, exc)
     else:
         if result.already_requested:
-            messages.info(request, "An abort was already requested for this run.")
+            messages.info(request, _("An abort was already requested for this run."))
         else:
-            messages.success(request, "Abort requested: the runtime stops the run at its next heartbeat.")
+            messages.success(request, _("Abort requested: the runtime stops the run at its next heartbeat."))
     return _after_action(session_id)
 
 
@@ -405,19 +406,19 @@ def terminate_session(request: HttpRequest, session_id: int) -> HttpResponse:
     version = _int_param(request.POST.get("version"))
     if version is None:
         # The form always carries the version the manager saw; without it there is nothing to confirm.
-        messages.error(request, "The form did not say which version of the session you saw; reload and try again.")
+        messages.error(request, _("The form did not say which version of the session you saw; reload and try again."))
         return _after_action(session_id)
     try:
         session_actions.transition_session(
             who, session_id, rt.SessionStatus.TERMINATED.value, reason="terminated by manager", expected_version=version
         )
     except VersionConflict as exc:
-        messages.error(request, f"The session changed since you loaded the page (it is now {presenters.state_label(exc.details.get('status'))}). "
-                                "Check it and try again.")
+        messages.error(request, _("The session changed since you loaded the page (it is now %(state)s). Check it and try again.")
+                       % {"state": presenters.state_label(exc.details.get("status"))})
     except ServiceError as exc:
         _report_error(request, exc)
     else:
-        messages.success(request, "Session terminated.")
+        messages.success(request, _("Session terminated."))
     return _after_action(session_id)
 
 
@@ -436,7 +437,7 @@ def resolve_conflict(request: HttpRequest, session_id: int, handoff_id: int) -> 
     except ServiceError as exc:
         _report_error(request, exc)
         return redirect(reverse("dashboard:session", args=[session_id]) + "#conflicts")
-    messages.success(request, f"Conflict on handoff {handoff.logical_id} resolved: the consumed result stands.")
+    messages.success(request, _("Conflict on handoff %(job)s resolved: the consumed result stands.") % {"job": handoff.logical_id})
     return _after_action(session_id)
 
 
@@ -467,8 +468,10 @@ def resume(request: HttpRequest, session_id: int) -> HttpResponse:
     else:
         if request.method == "POST":
             held = outcome.steps[-1].data.get("waiting_on") or []
-            waiting = f" It waits on {', '.join(h['label'] for h in held)}." if held else ""
-            messages.success(request, f"Resumed: runtime generation {outcome.runtime.generation}, new run started.{waiting}")
+            waiting = (" " + _("It waits on %(what)s.") % {"what": ", ".join(presenters.wait_words(h["label"]) for h in held)}
+                       if held else "")
+            messages.success(request, _("Resumed: runtime generation %(gen)s, new run started.") % {"gen": outcome.runtime.generation}
+                             + waiting)
             return _after_action(session_id)
         report = outcome.report()
     session.refresh_from_db()
@@ -521,9 +524,9 @@ def _decide_intent(request: HttpRequest, project_id: int, intent_id: int, *, app
         _report_error(request, exc)
     else:
         if approve:
-            messages.success(request, f"Approved write intent #{intent_id}: the agent may now execute it.")
+            messages.success(request, _("Approved write intent #%(id)s: the agent may now execute it.") % {"id": intent_id})
         else:
-            messages.success(request, f"Refused write intent #{intent_id}: it will not be executed.")
+            messages.success(request, _("Refused write intent #%(id)s: it will not be executed.") % {"id": intent_id})
     return redirect(reverse("dashboard:project", args=[project.id]) + "#write-intents")
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 
 from django.core.exceptions import DisallowedHost
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.template.loader import render_to_string
 from django.views import defaults
 
 from novelforge_sessions.bodylimit import is_api
@@ -64,6 +65,10 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
     logged it); anything else is Django's own 400 page."""
     if isinstance(exception, DisallowedHost) and is_api(request.path):
         return _api_response()
+    if isinstance(exception, DisallowedHost):
+        # The page in plain words (templates/400.html), rendered with the request so its
+        # stylesheet carries the response's CSP nonce; nothing in it depends on the Host.
+        return HttpResponseBadRequest(render_to_string("400.html", request=request))
     return defaults.bad_request(request, exception)
 
 

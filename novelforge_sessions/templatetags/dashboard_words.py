@@ -35,3 +35,27 @@ def dashboard_words() -> str:
 @register.filter
 def reason_text(value: str | None) -> str:
     return presenters.reason_text(value)
+
+
+@register.filter
+def error_text(error) -> str:
+    """A refusal's message in the page's language (``presenters.error_words``)."""
+    return presenters.error_words(getattr(error, "code", None), getattr(error, "message", str(error)))
+
+
+@register.filter
+def wait_label(value: str | None) -> str:
+    """A wait registry label in the page's language (``presenters.wait_words``)."""
+    return presenters.wait_words(value)
+
+
+@register.filter
+def code_word(value: str | None) -> str:
+    """A record's state code or a review decision in the page's language (``presenters.CODE_WORDS``)."""
+    return presenters.code_word(value)
+
+
+@register.filter
+def event_words(value: str | None) -> str:
+    """An event type in words (``presenters.EVENT_WORDS``)."""
+    return presenters.event_words(value)

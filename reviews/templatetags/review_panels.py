@@ -10,8 +10,10 @@ from typing import Any
 
 from django import template
 from django.db.models import Prefetch
+from django.utils.translation import gettext, gettext_lazy
 
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
+from reviews.packets import DECISION_LABELS, confidence_words
 
 register = template.Library()
 
@@ -26,17 +28,49 @@ def shortfp(value: str | None) -> str:
     return f"{algo}:{digest[:4]}…{digest[-4:]}"
 
 
+#: A finding's severity in the page's language (the code stays in classes and the form's values).
+SEVERITY_LABELS = {"minor": gettext_lazy("minor"), "major": gettext_lazy("major"), "critical": gettext_lazy("critical")}
+
+
+@register.filter
+def severity_label(value: str | None) -> str:
+    return str(SEVERITY_LABELS.get(value or "", value or ""))
+
+
 @register.filter
 def get_item(mapping: dict | None, key: str) -> Any:
     return (mapping or {}).get(key, "")
+
+
+@register.filter
+def packet_gist(packet) -> dict[str, Any]:
+    """What a queue row says is to be read, from the stored packet only (the reviewer's whole
+    world): how many lines, how the text opens, what it is scored on."""
+    content = packet.content or {}
+    text = (content.get("candidate") or {}).get("content", "")
+    opening = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    criteria = [c.get("label") or c.get("key") for c in (content.get("rubric") or {}).get("criteria", [])]
+    return {"lines": len(text.splitlines()), "opening": opening, "criteria": ", ".join(map(str, criteria))}
+
+
+@register.filter
+def decision_label(value: str | None) -> str:
+    """A decision in the verdict form's own words ("Needs revision" for ``revise``)."""
+    return str(DECISION_LABELS.get(value or "", value or ""))
+
+
+@register.filter
+def confidence_label(value: float | None) -> str:
+    """A confidence in the verdict form's own words: the nearest of its choices ("Sure" for 0.75)."""
+    return confidence_words(value)
 
 
 def _reviewer_name(assignment: ReviewAssignment) -> str:
     if assignment.reviewer_user is not None:
         return assignment.reviewer_user.get_username()
     if assignment.reviewer_session_id is not None:
-        return f"agent session #{assignment.reviewer_session_id}"
-    return assignment.reviewer or "unclaimed"
+        return gettext("agent session #%(id)s") % {"id": assignment.reviewer_session_id}
+    return assignment.reviewer or gettext("unclaimed")
 
 
 @register.inclusion_tag("reviews/_session_panel.html")
@@ -44,7 +78,7 @@ def review_panel(session) -> dict[str, Any]:
     """The review gates of one session, newest first, for the manager's session page."""
     gates = list(
         ReviewGate.objects.filter(session=session)
-        .select_related("packet", "candidate__artifact")
+        .select_related("packet", "candidate__artifact", "run")
         .prefetch_related(
             Prefetch(
                 "packet__assignments",

@@ -13,10 +13,22 @@
 (function () {
   "use strict";
   const NF = (window.NF = window.NF || {});
+  // The page's language: the script catalog base.html renders as JSON (<script id="nf-i18n">,
+  // templatetags/page_language.py, built by Django's JavaScriptCatalog). No catalog (English): the
+  // strings as written here.
+  const I18N = (() => {
+    const node = document.getElementById("nf-i18n");
+    try { return (node && JSON.parse(node.textContent)) || {}; } catch (_) { return {}; }
+  })();
+  const CATALOG = I18N.catalog || {};
+  const gettext = (s) => { const v = CATALOG[s]; return typeof v === "string" ? v : Array.isArray(v) ? v[0] : s; };
+  const interpolate = (fmt, obj) => fmt.replace(/%\((\w+)\)s/g, (m, k) => String(obj[k]));
+  NF.gettext = gettext;
+  NF.interpolate = interpolate;
 
   // ------------------------------------------------------------------ connection indicator
-  const CONN_TEXT = { connecting: "connecting…", catching_up: "catching up…", live: "live",
-                      reconnecting: "reconnecting…", offline: "offline" };
+  const CONN_TEXT = { connecting: gettext("connecting…"), catching_up: gettext("catching up…"), live: gettext("live"),
+                      reconnecting: gettext("reconnecting…"), offline: gettext("offline") };
   NF.setConn = function (state, title) {
     const el = document.getElementById("conn");
     if (!el) return;
@@ -27,8 +39,8 @@
   };
 
   // ------------------------------------------------------------------ event stream
-  const FINAL_CODES = { 4400: "the server refused a malformed message", 4401: "your login has expired — reload to log in",
-                        4403: "you may not watch this any more", 4413: "a message was too large" };
+  const FINAL_CODES = { 4400: gettext("the server refused a malformed message"), 4401: gettext("your login has expired — reload to log in"),
+                        4403: gettext("you may not watch this any more"), 4413: gettext("a message was too large") };
 
   NF.EventStream = class {
     /** subs: [{project_id: N} | {session_id: N}]; after: the page's cursor; onEvent(event, subKey). */
@@ -44,7 +56,12 @@
     }
 
     start() {
-      if (!("WebSocket" in window) || !this.subs.length) { NF.setConn("offline", "live updates unavailable"); return; }
+      if (!this.subs.length) {  // nothing to follow (no project): no indicator, nothing is wrong
+        const conn = document.getElementById("conn");
+        if (conn) conn.hidden = true;
+        return;
+      }
+      if (!("WebSocket" in window)) { NF.setConn("offline", gettext("live updates unavailable")); return; }
       this.connect();
       window.addEventListener("online", () => { if (!this.ws && !this.stopped) this.connect(); });
     }
@@ -68,7 +85,7 @@
         if (FINAL_CODES[e.code]) { NF.setConn("offline", FINAL_CODES[e.code]); this.stopped = true; return; }
         this.attempt += 1;
         const delay = Math.min(10000, 400 * 2 ** Math.min(this.attempt, 5)) * (0.75 + Math.random() / 2);
-        NF.setConn(navigator.onLine === false ? "offline" : "reconnecting", "retrying in " + Math.round(delay / 1000) + " s");
+        NF.setConn(navigator.onLine === false ? "offline" : "reconnecting", interpolate(gettext("retrying in %(n)s s"), { n: Math.round(delay / 1000) }, true));
         setTimeout(() => { if (!this.stopped) this.connect(); }, delay);
       };
     }
@@ -86,7 +103,7 @@
         this.apply(frame.event, frame.sub);
       } else if (frame.type === "caught_up") {
         this.pending.delete(frame.sub);
-        if (!this.pending.size) NF.setConn("live", "up to date with event #" + Math.max(0, ...Object.values(this.cursors)));
+        if (!this.pending.size) NF.setConn("live", interpolate(gettext("up to date with event #%(id)s"), { id: Math.max(0, ...Object.values(this.cursors)) }, true));
       } else if (frame.type === "error") {
         console.warn("event stream:", frame.error);
       }
@@ -115,8 +132,27 @@
     const at = raw.indexOf(": ");
     const code = at < 0 ? raw : raw.slice(0, at), detail = at < 0 ? "" : raw.slice(at + 2);
     const template = Object.prototype.hasOwnProperty.call(wordMaps().reasons, code) ? wordMaps().reasons[code] : null;
-    if (typeof template !== "string" || template.includes("{detail}") !== (detail !== "")) return raw;
+    if (typeof template !== "string" || template.includes("{detail}") !== (detail !== "")) {
+      for (const [source, words] of wordMaps().patterns || []) {  // presenters.SERVICE_REASONS
+        const m = new RegExp("^(?:" + source + ")$").exec(raw);
+        if (m) return words.split("{1}").join(m[1]);
+      }
+      return raw;
+    }
     return template.split("{detail}").join(detail);
+  };
+  /** An event type in words (presenters.EVENT_WORDS); an unknown type as it is. */
+  NF.eventWords = function (type) {
+    const label = (wordMaps().events || {})[type];
+    return typeof label === "string" ? label : String(type);
+  };
+  function label(key, fallback) {
+    const text = (wordMaps().labels || {})[key];
+    return typeof text === "string" ? text : fallback;
+  }
+  /** Ids, fingerprints, hashes: shown under "details" only (presenters.technical_key). */
+  NF.technicalKey = function (key) {
+    return key === "id" || /(_id|fingerprint|_hash)$/.test(key);
   };
   /** Paint a state badge as the server renders it: colour class, words, the code as its title. */
   NF.paintBadge = function (badge, state, extraClass) {
@@ -134,59 +170,82 @@
     const what = family && family !== "other" ? type.slice(family.length + 1) : "";
     if (type === "session.transitioned") return NF.stateLabel(p.from) + " → " + NF.stateLabel(p.to) + why;
     if (type === "session.created") return p.role + " · " + p.task_mode + " · " + p.runtime_family;
-    if (type === "run.started") return "run #" + p.seq + " started · gen " + p.generation;
-    if (type === "run.ended") return "run #" + p.seq + " " + p.state + why;
-    if (type === "checkpoint.recorded") return "checkpoint #" + p.seq + " · " + p.boundary;
-    if (family === "runtime") return "generation " + (p.generation != null ? p.generation : "?") + why;
+    if (type === "run.started") return fmt(gettext("run #%(seq)s started · gen %(gen)s"), { seq: p.seq, gen: p.generation });
+    if (type === "run.ended") return fmt(gettext("run #%(seq)s %(state)s"), { seq: p.seq, state: p.state }) + why;
+    if (type === "checkpoint.recorded") return fmt(gettext("checkpoint #%(seq)s · %(boundary)s"), { seq: p.seq, boundary: p.boundary });
+    if (family === "runtime") return fmt(gettext("generation %(gen)s"), { gen: p.generation != null ? p.generation : "?" }) + why;
     if (family === "handoff") return describeHandoff(what, p);
     if (family === "review") return describeReview(what, p);
     if (family === "write_intent") {
-      return "write intent #" + p.intent_id + " " + what.replace(/_/g, " ") + (p.kind ? " · " + p.kind : "");
+      const action = WRITE_ACTIONS[what] || what.replace(/_/g, " ");
+      return fmt(gettext("write intent #%(id)s %(what)s"), { id: p.intent_id, what: action }) + (p.kind ? " · " + p.kind : "");
     }
     if (type === "authority.settled" || type === "framework.changed") return describeAuthority(type, p);
     const parts = [];
     for (const [k, v] of Object.entries(p)) {
+      if (NF.technicalKey(k)) continue;
       if (["string", "number", "boolean"].includes(typeof v) && v !== "") parts.push(k + "=" + v);
     }
     const text = parts.join(" · ");
     return text.length <= 120 ? text : text.slice(0, 119) + "…";
   };
+  /** The payload's ids and fingerprints, for the "details" disclosure (presenters._scalar_items). */
+  NF.technicalDetails = function (p) {
+    const parts = [];
+    for (const [k, v] of Object.entries(p || {})) {
+      if (NF.technicalKey(k) && ["string", "number", "boolean"].includes(typeof v) && v !== "") parts.push(k + "=" + v);
+    }
+    const text = parts.join(" · ");
+    return text.length <= 120 ? text : text.slice(0, 119) + "…";
+  };
+
+  // The summaries in the page's language: the same messages as presenters.describe() (both catalogs).
+  function fmt(text, values) { return interpolate(text, values, true); }
+  const WRITE_ACTIONS = { created: gettext("created"), approved: gettext("approved"), rejected: gettext("rejected"),
+                          approval_revoked: gettext("approval revoked"), executed: gettext("executed"), refused: gettext("refused") };
+  const GATE_ACTIONS = { completed: gettext("completed"), cancelled: gettext("cancelled") };
 
   function describeAuthority(type, p) {
     const before = p.before || {}, after = p.after || {};
     let text;
     if (type === "framework.changed") {
-      text = "framework " + before.framework_version + " → " + after.framework_version;
+      text = fmt(gettext("framework %(before)s → %(after)s"), { before: before.framework_version, after: after.framework_version });
     } else {
-      text = "authority v" + before.authority_version + " → v" + after.authority_version;
-      if (typeof after.lock_fingerprint === "string") text += " · lock " + after.lock_fingerprint.slice(0, 15) + "…";
+      text = fmt(gettext("authority v%(before)s → v%(after)s"), { before: before.authority_version, after: after.authority_version });
+      if (typeof after.lock_fingerprint === "string") text += " · " + fmt(gettext("lock %(lock)s…"), { lock: after.lock_fingerprint.slice(0, 15) });
     }
-    return text + (p.intent_id ? " · write intent #" + p.intent_id : "");
+    return text + (p.intent_id ? " · " + fmt(gettext("write intent #%(id)s"), { id: p.intent_id }) : "");
   }
 
   function describeHandoff(what, p) {
-    const job = "handoff " + p.logical_id;
+    const job = { job: p.logical_id };
     if (what === "created") {
       const caps = p.required_capabilities || [];
-      return job + " created" + (caps.length ? " · needs " + caps.join(", ") : "");
+      return fmt(gettext("handoff %(job)s created"), job) + (caps.length ? " · " + fmt(gettext("needs %(caps)s"), { caps: caps.join(", ") }) : "");
     }
     if (what === "claimed") {
-      return job + " claimed by " + p.worker + " · attempt " + p.attempt + (p.reclaimed_after_expiry ? " · previous lease expired" : "");
+      return fmt(gettext("handoff %(job)s claimed by %(worker)s · attempt %(attempt)s"), { job: p.logical_id, worker: p.worker, attempt: p.attempt })
+        + (p.reclaimed_after_expiry ? " · " + gettext("previous lease expired") : "");
     }
-    if (what === "result_consumed") return job + " · result consumed";
-    if (what === "result_invalid") return job + " · invalid result refused";
-    if (what === "result_conflict") return job + " · CONFLICTING result: hard stop";
-    if (what === "conflict_resolved") return job + " · conflict resolved";
-    if (what === "cancelled") return job + " cancelled" + (typeof p.reason === "string" && p.reason ? " · " + NF.reasonText(p.reason) : "");
-    return job + " · " + what.replace(/_/g, " ");
+    if (what === "result_consumed") return fmt(gettext("handoff %(job)s · result consumed"), job);
+    if (what === "result_invalid") return fmt(gettext("handoff %(job)s · invalid result refused"), job);
+    if (what === "result_conflict") return fmt(gettext("handoff %(job)s · CONFLICTING result: hard stop"), job);
+    if (what === "conflict_resolved") return fmt(gettext("handoff %(job)s · conflict resolved"), job);
+    if (what === "cancelled") return fmt(gettext("handoff %(job)s cancelled"), job) + (typeof p.reason === "string" && p.reason ? " · " + NF.reasonText(p.reason) : "");
+    return fmt(gettext("handoff %(job)s"), job) + " · " + what.replace(/_/g, " ");
   }
 
   function describeReview(what, p) {
-    const gate = "review gate #" + p.gate_id;
-    if (what === "gate_opened") return gate + " opened · " + p.route + " route · " + p.required_verdicts + " verdict(s) needed";
-    if (what === "verdict_bound") return gate + " · verdict bound (" + p.bound_verdicts + " of " + p.required_verdicts + ")";
-    if (what === "packet_claimed") return gate + " · packet #" + p.packet_id + " claimed";
-    return gate + " · " + what.replace("gate_", "").replace(/_/g, " ");
+    const gate = { gate: p.gate_id };
+    if (what === "gate_opened") {
+      return fmt(gettext("review gate #%(gate)s opened · %(route)s route · %(n)s verdict(s) needed"), { gate: p.gate_id, route: p.route, n: p.required_verdicts });
+    }
+    if (what === "verdict_bound") {
+      return fmt(gettext("review gate #%(gate)s · verdict bound (%(bound)s of %(n)s)"), { gate: p.gate_id, bound: p.bound_verdicts, n: p.required_verdicts });
+    }
+    if (what === "packet_claimed") return fmt(gettext("review gate #%(gate)s · packet #%(packet)s claimed"), { gate: p.gate_id, packet: p.packet_id });
+    const action = what.replace("gate_", "");
+    return fmt(gettext("review gate #%(gate)s"), gate) + " · " + (GATE_ACTIONS[action] || action.replace(/_/g, " "));
   }
 
   const STATES = ["created", "running", "idle", "awaiting_user", "awaiting_external", "completed", "failed", "terminated", "stale"];
@@ -208,7 +267,7 @@
   NF.renderEvent = function (ev, opts) {
     const li = el("li", { class: "ev fresh", "data-id": ev.id, "data-type": ev.type });
     const head = el("div", { class: "ev-head" });
-    head.append(el("span", { class: "ev-type" }, ev.type));
+    head.append(el("span", { class: "ev-type", title: ev.type }, NF.eventWords(ev.type)));
     const when = el("span", { class: "ev-when" });
     when.append(NF.timeEl(ev.created_at));
     head.append(when);
@@ -216,13 +275,18 @@
     const to = ev.type === "session.transitioned" ? ev.payload.to : null;
     if (STATES.includes(to)) { body.append(el("span", { class: "badge st-" + to, title: to }, NF.stateLabel(to))); body.append(" "); }
     if (ev.session_id && opts && opts.showSession) {
-      body.append(el("a", { href: "/sessions/" + ev.session_id + "/" }, "session #" + ev.session_id));
+      body.append(el("a", { href: "/sessions/" + ev.session_id + "/" }, interpolate(gettext("session #%(id)s"), { id: ev.session_id }, true)));
       body.append(" · ");
     }
     body.append(el("span", { class: "ev-sum" }, NF.describe(ev.type, ev.payload, ev.family)));
-    body.append(" ");
-    body.append(el("span", { class: "ev-id" }, "#" + ev.id));
-    li.append(head, body);
+    const details = el("details", { class: "ev-details" });
+    details.append(el("summary", {}, label("details", "details")));
+    details.append(el("span", { class: "ev-id" }, label("event", "event #{id}").split("{id}").join(String(ev.id))));
+    details.append(" · ");
+    details.append(el("code", {}, ev.type));
+    const tech = NF.technicalDetails(ev.payload);
+    if (tech) { details.append(" · "); details.append(el("span", { class: "ev-tech" }, tech)); }
+    li.append(head, body, details);
     return li;
   };
 
@@ -238,11 +302,11 @@
   // ------------------------------------------------------------------ times and countdowns
   NF.relative = function (date) {
     const s = Math.round((Date.now() - date.getTime()) / 1000);
-    if (s < 10) return "just now";
-    if (s < 60) return s + " s ago";
-    if (s < 3600) return Math.floor(s / 60) + " min ago";
-    if (s < 86400) return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min ago";
-    return Math.floor(s / 86400) + " d ago";
+    if (s < 10) return gettext("just now");
+    if (s < 60) return interpolate(gettext("%(n)s s ago"), { n: s }, true);
+    if (s < 3600) return interpolate(gettext("%(n)s min ago"), { n: Math.floor(s / 60) }, true);
+    if (s < 86400) return interpolate(gettext("%(h)s h %(m)s min ago"), { h: Math.floor(s / 3600), m: Math.floor((s % 3600) / 60) }, true);
+    return interpolate(gettext("%(n)s d ago"), { n: Math.floor(s / 86400) }, true);
   };
 
   function clock(seconds) {
@@ -257,7 +321,8 @@
       const left = (new Date(c.dataset.expires).getTime() - Date.now()) / 1000;
       c.classList.toggle("expired", left <= 0);
       c.classList.toggle("soon", left > 0 && left < 15);
-      c.textContent = left > 0 ? "expires in " + clock(left) : "expired " + clock(left) + " ago";
+      c.textContent = left > 0 ? interpolate(gettext("expires in %(clock)s"), { clock: clock(left) }, true)
+                              : interpolate(gettext("expired %(clock)s ago"), { clock: clock(left) }, true);
     }
   };
 
@@ -279,8 +344,8 @@
     const btn = e.target.closest("button.copy[data-copy]");
     if (!btn) return;
     const ok = await copyText(btn.dataset.copy);
-    btn.textContent = ok ? "copied" : "failed";
-    setTimeout(() => { btn.textContent = "copy"; }, 1200);
+    btn.textContent = ok ? gettext("copied") : gettext("failed");
+    setTimeout(() => { btn.textContent = gettext("copy"); }, 1200);
   });
 
   document.addEventListener("submit", (e) => {
@@ -312,6 +377,16 @@
       if (d.height != null) n.style.height = d.height + "px";
     }
     NF.placeLabels(root);
+    NF.fitBarLabels(root);
+  };
+
+  /** A bar's label that does not fit its bar is hidden (the bar's tooltip still says it):
+   * never a label cut to its first letter. */
+  NF.fitBarLabels = function (root) {
+    for (const span of (root || document).querySelectorAll(".tl-bar > span, .tl-span > span")) {
+      span.classList.remove("cut");
+      if (span.scrollWidth > span.parentElement.clientWidth + 1) span.classList.add("cut");
+    }
   };
 
   /** Checkpoint labels, placed again from their measured boxes (the server placed them from an
@@ -342,7 +417,7 @@
       track.classList.add("lanes-" + used);
     }
   };
-  window.addEventListener("resize", () => NF.placeLabels(document));
+  window.addEventListener("resize", () => { NF.placeLabels(document); NF.fitBarLabels(document); });
 
   document.addEventListener("DOMContentLoaded", () => {
     NF.layout(document);

@@ -6,6 +6,24 @@
 (function () {
   "use strict";
   document.documentElement.classList.add("js");
+  // The page's language: the script catalog base.html renders as JSON (<script id="nf-i18n">,
+  // templatetags/page_language.py). No catalog (English): the strings as written here. Its plural
+  // rule is Django's expression: "0" (one form, as in Chinese) or null (English: one and many).
+  var I18N = {};
+  try { I18N = JSON.parse((document.getElementById("nf-i18n") || {}).textContent || "{}") || {}; } catch (e) { I18N = {}; }
+  var CATALOG = I18N.catalog || {};
+  function gettext(s) {
+    var v = CATALOG[s];
+    return typeof v === "string" ? v : (Array.isArray(v) ? v[0] : s);
+  }
+  function ngettext(one, many, n) {
+    var v = CATALOG[one];
+    if (Array.isArray(v)) return I18N.plural === "0" ? v[0] : v[n === 1 ? 0 : Math.min(1, v.length - 1)];
+    return n === 1 ? one : many;
+  }
+  function interpolate(fmt, obj) {
+    return fmt.replace(/%\((\w+)\)s/g, function (m, k) { return String(obj[k]); });
+  }
 
   function flash(button, text) {
     var original = button.dataset.label || button.textContent;
@@ -17,7 +35,7 @@
 
   function copyText(text, button) {
     if (navigator.clipboard && window.isSecureContext) {
-      navigator.clipboard.writeText(text).then(function () { flash(button, "Copied"); }, function () { fallback(text, button); });
+      navigator.clipboard.writeText(text).then(function () { flash(button, gettext("Copied")); }, function () { fallback(text, button); });
     } else {
       fallback(text, button);
     }
@@ -34,7 +52,7 @@
     var ok = false;
     try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
     document.body.removeChild(area);
-    flash(button, ok ? "Copied" : "Select and copy");
+    flash(button, ok ? gettext("Copied") : gettext("Select and copy"));
   }
 
   document.addEventListener("click", function (event) {
@@ -79,17 +97,21 @@
   // ---- findings checked in the browser (same rules as the server)
   var form = document.querySelector("form.verdict-form");
   var LINE_PART = /^(?:l|line|lines)?\s*\.?\s*(\d{1,7})\s*(?:(?:-|\u2013|\u2014|to)\s*(?:l|line)?\s*\.?\s*(\d{1,7}))?$/i;
-  var HINT = "a line or range of the candidate, e.g. L3, L3-5 or L3, L7";
+  var HINT = gettext("a line or range of the candidate, e.g. L3, L3-5 or L3, L7");
 
   function locationError(text, lines) {
     var parts = text.split(/[,;]/).map(function (p) { return p.trim(); });
     for (var k = 0; k < parts.length; k++) {
       var m = LINE_PART.exec(parts[k]);
-      if (!parts[k] || !m) return "Say which line it is about: " + HINT + ".";
+      if (!parts[k] || !m) return interpolate(gettext("Say which line it is about: %(hint)s."), { hint: HINT }, true);
       var start = parseInt(m[1], 10), end = m[2] ? parseInt(m[2], 10) : start;
-      if (start > end) return "The range " + start + "-" + end + " runs backwards.";
+      if (start > end) return interpolate(gettext("The range %(start)s-%(end)s runs backwards."), { start: start, end: end }, true);
       var bad = [start, end].filter(function (n) { return n < 1 || n > lines; });
-      if (bad.length) return "Line " + bad[0] + " is not in the candidate (it has " + lines + " line" + (lines === 1 ? "" : "s") + ").";
+      if (bad.length) {
+        return interpolate(ngettext("Line %(line)s is not in the candidate (it has %(lines)s line).",
+                                    "Line %(line)s is not in the candidate (it has %(lines)s lines).", lines),
+                           { line: bad[0], lines: lines }, true);
+      }
     }
     return "";
   }

@@ -64,7 +64,7 @@
       NF.prependToFeed(feed, ev, { showSession: false });
       if (ev.type === "session.transitioned") paintState(ev.payload.to);
       if (ev.type === "session.forgotten") {
-        const note = NF.el("p", { class: "alert", role: "alert" }, "This session has been forgotten: its record is gone.");
+        const note = NF.el("p", { class: "alert", role: "alert" }, NF.gettext("This session has been forgotten: its record is gone."));
         root.prepend(note);
         return;
       }
@@ -87,10 +87,11 @@
         const at = new Date(b.dataset.leaseExpires);
         if (at.getTime() > Date.now()) continue;
         b.dataset.leaseFlipped = "1";
-        b.textContent = "lease expired";
+        b.textContent = NF.gettext("lease expired");
         b.classList.remove("rt-live");
         b.classList.add("rt-expired", "problem");
-        b.title = "the lease ran out at " + at.toISOString().replace("T", " ").slice(0, 19) + " UTC: the runtime is gone";
+        b.title = NF.interpolate(NF.gettext("the lease ran out at %(at)s UTC: the runtime is gone"),
+                                { at: at.toISOString().replace("T", " ").slice(0, 19) }, true);
         const row = b.closest("tr.rt-row");
         if (row) row.classList.add("lease-expired");
       }

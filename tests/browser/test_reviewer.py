@@ -108,7 +108,7 @@ def test_reviewer_reads_a_packet_and_submits_a_review(server, page, project):
     short = f"{gate.packet.fingerprint[:11]}…{gate.packet.fingerprint[-4:]}"
     assert re.search(r"Review submitted", text) and re.search(r"recorded at \d\d:\d\d UTC", text), text
     assert f"Bound to {short}" in text
-    assert "revise" in text and "between what?" in text
+    assert "Needs revision" in text and "between what?" in text  # the decision in the form's words
     assert page.locator("form.verdict-form").count() == 0
     expect(page.locator("#back-to-queue")).to_have_text("Back to the review queue")
     expect(page.locator("#no-next")).to_have_text("No other packet is waiting for you.")

@@ -57,7 +57,8 @@ def test_queue_lists_my_packets_oldest_first_and_nothing_about_the_project(world
     html = as_user("alice").get("/reviews/").content.decode()
     ids = [int(i) for i in re.findall(r'data-packet-id="(\d+)"', html)]
     assert ids == [first.packet.id, second.packet.id]
-    assert "Peer-chat relay" in html and "Reviewer page" in html and "ago" in html
+    assert "Peer-chat relay" in html and "Reviewer page" in html and "waiting for you for" in html
+    assert html.count("A passage of 4 lines") == 2 and "Packet #" not in html  # what is to be read, not an id
     for secret in ("lighthouse", "Lighthouse", "chapter-01", "writer", "claude-code", "Mara"):
         assert secret not in html
     bob = as_user("bob").get("/reviews/").content.decode()

@@ -212,7 +212,7 @@ def test_the_page_speaks_plainly(world, as_user):
     html = resp.content.decode()
     assert resp.status_code == 422
     plain = html.split('<ul class="plain">', 1)[1].split("</ul>", 1)[0]
-    assert "Please choose a decision: pass, revise or reject." in plain
+    assert "Please choose a decision: Pass, Needs revision or Reject." in plain
     assert "Please give Clarity a whole-number score from 1 to 5." in plain
     assert "Please choose how sure you are." in plain
     assert "validation_error" not in plain and "scores.clarity" not in plain and "Not bound" not in html

@@ -158,7 +158,7 @@ class Command(BaseCommand):
                 {"key": "clarity", "label": "Clarity", "scale": {"min": 1, "max": 5},
                  "description": "Can a reader follow every sentence?"},
                 {"key": "voice", "label": "Voice", "scale": {"min": 1, "max": 5},
-                 "description": "Does it sound like the rest of the book?"},
+                 "description": "Does the narrating voice hold steady from the first line to the last?"},
             ]},
         ))
         # Making draft 2 current is a consequential write: it waits for a manager's approval.
