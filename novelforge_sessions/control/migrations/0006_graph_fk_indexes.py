@@ -27,7 +27,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("control", "0005_graph_blob_chunks"),
-        ("novelforge_sessions", "0008_write_path_fk_indexes"),
+        ("novelforge_sessions", "0010_write_path_fk_indexes"),
     ]
 
     operations = [

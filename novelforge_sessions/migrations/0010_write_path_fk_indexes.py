@@ -41,7 +41,7 @@ def _sql() -> list[migrations.RunSQL]:
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("novelforge_sessions", "0007_refs_cited_gin"),
+        ("novelforge_sessions", "0009_language_preference"),
     ]
 
     operations = [
