@@ -25,7 +25,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from novelforge_sessions.apikit.schemas import loads_json
 from novelforge_sessions.errors import MalformedBody, NotFound, ServiceError, ValidationFailed
-from novelforge_sessions.models import Project, Session
+from novelforge_sessions.models import Membership, Project, Session
 from novelforge_sessions.session_runtime import UNSTORABLE_TEXT
 from reviews import actions, calibration as scoring, relay
 from reviews.access import assignment_for, assignments_for, managed_project_ids, reviewer_for_user
@@ -414,6 +414,6 @@ def gates(request: HttpRequest) -> HttpResponse:
     return render(request, "reviews/gates.html", {
         "waiting": rows(waiting), "finished": rows(finished), "totals": totals,
         "projects": Project.objects.filter(id__in=project_ids).order_by("name"),
-        "show_project": len(project_ids) > 1, "has_queue": bool(assignments_for(reviewer_for_user(request.user)).exists()),
+        "show_project": len(project_ids) > 1, "has_queue": Membership.objects.filter(user=request.user, role=Membership.Role.REVIEWER).exists(),
         **_nav(request),
     })

@@ -41,8 +41,9 @@ def test_a_manager_who_also_reviews_keeps_the_dashboard_and_gets_a_reviews_link(
     html = client.get("/").content.decode()
     assert nav_links(html) == ["Sessions", "Reviews", "Calibration"]
     assert re.search(r'<a href="/" class="active" aria-current="page">Sessions</a>', html)
-    # a manager's "Reviews" is the project's gates (their own queue is linked from there)
     assert '<a href="/reviews/gates/">Reviews</a>' in html and '<a href="/reviews/calibration/">Calibration</a>' in html
+    # The project's gates, and from there the review queue of the projects they review.
+    assert '<a href="/reviews/">Your own review queue</a>' in client.get("/reviews/gates/").content.decode()
     for url in (f"/sessions/{session.id}/", f"/projects/{project.id}/", f"/sessions/{session.id}/resume/"):
         assert nav_links(client.get(url).content.decode()) == ["Sessions", "Reviews", "Calibration"], url
 
