@@ -116,6 +116,7 @@ EVENT_WORDS: dict[str, str] = {
     "handoff.result_consumed": _("worker's result used"),
     "handoff.result_invalid": _("worker's result refused"),
     "handoff.result_conflict": _("conflicting result"),
+    "handoff.waiting_long": _("job waiting too long"),
     "handoff.conflict_resolved": _("conflict resolved"),
     "write_intent.created": _("write proposed"),
     "write_intent.approved": _("write approved"),
@@ -849,6 +850,8 @@ def _describe_handoff(event: ev.EventType, p: dict[str, Any]) -> str:
         return _("handoff %(job)s · CONFLICTING result: hard stop") % job
     if event is ev.HANDOFF_CONFLICT_RESOLVED:
         return _("handoff %(job)s · conflict resolved") % job
+    if event is ev.HANDOFF_WAITING_LONG:
+        return _("handoff %(job)s · waiting for %(minutes)s min") % {**job, "minutes": int(p.get("waited_seconds") or 0) // 60}
     if event is ev.HANDOFF_CANCELLED:
         return _("handoff %(job)s cancelled") % job + _why(p)
     return _("handoff %(job)s") % job + f" · {_action(event).replace('_', ' ')}"

@@ -231,6 +231,7 @@
     if (what === "result_invalid") return fmt(gettext("handoff %(job)s · invalid result refused"), job);
     if (what === "result_conflict") return fmt(gettext("handoff %(job)s · CONFLICTING result: hard stop"), job);
     if (what === "conflict_resolved") return fmt(gettext("handoff %(job)s · conflict resolved"), job);
+    if (what === "waiting_long") return fmt(gettext("handoff %(job)s · waiting for %(minutes)s min"), { job: p.logical_id, minutes: Math.floor((p.waited_seconds || 0) / 60) });
     if (what === "cancelled") return fmt(gettext("handoff %(job)s cancelled"), job) + (typeof p.reason === "string" && p.reason ? " · " + NF.reasonText(p.reason) : "");
     return fmt(gettext("handoff %(job)s"), job) + " · " + what.replace(/_/g, " ");
   }

@@ -194,6 +194,8 @@ SUMMARY_CASES = [
      "handoff c1 claimed by w-1 · attempt 2 · previous lease expired"),
     ("handoff.result_consumed", {"logical_id": "c1", "result_hash": "sha256:…"}, "handoff c1 · result consumed"),
     ("handoff.result_conflict", {"logical_id": "c1"}, "handoff c1 · CONFLICTING result: hard stop"),
+    ("handoff.waiting_long", {"logical_id": "c1", "state": "pending", "waited_seconds": 1000, "threshold_seconds": 900},
+     "handoff c1 · waiting for 16 min"),
     ("handoff.cancelled", {"logical_id": "c1", "reason": "not needed"}, "handoff c1 cancelled · not needed"),
     ("review.gate_opened", {"gate_id": 3, "route": "page", "required_verdicts": 1},
      "review gate #3 opened · page route · 1 verdict(s) needed"),
