@@ -63,8 +63,9 @@ def wanted_exporters(environ: Any = None) -> list[str]:
 def setup() -> bool:
     """Install tracing if the environment asks for it (idempotent); whether it is on.
 
-    An unknown exporter name is a ``ValueError``: the process refuses to start rather than run
-    without the traces it was asked for."""
+    An unknown exporter name is a ``ValueError``, and traces asked for without the ``otel`` extra
+    installed a ``RuntimeError``: the process refuses to start rather than run without the traces
+    it was asked for."""
     global ENABLED, _tracer
     if ENABLED:
         return True
@@ -75,11 +76,17 @@ def setup() -> bool:
     if unknown:
         raise ValueError(f"OTEL_TRACES_EXPORTER: unsupported exporter(s) {unknown}; use otlp, console or none")
 
-    from opentelemetry import trace
-    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
-    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    try:
+        from opentelemetry import trace
+        from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    except ImportError as exc:
+        raise RuntimeError(
+            f"the OTEL_* environment asks for traces, but OpenTelemetry is not installed ({exc.name}): "
+            "pip install '.[otel]'"
+        ) from exc
 
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):

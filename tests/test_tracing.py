@@ -173,23 +173,32 @@ def test_the_write_path_spans_arrive_under_their_request_above_their_statements(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_websocket_token_in_the_query_string_is_redacted_in_its_span(project, receiver):
+def test_websockets_have_spans_and_a_token_in_a_query_string_is_redacted(project, receiver):
     import httpx
+    from websockets.sync.client import connect
 
     _, raw = create_token(project, name="agent", permissions=["read"])
     env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url,
            "OTEL_BSP_SCHEDULE_DELAY": "50"}
-    server = DaphneServer(extra_env=env)
+    server = DaphneServer(extra_env=env)  # daphne, as make run serves
     try:
         answer = httpx.get(f"{server.url}/api/v1/sessions?token={raw}", timeout=30)
         assert answer.status_code == 401  # a token is never taken from the query string
-        wait_until(lambda: receiver.named("GET /api/v1/sessions"), "the request's span exported", timeout=30)
+        with connect(f"{server.ws_url}/ws/events/?token={raw}", origin=server.url, open_timeout=30,
+                     additional_headers={"Authorization": f"Bearer {raw}"}) as ws:
+            ws.send(json.dumps({"type": "subscribe", "project_id": project.id}))
+            assert json.loads(ws.recv(timeout=30))["type"]
+        wait_until(lambda: receiver.named("GET /api/v1/sessions") and receiver.named("WS /ws/events/"),
+                   "the request's and the socket's spans exported", timeout=30)
     finally:
         server.stop()
-    [span] = receiver.named("GET /api/v1/sessions")
-    assert span["service"] == tracing.DEFAULT_SERVICE_NAME
-    urls = [v for v in span["attributes"].values() if isinstance(v, str) and "token=" in v]
-    assert urls and all("token=[redacted]" in v for v in urls), span["attributes"]
+    for name in ("GET /api/v1/sessions", "WS /ws/events/"):
+        [span] = receiver.named(name)
+        assert span["service"] == tracing.DEFAULT_SERVICE_NAME and span["kind"] == SERVER_KIND
+        urls = [v for v in span["attributes"].values() if isinstance(v, str) and "token=" in v]
+        assert urls and all("token=[redacted]" in v for v in urls), span["attributes"]
+    # one span for the whole socket: none per message ("WS /ws/events/ websocket receive", …)
+    assert [s["name"] for s in receiver.spans if s["name"].startswith("WS ")] == ["WS /ws/events/"]
     assert raw.encode() not in b"".join(receiver.bodies)
 
 
@@ -260,3 +269,21 @@ def test_an_unknown_exporter_refuses_to_start():
              "DJANGO_SETTINGS_MODULE": "novelforge_sessions.settings", "OTEL_TRACES_EXPORTER": "zipkin"},
     )
     assert out.returncode != 0 and "unsupported exporter(s) ['zipkin']" in out.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_loop_command_traces_each_pass_above_its_statements(receiver):
+    from tests.support.servers import database_url
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+           "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "novelforge_sessions.settings",
+           "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url,
+           "OTEL_SERVICE_NAME": "nf-reconciler"}
+    out = subprocess.run([sys.executable, "manage.py", "reconcile_runtimes"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "no expired runtime leases" in out.stdout, out.stderr
+    # the spans were flushed before the process exited
+    [span] = receiver.named("reconcile")
+    assert span["service"] == "nf-reconciler" and span["parent"] == ""
+    assert span["attributes"] == {"novelforge.runtimes_lost": 0}
+    assert [c for c in receiver.children(span) if c["attributes"].get("db.system") == "postgresql"]
