@@ -18,6 +18,9 @@ server's own ``send`` kept in the scope, so the stream's frames skip the session
 cookie becomes ``scope["user"]``). Agents present a bearer token instead; the consumer checks it
 (``novelforge_sessions.live.consumers``).
 
+With ``OTEL_*`` tracing asked for (``novelforge_sessions.tracing``), the whole application is
+wrapped, outermost, in OpenTelemetry's ASGI instrumentation; without it nothing is.
+
 Last, everything built so far is frozen out of the garbage collector's reach (``gc.freeze``).
 """
 import gc
@@ -27,9 +30,11 @@ from django.core.asgi import get_asgi_application
 
 from novelforge_sessions import bodylimit
 from novelforge_sessions import server
+from novelforge_sessions import tracing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "novelforge_sessions.settings")
 server.install()  # under daphne only: every server patch, version-checked, in one place
+tracing.setup()  # OpenTelemetry, only when the OTEL_* environment asks for it (off: nothing imported)
 # Build the Django app before importing anything that touches models: a model imported before the
 # app registry is ready raises AppRegistryNotReady.
 django_asgi_app = get_asgi_application()
@@ -44,7 +49,9 @@ from novelforge_sessions.live.consumers import RawSendMiddleware  # noqa: E402
 from novelforge_sessions.api.asgi import LeanApiApplication  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-application = ProtocolTypeRouter(
+# With tracing on (tracing.setup above), everything is wrapped, outermost, in the ASGI
+# instrumentation: one server span per request and per websocket; off, nothing is wrapped.
+application = tracing.asgi(ProtocolTypeRouter(
     {
         # Bodies bounded while they stream (outermost); then /api/v1/ through the lean path (one
         # hop into a fixed pool, persistent connections, API_MIDDLEWARE only) and everything else
@@ -56,7 +63,7 @@ application = ProtocolTypeRouter(
         # RawSendMiddleware: the stream's frames skip the session wrapper of send (live/consumers.py).
         "websocket": SameOriginValidator(RawSendMiddleware(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
     }
-)
+))
 
 # Everything imported and built up to here (Django, the apps, the URLconf, the API's schemas:
 # a large heap) lives as long as the process. Left to the collector, every full collection would

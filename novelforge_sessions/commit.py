@@ -32,6 +32,12 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from novelforge_sessions import faults
 
 
+#: The cursor of the one-statement writes: psycopg's own (server-side binding). With tracing on,
+#: ``novelforge_sessions.tracing`` puts its traced subclass here, so these statements have spans
+#: too (they bypass the connection's cursor factory, which the psycopg instrumentation wraps).
+CURSOR: type[psycopg.Cursor] = psycopg.Cursor
+
+
 def own_transaction(using: str = DEFAULT_DB_ALIAS) -> bool:
     """Does a statement sent now commit by itself (autocommit, no atomic block around it)?"""
     return transaction.get_autocommit(using)
@@ -68,7 +74,7 @@ def _prepared_cursor(using: str) -> Any:
     db = connections[using]
     db.ensure_connection()
     with db.wrap_database_errors:
-        raw = psycopg.Cursor(db.connection)  # server-side binding: the statement can be prepared
+        raw = CURSOR(db.connection)  # server-side binding: the statement can be prepared
     # Every int as a bigint: psycopg would otherwise choose each int's type by its size, and a
     # statement is prepared once per set of parameter types (a run id or a size growing past
     # 32767 would prepare it again).

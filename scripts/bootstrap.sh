@@ -297,8 +297,8 @@ fi
 want_sha="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 have_sha="$(cat "$STAMP" 2>/dev/null || true)"
 if [ "$want_sha" != "$have_sha" ]; then
-  log "installing the project into .venv (pip install -e '.[dev]')"
-  "$VPY" -m pip install --disable-pip-version-check -q -e '.[dev]'
+  log "installing the project into .venv (pip install -e '.[dev,otel]')"
+  "$VPY" -m pip install --disable-pip-version-check -q -e '.[dev,otel]'
   printf '%s\n' "$want_sha" > "$STAMP"
 else
   log ".venv up to date"

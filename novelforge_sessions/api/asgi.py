@@ -52,6 +52,7 @@ from django.utils.log import log_response
 from django.utils.module_loading import import_string
 
 from novelforge_sessions.server.hosts import api_refusal, refused_host
+from novelforge_sessions.tracing import carry_context
 
 log = logging.getLogger("novelforge.api")
 
@@ -293,6 +294,9 @@ class LeanApiApplication:
         self.fallback = fallback
         self.handler = ApiHandler()
         self.pool = ApiThreads(settings.API_THREADS, "nf-api")
+        # The hop into the pool: with tracing on, the request's context (its span) goes along, so
+        # the view's spans are its children; off, this is ``pool.run`` itself (no cost per request).
+        self.run = carry_context(self.pool.run)
 
     def respond(self, scope: dict[str, Any], body: bytes) -> Any:
         set_script_prefix(scope.get("root_path", "") or "/")
@@ -328,7 +332,7 @@ class LeanApiApplication:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        response, content = await self.pool.run(self.respond, scope, b"".join(chunks))
+        response, content = await self.run(self.respond, scope, b"".join(chunks))
         if content is None:  # refused before anything ran
             content = response.content
         headers = [(k.encode("ascii"), v.encode("latin1")) for k, v in response.items()]

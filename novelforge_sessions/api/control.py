@@ -10,6 +10,7 @@ from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 
 from novelforge_sessions import leases
+from novelforge_sessions import tracing
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX
@@ -255,9 +256,15 @@ def create_handoff(request: HttpRequest, run_id: int, body: HandoffIn) -> Status
     "`review_route_required` refuses an agent-review slot (claim those with `POST /review-packets/claim`).",
 )
 def claim(request: HttpRequest, body: ClaimIn) -> dict:
-    handoff = handoff_actions.claim_handoff(
-        caller(request), worker=body.worker, capabilities=body.capabilities, handoff_id=body.handoff_id,
-    )
+    with tracing.span("claim", handoff_id=body.handoff_id) as span:
+        handoff = handoff_actions.claim_handoff(
+            caller(request), worker=body.worker, capabilities=body.capabilities, handoff_id=body.handoff_id,
+        )
+        if handoff is None:
+            span.set(outcome="none_eligible")
+        else:
+            span.set(outcome="claimed", handoff_id=handoff.id, session_id=handoff.session_id, run_id=handoff.run_id,
+                     attempt=handoff.attempt)
     return {"handoff": _handoff_out(handoff, receipt=None) if handoff else None}
 
 
@@ -311,10 +318,13 @@ def heartbeat(request: HttpRequest, handoff_id: int, body: LeaseIn) -> dict:
     "result schema or does not cite the job fingerprint), `result_hash_mismatch`.",
 )
 def deliver(request: HttpRequest, handoff_id: int, body: ResultIn) -> dict:
-    done = result_actions.deliver_result(
-        caller(request), handoff_id, fencing_token=body.fencing_token, job_fingerprint=body.job_fingerprint,
-        result=body.result, result_hash=body.result_hash,
-    )
+    with tracing.span("deliver", handoff_id=handoff_id) as span:
+        done = result_actions.deliver_result(
+            caller(request), handoff_id, fencing_token=body.fencing_token, job_fingerprint=body.job_fingerprint,
+            result=body.result, result_hash=body.result_hash,
+        )
+        span.set(outcome=done.outcome, session_id=done.handoff.session_id, run_id=done.handoff.run_id,
+                 delivery_id=done.delivery.id)
     receipt = done.receipt
     return {
         "outcome": done.outcome, "delivery_id": done.delivery.id, "handoff_id": done.handoff.id,

@@ -6,6 +6,7 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Router, Status
 
+from novelforge_sessions import tracing
 from novelforge_sessions.actions import runs as actions
 from novelforge_sessions.control.batch import record_batch
 from novelforge_sessions.control.checkpoints import record_checkpoint
@@ -90,7 +91,10 @@ def end_run(request: HttpRequest, run_id: int, body: RunEndIn):
 )
 def create_checkpoint(request: HttpRequest, run_id: int, body: CheckpointIn):
     payload: dict[str, Any] = body.model_dump(exclude_unset=True)
-    checkpoint = record_checkpoint(caller(request), run_id, payload)
+    with tracing.span("checkpoint", run_id=run_id) as span:
+        checkpoint = record_checkpoint(caller(request), run_id, payload)
+        span.set(session_id=checkpoint.session_id, checkpoint_id=checkpoint.id, seq=checkpoint.seq,
+                 outcome="replayed" if checkpoint.replayed else "created")
     return Status(200 if checkpoint.replayed else 201, checkpoint)
 
 
@@ -109,7 +113,9 @@ def create_checkpoint(request: HttpRequest, run_id: int, body: CheckpointIn):
 )
 def create_batch(request: HttpRequest, run_id: int, body: BatchIn):
     items = [item.model_dump(exclude_unset=True) for item in body.items]
-    count, results = record_batch(caller(request), run_id, items)
+    with tracing.span("batch", run_id=run_id, items=len(items)) as span:
+        count, results = record_batch(caller(request), run_id, items)
+        span.set(checkpoint_count=count, outcome="written")
     return Status(201, {"run_id": run_id, "checkpoint_count": count,
                         "items": [{"kind": r.kind, "checkpoint": r.checkpoint, "cursor": r.cursor} for r in results]})
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja import Router, Status
 
+from novelforge_sessions import tracing
 from novelforge_sessions.actions import runtimes as actions
 from novelforge_sessions.actions import sessions as session_actions
 from novelforge_sessions.apikit.common import caller, errors, get_or_404, keyset
@@ -46,7 +47,9 @@ def get_runtime(request: HttpRequest, runtime_id: int):
     summary="Extend the lease; tells the runtime if its run was asked to abort",
 )
 def heartbeat(request: HttpRequest, runtime_id: int, body: HeartbeatIn | None = None):
-    beat = actions.heartbeat_runtime(caller(request), runtime_id, lease_seconds=body.lease_seconds if body else None)
+    with tracing.span("heartbeat", runtime_id=runtime_id) as span:
+        beat = actions.heartbeat_runtime(caller(request), runtime_id, lease_seconds=body.lease_seconds if body else None)
+        span.set(session_id=beat.session_id, run_id=beat.open_run_id, outcome="abort_requested" if beat.abort_requested else "renewed")
     return {
         "runtime_id": beat.runtime_id, "session_id": beat.session_id, "lease_expires_at": beat.lease_expires_at,
         "open_run_id": beat.open_run_id, "abort_requested": beat.abort_requested,

@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja import Query, Router, Status, Schema
 
+from novelforge_sessions import tracing
 from novelforge_sessions.control import resume as resume_actions
 from novelforge_sessions.actions import sessions as actions
 from novelforge_sessions.actions.runtimes import RuntimeSpec
@@ -134,10 +135,15 @@ def abort(request: HttpRequest, session_id: int, body: AbortIn | None = None):
     "`failed / runtime_lost` before the steps run).",
 )
 def resume(request: HttpRequest, session_id: int, body: ResumeIn):
-    outcome = resume_actions.resume_session(
-        caller(request), session_id, runtime=runtime_spec(body.runtime), checkpoint_id=body.checkpoint_id,
-        dry_run=body.dry_run,
-    )
+    with tracing.span("resume", session_id=session_id, dry_run=body.dry_run) as span:
+        outcome = resume_actions.resume_session(
+            caller(request), session_id, runtime=runtime_spec(body.runtime), checkpoint_id=body.checkpoint_id,
+            dry_run=body.dry_run,
+        )
+        span.set(outcome=("checked" if body.dry_run else "resumed") if outcome.ok else "steps_failed",
+                 checkpoint_id=outcome.checkpoint_id, run_id=outcome.run_id,
+                 runtime_id=outcome.runtime.id if outcome.runtime else None,
+                 failed_steps=sum(1 for s in outcome.steps if not s.ok))
     return outcome.report()
 
 

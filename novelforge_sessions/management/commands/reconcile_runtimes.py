@@ -4,6 +4,7 @@ import time
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from novelforge_sessions import tracing
 from novelforge_sessions.actions.runtimes import reconcile_expired_runtimes
 
 log = logging.getLogger("novelforge.reconciler")
@@ -17,8 +18,11 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=float, default=5.0)
 
     def handle(self, *args, loop: bool, interval: float, **options):
+        tracing.setup()  # OpenTelemetry, only when the OTEL_* environment asks for it
         while True:
-            done = reconcile_expired_runtimes()
+            with tracing.span("reconcile") as span:  # one trace per pass, above its statements
+                done = reconcile_expired_runtimes()
+                span.set(runtimes_lost=len(done))
             for item in done:
                 self.stdout.write(
                     f"runtime {item.runtime_id} of session {item.session_id} lost; session is {item.session_status}"

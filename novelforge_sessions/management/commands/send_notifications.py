@@ -4,6 +4,7 @@ import time
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from novelforge_sessions import tracing
 from novelforge_sessions.notify.mailer import run_once
 
 log = logging.getLogger("novelforge.notify")
@@ -21,9 +22,12 @@ class Command(BaseCommand):
         if loop and once:
             self.stderr.write("--loop and --once exclude each other")
             raise SystemExit(2)
+        tracing.setup()  # OpenTelemetry, only when the OTEL_* environment asks for it
         while True:
             try:
-                counts = run_once()
+                with tracing.span("send_notifications") as span:  # one trace per pass
+                    counts = run_once()
+                    span.set(mails=counts["mails"], failed=counts["failed"])
             except Exception:
                 if not loop:
                     raise

@@ -5,6 +5,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from novelforge_sessions import tracing
 from novelforge_sessions.control.long_waits import notice_long_waits
 from novelforge_sessions.webhooks.sender import CONCURRENCY, run_once
 
@@ -26,11 +27,14 @@ class Command(BaseCommand):
             raise SystemExit(2)
         # httpx logs every request's URL at INFO; a webhook URL may carry a secret (a relay's path).
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        tracing.setup()  # OpenTelemetry, only when the OTEL_* environment asks for it
         while True:
             try:
                 # A handoff waiting longer than the setting becomes an event first, so this pass sends it.
-                notice_long_waits(settings.HANDOFF_LONG_WAIT_SECONDS)
-                counts = run_once(concurrency=concurrency)
+                with tracing.span("send_webhooks") as span:  # one trace per pass
+                    notice_long_waits(settings.HANDOFF_LONG_WAIT_SECONDS)
+                    counts = run_once(concurrency=concurrency)
+                    span.set(attempts=counts["attempts"], delivered=counts["delivered"], failed=counts["failed"])
             except Exception:
                 if not loop:
                     raise

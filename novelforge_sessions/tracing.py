@@ -1,0 +1,226 @@
+"""OpenTelemetry traces: off by default, on with the standard ``OTEL_*`` environment variables.
+
+One module sets tracing up, once per process, at start-up (:func:`setup`): the ASGI entry
+(``novelforge_sessions/asgi.py``, under daphne and uvicorn alike) and the commands that run
+loops (``reconcile_runtimes``, ``send_webhooks``, ``send_notifications``). Tracing is on when
+
+- ``OTEL_SDK_DISABLED`` is not ``true``, and
+- ``OTEL_TRACES_EXPORTER`` names exporters (``otlp``, ``console``, or both, comma-separated;
+  ``none`` is off), or, with it unset, ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+  ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set (then ``otlp``).
+
+Everything else is the SDK's own reading of the standard variables: ``OTEL_SERVICE_NAME``
+(``novelforge-sessions`` when neither it nor ``OTEL_RESOURCE_ATTRIBUTES`` names one), the OTLP/HTTP
+exporter's endpoint, headers and timeout, the batch processor's ``OTEL_BSP_*``, the sampler's
+``OTEL_TRACES_SAMPLER``, and ``OTEL_PYTHON_ASGI_EXCLUDED_URLS``.
+
+When on, :func:`setup` installs the SDK's tracer provider, instruments psycopg (one span per
+statement, its text with placeholders, never its parameters) and makes :func:`asgi` wrap the
+application in the ASGI instrumentation (one server span per HTTP request and per websocket,
+named ``METHOD /path/{id}``; string attributes go through the log redaction, so a token in a
+query string is never exported). The write path opens its own spans with :func:`span`
+(``checkpoint``, ``claim``, ``deliver``, ``resume``, ...): under the request's span, above the
+statements they run.
+
+When off (the default), nothing of OpenTelemetry is imported and nothing is wrapped: :func:`asgi`
+and :func:`carry_context` return what they are given, and :func:`span` returns one shared object
+whose ``with`` does nothing. ``tests/test_tracing.py`` checks both sides against a real server.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable
+
+from novelforge_sessions.errors import ServiceError
+from novelforge_sessions.logredact import redact
+
+#: The service name spans carry when the environment names none.
+DEFAULT_SERVICE_NAME = "novelforge-sessions"
+#: The prefix of the write path's own span attributes.
+PREFIX = "novelforge."
+EXPORTERS = ("otlp", "console")
+
+#: True once :func:`setup` installed tracing in this process.
+ENABLED = False
+_tracer: Any = None
+
+
+def wanted_exporters(environ: Any = None) -> list[str]:
+    """The exporters the environment asks for; empty when tracing is off."""
+    environ = os.environ if environ is None else environ
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return []
+    named = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if named:
+        names = [n.strip() for n in named.split(",") if n.strip()]
+        return [] if names == ["none"] else names
+    if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return ["otlp"]
+    return []
+
+
+def setup() -> bool:
+    """Install tracing if the environment asks for it (idempotent); whether it is on.
+
+    An unknown exporter name is a ``ValueError``, and traces asked for without the ``otel`` extra
+    installed a ``RuntimeError``: the process refuses to start rather than run without the traces
+    it was asked for."""
+    global ENABLED, _tracer
+    if ENABLED:
+        return True
+    names = wanted_exporters()
+    if not names:
+        return False
+    unknown = [n for n in names if n not in EXPORTERS]
+    if unknown:
+        raise ValueError(f"OTEL_TRACES_EXPORTER: unsupported exporter(s) {unknown}; use otlp, console or none")
+
+    try:
+        from opentelemetry import trace
+        from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    except ImportError as exc:
+        raise RuntimeError(
+            f"the OTEL_* environment asks for traces, but OpenTelemetry is not installed ({exc.name}): "
+            "pip install '.[otel]'"
+        ) from exc
+
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = Resource.create({SERVICE_NAME: DEFAULT_SERVICE_NAME})
+    provider = TracerProvider(resource=resource)  # flushes and shuts down at interpreter exit
+    for name in names:
+        if name == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        else:
+            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    trace.set_tracer_provider(provider)
+    PsycopgInstrumentor().instrument(tracer_provider=provider, skip_dep_check=True)
+    # The one-statement writes open their cursor themselves (commit.py), past the connection's
+    # cursor factory that the instrumentation wraps: they get the instrumentation's traced class.
+    import psycopg
+    from opentelemetry.instrumentation.psycopg import _new_cursor_factory
+
+    from novelforge_sessions import commit
+
+    commit.CURSOR = _new_cursor_factory(base_factory=psycopg.Cursor, tracer_provider=provider)
+    _tracer = trace.get_tracer("novelforge_sessions")
+    ENABLED = True
+    return True
+
+
+# ---- the ASGI application and the lean API path's thread hop
+
+_ID_SEGMENT = re.compile(r"/\d+(?=/|$)")
+
+
+def _span_details(scope: dict[str, Any]) -> tuple[str, dict]:
+    """The server span's name: the method and the path with its numeric ids as ``{id}`` (a name
+    of few values, as the semantic conventions ask); a websocket's is ``WS /path``."""
+    path = _ID_SEGMENT.sub("/{id}", scope.get("path", ""))
+    method = scope.get("method") or ("WS" if scope.get("type") == "websocket" else "")
+    return f"{method} {path}".strip(), {}
+
+
+def _redact_attributes(span: Any, scope: dict[str, Any]) -> None:
+    """The server span's string attributes redacted as log lines are (a token in a query string)."""
+    for key, value in list((getattr(span, "attributes", None) or {}).items()):
+        if isinstance(value, str):
+            cleaned = redact(value)
+            if cleaned != value:
+                span.set_attribute(key, cleaned)
+
+
+def asgi(application: Any) -> Any:
+    """``application`` wrapped in the ASGI instrumentation when tracing is on; else itself."""
+    if not ENABLED:
+        return application
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+    return OpenTelemetryMiddleware(
+        application, default_span_details=_span_details, server_request_hook=_redact_attributes,
+        exclude_spans=["receive", "send"],  # one span per request or socket, not one per ASGI message
+    )
+
+
+def carry_context(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run(fn, *args)`` (a hop to another thread) made to run ``fn`` in the caller's context, so
+    the request's span is the parent of what ``fn`` does; ``run`` itself when tracing is off."""
+    if not ENABLED:
+        return run
+    import contextvars
+
+    def run_in_context(fn: Callable[..., Any], *args: Any) -> Any:
+        return run(contextvars.copy_context().run, fn, *args)
+
+    return run_in_context
+
+
+# ---- the write path's own spans
+
+
+class _NoSpan:
+    """What :func:`span` returns when tracing is off: a ``with`` that does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NoSpan:
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+    def set(self, **attributes: Any) -> None:
+        pass
+
+
+_NO_SPAN = _NoSpan()
+
+
+def _attributes(attributes: dict[str, Any]) -> dict[str, Any]:
+    return {PREFIX + k: v for k, v in attributes.items() if v is not None}
+
+
+class _Span:
+    """An action's span, current while its ``with`` runs. A refusal (a ``ServiceError``) sets
+    ``novelforge.outcome=refused`` and ``novelforge.refusal=<code>``; any other exception marks
+    the span as an error with the exception recorded."""
+
+    __slots__ = ("name", "attributes", "_manager", "span")
+
+    def __init__(self, name: str, attributes: dict[str, Any]) -> None:
+        self.name, self.attributes = name, attributes
+
+    def __enter__(self) -> _Span:
+        self._manager = _tracer.start_as_current_span(
+            self.name, attributes=_attributes(self.attributes), record_exception=False, set_status_on_exception=False,
+        )
+        self.span = self._manager.__enter__()
+        return self
+
+    def set(self, **attributes: Any) -> None:
+        self.span.set_attributes(_attributes(attributes))
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        if isinstance(exc, ServiceError):
+            self.set(outcome="refused", refusal=exc.code)
+        elif exc is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            self.span.record_exception(exc)
+            self.span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        return bool(self._manager.__exit__(kind, exc, tb))
+
+
+def span(name: str, **attributes: Any) -> Any:
+    """``with span("checkpoint", run_id=7) as s: ...; s.set(outcome="created")``: a span named
+    ``name`` with ``novelforge.``-prefixed attributes (``None`` values left out). Ids, outcomes and
+    refusal codes only: never a token, a body or content."""
+    if not ENABLED:
+        return _NO_SPAN
+    return _Span(name, attributes)
