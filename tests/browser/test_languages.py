@@ -26,9 +26,10 @@ LANGUAGES = ["en", "zh-hans"]
 SWITCH = {"en": "English", "zh-hans": "简体中文"}
 NAV = {"en": ["Sessions", "Reviews", "Calibration"], "zh-hans": ["会话", "审阅", "校准"]}
 CATALOGS = [ROOT / "locale" / "zh_Hans" / "LC_MESSAGES" / f"{d}.po" for d in ("django", "djangojs")]
-#: Words that are also data on these pages (a role, a state code in a title, a route key): a one-word
-#: message equal to one of these is not looked for.
-DATA_WORDS = {"live"}
+#: Words that are also data on these pages (a role, a state code in a title, a route key), and the
+#: product's name (a proper name, shown as is in every language, and the head of the emails'
+#: subjects: "NovelForge: …"): a one-word fragment equal to one of these is not looked for.
+DATA_WORDS = {"live", "novelforge"}
 
 
 def _english_ui_strings() -> list[str]:
