@@ -46,7 +46,7 @@ WHAT = {
     "batch": "POST /runs/{id}/batch of 10 checkpoints (reference; per checkpoint)",
     "stream_on": "raw, with 10 websocket subscribers on the project (P5)",
     "mcp": "MCP checkpoint tool, SDK client over stdio, one novelforge-mcp per client",
-    "floor": "bare django-ninja one-insert endpoint, same ASGI entry and daphne as ours",
+    "floor": "bare django-ninja one-insert endpoint, same ASGI entry and server as ours",
 }
 
 
@@ -204,7 +204,7 @@ def print_workloads(rows: list[dict[str, Any]]) -> None:
         print(f"{r['workload']:<15}{r['steps_per_s']:>20}{r['machine_cpu_ms_per_step']:>24}{r['own_cpu_ms_per_step']:>24}"
               f"{r['server_cpu_ms_per_step']:>24}{r['p50_ms']:>20}  {r['what']}")
     print("* diagnostics only, never a verdict: own = the workload's processes (clients, server, MCP servers) and its")
-    print("  database's PostgreSQL backends, which other tenants of the machine do not inflate; server = daphne alone.")
+    print("  database's PostgreSQL backends, which other tenants of the machine do not inflate; server = the server process alone.")
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
