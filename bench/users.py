@@ -381,13 +381,15 @@ def ours_fixture(label: str, runs: int) -> tuple[str, list[int], int]:
 #: The server the workloads run on (``--server``): ``uvicorn`` as production serves
 #: (``python -m novelforge_sessions.serve``), or ``daphne`` as ``make run`` serves.
 SERVER = ["uvicorn"]
+#: Server processes (``--workers``): uvicorn's own supervisor behind one port.
+WORKERS = [1]
 
 
 def start_server(name: str, db_url: str, log_file: Path) -> Daphne:
     if name == "floor":
         return Daphne(db_url, log_file, extra_env=SERVER_ENV, app="floorapp.asgi:application", settings="floorapp.settings",
-                      server=SERVER[0])
-    return Daphne(db_url, log_file, extra_env=SERVER_ENV, server=SERVER[0])
+                      server=SERVER[0], workers=WORKERS[0])
+    return Daphne(db_url, log_file, extra_env=SERVER_ENV, server=SERVER[0], workers=WORKERS[0])
 
 
 # ---------------------------------------------------------------- one workload
@@ -672,11 +674,14 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--server", choices=["uvicorn", "daphne"], default="uvicorn",
                         help="uvicorn: the production server (python -m novelforge_sessions.serve); daphne: as make run serves")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="server processes (uvicorn only): 2 = one per core, as make serve-cluster runs")
     parser.add_argument("--seconds", type=float, default=10.0, help="the measured window")
     parser.add_argument("--count", type=int, default=100, help="p2: checkpoints per try; p3: replays")
     parser.add_argument("--log-file", default=str(BENCH_DIR / "results" / "users.log"), help="where servers write")
     args = parser.parse_args()
     SERVER[0] = args.server
+    WORKERS[0] = args.workers
     try:
         if args.workload == "p2":
             result = count_p2(args)

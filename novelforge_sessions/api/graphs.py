@@ -9,6 +9,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 
+from novelforge_sessions.apikit.auth import RECALL
 from novelforge_sessions.apikit.common import caller, errors
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.api.schemas import CAPABILITIES, SHORT_NAME, Memory
@@ -245,6 +246,7 @@ def _out(items: list[GraphCheckpoint], project_ids) -> list[dict[str, Any]]:
 
 @router.post(
     "/graph-threads/checkpoints", response={200: GraphPutOut, 201: GraphPutOut, **errors(403, 404, 409, 413)},
+    auth=RECALL,
     summary="Put a graph checkpoint (a LangGraph thread is a session; 201 new, 200 an identical retry)",
 )
 def put_checkpoint(request: HttpRequest, body: GraphPutIn):
@@ -266,6 +268,7 @@ def put_checkpoint(request: HttpRequest, body: GraphPutIn):
 
 @router.post(
     "/graph-threads/writes", response={200: GraphWritesOut, **errors(403, 404, 409, 413)},
+    auth=RECALL,
     summary="Store a task's pending writes against a graph checkpoint id (a repeated (task, idx) is stored once)",
 )
 def put_writes(request: HttpRequest, body: GraphWritesIn):

@@ -10,7 +10,7 @@ from novelforge_sessions import tracing
 from novelforge_sessions.actions import runs as actions
 from novelforge_sessions.control.batch import record_batch
 from novelforge_sessions.control.checkpoints import record_checkpoint
-from novelforge_sessions.apikit.auth import TokenAuth
+from novelforge_sessions.apikit.auth import RECALL
 from novelforge_sessions.apikit.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import (
     BatchIn, BatchOut, CheckpointIn, CheckpointOut, CursorIn, RunEndIn, RunIn, RunOut, RunStateName,
@@ -20,8 +20,6 @@ from novelforge_sessions.models import Checkpoint, Run
 
 router = Router(tags=["runs"])
 
-#: The checkpoint and batch writes check a recalled token in their run lock (apikit/auth.py).
-RECALL = TokenAuth(recall=True)
 
 
 @router.post(

@@ -4,8 +4,8 @@ The token is hashed and looked up in one indexed read; ``last_used_at`` is refre
 once per ``TOKEN_LAST_USED_RESOLUTION_SECONDS`` by a conditional UPDATE, so a busy agent's
 requests stay read-only on the auth path (docs/model.md#one-transaction-per-write). Tokens never appear in logs.
 
-**Recalled callers** (``TokenAuth(recall=True)``: the checkpoint and batch writes, the hottest
-routes). The lookup is a round trip of its own, on the routes an agent calls most. On these
+**Recalled callers** (``RECALL``: the checkpoint and batch writes and the graph put and
+writes, the hottest routes). The lookup is a round trip of its own, on the routes an agent calls most. On these
 routes a token looked up in the last ``TOKEN_RECALL_SECONDS`` is recalled from this process's
 memory (keyed by its hash, never the token) as a ``Caller`` whose
 ``recheck`` holds what the token's row said; the action checks that row again in its own first
@@ -143,6 +143,10 @@ class TokenAuth(HttpBearer):
             return recalled_caller(token, fresh=getattr(request, FRESH_TOKEN_ATTR, False))
         return caller_for_token(token)
 
+
+#: The auth of the routes whose actions check a recalled token in their first statement: the
+#: checkpoint and batch writes (the run lock), the graph put and writes (the thread's lock).
+RECALL = TokenAuth(recall=True)
 
 #: Set on a request answered again after a recalled caller's refusal: look the token up.
 FRESH_TOKEN_ATTR = "_novelforge_fresh_token"

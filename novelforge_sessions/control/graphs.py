@@ -34,9 +34,10 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q, QuerySet
+from django.utils import timezone
 
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.access import Caller
+from novelforge_sessions.access import TOKEN_STILL_VALID_SQL, Caller, recheck_params, token_confirmed
 from novelforge_sessions.actions import runs as run_actions
 from novelforge_sessions.actions import sessions as session_actions
 from novelforge_sessions import commit, events
@@ -45,7 +46,8 @@ from novelforge_sessions.actions.runtimes import MAX_LEASE_SECONDS, RuntimeSpec
 from novelforge_sessions.control.checkpoints import ResolvedRefs, record_checkpoint
 from novelforge_sessions.control.models import GraphBlob, GraphBlobChunk, GraphCheckpoint, GraphThread, GraphWrite
 from novelforge_sessions.errors import (
-    GraphBlobMismatch, GraphBlobMissing, GraphCheckpointConflict, NoOpenRun, NotFound, ServiceError, ValidationFailed,
+    GraphBlobMismatch, GraphBlobMissing, GraphCheckpointConflict, NoOpenRun, NotFound, ServiceError, Unauthorized,
+    ValidationFailed,
 )
 from novelforge_sessions.models import Artifact, ArtifactVersion, Run, Session, content_fingerprint
 
@@ -175,9 +177,10 @@ _THREAD_IN_REACH = f"""
 #: first, ``events.order_lock_sql``: the subquery naming the session depends on parameters only,
 #: so it is evaluated before the scan and its row lock) and read the thread's row along. What
 #: may change while this waits for the lock (the open run, the checkpoints) is read by the
-#: next statement, which sees what the previous holder committed.
+#: next statement, which sees what the previous holder committed. A recalled caller's token
+#: (``apikit/auth.py``) is checked in the same statement (the last column).
 _LOCK_THREAD_SQL = f"""
-SELECT s.id, s.project_id, s.status, t.id, t.created_at
+SELECT s.id, s.project_id, s.status, t.id, t.created_at, {TOKEN_STILL_VALID_SQL}
   FROM {_GT} t JOIN {Session._meta.db_table} s ON s.id = t.session_id
  WHERE t.id = ({_THREAD_IN_REACH.format(col="id")})
    AND {events.order_lock_sql(f"({_THREAD_IN_REACH.format(col='session_id')})")}
@@ -187,14 +190,17 @@ SELECT s.id, s.project_id, s.status, t.id, t.created_at
 
 def lock_thread(caller: Caller, thread_id: str) -> tuple[GraphThread, LockedSession] | None:
     """Lock the session of the caller's thread ``thread_id`` (one statement; lock order: session,
-    then run); None (nothing locked) when the caller reaches no such thread."""
+    then run); None (nothing locked) when the caller reaches no such thread. A recalled
+    caller's token is checked in that statement (401 if its row changed)."""
     assert transaction.get_connection().in_atomic_block
     events.before_order_lock()
-    params = {"thread": thread_id, "projects": list(caller.project_ids), "bound": caller.session_id}
+    params = {"thread": thread_id, "projects": list(caller.project_ids), "bound": caller.session_id,
+              **recheck_params(caller)}
     rows = commit.fetch_prepared(_LOCK_THREAD_SQL, params)
     if not rows:
         return None
-    session_id, project_id, status, pk, created_at = rows[0]
+    session_id, project_id, status, pk, created_at, still_valid = rows[0]
+    token_confirmed(caller, still_valid)
     thread = GraphThread(id=pk, project_id=project_id, session_id=session_id, thread_id=thread_id, created_at=created_at)
     thread._state.adding = False
     thread._state.db = connection.alias
@@ -208,7 +214,11 @@ def _on_thread(caller: Caller, thread_id: str, open_spec: ThreadSpec | None,
     opened with ``open_spec`` (else 404), in its own transaction committed first (a loser of the
     race to open it has then written nothing when it takes the winner's session ordering lock,
     ``events.order_lock``), and the write runs then. A thread that exists costs no lookup of
-    its own: the lock statement finds it."""
+    its own: the lock statement finds it.
+
+    A recalled caller (``apikit/auth.py``) that reaches no such thread is answered again with
+    its token looked up: its token was checked in no statement, and opening a thread needs the
+    caller's project."""
     opened: int | None = None
     tried = False
     while True:
@@ -216,6 +226,8 @@ def _on_thread(caller: Caller, thread_id: str, open_spec: ThreadSpec | None,
             locked = lock_thread(caller, thread_id)
             if locked is not None:
                 return write(*locked), opened
+        if caller.recheck is not None:
+            raise Unauthorized("a recalled token reaches no such thread: answered with the token looked up")
         if open_spec is None or tried:
             raise NotFound("graph thread not found", thread_id=thread_id)
         tried = True
@@ -547,6 +559,14 @@ SELECT 'run', NULL, NULL, r.id, NULL FROM {_RUN} r WHERE r.session_id = %(sessio
 """
 
 
+#: The graph row of a new checkpoint (prepared: the ORM's insert costs more CPU to build than to run).
+_INSERT_GRAPH_CHECKPOINT_SQL = f"""
+INSERT INTO {_GC} (thread_id, record_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, metadata, document, created_at)
+VALUES (%(thread)s, %(record)s, %(ns)s, %(cp)s, %(parent)s, %(metadata)s::jsonb, %(document)s::jsonb, %(created_at)s)
+RETURNING id, created_at
+"""
+
+
 def put_checkpoint(
     caller: Caller, *, thread_id: str, checkpoint_ns: str, checkpoint_id: str, parent_checkpoint_id: str | None,
     checkpoint: Mapping[str, Any], metadata: Mapping[str, Any] | None, blobs: list[ChannelBlob],
@@ -634,10 +654,16 @@ def put_checkpoint(
             "boundary": rt.CheckpointBoundary.CONTEXT_FREEZE.value, "cursor": cursor_doc,
             "artifacts": [{"artifact_id": a, "fingerprint": fp} for a, fp in refs],
         }, resolved=ResolvedRefs(session.id, session.project_id, heads))
-        graph = GraphCheckpoint.objects.create(
+        graph = GraphCheckpoint(
             thread=thread, record=record, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id,
             parent_checkpoint_id=parent, metadata=meta, document=document,
         )
+        [(graph.id, graph.created_at)] = commit.fetch_prepared(_INSERT_GRAPH_CHECKPOINT_SQL, {
+            "thread": thread.id, "record": record.id, "ns": checkpoint_ns, "cp": checkpoint_id, "parent": parent,
+            "metadata": json.dumps(meta), "document": json.dumps(document), "created_at": timezone.now(),
+        })
+        graph._state.adding = False
+        graph._state.db = connection.alias
         return graph, True
 
     (graph, created), opened_runtime = _on_thread(caller, thread_id, open_spec, write)

@@ -1,4 +1,4 @@
-"""Recalled tokens on the checkpoint and batch writes (apikit/auth.py): one round trip fewer, and
+"""Recalled tokens on the checkpoint, batch and graph writes (apikit/auth.py): one round trip fewer, and
 every request still answered as a fresh lookup would answer it.
 
 A token the process looked up in the last ``TOKEN_RECALL_SECONDS`` is not looked up again on
@@ -9,6 +9,7 @@ a 422 or a 404), with nothing written.
 """
 from __future__ import annotations
 
+import base64
 import logging
 import time
 
@@ -21,7 +22,8 @@ from novelforge_sessions.access import token_label
 from novelforge_sessions.apikit.base import answered_with_a_fresh_token
 from novelforge_sessions.apikit import auth
 from novelforge_sessions.apikit.auth import FRESH_TOKEN_ATTR
-from novelforge_sessions.models import ApiToken, Checkpoint, Event, Session
+from novelforge_sessions.control.models import GraphCheckpoint, GraphWrite
+from novelforge_sessions.models import ApiToken, Artifact, Checkpoint, Event, Session
 from django.db import connection
 
 from tests.pgwire import round_trips
@@ -216,3 +218,76 @@ def test_the_answer_to_a_recalled_caller():
     unconfirmed = answered_with_a_fresh_token(request, HttpResponse(status=201), False, answer_again)
     assert unconfirmed.status_code == 500 and b"internal_error" in unconfirmed.content
     assert again == [True]
+
+
+# ---------------------------------------------------------------- the graph put and writes
+def _graph_put(thread: str, cp: str, parent: str | None = None) -> dict:
+    value = {"serde": "json", "data": base64.b64encode(f"step {cp}".encode()).decode()}
+    return {"thread_id": thread, "checkpoint_id": cp, "parent_checkpoint_id": parent,
+            "checkpoint": {"v": 1, "id": cp, "ts": "2026-12-01T00:00:00+00:00", "channel_versions": {"step": cp},
+                           "versions_seen": {}},
+            "metadata": {"source": "loop"}, "blobs": [{"channel": "step", "version": cp, "value": value}],
+            "open": {"task_mode": "drafting"}}
+
+
+def _graph_writes(thread: str, cp: str) -> dict:
+    value = {"serde": "json", "data": base64.b64encode(f"write {cp}".encode()).decode()}
+    return {"thread_id": thread, "checkpoint_id": cp, "task_id": "task", "writes": [
+        {"idx": 0, "channel": "step", "value": value}]}
+
+
+def _graph_rows() -> tuple[int, int, int, int]:
+    return (GraphCheckpoint.objects.count(), GraphWrite.objects.count(), Checkpoint.objects.count(),
+            Artifact.objects.count())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_graph_put_and_writes_check_a_recalled_token_in_the_thread_lock(owner, monkeypatch, settings):
+    monkeypatch.setenv("NOVELFORGE_EVENT_ORDER_CHECKS", "0")
+    settings.LIVE_PG_NOTIFY = False
+    looked_up = []
+    real = auth._look_up
+    monkeypatch.setattr(auth, "_look_up", lambda key: looked_up.append(key) or real(key))
+    assert owner.post("/graph-threads/checkpoints", _graph_put("first", "0001")).status_code == 201
+    assert len(looked_up) == 1  # looked up, and recalled from then on
+    # A recalled caller reaching no thread yet is answered again with its token looked up (the
+    # thread is opened for the looked-up caller): the put opens the thread, once.
+    opened = owner.post("/graph-threads/checkpoints", _graph_put("t", "0001"))
+    assert opened.status_code == 201, opened.content
+    assert len(looked_up) == 2 and Session.objects.count() == 2
+    del looked_up[:]
+    answers = []
+    connection.close()  # a fresh connection sends each statement's text (Parse)
+    trips = round_trips(lambda: answers.append(owner.post("/graph-threads/writes", _graph_writes("t", "0002"))))
+    trips += round_trips(lambda: answers.append(owner.post("/graph-threads/checkpoints", _graph_put("t", "0002", "0001"))))
+    assert [a.status_code for a in answers] == [200, 201], [a.content for a in answers]
+    assert looked_up == []  # no lookup of their own
+    texts = [text for trip in trips for kind, text in trip if kind in ("Parse", "Query")]
+    assert not any("key_hash" in t for t in texts), texts
+    locks = [t for t in texts if "FOR UPDATE OF s" in t]
+    # the one lock statement (prepared by the first request, executed again by the second)
+    assert len(locks) == 1 and "revoked_at IS NULL" in locks[0], texts
+    # revoked behind the process's back: refused at once on both routes, nothing written
+    _change_token(owner, revoked_at=timezone.now())
+    before = _graph_rows()
+    for path, body in (("/graph-threads/writes", _graph_writes("t", "0003")),
+                       ("/graph-threads/checkpoints", _graph_put("t", "0003", "0002")),
+                       ("/graph-threads/checkpoints", _graph_put("another", "0001"))):
+        resp = owner.post(path, body)
+        assert resp.status_code == 401 and resp.json()["error"]["code"] == "unauthorized", (path, resp.content)
+    assert _graph_rows() == before and Session.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_a_graph_write_by_a_token_rebound_elsewhere_gets_the_fresh_answer_and_writes_nothing(owner, new_session):
+    assert owner.post("/graph-threads/checkpoints", _graph_put("t", "0001")).status_code == 201
+    assert owner.post("/graph-threads/checkpoints", _graph_put("t", "0002", "0001")).status_code == 201  # recalled
+    other = new_session()
+    _change_token(owner, session=Session.objects.get(id=other["id"]))
+    before = _graph_rows()
+    # out of its reach now: the thread is not found, and a bound token may not open one
+    for path, body, status, code in (("/graph-threads/checkpoints", _graph_put("t", "0003", "0002"), 403, "forbidden"),
+                                     ("/graph-threads/writes", _graph_writes("t", "0003"), 404, "not_found")):
+        resp = owner.post(path, body)
+        assert resp.status_code == status and resp.json()["error"]["code"] == code, resp.content
+    assert _graph_rows() == before
