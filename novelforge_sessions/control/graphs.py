@@ -670,34 +670,72 @@ def put_checkpoint(
     return Stored(graph, graph.thread, opened_runtime, created)
 
 
-#: A task's writes, one statement: their values resolved to the blobs' versions; writes with a
-#: non-negative index are stored once (a repeated (task, idx) is the same write delivered again),
-#: LangGraph's special channels (negative index: error, interrupt, resume…) keep the latest value.
-#: Nothing is written when a value names a blob the project does not hold (``missing``).
+#: A task's writes, one statement, its own transaction (``commit.execute_write``): the thread in
+#: the caller's reach, its session locked FOR SHARE (a thread's writes do not wait for each
+#: other, and a delete of the thread, which locks the session FOR UPDATE, waits for them or is
+#: waited for: then no thread is found); a recalled caller's token checked (``ok``); the new
+#: inline blobs inserted (skipped when a value names a blob the project does not hold:
+#: ``missing``); the values resolved to the blobs' versions; writes with a non-negative index
+#: stored once (a repeated (task, idx) is the same write delivered again), LangGraph's special
+#: channels (negative index: error, interrupt, resume…) keep the latest value. A content another
+#: writer committed while this statement ran is skipped by the insert and not in its snapshot
+#: (``unresolved``): then no write is stored and the statement is sent again.
 _PUT_WRITES_SQL = f"""
-WITH vals AS MATERIALIZED (
-    SELECT w.idx, w.channel, w.fp, (
+WITH reach AS MATERIALIZED (
+    SELECT t.id, t.project_id FROM {_GT} t JOIN {Session._meta.db_table} s ON s.id = t.session_id
+     WHERE t.thread_id = %(thread_id)s AND t.project_id = ANY(%(projects)s)
+       AND (%(bound)s::bigint IS NULL OR t.session_id = %(bound)s::bigint)
+     ORDER BY t.id LIMIT 1
+       FOR SHARE OF s
+), ok AS MATERIALIZED (
+    SELECT r.id, r.project_id FROM reach r WHERE {TOKEN_STILL_VALID_SQL}
+), held AS MATERIALIZED (
+    SELECT n.fp, (
         SELECT v.id FROM {_A} a JOIN {_AV} v ON v.artifact_id = a.id AND v.number = 1
-        WHERE a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || w.fp
+         WHERE a.project_id = (SELECT o.project_id FROM ok o) AND a.name = '{BLOB_PREFIX}' || n.fp
     ) AS value_id
+    FROM (SELECT DISTINCT u.fp FROM unnest(%(fps)s::text[]) AS u(fp)) n
+), missing AS MATERIALIZED (
+    SELECT array_agg(h.fp ORDER BY h.fp) AS fps FROM held h
+     WHERE h.value_id IS NULL AND h.fp <> ALL(%(blob_fps)s::text[])
+), input AS MATERIALIZED (
+    SELECT i.fp, i.content, nextval(pg_get_serial_sequence('{_AV}', 'id')) AS version_id
+    FROM unnest(%(blob_fps)s::text[], %(blob_contents)s::text[]) AS i(fp, content)
+    WHERE EXISTS (SELECT 1 FROM ok) AND (SELECT m.fps FROM missing m) IS NULL
+      AND NOT EXISTS (SELECT 1 FROM held h WHERE h.fp = i.fp AND h.value_id IS NOT NULL)
+), created AS (
+    INSERT INTO {_A} (project_id, name, kind, current_version_id, created_at)
+    SELECT (SELECT o.project_id FROM ok o), '{BLOB_PREFIX}' || fp, '{BLOB_KIND}', version_id, now() FROM input
+    ON CONFLICT (project_id, name) DO NOTHING
+    RETURNING id, name, current_version_id
+), versions AS (
+    INSERT INTO {_AV} (id, artifact_id, number, content, fingerprint, created_by, created_at)
+    SELECT c.current_version_id, c.id, 1, i.content, i.fp, %(actor)s, now()
+    FROM created c JOIN input i ON c.name = '{BLOB_PREFIX}' || i.fp
+    RETURNING id, fingerprint
+), vals AS MATERIALIZED (
+    SELECT w.idx, w.channel, w.fp,
+           COALESCE(h.value_id, (SELECT v.id FROM versions v WHERE v.fingerprint = w.fp)) AS value_id
     FROM unnest(%(idx)s::int[], %(channels)s::text[], %(fps)s::text[]) AS w(idx, channel, fp)
-), missing AS (
+    JOIN held h ON h.fp = w.fp
+), unresolved AS MATERIALIZED (
     SELECT array_agg(DISTINCT fp ORDER BY fp) AS fps FROM vals WHERE value_id IS NULL
 ), kept AS (
     INSERT INTO {_GW} (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value_id, created_at)
-    SELECT %(thread)s, %(ns)s, %(cp)s, %(task)s, %(path)s, idx, channel, value_id, now() FROM vals
-    WHERE idx >= 0 AND (SELECT fps FROM missing) IS NULL
+    SELECT (SELECT o.id FROM ok o), %(ns)s, %(cp)s, %(task)s, %(path)s, idx, channel, value_id, now() FROM vals
+    WHERE idx >= 0 AND EXISTS (SELECT 1 FROM ok) AND (SELECT u.fps FROM unresolved u) IS NULL
     ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
     RETURNING 1
 ), latest AS (
     INSERT INTO {_GW} (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value_id, created_at)
-    SELECT %(thread)s, %(ns)s, %(cp)s, %(task)s, %(path)s, idx, channel, value_id, now() FROM vals
-    WHERE idx < 0 AND (SELECT fps FROM missing) IS NULL
+    SELECT (SELECT o.id FROM ok o), %(ns)s, %(cp)s, %(task)s, %(path)s, idx, channel, value_id, now() FROM vals
+    WHERE idx < 0 AND EXISTS (SELECT 1 FROM ok) AND (SELECT u.fps FROM unresolved u) IS NULL
     ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE
     SET channel = EXCLUDED.channel, value_id = EXCLUDED.value_id, task_path = EXCLUDED.task_path
     RETURNING 1
 )
-SELECT (SELECT fps FROM missing), (SELECT count(*) FROM kept) + (SELECT count(*) FROM latest)
+SELECT EXISTS (SELECT 1 FROM reach), EXISTS (SELECT 1 FROM ok), (SELECT m.fps FROM missing m),
+       (SELECT u.fps FROM unresolved u), (SELECT count(*) FROM kept) + (SELECT count(*) FROM latest)
 """
 
 
@@ -709,7 +747,10 @@ def put_writes(
     or updated. The checkpoint need not have landed yet (graphs store checkpoints in the
     background); an unknown thread is opened with ``open_spec``, else 404. A value named by
     fingerprint must be a blob of the project (else 409 ``graph_blob_missing``, nothing written).
-    A fixed set of statements whatever the number of writes."""
+
+    One statement whatever the number of writes (``_PUT_WRITES_SQL``), its own transaction: one
+    round trip. A thread this caller does not reach yet is opened first (its own transaction),
+    then the statement runs again."""
     caller.require("write")
     _name(thread_id, "thread_id")
     _name(checkpoint_ns, "checkpoint_ns", empty=True)
@@ -728,20 +769,36 @@ def put_writes(
             # channel's latest value stands
             rows[w.idx] = (w.channel, fp)
     _check_open(open_spec)
-
-    def write(thread: GraphThread, session: LockedSession) -> bool:
-        _insert_blobs(session.project_id, inline, caller.label)
-        [(missing, changed)] = commit.fetch_prepared(_PUT_WRITES_SQL, {
-            "idx": list(rows), "channels": [ch for ch, _ in rows.values()], "fps": [fp for _, fp in rows.values()],
-            "project": session.project_id, "thread": thread.id, "ns": checkpoint_ns, "cp": checkpoint_id,
-            "task": task_id, "path": task_path,
-        })
+    blob_fps = sorted(inline)  # inserted in this order by every writer: two never wait on each other in a cycle
+    params = {
+        "thread_id": thread_id, "projects": list(caller.project_ids), "bound": caller.session_id,
+        **recheck_params(caller),
+        "idx": list(rows), "channels": [ch for ch, _ in rows.values()], "fps": [fp for _, fp in rows.values()],
+        "blob_fps": blob_fps, "blob_contents": [inline[fp] for fp in blob_fps], "actor": caller.label,
+        "ns": checkpoint_ns, "cp": checkpoint_id, "task": task_id, "path": task_path,
+    }
+    opened = raced = False
+    while True:
+        reached, still_valid, missing, unresolved, changed = commit.execute_write(_PUT_WRITES_SQL, params)
+        if not reached:
+            if caller.recheck is not None:  # as _on_thread: answered again with the token looked up
+                raise Unauthorized("a recalled token reaches no such thread: answered with the token looked up")
+            if open_spec is None or opened:
+                raise NotFound("graph thread not found", thread_id=thread_id)
+            opened = True
+            _open_thread(caller, thread_id, open_spec)
+            continue
+        token_confirmed(caller, still_valid)
         if missing:
             raise GraphBlobMissing("a blob named by fingerprint is not in this project: upload it first",
                                    missing=list(missing))
+        if unresolved and not raced:
+            raced = True  # a content committed by another writer while the statement ran: now in the snapshot
+            continue
+        if unresolved:  # unreachable: a blob once stored is never removed while its project lives
+            raise GraphBlobMissing("a blob named by fingerprint is not in this project: upload it first",
+                                   missing=list(unresolved))
         return changed
-
-    return _on_thread(caller, thread_id, open_spec, write)[0]
 
 
 def writes_of(items: list[GraphCheckpoint]) -> dict[tuple[int, str, str], list[GraphWrite]]:

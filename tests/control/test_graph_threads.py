@@ -6,8 +6,10 @@ artifacts; refusals are typed and write nothing; the first puts of one thread ra
 from __future__ import annotations
 
 import base64
+import threading
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -19,7 +21,9 @@ from tests.support.factories import Api
 from tests.control.conftest import token_api
 from tests.support.races import oks, race
 from tests.support.responses import assert_refused, ok, refused
+from tests.support.servers import database_url
 from tests.support.snapshots import snapshot
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -341,9 +345,10 @@ def test_a_put_and_a_write_run_the_same_statements_for_one_blob_and_for_twenty(w
     # A put to a thread that exists, by a token this process recalls (apikit/auth.py: no lookup
     # of its own, checked in the lock statement): one transaction of the session lock (the
     # thread found by it), the new blobs, the resolve (with the retry check and the open run),
-    # the checkpoint, the graph row. A task's writes: the lock, the blobs, the writes.
+    # the checkpoint, the graph row. A task's writes: one statement, its own transaction (the
+    # thread's lock, the token, the new blobs, the writes).
     assert counted[("put", 1)] == 2 + 5, counted
-    assert counted[("writes", 1)] == 2 + 3, counted
+    assert counted[("writes", 1)] == 1, counted
     # every value landed: 1 + 20 channel blobs, 1 + 20 writes, each content once
     assert GraphWrite.objects.count() == 21
     assert Artifact.objects.filter(kind="graph-blob").count() == 1 + 2 * 21
@@ -517,3 +522,84 @@ def test_sixteen_concurrent_retries_of_one_put_store_one_checkpoint(project):
     assert GraphCheckpoint.objects.filter(checkpoint_id="0002").count() == 1
     assert Checkpoint.objects.filter(id=answers[0][1]).exists()
     assert Checkpoint.objects.count() == 2 and Run.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sixteen_concurrent_deliveries_of_one_tasks_writes_store_each_once_and_each_new_value_once(project):
+    """A task's writes are one statement of their own (no transaction around them): sixteen
+    deliveries at once, each bringing the same new values inline, store one row per (task, idx)
+    and one blob per value; a delivery that found a value another had just stored sends its
+    statement again instead of refusing it."""
+    api_token = token_api(project, "writer", ["read", "write"]).token
+    assert Api(api_token).post("/graph-threads/checkpoints", put_body("busy", "0001")).status_code == 201
+    body = {"thread_id": "busy", "checkpoint_id": "0002", "task_id": "task", "writes": [
+        {"idx": 0, "channel": "messages", "value": blob("a new message")},
+        {"idx": 1, "channel": "draft", "value": blob("a new draft")},
+        {"idx": -1, "channel": "__error__", "value": blob("the latest error")},
+    ]}
+
+    def deliver(_: int) -> int:
+        resp = Api(api_token).post("/graph-threads/writes", body)
+        assert resp.status_code == 200, resp.content
+        return resp.json()["stored"]
+
+    stored = oks(race(deliver, 16))
+    assert sum(1 for n in stored if n >= 2) == 1, stored  # one delivery stored idx 0 and 1; the rest only the latest -1
+    assert GraphWrite.objects.filter(checkpoint_id="0002").count() == 3
+    assert Artifact.objects.filter(kind="graph-blob").count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_thread_deleted_while_its_tasks_write_answers_each_write_stored_or_not_found_never_500(project):
+    api_token = token_api(project, "writer", ["read", "write"]).token
+    assert Api(api_token).post("/graph-threads/checkpoints", put_body("doomed", "0001")).status_code == 201
+
+    def write(i: int) -> Any:
+        resp = Api(api_token).post("/graph-threads/writes", {
+            "thread_id": "doomed", "checkpoint_id": "0002", "task_id": f"task-{i}",
+            "writes": [{"idx": 0, "channel": "c", "value": blob(f"value {i}")}]})
+        assert resp.status_code in (200, 404), resp.content
+        return resp.status_code
+
+    def delete() -> Any:
+        resp = Api(api_token).delete("/graph-threads?thread_id=doomed")
+        assert resp.status_code == 200, resp.content
+        return resp.json()["deleted"]
+
+    results = oks(race([delete, *[lambda i=i: write(i) for i in range(11)]]))
+    assert results[0] is True
+    assert not GraphThread.objects.exists() and not GraphWrite.objects.exists()  # stored ones went with the thread
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_value_another_writer_commits_while_the_writes_wait_for_it_is_found_by_sending_them_again(project):
+    """The writes' statement inserts a new inline value; another writer inserting the same value
+    holds it uncommitted, so the statement waits, then skips it (ON CONFLICT) without seeing it
+    (its snapshot is older): it stores nothing, and is sent again, which finds it. Stored once."""
+    api_token = token_api(project, "writer", ["read", "write"]).token
+    assert Api(api_token).post("/graph-threads/checkpoints", put_body("contended", "0001")).status_code == 201
+    value = blob("the contended value")
+    fp = graphs.Blob(**value).fingerprint()
+    answer: dict[str, Any] = {}
+
+    def deliver() -> None:
+        try:
+            answer["resp"] = Api(api_token).post("/graph-threads/writes", {
+                "thread_id": "contended", "checkpoint_id": "0002", "task_id": "task",
+                "writes": [{"idx": 0, "channel": "c", "value": value}]})
+        finally:
+            connection.close()
+
+    with psycopg.connect(database_url(), autocommit=True) as admin, psycopg.connect(database_url()) as other:
+        other.execute(graphs._INSERT_BLOBS_SQL, [[fp], [graphs.blob_content(**value)], project.id, "other"])
+        writer = threading.Thread(target=deliver)
+        writer.start()
+        wait_until(lambda: admin.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchall(), "the writes to wait for the other writer's value", timeout=10, interval=0.02)
+        other.commit()
+        writer.join(timeout=30)
+    assert answer["resp"].status_code == 200 and answer["resp"].json()["stored"] == 1, answer["resp"].content
+    [stored] = GraphWrite.objects.filter(checkpoint_id="0002").select_related("value")
+    assert stored.value.fingerprint == fp and stored.value.created_by == "other"
+    assert Artifact.objects.filter(name="blob:" + fp).count() == 1
