@@ -1,6 +1,6 @@
 """The fault hook (novelforge_sessions/faults.py) in a real daphne serving the lean API path
 (novelforge_sessions/api/asgi.py, the default): a kill point on a heartbeat, a handoff, a
-result and a checkpoint path lets the first matching write through (answered, committed) and
+result, a checkpoint (single, keyed, batch) and a graph path (put, writes) lets the first matching write through (answered, committed) and
 kills the server with SIGKILL at the second one. ``before_commit`` leaves nothing of that write
 in the database; ``after_commit`` leaves it written, and the client gets no answer."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
-from novelforge_sessions.control.models import ConsumeReceipt, Handoff
+from novelforge_sessions.control.models import ConsumeReceipt, GraphCheckpoint, GraphWrite, Handoff
 from novelforge_sessions.models import Checkpoint, RuntimeAttachment, Session
 from tests.support.factories import RUNTIME, SESSION, make_project
 from tests.support.servers import DaphneServer
@@ -119,12 +119,47 @@ def checkpoint(keyed: bool) -> Callable[[World, int], tuple[str, Callable[[], ht
     return case
 
 
+def batch(w: World, n: int) -> tuple[str, Callable[[], httpx.Response], Callable[[], bool]]:
+    path, key = f"/runs/{w.run_id}/batch", uuid.uuid4().hex
+    items = [{"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"step": i, "key": key}}}
+             for i in range(3)]
+    return path, lambda: w.post(path, {"items": items}), lambda: Checkpoint.objects.filter(cursor__key=key).count() == 3
+
+
+VALUE = {"serde": "json", "data": "InN0ZXAi"}
+OPEN = {"task_mode": "drafting"}
+
+
+def graph_put(w: World, n: int) -> tuple[str, Callable[[], httpx.Response], Callable[[], bool]]:
+    if n == 0:  # the thread opened by a request on the other graph path (its commits are not counted)
+        w.ok("/graph-threads/writes", {"thread_id": "kill", "checkpoint_id": "0000", "task_id": "setup",
+                                       "writes": [{"idx": 0, "channel": "step", "value": VALUE}], "open": OPEN})
+    path, cp = "/graph-threads/checkpoints", f"cp-{n}"
+    body = {"thread_id": "kill", "checkpoint_id": cp, "checkpoint": {"v": 1, "id": cp, "channel_versions": {"step": n + 1}},
+            "metadata": {"step": n}, "blobs": [{"channel": "step", "version": n + 1,
+                                               "value": {"serde": "json", "data": VALUE["data"] + "I" * 4 * n}}]}
+    return path, lambda: w.post(path, body), lambda: GraphCheckpoint.objects.filter(checkpoint_id=cp).exists()
+
+
+def graph_writes(w: World, n: int) -> tuple[str, Callable[[], httpx.Response], Callable[[], bool]]:
+    if n == 0:
+        w.ok("/graph-threads/checkpoints", {"thread_id": "kill", "checkpoint_id": "0000", "open": OPEN,
+                                            "checkpoint": {"v": 1, "id": "0000", "channel_versions": {}}, "blobs": []})
+    path, task = "/graph-threads/writes", f"task-{n}"
+    body = {"thread_id": "kill", "checkpoint_id": "0000", "task_id": task,
+            "writes": [{"idx": 0, "channel": "step", "value": {"serde": "json", "data": f"{n:04d}"}}]}
+    return path, lambda: w.post(path, body), lambda: GraphWrite.objects.filter(task_id=task).exists()
+
+
 CASES = {  # name: (path regex, case, handoffs claimed first)
     "heartbeat": (r"/heartbeat$", heartbeat, 0),
     "handoff": (r"/handoffs$", handoff, 0),
     "result": (r"/results$", result, 2),
-    "checkpoint": (r"/checkpoints$", checkpoint(keyed=False), 0),
-    "keyed checkpoint": (r"/checkpoints$", checkpoint(keyed=True), 0),
+    "checkpoint": (r"/runs/\d+/checkpoints$", checkpoint(keyed=False), 0),
+    "keyed checkpoint": (r"/runs/\d+/checkpoints$", checkpoint(keyed=True), 0),
+    "batch": (r"/batch$", batch, 0),
+    "graph put": (r"/graph-threads/checkpoints$", graph_put, 0),
+    "graph writes": (r"/graph-threads/writes$", graph_writes, 0),
 }
 
 
