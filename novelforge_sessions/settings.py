@@ -263,8 +263,8 @@ TRANSCRIPT_MAX_ENTRIES = _strict_int("TRANSCRIPT_MAX_ENTRIES", default=10_000, m
 TRANSCRIPT_ENTRY_MAX_BYTES = _strict_int("TRANSCRIPT_ENTRY_MAX_BYTES", default=32 * 1024, minimum=64)
 RUNTIME_LEASE_SECONDS = _strict_int("RUNTIME_LEASE_SECONDS", default=60, minimum=1)
 TOKEN_LAST_USED_RESOLUTION_SECONDS = _strict_int("TOKEN_LAST_USED_RESOLUTION_SECONDS", default=300)
-# The checkpoint and batch writes recall a token looked up this recently and check it again in
-# their own run-lock statement instead of a lookup of its own (apikit/auth.py); 0: look it up on
+# The checkpoint, batch and graph writes recall a token looked up this recently and check it again
+# in their own locking statement instead of a lookup of its own (apikit/auth.py); 0: look it up on
 # every request. Not a grace period: a revoked token is refused by the next request either way.
 TOKEN_RECALL_SECONDS = _strict_int("TOKEN_RECALL_SECONDS", default=60, minimum=0)
 # Websockets: how often a socket re-checks the event table and the caller's access (a lost
