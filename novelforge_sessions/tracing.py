@@ -101,17 +101,34 @@ def setup() -> bool:
             provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     trace.set_tracer_provider(provider)
     PsycopgInstrumentor().instrument(tracer_provider=provider, skip_dep_check=True)
+    _tracer = trace.get_tracer("novelforge_sessions")
     # The one-statement writes open their cursor themselves (commit.py), past the connection's
-    # cursor factory that the instrumentation wraps: they get the instrumentation's traced class.
-    import psycopg
-    from opentelemetry.instrumentation.psycopg import _new_cursor_factory
-
+    # cursor factory that the instrumentation wraps: they get a traced subclass of their own, on
+    # psycopg's and OpenTelemetry's public interfaces (the statement's span as the
+    # instrumentation makes it: client kind, db.system, db.statement with placeholders).
     from novelforge_sessions import commit
 
-    commit.CURSOR = _new_cursor_factory(base_factory=psycopg.Cursor, tracer_provider=provider)
-    _tracer = trace.get_tracer("novelforge_sessions")
+    commit.CURSOR = _traced_cursor(trace.SpanKind.CLIENT)
     ENABLED = True
     return True
+
+
+def _traced_cursor(client_kind: Any) -> type:
+    """``psycopg.Cursor`` whose ``execute`` runs in a span of the statement (never its parameters)."""
+    import psycopg
+
+    class TracedCursor(psycopg.Cursor):
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            text = query if isinstance(query, str) else query.decode() if isinstance(query, bytes) else str(query)
+            verb = text.split(None, 1)[0].upper() if text.strip() else "SQL"
+            info = self.connection.info
+            with _tracer.start_as_current_span(verb, kind=client_kind, attributes={
+                "db.system": "postgresql", "db.name": info.dbname, "db.user": info.user,
+                "net.peer.name": info.host, "net.peer.port": info.port, "db.statement": text,
+            }):
+                return super().execute(query, params, **kwargs)
+
+    return TracedCursor
 
 
 # ---- the ASGI application and the lean API path's thread hop
