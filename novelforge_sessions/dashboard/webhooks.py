@@ -16,7 +16,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_http_methods, require_POST
 
 from novelforge_sessions import access
-from novelforge_sessions.dashboard.presenters import nav_roles
+from novelforge_sessions.dashboard.presenters import error_words, nav_roles
 from novelforge_sessions.errors import ServiceError
 from novelforge_sessions.event_types import CATALOG
 from novelforge_sessions.lifecycles import DeliveryState
@@ -72,7 +72,7 @@ def endpoints(request: HttpRequest, project_id: int) -> HttpResponse:
         endpoint, secret = hooks.create_endpoint(project, url=url, event_types=types, description=description,
                                                  actor=f"user:{request.user.get_username()}")
     except ServiceError as exc:
-        context = _list_context(request, project, error=exc.message, form={"url": url, "types": set(types),
+        context = _list_context(request, project, error=error_words(exc.code, exc.message), form={"url": url, "types": set(types),
                                                                          "description": description})
         return render(request, "dashboard/webhooks.html", context, status=422)
     return render(request, "dashboard/webhook_secret.html", {
@@ -125,7 +125,7 @@ def redeliver(request: HttpRequest, project_id: int, endpoint_id: int, delivery_
     except ServiceError as exc:
         if exc.code == "not_found":
             raise Http404("webhook delivery not found") from None
-        messages.error(request, f"{exc.message} ({exc.code})")
+        messages.error(request, f"{error_words(exc.code, exc.message)} ({exc.code})")
     else:
         messages.success(request, _("Delivery %(id)s is sent again with the same webhook-id (%(wid)s).")
                          % {"id": delivery.id, "wid": delivery.webhook_id})
