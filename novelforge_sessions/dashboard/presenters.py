@@ -88,9 +88,16 @@ STATE_LABELS: dict[str, str] = {
 REASON_TEXT: dict[str, str] = {
     "runtime_lost": _("The runtime went away (closed, or it stopped answering)"),
     "conflicting_result": _("A different result arrived for handoff {detail} after one was consumed"),
-    # reasons the service writes in words (actions/runs.py, control/graphs.py): the same words, translated
+    # reasons the service writes in words (actions/runs.py, control/graphs.py, control/handoffs.py,
+    # control/resume.py, the manager's actions in dashboard/views.py): the same words, translated
     "run started": _("run started"),
     "graph thread deleted": _("graph thread deleted"),
+    "external results bound": _("external results bound"),
+    "superseded by resume": _("superseded by resume"),
+    "closed by manager": _("closed by manager"),
+    "abort requested by manager": _("abort requested by manager"),
+    "terminated by manager": _("terminated by manager"),
+    "resumed by manager": _("resumed by manager"),
 }
 
 
@@ -1094,16 +1101,19 @@ class HandoffRow:
 
     @property
     def state_note(self) -> str:
+        """Where the handoff stands, in the page's language (the manager's resolution as written)."""
         h = self.handoff
         if h.state == HandoffState.PENDING:
-            return "waiting for a worker" if h.attempt == 0 else "waiting for a worker again"
+            return str(_("waiting for a worker") if h.attempt == 0 else _("waiting for a worker again"))
         if h.state == HandoffState.CLAIMED:
-            return "a worker holds the lease" if self.lease_live else "lease expired: claimable again"
+            return str(_("a worker holds the lease") if self.lease_live else _("lease expired: claimable again"))
         if h.state == HandoffState.CONFLICTED:
-            return "a different result arrived after one was consumed: a manager must resolve it"
+            return str(_("a different result arrived after one was consumed: a manager must resolve it"))
         if h.state == HandoffState.BOUND:
-            return "result consumed" + (f"; conflict resolved ({h.conflict_resolution})" if h.conflict_resolution else "")
-        return "cancelled"
+            if h.conflict_resolution:
+                return str(_("result consumed; conflict resolved (%(how)s)") % {"how": h.conflict_resolution})
+            return str(_("result consumed"))
+        return str(_("cancelled"))
 
 
 @dataclass

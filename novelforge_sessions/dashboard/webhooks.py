@@ -13,6 +13,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_http_methods, require_POST
 
 from novelforge_sessions import access
@@ -42,9 +43,20 @@ def _endpoint(project: Project, endpoint_id: int) -> WebhookEndpoint:
         raise Http404("webhook endpoint not found") from None
 
 
+#: The named notices (``webhooks.endpoints.NAMED_KINDS``) as the form says them, in the page's language.
+KIND_WORDS = {
+    "gate opened": gettext_lazy("gate opened"),
+    "verdict bound": gettext_lazy("verdict bound"),
+    "approval requested": gettext_lazy("approval requested"),
+    "session failed": gettext_lazy("session failed"),
+    "conflict opened": gettext_lazy("conflict opened"),
+    "handoff waiting too long": gettext_lazy("handoff waiting too long"),
+}
+
+
 def _kinds() -> list[dict]:
-    """The form's event types: the named notices first, then every catalog type."""
-    named = [{"value": t, "label": k} for k, t in hooks.NAMED_KINDS.items()]
+    """The form's event types: the named notices first (in words), then every catalog type (its code)."""
+    named = [{"value": t, "label": str(KIND_WORDS.get(k, k))} for k, t in hooks.NAMED_KINDS.items()]
     shown = {t for t in hooks.NAMED_KINDS.values()}
     return named + [{"value": t, "label": t} for t in sorted(CATALOG) if t not in shown]
 
