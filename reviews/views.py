@@ -189,11 +189,11 @@ def _extracted_note(request: HttpRequest) -> str:
     source, lines = request.GET.get("extracted", ""), request.GET.get("lines", "")
     if source not in _EXTRACTED:
         return ""
-    where = ""
-    if _LINES_PARAM.match(lines):
-        where = " (" + (gettext("line %(n)s") if "-" not in lines else gettext("lines %(n)s")) % {"n": lines.replace("-", "–")} + ")"
-    return gettext("Read one JSON object from %(source)s%(where)s of the pasted answer.") % {
-        "source": gettext(_EXTRACTED[source]), "where": where}
+    if not _LINES_PARAM.match(lines):
+        return gettext("Read one JSON object from %(source)s of the pasted answer.") % {"source": gettext(_EXTRACTED[source])}
+    where = (gettext("line %(n)s") if "-" not in lines else gettext("lines %(n)s")) % {"n": lines.replace("-", "–")}
+    return gettext("Read one JSON object from %(source)s (%(lines)s) of the pasted answer.") % {
+        "source": gettext(_EXTRACTED[source]), "lines": where}
 
 
 _FINGERPRINT_FIELDS = ("packet_fingerprint", "artifact_fingerprint")

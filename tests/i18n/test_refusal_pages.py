@@ -105,6 +105,17 @@ def test_the_relay_says_what_it_read_from_the_answer_in_the_pages_language(world
     before.assert_unchanged()
 
 
+def test_the_confirmation_says_where_the_relay_found_the_answer_in_chinese(world, as_user):
+    gate = world.gate(route="relay")
+    alice = chinese(as_user("alice"))
+    answer = "Here it is:\n```json\n" + json.dumps(verdict_for(gate)) + "\n```\nCheers."
+    resp = alice.post(f"/reviews/packets/{gate.packet.id}/relay/", {"answer": answer})
+    assert resp.status_code == 302 and Verdict.objects.count() == 1
+    text = shown(alice.get(resp["Location"]))
+    assert "已从粘贴回复的```json 代码块（第 3 行）中读取了一个 JSON 对象。" in text
+    assert "Read one JSON object" not in text and "(第" not in text
+
+
 def test_a_refusal_without_a_plain_sentence_of_the_page_says_its_codes_words(world, as_user):
     """The gate's session ended: the refusal (``gate_closed``) is the code's words, not the API's message."""
     gate = world.gate(route="relay")
