@@ -7,14 +7,17 @@ a new refusal is a new class here, added to :data:`CATALOG`. Base classes that o
 others (:class:`ServiceError`, :class:`Conflict`, :class:`BadRequest`, :class:`IntentNotExecutable`) are marked
 :func:`abstract`: they cannot be raised and are not in the catalog. ``tests/test_error_catalog.py``
 checks that every concrete class anywhere in the project is in the catalog and that the error table of docs/api.md#errors
-error table lists exactly the catalog. Pure lifecycle refusals from
+error table lists exactly the catalog. Each class also has its ``words``: the plain sentence a page
+in another language than English shows for it (the API's ``message`` stays English). Pure lifecycle refusals from
 :mod:`novelforge_sessions.session_runtime` are converted by :func:`from_rule_error`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from novelforge_sessions import session_runtime as rt
+from novelforge_sessions.phrases import Phrase, gettext_noop, say
 
 _ABSTRACT: set[type] = set()
 
@@ -33,6 +36,10 @@ def is_abstract(cls: type) -> bool:
 class ServiceError(Exception):
     code: str = "error"
     http_status: int = 400
+    #: What a page says for this refusal when its message is not a phrase of its own: one plain
+    #: sentence, marked for the catalogs and translated where it is shown (docs/pages.md#language).
+    #: Every catalogued class has its own (``tests/test_error_catalog.py``).
+    words: str = ""
 
     def __init__(self, message: str, **details: Any):
         if type(self) in _ABSTRACT:
@@ -60,14 +67,17 @@ class BadRequest(ServiceError):
 
 class Unauthorized(ServiceError):
     code, http_status = "unauthorized", 401
+    words = gettext_noop("You are not signed in, or your sign-in has run out.")
 
 
 class Forbidden(ServiceError):
     code, http_status = "forbidden", 403
+    words = gettext_noop("You are not allowed to do this.")
 
 
 class NotFound(ServiceError):
     code, http_status = "not_found", 404
+    words = gettext_noop("It does not exist, or it is not yours to see.")
 
 
 @abstract
@@ -79,52 +89,64 @@ class Conflict(ServiceError):
 
 class PayloadTooLarge(ServiceError):
     code, http_status = "payload_too_large", 413
+    words = gettext_noop("What was sent is too large.")
 
 
 class ValidationFailed(ServiceError):
     code, http_status = "validation_error", 422
+    words = gettext_noop("Something in what was sent is not valid.")
 
 
 class IllegalTransition(Conflict):
     code = "illegal_transition"
+    words = gettext_noop("This change of state is not allowed from the session's current state.")
 
 
 class VersionConflict(Conflict):
     code = "version_conflict"
+    words = gettext_noop("The session changed since you loaded the page.")
 
 
 class LiveRuntimeExists(Conflict):
     code = "live_runtime_exists"
+    words = gettext_noop("A runtime is live for this session; close it first.")
 
 
 class NoLiveRuntime(Conflict):
     code = "no_live_runtime"
+    words = gettext_noop("No runtime is live for this session.")
 
 
 class RuntimeNotLive(Conflict):
     code = "runtime_not_live"
+    words = gettext_noop("That runtime is no longer live.")
 
 
 class OpenRunExists(Conflict):
     code = "open_run_exists"
+    words = gettext_noop("The session already has an open run.")
 
 
 class NoOpenRun(Conflict):
     code = "no_open_run"
+    words = gettext_noop("The session has no open run.")
 
 
 class StaleAuthority(Conflict):
     code = "stale_authority"
+    words = gettext_noop("The project's authority changed since this was prepared.")
 
 
 class TranscriptFull(Conflict):
     code = "transcript_full"
+    words = gettext_noop("The session's transcript is full.")
 
 
 class OpenConflict(Conflict):
     """The session carries an open conflict (a conflicting result): no new work until a manager resolves it."""
 
     code = "open_conflict"
+    words = gettext_noop("The session has an open conflict; resolve it first.")
 
 
 class WaitOutstanding(Conflict):
@@ -133,52 +155,62 @@ class WaitOutstanding(Conflict):
     (``details.waiting_on``)."""
 
     code = "wait_outstanding"
+    words = gettext_noop("The session still waits on something (a review, a handoff or a question).")
 
 
 class RunNotOpen(Conflict):
     code = "run_not_open"
+    words = gettext_noop("That run has already ended.")
 
 
 class SessionTerminated(Conflict):
     code = "session_terminated"
+    words = gettext_noop("The session is terminated.")
 
 
 class StaleRuntime(Conflict):
     """The write names a runtime that is not the session's live one (superseded, closed or lost)."""
 
     code = "stale_runtime"
+    words = gettext_noop("That runtime is no longer the session's live runtime.")
 
 
 class RuntimeRequired(Conflict):
     """An unnamed token write to a session that has had more than one runtime generation."""
 
     code = "runtime_required"
+    words = gettext_noop("Say which runtime this is for: the session has had more than one.")
 
 
 class CheckpointNotBounded(ServiceError):
     code, http_status = "checkpoint_not_bounded", 422
+    words = gettext_noop("A checkpoint is saved only at one of the agreed boundaries.")
 
 
 class SessionNotRunning(Conflict):
     """The write needs a running session (a handoff, a review gate)."""
 
     code = "session_not_running"
+    words = gettext_noop("The session is not running.")
 
 
 class UnknownArtifactVersion(ValidationFailed):
     """A reference names no version of this project's artifacts."""
 
     code = "unknown_artifact_version"
+    words = gettext_noop("That artifact version does not exist in this project.")
 
 
 class ArtifactExists(Conflict):
     code = "artifact_exists"
+    words = gettext_noop("An artifact with this name already exists.")
 
 
 class ResumeRefused(Conflict):
     """A resume step failed; ``details.report`` is the step report. Nothing changed."""
 
     code = "resume_refused"
+    words = gettext_noop("Resume was refused: a check failed.")
 
 
 # --- request framing (the API's edge) ------------------------------------------------------
@@ -187,10 +219,12 @@ class MalformedBody(BadRequest):
     """The request body is not JSON, or nests deeper than the API accepts."""
 
     code = "malformed_body"
+    words = gettext_noop("What was sent could not be read.")
 
 
 class MethodNotAllowed(ServiceError):
     code, http_status = "method_not_allowed", 405
+    words = gettext_noop("This cannot be done this way.")
 
 
 class UnsupportedMediaType(ServiceError):
@@ -198,6 +232,7 @@ class UnsupportedMediaType(ServiceError):
     ``application/json`` (whose one parameter may be ``charset=utf-8``)."""
 
     code, http_status = "unsupported_media_type", 415
+    words = gettext_noop("What was sent is not JSON.")
 
 
 class HostNotAllowed(BadRequest):
@@ -205,18 +240,21 @@ class HostNotAllowed(BadRequest):
     before anything runs (``novelforge_sessions/server/hosts.py``)."""
 
     code = "disallowed_host"
+    words = gettext_noop("The service does not answer at this address.")
 
 
 class OtherHttpError(ServiceError):
     """An HTTP-level refusal of the framework that no class above names (see :func:`for_status`)."""
 
     code, http_status = "http_error", 400
+    words = gettext_noop("The request was refused.")
 
 
 class InternalError(ServiceError):
     """An unexpected exception: logged, answered in the one shape, never an HTML page."""
 
     code, http_status = "internal_error", 500
+    words = gettext_noop("Something went wrong on the server; try again.")
 
 
 class DatabaseUnavailable(ServiceError):
@@ -225,6 +263,7 @@ class DatabaseUnavailable(ServiceError):
     retry it with the same logical ids (idempotent routes answer the first outcome)."""
 
     code, http_status = "database_unavailable", 503
+    words = gettext_noop("The database is unavailable for a moment; try again.")
 
 
 # --- the control plane: handoffs, results, write intents ------------------------------------
@@ -233,10 +272,12 @@ class StaleLease(Conflict):
     """A write carried a fencing token that a later claim superseded."""
 
     code = "stale_lease"
+    words = gettext_noop("A newer claim has taken over this job.")
 
 
 class HandoffNotClaimable(Conflict):
     code = "handoff_not_claimable"
+    words = gettext_noop("This job cannot be claimed now.")
 
 
 class HandoffClosed(Conflict):
@@ -244,10 +285,12 @@ class HandoffClosed(Conflict):
     terminated or stale (``details.session_status``)."""
 
     code = "handoff_closed"
+    words = gettext_noop("This job is closed: it takes no more work.")
 
 
 class LogicalIdTaken(Conflict):
     code = "logical_id_taken"
+    words = gettext_noop("Another job already has this name.")
 
 
 class AlreadyConsumed(Conflict):
@@ -255,36 +298,43 @@ class AlreadyConsumed(Conflict):
     consumed result are answered 200 ``already_consumed`` instead)."""
 
     code = "already_consumed"
+    words = gettext_noop("The result of this job was already used.")
 
 
 class ConflictingResult(Conflict):
     code = "conflicting_result"
+    words = gettext_noop("A different result arrived for a job whose result was already used.")
 
 
 class NoOpenConflict(Conflict):
     """Resolving a conflict on a handoff that has none."""
 
     code = "no_open_conflict"
+    words = gettext_noop("There is no open conflict to resolve.")
 
 
 class InvalidResult(ServiceError):
     """The delivery was logged, but its result is not a valid result of the frozen job."""
 
     code, http_status = "invalid_result", 422
+    words = gettext_noop("The worker's result does not fit the job.")
 
 
 class ResultHashMismatch(ValidationFailed):
     """The stated ``result_hash`` is not the server's sha256 of the canonical result."""
 
     code = "result_hash_mismatch"
+    words = gettext_noop("The result does not match its stated fingerprint.")
 
 
 class StalePrecondition(Conflict):
     code = "stale_precondition"
+    words = gettext_noop("The before-state changed since this write intent was made.")
 
 
 class ApprovalRequired(Conflict):
     code = "approval_required"
+    words = gettext_noop("This write intent needs a manager's approval first.")
 
 
 @abstract
@@ -292,26 +342,31 @@ class IntentNotExecutable(Conflict):
     """The write intent cannot be executed (grouping base: see :class:`IntentClosed`)."""
 
     code = "intent_not_executable"
+    words = gettext_noop("This write intent cannot be executed.")
 
 
 class IntentClosed(IntentNotExecutable):
     """The write intent is closed (rejected, refused or executed): it takes no more decisions."""
 
     code = "intent_closed"
+    words = gettext_noop("This write intent is already closed.")
 
 
 class NotApproved(Conflict):
     """Revoking the approval of an intent that is not approved (or already executed)."""
 
     code = "not_approved"
+    words = gettext_noop("This write intent is not approved.")
 
 
 class IdempotencyKeyReused(Conflict):
     code = "idempotency_key_reused"
+    words = gettext_noop("This request key was already used for a different request.")
 
 
 class PostconditionFailed(ServiceError):
     code, http_status = "postcondition_failed", 500
+    words = gettext_noop("The write did not give the promised result, so it was undone.")
 
 
 class ReviewRouteRequired(Conflict):
@@ -321,40 +376,47 @@ class ReviewRouteRequired(Conflict):
     ``/review-gates/{id}/cancel``). Nothing is written."""
 
     code = "review_route_required"
+    words = gettext_noop("This is a review job: only the review routes handle it.")
 
 
 # --- independent review ----------------------------------------------------------------------
 
 class IndependenceViolation(Forbidden):
     code = "independence_violation"
+    words = gettext_noop("You may not review this text: it is your own work, or you opened this review.")
 
 
 class StaleFingerprint(Conflict):
     code = "stale_fingerprint"
+    words = gettext_noop("The text under review changed since the page was loaded.")
 
 
 class AlreadyClaimed(Conflict):
     """This reviewer already holds a slot on that packet."""
 
     code = "already_claimed"
+    words = gettext_noop("You already hold a place on this review.")
 
 
 class VerdictConflict(Conflict):
     """A different verdict is already bound to this packet by the same reviewer."""
 
     code = "verdict_conflict"
+    words = gettext_noop("A different review of this packet was already submitted.")
 
 
 class GateClosed(Conflict):
     """The review gate is cancelled or complete, or its session is terminated or stale."""
 
     code = "gate_closed"
+    words = gettext_noop("This review is closed: it was withdrawn or is finished.")
 
 
 class GraphCheckpointConflict(Conflict):
     """A graph checkpoint id of this thread and namespace already names a different checkpoint."""
 
     code = "graph_checkpoint_conflict"
+    words = gettext_noop("This graph checkpoint id already names a different checkpoint.")
 
 
 class GraphBlobMissing(Conflict):
@@ -362,6 +424,7 @@ class GraphBlobMissing(Conflict):
     (``details.missing``): upload it (``POST /graph-blobs``) and send the request again."""
 
     code = "graph_blob_missing"
+    words = gettext_noop("Part of the saved graph state is missing: upload it and try again.")
 
 
 class GraphBlobMismatch(ValidationFailed):
@@ -369,6 +432,7 @@ class GraphBlobMismatch(ValidationFailed):
     agree on its serializer or chunk count): nothing of it is kept."""
 
     code = "graph_blob_mismatch"
+    words = gettext_noop("An uploaded part of the graph state does not match its fingerprint.")
 
 
 # ---- the event stream's frames (``live.consumers``: an error frame, then the socket closes) ------
@@ -376,18 +440,22 @@ class MalformedFrame(BadRequest):
     """A frame that is not a JSON text object with a ``type``, or a message with wrong fields."""
 
     code = "malformed_frame"
+    words = gettext_noop("A live-update message could not be read.")
 
 
 class UnknownFrameType(BadRequest):
     code = "unknown_type"
+    words = gettext_noop("A live-update message is of an unknown kind.")
 
 
 class AlreadyAuthenticated(BadRequest):
     code = "already_authenticated"
+    words = gettext_noop("This live connection is already signed in.")
 
 
 class TooManySubscriptions(BadRequest):
     code = "too_many_subscriptions"
+    words = gettext_noop("This live connection follows too many things at once.")
 
 
 class WebhookUrlRefused(ValidationFailed):
@@ -395,6 +463,7 @@ class WebhookUrlRefused(ValidationFailed):
     resolve, or one that resolves to a private, loopback or link-local address (docs/webhooks.md)."""
 
     code = "webhook_url_refused"
+    words = gettext_noop("This webhook address may not be called.")
 
 
 #: The closed catalog, in one explicit list: every code the service answers with.
@@ -425,6 +494,24 @@ _CATALOGUED: tuple[type[ServiceError], ...] = (
 CATALOG: dict[str, type[ServiceError]] = {cls.code: cls for cls in _CATALOGUED}
 assert len(CATALOG) == len(_CATALOGUED), "two catalogued classes share a code"
 assert not any(is_abstract(cls) for cls in _CATALOGUED), "an abstract class is catalogued"
+
+def words_for(code: str | None) -> str | None:
+    """The page words of a catalogued code (untranslated: the page translates them), else None."""
+    cls = CATALOG.get(code or "")
+    return cls.words if cls is not None else None
+
+
+def page_message(code: str | None, message: str, gettext: Callable[[str], str], *, english: bool) -> str:
+    """A refusal as a page says it (docs/pages.md#language): in English the message itself (the API's);
+    in another language the message said again when it is a phrase (``phrases.Phrase``), else the
+    code's words (``words_for``), translated with the page's ``gettext``."""
+    if english:
+        return message
+    if isinstance(message, Phrase):
+        return say(message, gettext)
+    words = words_for(code)
+    return gettext(words) if words else message
+
 
 #: The generic class for a bare HTTP status (ninja's ``HttpError`` carries only a status).
 _BY_STATUS: dict[int, type[ServiceError]] = {

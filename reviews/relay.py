@@ -14,13 +14,17 @@ that guess where an object ends:
 
 Exactly one object and no broken one: that object is the answer (with where it was found: the
 whole paste, a fenced block, or the surrounding prose). Anything else is refused with the
-reason: none found, one found but not valid JSON, or several.
+reason: none found, one found but not valid JSON, or several. The messages (and what an answer's
+object was read from, :meth:`Extracted.describe`) are English phrases (``novelforge_sessions.phrases``),
+said on the page in its own language.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from novelforge_sessions.phrases import Phrase, gettext_noop
 
 Source = Literal["whole", "fenced", "prose"]
 Reason = Literal["no_json_object", "invalid_json", "several_json_objects", "not_an_object"]
@@ -34,10 +38,17 @@ class Extracted:
     first_line: int  # 1-based lines of the paste the object spans
     last_line: int
 
-    def describe(self) -> str:
-        where = {"whole": "the whole answer", "fenced": "the ```json block", "prose": "the text around it"}[self.source]
-        lines = f"line {self.first_line}" if self.first_line == self.last_line else f"lines {self.first_line}–{self.last_line}"
-        return f"one JSON object from {where} ({lines})"
+    def describe(self) -> Phrase:
+        """What was read, and where: "one JSON object from the ```json block (lines 3–9)"."""
+        lines = (Phrase(gettext_noop("line %(n)s"), n=self.first_line) if self.first_line == self.last_line
+                 else Phrase(gettext_noop("lines %(n)s"), n=f"{self.first_line}–{self.last_line}"))
+        return Phrase(gettext_noop("one JSON object from %(where)s (%(lines)s)"), where=Phrase(WHERE[self.source]),
+                      lines=lines)
+
+
+#: Where the answer's object was found, in words.
+WHERE: dict[str, str] = {"whole": gettext_noop("the whole answer"), "fenced": gettext_noop("the ```json block"),
+                         "prose": gettext_noop("the text around it")}
 
 
 class ExtractionRefused(ValueError):
@@ -46,6 +57,18 @@ class ExtractionRefused(ValueError):
         self.reason = reason
         self.message = message
         self.details = details
+
+
+#: What Python's JSON decoder says is wrong, marked for the catalogs (its other, rarer messages
+#: carry the offending character and are shown as it says them).
+DECODER_PROBLEMS: dict[str, str] = {
+    "Expecting value": gettext_noop("Expecting value"),
+    "Expecting ',' delimiter": gettext_noop("Expecting ',' delimiter"),
+    "Expecting ':' delimiter": gettext_noop("Expecting ':' delimiter"),
+    "Expecting property name enclosed in double quotes": gettext_noop("Expecting property name enclosed in double quotes"),
+    "Unterminated string starting at": gettext_noop("Unterminated string starting at"),
+    "Invalid \\uXXXX escape": gettext_noop("Invalid \\uXXXX escape"),
+}
 
 
 @dataclass(frozen=True)
@@ -102,8 +125,9 @@ def extract_answer(text: str) -> Extracted:
             pass
         else:
             if not stripped[end:].strip() and not isinstance(value, dict):
-                kind = "a list" if isinstance(value, list) else "a single value"
-                raise ExtractionRefused("not_an_object", f"The answer is {kind}, not a JSON object.")
+                raise ExtractionRefused("not_an_object", Phrase(
+                    gettext_noop("The answer is a list, not a JSON object.") if isinstance(value, list)
+                    else gettext_noop("The answer is a single value, not a JSON object.")))
 
     found: list[tuple[int, int, dict[str, Any]]] = []
     broken: list[_Broken] = []
@@ -112,7 +136,8 @@ def extract_answer(text: str) -> Extracted:
         try:
             value, end = decoder.raw_decode(text, i)
         except RecursionError:
-            raise ExtractionRefused("invalid_json", "The JSON object in the answer nests too deeply to read.") from None
+            raise ExtractionRefused(
+                "invalid_json", Phrase(gettext_noop("The JSON object in the answer nests too deeply to read."))) from None
         except json.JSONDecodeError as exc:
             if exc.pos > _first_member(text, i):
                 broken.append(_Broken(exc.lineno, exc.colno, exc.msg))
@@ -134,23 +159,29 @@ def extract_answer(text: str) -> Extracted:
             source = "prose"
         return Extracted(text[start:end], value, source, _line_of(text, start), _line_of(text, end - 1))
     if not found and not broken:
-        raise ExtractionRefused(
-            "no_json_object", "No JSON object was found in the answer. Ask the other chat to answer with the JSON object "
-            "the prompt describes.")
+        raise ExtractionRefused("no_json_object", Phrase(gettext_noop(
+            "No JSON object was found in the answer. Ask the other chat to answer with the JSON object the prompt "
+            "describes.")))
     if not found and len(broken) == 1:
         b = broken[0]
         raise ExtractionRefused(
-            "invalid_json", f"The JSON object in the answer is not valid JSON (line {b.line}, column {b.column}: {b.msg}).",
+            "invalid_json", Phrase(gettext_noop("The JSON object in the answer is not valid JSON (line %(line)s, column "
+                                                "%(column)s: %(problem)s)."), line=b.line, column=b.column,
+                                   problem=Phrase(DECODER_PROBLEMS[b.msg]) if b.msg in DECODER_PROBLEMS else b.msg),
             line=b.line, column=b.column)
     lines = [_line_of(text, s) for s, _, _ in found] + [b.line for b in broken]
     starts = ", ".join(str(n) for n in sorted(lines))
-    parts = [f"{len(found)} JSON object{'s' if len(found) != 1 else ''}"]
+    objects = Phrase(gettext_noop("%(n)s JSON object") if len(found) == 1 else gettext_noop("%(n)s JSON objects"),
+                     n=len(found))
     if broken:
-        parts.append(f"{len(broken)} that {'is' if len(broken) == 1 else 'are'} not valid JSON")
+        objects = Phrase(gettext_noop("%(objects)s and %(broken)s"), objects=objects, broken=Phrase(
+            gettext_noop("%(n)s that is not valid JSON") if len(broken) == 1 else gettext_noop("%(n)s that are not valid JSON"),
+            n=len(broken)))
     raise ExtractionRefused(
         "several_json_objects",
-        f"The answer contains {' and '.join(parts)} (starting on lines {starts}); it must contain exactly one. "
-        "Paste only the verdict object.", objects=len(found), broken=len(broken), lines=sorted(lines))
+        Phrase(gettext_noop("The answer contains %(objects)s (starting on lines %(starts)s); it must contain exactly one. "
+                            "Paste only the verdict object."), objects=objects, starts=starts),
+        objects=len(found), broken=len(broken), lines=sorted(lines))
 
 
 def _first_member(text: str, brace: int) -> int:

@@ -4,7 +4,8 @@ One validator for every channel — the reviewer page's form, the peer-chat rela
 and the agent API — so "validated exactly like any verdict" is true by construction. Every
 error names the offending field (``decision``, ``scores.clarity``, ``findings[2].severity``,
 ``confidence``...); all errors found are listed in ``details.errors``, the first one is
-``details.field``.
+``details.field``. The messages are English phrases (``novelforge_sessions.phrases``): a page in
+another language says them in its own.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from novelforge_sessions.phrases import Phrase, gettext_noop
 from novelforge_sessions.session_runtime import (
     UNSTORABLE_TEXT, InvalidPayload, is_fingerprint, printable_path, unstorable_text_at,
 )
@@ -65,6 +67,13 @@ class VerdictData:
         return sha256_fingerprint(canonical_json(self.as_dict()))
 
 
+#: Messages more than one field uses.
+UNKNOWN_FIELD = gettext_noop("unknown field")
+REQUIRED = gettext_noop("is required")
+ONE_OF = gettext_noop("must be one of %(choices)s")
+NON_EMPTY = gettext_noop("must be a non-empty string of at most %(n)s characters")
+
+
 class _Errors:
     def __init__(self) -> None:
         self.items: list[dict[str, str]] = []
@@ -75,7 +84,8 @@ class _Errors:
     def raise_if_any(self) -> None:
         if self.items:
             first = self.items[0]
-            raise InvalidPayload(f"{first['field']}: {first['message']}", field=first["field"], errors=self.items)
+            raise InvalidPayload(Phrase(FIELD_MESSAGE, field=first["field"], message=first["message"]),
+                                 field=first["field"], errors=self.items)
 
 
 def _is_int(value: Any) -> bool:
@@ -90,7 +100,9 @@ def _is_number(value: Any) -> bool:
 _LINE_PART = re.compile(
     r"^(?:l|line|lines)?\s*\.?\s*(\d{1,7})\s*(?:(?:-|–|—|to)\s*(?:l|line)?\s*\.?\s*(\d{1,7}))?$", re.IGNORECASE
 )
-LOCATION_HINT = "a line or range of the candidate, e.g. L3, L3-5 or L3, L7"
+LOCATION_HINT = gettext_noop("a line or range of the candidate, e.g. L3, L3-5 or L3, L7")
+#: A refusal's message naming its field (``scores.clarity: is required``).
+FIELD_MESSAGE = gettext_noop("%(field)s: %(message)s")
 
 
 def parse_location(text: str) -> list[tuple[int, int]] | None:
@@ -114,13 +126,15 @@ def location_error(text: str, candidate_lines: int) -> str | None:
     """Why a location does not point into a candidate of ``candidate_lines`` lines (None: it does)."""
     ranges = parse_location(text)
     if ranges is None:
-        return f"must name {LOCATION_HINT}"
+        return Phrase(gettext_noop("must name %(hint)s"), hint=Phrase(LOCATION_HINT))
     for start, end in ranges:
         if start > end:
-            return f"the range {start}-{end} runs backwards"
+            return Phrase(gettext_noop("the range %(start)s-%(end)s runs backwards"), start=start, end=end)
         for n in (start, end):
             if not 1 <= n <= candidate_lines:
-                return f"line {n} is not in the candidate (it has {candidate_lines} line{'s' if candidate_lines != 1 else ''})"
+                return Phrase(gettext_noop("line %(n)s is not in the candidate (it has %(lines)s line)") if candidate_lines == 1
+                              else gettext_noop("line %(n)s is not in the candidate (it has %(lines)s lines)"),
+                              n=n, lines=candidate_lines)
     return None
 
 
@@ -132,7 +146,7 @@ def validate_verdict(payload: Any, rubric: Rubric, *, candidate_lines: int | Non
     that check (no candidate at hand)."""
     errors = _Errors()
     if not isinstance(payload, Mapping):
-        errors.add("body", "a verdict is a JSON object")
+        errors.add("body", Phrase(gettext_noop("a verdict is a JSON object")))
         errors.raise_if_any()
     # Text PostgreSQL cannot store (U+0000, an unpaired surrogate from a pasted ``\ud800``) is
     # refused first, by its path, whichever channel sent it: nothing below may echo or store it.
@@ -141,37 +155,39 @@ def validate_verdict(payload: Any, rubric: Rubric, *, candidate_lines: int | Non
         errors.add(printable_path(unstorable), UNSTORABLE_TEXT)
         errors.raise_if_any()
     for name in sorted(set(payload) - set(VERDICT_FIELDS)):
-        errors.add(str(name), "unknown field")
+        errors.add(str(name), Phrase(UNKNOWN_FIELD))
     for name in VERDICT_FIELDS:
         if name not in payload:
-            errors.add(name, "is required")
+            errors.add(name, Phrase(REQUIRED))
 
     for name in ("packet_fingerprint", "artifact_fingerprint"):
         if name in payload and not is_fingerprint(payload[name]):
-            errors.add(name, "must look like sha256:<64 lowercase hex digits>")
+            errors.add(name, Phrase(gettext_noop("must look like sha256:<64 lowercase hex digits>")))
 
     decision = payload.get("decision")
     if "decision" in payload and decision not in DECISIONS:
-        errors.add("decision", f"must be one of {', '.join(DECISIONS)}")
+        errors.add("decision", Phrase(ONE_OF, choices=", ".join(DECISIONS)))
 
     scores_in = payload.get("scores")
     scores: dict[str, int] = {}
     if "scores" in payload:
         if not isinstance(scores_in, Mapping):
-            errors.add("scores", "must be an object with one integer per rubric criterion")
+            errors.add("scores", Phrase(gettext_noop("must be an object with one integer per rubric criterion")))
         else:
             for key in sorted(set(scores_in) - {c.key for c in rubric.criteria}):
-                errors.add(f"scores.{key}", "is not a criterion of this rubric")
+                errors.add(f"scores.{key}", Phrase(gettext_noop("is not a criterion of this rubric")))
             for c in rubric.criteria:
                 field = f"scores.{c.key}"
                 if c.key not in scores_in:
-                    errors.add(field, f"is required (an integer from {c.min} to {c.max})")
+                    errors.add(field, Phrase(gettext_noop("is required (an integer from %(min)s to %(max)s)"),
+                                             min=c.min, max=c.max))
                     continue
                 value = scores_in[c.key]
                 if not _is_int(value):
-                    errors.add(field, f"must be an integer from {c.min} to {c.max}")
+                    errors.add(field, Phrase(gettext_noop("must be an integer from %(min)s to %(max)s"), min=c.min, max=c.max))
                 elif not c.min <= value <= c.max:
-                    errors.add(field, f"{value} is outside the scale {c.min}..{c.max}")
+                    errors.add(field, Phrase(gettext_noop("%(value)s is outside the scale %(min)s..%(max)s"),
+                                             value=value, min=c.min, max=c.max))
                 else:
                     scores[c.key] = value
 
@@ -179,37 +195,37 @@ def validate_verdict(payload: Any, rubric: Rubric, *, candidate_lines: int | Non
     findings_in = payload.get("findings")
     if "findings" in payload:
         if not isinstance(findings_in, list):
-            errors.add("findings", "must be a list (it may be empty)")
+            errors.add("findings", Phrase(gettext_noop("must be a list (it may be empty)")))
         elif len(findings_in) > MAX_FINDINGS:
-            errors.add("findings", f"at most {MAX_FINDINGS} findings")
+            errors.add("findings", Phrase(gettext_noop("at most %(n)s findings"), n=MAX_FINDINGS))
         else:
             for i, item in enumerate(findings_in):
                 where = f"findings[{i}]"
                 if not isinstance(item, Mapping):
-                    errors.add(where, "must be an object {location, severity, note}")
+                    errors.add(where, Phrase(gettext_noop("must be an object {location, severity, note}")))
                     continue
                 for name in sorted(set(item) - {"location", "severity", "note"}):
-                    errors.add(f"{where}.{name}", "unknown field")
+                    errors.add(f"{where}.{name}", Phrase(UNKNOWN_FIELD))
                 location, severity, note = item.get("location"), item.get("severity"), item.get("note")
                 ok = True
                 if not isinstance(location, str) or not location.strip() or len(location) > MAX_LOCATION:
-                    errors.add(f"{where}.location", f"must be a non-empty string of at most {MAX_LOCATION} characters")
+                    errors.add(f"{where}.location", Phrase(NON_EMPTY, n=MAX_LOCATION))
                     ok = False
                 elif candidate_lines is not None and (why := location_error(location.strip(), candidate_lines)):
                     errors.add(f"{where}.location", why)
                     ok = False
                 if severity not in SEVERITIES:
-                    errors.add(f"{where}.severity", f"must be one of {', '.join(SEVERITIES)}")
+                    errors.add(f"{where}.severity", Phrase(ONE_OF, choices=", ".join(SEVERITIES)))
                     ok = False
                 if not isinstance(note, str) or not note.strip() or len(note) > MAX_NOTE:
-                    errors.add(f"{where}.note", f"must be a non-empty string of at most {MAX_NOTE} characters")
+                    errors.add(f"{where}.note", Phrase(NON_EMPTY, n=MAX_NOTE))
                     ok = False
                 if ok:
                     findings.append(Finding(location.strip(), severity, note.strip()))
 
     confidence = payload.get("confidence")
     if "confidence" in payload and (not _is_number(confidence) or not 0 <= confidence <= 1):
-        errors.add("confidence", "must be a number from 0 to 1")
+        errors.add("confidence", Phrase(gettext_noop("must be a number from 0 to 1")))
 
     errors.raise_if_any()
     return VerdictData(

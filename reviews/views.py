@@ -20,12 +20,13 @@ from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
-from django.utils.translation import gettext, gettext_lazy
+from django.utils.translation import get_language, gettext, gettext_lazy
 from django.views.decorators.http import require_http_methods, require_POST
 
 from novelforge_sessions.apikit.schemas import loads_json
-from novelforge_sessions.errors import MalformedBody, NotFound, ServiceError, ValidationFailed
+from novelforge_sessions.errors import MalformedBody, NotFound, ServiceError, ValidationFailed, page_message
 from novelforge_sessions.models import Membership, Project, Session
+from novelforge_sessions.phrases import say
 from novelforge_sessions.session_runtime import UNSTORABLE_TEXT
 from reviews import actions, calibration as scoring, relay
 from reviews.access import assignment_for, assignments_for, managed_project_ids, reviewer_for_user
@@ -34,12 +35,11 @@ from reviews.models import GateCalibration, ReviewAssignment, ReviewGate, Verdic
 from reviews.packets import (
     CONFIDENCE_LEVELS, DECISION_LABELS, DECISIONS, SEVERITIES, Rubric, relay_prompt, rubric_from_dict,
 )
-from reviews.verdicts import LOCATION_HINT
+from reviews.verdicts import FIELD_MESSAGE, LOCATION_HINT
 
 _FINDING_FIELD = re.compile(r"^findings\[(\d{1,3})\](?:\.(\w+))?$")  # a real index (at most 50 findings)
 #: What the confirmation may say about where a relay answer was found (query parameters, allowlisted).
-_EXTRACTED = {"whole": gettext_lazy("the whole answer"), "fenced": gettext_lazy("the ```json block"),
-              "prose": gettext_lazy("the text around it")}
+_EXTRACTED = relay.WHERE
 _LINES_PARAM = re.compile(r"^\d{1,6}(-\d{1,6})?$")
 
 
@@ -158,7 +158,7 @@ def _packet_context(request: HttpRequest, assignment: ReviewAssignment, **extra:
         "decisions": DECISIONS,
         "severities": SEVERITIES,
         "confidence_levels": [(str(v), gettext(label)) for _, label, v in CONFIDENCE_LEVELS],
-        "location_hint": LOCATION_HINT,
+        "location_hint": gettext(LOCATION_HINT),
         "has_anchors": any(c.anchors for c in rubric.criteria),
         "next_packet": _next_packet(request, assignment) if verdict else None,
         "extracted": _extracted_note(request) if verdict else "",
@@ -189,11 +189,11 @@ def _extracted_note(request: HttpRequest) -> str:
     source, lines = request.GET.get("extracted", ""), request.GET.get("lines", "")
     if source not in _EXTRACTED:
         return ""
-    where = ""
-    if _LINES_PARAM.match(lines):
-        where = " (" + (gettext("line %(n)s") if "-" not in lines else gettext("lines %(n)s")) % {"n": lines.replace("-", "–")} + ")"
-    return gettext("Read one JSON object from %(source)s%(where)s of the pasted answer.") % {
-        "source": _EXTRACTED[source], "where": where}
+    if not _LINES_PARAM.match(lines):
+        return gettext("Read one JSON object from %(source)s of the pasted answer.") % {"source": gettext(_EXTRACTED[source])}
+    where = (gettext("line %(n)s") if "-" not in lines else gettext("lines %(n)s")) % {"n": lines.replace("-", "–")}
+    return gettext("Read one JSON object from %(source)s (%(lines)s) of the pasted answer.") % {
+        "source": gettext(_EXTRACTED[source]), "lines": where}
 
 
 _FINGERPRINT_FIELDS = ("packet_fingerprint", "artifact_fingerprint")
@@ -240,19 +240,30 @@ def plain_message(field: str, message: str, rubric: Rubric, *, relay: bool = Fal
         n, part = int(m.group(1)) + 1, m.group(2)
         if part == "location":
             if message.startswith("line ") or "backwards" in message:
-                return gettext("Finding %(n)s:") % {"n": n} + f" {message[0].upper()}{message[1:]}."
-            return gettext("Finding %(n)s: say which line it is about — %(hint)s.") % {
-                "n": n, "hint": gettext("a line or range of the candidate, e.g. L3, L3-5 or L3, L7")}
+                return _finding(n, message)
+            return gettext("Finding %(n)s: say which line it is about — %(hint)s.") % {"n": n, "hint": gettext(LOCATION_HINT)}
         if part == "severity":
             return gettext("Finding %(n)s: please choose how serious it is (minor, major or critical).") % {"n": n}
         if part == "note":
             return gettext("Finding %(n)s: please describe the problem.") % {"n": n}
-        return gettext("Finding %(n)s:") % {"n": n} + f" {message}."
+        return _finding(n, message)
     if field in ("packet_fingerprint", "artifact_fingerprint"):
         return str(_PLAIN_CODES["stale_fingerprint"])
     if field == "body":
-        return message
-    return f"{field}: {message}"
+        return _said(message)
+    return gettext(FIELD_MESSAGE) % {"field": field, "message": _said(message)}
+
+
+def _said(text: str) -> str:
+    """A validator's message (a phrase, ``novelforge_sessions.phrases``) in the page's language."""
+    return say(text, gettext)
+
+
+def _finding(n: int, message: str) -> str:
+    """"Finding 2: Line 9 is not in the candidate (it has 4 lines).": the validator's message, said in
+    the page's language and begun as a sentence."""
+    problem = _said(message)
+    return gettext("Finding %(n)s: %(problem)s.") % {"n": n, "problem": problem[:1].upper() + problem[1:]}
 
 
 _PLAIN_CODES = {
@@ -263,9 +274,14 @@ _PLAIN_CODES = {
 }
 
 
-def _refusal(exc: ServiceError, rubric: Rubric | None = None, *, relay: bool = False) -> dict[str, Any]:
+def _refusal(exc: ServiceError, rubric: Rubric | None = None, *, relay: bool = False,
+             page_words: bool = False) -> dict[str, Any]:
     """What a page may say about a refusal: plain sentences for people, plus its code, message
-    and the fields it names (shown under "Technical details", and kept for the other chat)."""
+    and the fields it names (shown under "Technical details", and kept for the other chat), all in
+    the page's language (``errors.page_message``; codes and field names stay as they are).
+    ``page_words``: the message is the page's own, already in its language (a form's error)."""
+    english = (get_language() or "en").startswith("en")
+    message = exc.message if page_words else page_message(exc.code, exc.message, gettext, english=english)
     fields = [e for e in exc.details.get("errors", []) if isinstance(e, dict)]
     if not fields and exc.details.get("field"):
         fields = [{"field": exc.details["field"], "message": exc.message}]
@@ -276,10 +292,19 @@ def _refusal(exc: ServiceError, rubric: Rubric | None = None, *, relay: bool = F
     elif rubric is not None and fields:
         plain = list(dict.fromkeys(plain_message(f["field"], f["message"], rubric, relay=relay) for f in fields))
     else:
-        plain = [exc.message]
+        plain = [message]
     for f in fields:
-        f["plain"] = plain_message(f["field"], f["message"], rubric, relay=relay) if rubric is not None else f["message"]
-    return {"code": exc.code, "message": exc.message, "fields": fields, "status": exc.http_status, "plain": plain}
+        f["plain"] = plain_message(f["field"], f["message"], rubric, relay=relay) if rubric is not None else message
+        if not page_words:
+            f["message"] = _field_message(exc.code, f["message"], english)
+    return {"code": exc.code, "message": message, "fields": fields, "status": exc.http_status, "plain": plain}
+
+
+def _field_message(code: str, message: str, english: bool) -> str:
+    """One field's refusal under "Technical details", in the page's language."""
+    if message == UNSTORABLE_TEXT and not english:
+        return str(_UNSTORABLE_PLAIN)
+    return page_message(code, message, gettext, english=english)
 
 
 @login_required
@@ -319,7 +344,7 @@ def relay_paste(request: HttpRequest, packet_id: int) -> HttpResponse:
         return render(request, "reviews/packet.html", ctx, status=refusal["status"])
 
     if not form.is_valid():
-        return refuse(_refusal(ValidationFailed(form.errors["answer"][0], field="answer")))
+        return refuse(_refusal(ValidationFailed(form.errors["answer"][0], field="answer"), page_words=True))
     try:
         found = relay.extract_answer(form.cleaned_data["answer"])
     except relay.ExtractionRefused as exc:

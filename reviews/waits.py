@@ -41,6 +41,7 @@ from novelforge_sessions.control.service import (
 )
 from novelforge_sessions.errors import ValidationFailed
 from novelforge_sessions.models import ApiToken, Run, RuntimeAttachment, Session
+from novelforge_sessions.phrases import Phrase, gettext_noop
 from reviews.access import reviewer_runtimes
 from reviews.models import ReviewAssignment, ReviewGate
 
@@ -157,8 +158,10 @@ def revalidate(scope: ResumeScope) -> WaitCheck:
     data = {"pending": pending, "complete": complete}
     if problems:
         repair = Repair.REFREEZE if any(p["repair"] == Repair.REFREEZE for p in problems) else Repair.REREVIEW
-        return WaitCheck(False, f"{len(problems)} review gate(s) no longer valid", {**data, "problems": problems}, repair)
-    return WaitCheck(True, f"{len(pending)} pending review gate(s) still judge the current candidate", data)
+        return WaitCheck(False, Phrase(gettext_noop("%(n)s review gate(s) no longer valid"), n=len(problems)),
+                         {**data, "problems": problems}, repair)
+    return WaitCheck(True, Phrase(gettext_noop("%(n)s pending review gate(s) still judge the current candidate"), n=len(pending)),
+                     data)
 
 
 def carry_over(session: Session, run: Run) -> list[int]:

@@ -76,6 +76,7 @@ from novelforge_sessions.errors import (
     ValidationFailed,
 )
 from novelforge_sessions.models import Session
+from novelforge_sessions.phrases import Phrase, gettext_noop
 
 MAX_RESULT_BYTES = 128 * 1024
 
@@ -395,7 +396,8 @@ def resolve_conflict(caller: Caller, handoff_id: int, *, resolution: str) -> Han
     session is resumed as usual."""
     caller.require("approve")
     if not isinstance(resolution, str) or not resolution.strip() or len(resolution) > 200:
-        raise ValidationFailed("resolution must say how the conflict was resolved (1–200 characters)", field="resolution")
+        raise ValidationFailed(Phrase(gettext_noop("resolution must say how the conflict was resolved (1–200 characters)")),
+                               field="resolution")
     check(rt.check_storable_text, resolution, "resolution")  # the API's and the page's one refusal
     with transaction.atomic():
         session, handoff = lock_handoff(caller, handoff_id)

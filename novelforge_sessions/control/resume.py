@@ -84,12 +84,20 @@ from novelforge_sessions.control.models import (
     WriteIntent,
 )
 from novelforge_sessions.control.fingerprints import fingerprint
+from novelforge_sessions.phrases import SEMICOLONS, Phrase, gettext_noop, joined
+
+#: The detail of a step with nothing to check yet.
+NOTHING_BOUND = gettext_noop("nothing bound yet")
+#: The "continue" step's detail when a step failed (the resume page names the steps in its language).
+NOT_CONTINUED = gettext_noop("not continued: %(steps)s failed")
 
 
 @dataclass
 class StepResult:
     step: str
     ok: bool
+    #: In English, for the API; a phrase (``novelforge_sessions.phrases``), so the resume page says it
+    #: in its own language. The step's name and its repair route are codes.
     detail: str
     data: dict[str, Any] = field(default_factory=dict)
     repair: str | None = None
@@ -109,34 +117,39 @@ class ResumeContext:
 def step_load(ctx: ResumeContext) -> StepResult:
     cp = ctx.checkpoint
     if cp is None:
-        return StepResult("load", True, "no checkpoint yet: the new run starts from an empty cursor",
+        return StepResult("load", True, Phrase(gettext_noop("no checkpoint yet: the new run starts from an empty cursor")),
                           {"session_id": ctx.session.id, "status": ctx.session.status})
-    return StepResult("load", True, f"checkpoint {cp.id} (run {cp.run_id}, #{cp.seq}, {cp.boundary})",
+    return StepResult("load", True, Phrase(gettext_noop("checkpoint %(id)s (run %(run)s, #%(seq)s, %(boundary)s)"),
+                                           id=cp.id, run=cp.run_id, seq=cp.seq, boundary=cp.boundary),
                       {"session_id": ctx.session.id, "status": ctx.session.status, "checkpoint_id": cp.id,
                        "cursor": cp.cursor})
 
 
 def step_framework(ctx: ResumeContext) -> StepResult:
     if ctx.checkpoint is None:
-        return StepResult("framework", True, "nothing bound yet")
+        return StepResult("framework", True, Phrase(NOTHING_BOUND))
     bound = ctx.checkpoint.authority.get("framework_version")
     current = ctx.project.framework_version
     if bound != current:
-        return StepResult("framework", False, f"checkpoint bound framework {bound}; the project is on {current}",
+        return StepResult("framework", False, Phrase(gettext_noop("checkpoint bound framework %(bound)s; the project is on "
+                                                                  "%(current)s"), bound=bound, current=current),
                           {"bound": bound, "current": current}, Repair.TERMINATE_AS_STALE)
-    return StepResult("framework", True, f"framework {current} unchanged", {"framework_version": current})
+    return StepResult("framework", True, Phrase(gettext_noop("framework %(version)s unchanged"), version=current),
+                      {"framework_version": current})
 
 
 def step_authority(ctx: ResumeContext) -> StepResult:
     if ctx.checkpoint is None:
-        return StepResult("authority", True, "nothing bound yet")
+        return StepResult("authority", True, Phrase(NOTHING_BOUND))
     bound = ctx.checkpoint.authority
     current = ctx.project.authority_ref()
     diffs = {k: {"bound": bound.get(k), "current": current[k]}
              for k in ("authority_version", "lock_fingerprint") if bound.get(k) != current[k]}
     if diffs:
-        return StepResult("authority", False, "authority or lock changed since the checkpoint", diffs, Repair.REFREEZE)
-    return StepResult("authority", True, f"authority v{current['authority_version']} and lock unchanged",
+        return StepResult("authority", False, Phrase(gettext_noop("authority or lock changed since the checkpoint")), diffs,
+                          Repair.REFREEZE)
+    return StepResult("authority", True, Phrase(gettext_noop("authority v%(version)s and lock unchanged"),
+                                                version=current["authority_version"]),
                       {"authority_version": current["authority_version"]})
 
 
@@ -149,7 +162,8 @@ def step_context(ctx: ResumeContext) -> StepResult:
             id__in=ids, project=ctx.project).values_list("id", "current_version_id", "current_version__fingerprint")
     }
     ctx.facts["heads"] = heads
-    return StepResult("context", True, f"rebuilt from current state ({len(heads)} artifacts); transcript not read",
+    return StepResult("context", True, Phrase(gettext_noop("rebuilt from current state (%(n)s artifacts); transcript not read"),
+                                              n=len(heads)),
                       {"artifacts": len(heads)})
 
 
@@ -186,19 +200,22 @@ def step_artifacts(ctx: ResumeContext) -> StepResult:
         else:
             changed.append({"artifact_id": r["artifact_id"], "bound": r["fingerprint"], "current": head_fp})
     if changed:
-        return StepResult("artifacts", False, f"{len(changed)} artifact(s) changed since the checkpoint",
+        return StepResult("artifacts", False,
+                          Phrase(gettext_noop("%(n)s artifact(s) changed since the checkpoint"), n=len(changed)),
                           {"changed": changed}, Repair.REFREEZE)
     if not unmoved and not written:
-        return StepResult("artifacts", True, f"{len(refs)} artifact fingerprint(s) still current")
-    parts = [f"{len(current)} still current"] if current else []
+        return StepResult("artifacts", True, Phrase(gettext_noop("%(n)s artifact fingerprint(s) still current"), n=len(refs)))
+    parts = [Phrase(gettext_noop("%(n)s still current"), n=len(current))] if current else []
     if unmoved:
-        parts.append(f"{len(unmoved)} frozen at a version that is not current, and nothing made another version "
-                     "current since")
+        parts.append(Phrase(gettext_noop("%(n)s frozen at a version that is not current, and nothing made another "
+                                         "version current since"), n=len(unmoved)))
     if written:
         ids = sorted({i for w in written for i in w["write_intent_ids"]})
-        parts.append(f"{len(written)} made current since by the checkpoint's own write "
-                     f"{', '.join(f'intent #{i}' for i in ids)}, already executed")
-    return StepResult("artifacts", True, f"{len(refs)} artifact fingerprint(s) hold: {'; '.join(parts)}",
+        parts.append(Phrase(gettext_noop("%(n)s made current since by the checkpoint's own write %(intents)s, already "
+                                         "executed"), n=len(written),
+                            intents=joined([Phrase(gettext_noop("intent #%(id)s"), id=i) for i in ids])))
+    return StepResult("artifacts", True, Phrase(gettext_noop("%(n)s artifact fingerprint(s) hold: %(parts)s"), n=len(refs),
+                                                parts=joined(parts, SEMICOLONS)),
                       {"current": current, "unmoved": unmoved, "written": written})
 
 
@@ -337,9 +354,11 @@ def step_approvals(ctx: ResumeContext) -> StepResult:
                              "repair": Repair.REAPPROVE})
     if problems:
         repair = Repair.REFREEZE if any(p["repair"] == Repair.REFREEZE for p in problems) else Repair.REAPPROVE
-        return StepResult("approvals", False, f"{len(problems)} approval/write precondition(s) no longer valid",
+        return StepResult("approvals", False, Phrase(gettext_noop("%(n)s approval/write precondition(s) no longer valid"),
+                                                     n=len(problems)),
                           {"problems": problems}, repair)
-    return StepResult("approvals", True, f"{checked} pending write(s): approvals and preconditions valid",
+    return StepResult("approvals", True, Phrase(gettext_noop("%(n)s pending write(s): approvals and preconditions valid"),
+                                                n=checked),
                       {"checked": checked})
 
 
@@ -390,9 +409,11 @@ def step_capabilities(ctx: ResumeContext) -> StepResult:
             missing.append(problem)
     if missing:
         return StepResult("capabilities", False,
-                          f"{len(missing)} pending handoff(s) have no live runtime that may take them and declares what "
-                          "they need", {"missing": missing}, Repair.ATTACH_CAPABLE_RUNTIME)
-    return StepResult("capabilities", True, f"{len(pending)} pending handoff(s) can be served", {"served": served})
+                          Phrase(gettext_noop("%(n)s pending handoff(s) have no live runtime that may take them and "
+                                              "declares what they need"), n=len(missing)),
+                          {"missing": missing}, Repair.ATTACH_CAPABLE_RUNTIME)
+    return StepResult("capabilities", True, Phrase(gettext_noop("%(n)s pending handoff(s) can be served"), n=len(pending)),
+                      {"served": served})
 
 
 def step_results(ctx: ResumeContext) -> StepResult:
@@ -400,7 +421,7 @@ def step_results(ctx: ResumeContext) -> StepResult:
     handoffs = _handoffs(ctx)
     conflicted = [h.logical_id for h in handoffs if h.state == HandoffState.CONFLICTED]
     if ctx.session.open_conflict or conflicted:
-        return StepResult("results", False, "a conflicting result is unresolved",
+        return StepResult("results", False, Phrase(gettext_noop("a conflicting result is unresolved")),
                           {"open_conflict": ctx.session.open_conflict or None, "conflicted": conflicted},
                           Repair.RESOLVE_CONFLICT)
     by_logical = {h.logical_id: h for h in handoffs}
@@ -411,11 +432,12 @@ def step_results(ctx: ResumeContext) -> StepResult:
         .values_list("handoff__logical_id", flat=True)
     )) if unbound_ids else []
     if unknown or invalid:
-        return StepResult("results", False, "a returned result cannot be bound to its frozen job",
+        return StepResult("results", False, Phrase(gettext_noop("a returned result cannot be bound to its frozen job")),
                           {"unknown_handoffs": unknown, "invalid_deliveries_for": invalid}, Repair.REFREEZE)
     bound = {h.logical_id: h.receipt.result_hash for h in handoffs
              if h.state == HandoffState.BOUND and _receipt(h) is not None}
-    return StepResult("results", True, f"{len(bound)} result(s) bound to their frozen jobs", {"bound": bound})
+    return StepResult("results", True, Phrase(gettext_noop("%(n)s result(s) bound to their frozen jobs"), n=len(bound)),
+                      {"bound": bound})
 
 
 def _receipt(handoff: Handoff) -> ConsumeReceipt | None:
@@ -436,7 +458,7 @@ def step_consumed(ctx: ResumeContext) -> StepResult:
     """
     cp = ctx.checkpoint
     if cp is None:
-        return StepResult("consumed", True, "nothing bound yet")
+        return StepResult("consumed", True, Phrase(NOTHING_BOUND))
     done: list[dict[str, Any]] = []
     repeated: list[dict[str, Any]] = []
     for ref in _intent_refs(ctx):
@@ -456,16 +478,19 @@ def step_consumed(ctx: ResumeContext) -> StepResult:
                 repeated.append({"logical_id": logical_id, "receipt_id": receipt.id,
                                  "consumed_at": receipt.consumed_at.isoformat(), "result_hash": receipt.result_hash})
     if repeated:
-        return StepResult("consumed", False, "the saved cursor would repeat effects that were already consumed",
+        return StepResult("consumed", False, Phrase(gettext_noop("the saved cursor would repeat effects that were already "
+                                                                 "consumed")),
                           {"already_consumed": repeated, **({"executed_writes": done} if done else {})}, Repair.REFREEZE)
     if done:
-        names = ", ".join(f"write intent #{d['write_intent_id']} ({d['kind']})" for d in done)
+        names = joined([Phrase(gettext_noop("write intent #%(id)s (%(kind)s)"), id=d["write_intent_id"], kind=d["kind"])
+                        for d in done])
         return StepResult(
             "consumed", True,
-            f"{names} already executed after the checkpoint: the write is done and is not made again "
-            "(executing it again returns its recorded outcome); the cursor continues past it",
+            Phrase(gettext_noop("%(writes)s already executed after the checkpoint: the write is done and is not made again "
+                                "(executing it again returns its recorded outcome); the cursor continues past it"),
+                   writes=names),
             {"executed_writes": done})
-    return StepResult("consumed", True, "no logical result or side effect would be repeated")
+    return StepResult("consumed", True, Phrase(gettext_noop("no logical result or side effect would be repeated")))
 
 
 ResumeStep = Callable[[ResumeContext], StepResult]
@@ -560,8 +585,8 @@ def resume_session(
         ok = all(s.ok for s in steps)
         cursor = checkpoint.cursor if checkpoint else {}
         failed = [s.step for s in steps if not s.ok]
-        steps.append(StepResult("continue", ok, "continue the saved cursor in a new run" if ok
-                                else f"not continued: {', '.join(failed)} failed",
+        steps.append(StepResult("continue", ok, Phrase(gettext_noop("continue the saved cursor in a new run")) if ok
+                                else Phrase(NOT_CONTINUED, steps=", ".join(failed)),
                                 {"cursor": cursor}))
         outcome = ResumeOutcome(ok, dry_run, steps, session, checkpoint.id if checkpoint else None)
         if not ok:
@@ -594,7 +619,8 @@ def resume_session(
         if awaiting is not None:
             apply_transition(session, awaiting, reason=f"waiting on {', '.join(h.label for h in held)}"[:200],
                              outbox=outbox, current_run=run)
-            steps[-1].detail += f"; it waits on {', '.join(h.label for h in held)} ({awaiting.value})"
+            steps[-1].detail = Phrase(gettext_noop("%(detail)s; it waits on %(what)s (%(state)s)"), detail=steps[-1].detail,
+                                      what=", ".join(h.label for h in held), state=awaiting.value)
             steps[-1].data["waiting_on"] = [h.as_dict() for h in held]
         outbox.flush()
     return outcome

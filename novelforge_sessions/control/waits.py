@@ -95,7 +95,7 @@ class ResumeScope:
 @dataclass(frozen=True)
 class WaitCheck:
     ok: bool
-    detail: str
+    detail: str  # English; a phrase (``novelforge_sessions.phrases``), so the resume page can say it in its language
     data: dict[str, Any] = field(default_factory=dict)
     repair: str | None = None
 

@@ -19,9 +19,9 @@ from typing import Any
 from django.db.models import Count, Prefetch, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
-from django.utils.translation import get_language
+from django.utils.translation import get_language, gettext
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
+from django.utils.translation import ngettext, pgettext_lazy
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import leases
@@ -30,6 +30,10 @@ from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.control.intents import approval_problem, current_state
 from novelforge_sessions.control.fingerprints import fingerprint
 from novelforge_sessions.control.service import Waited, waiting_for_sessions
+from novelforge_sessions.control.resume import NOT_CONTINUED
+from novelforge_sessions.control.waits import Repair
+from novelforge_sessions.errors import CATALOG, page_message
+from novelforge_sessions.phrases import joined, say
 from novelforge_sessions.control.models import (
     Approval,
     ConsumeReceipt,
@@ -84,9 +88,16 @@ STATE_LABELS: dict[str, str] = {
 REASON_TEXT: dict[str, str] = {
     "runtime_lost": _("The runtime went away (closed, or it stopped answering)"),
     "conflicting_result": _("A different result arrived for handoff {detail} after one was consumed"),
-    # reasons the service writes in words (actions/runs.py, control/graphs.py): the same words, translated
+    # reasons the service writes in words (actions/runs.py, control/graphs.py, control/handoffs.py,
+    # control/resume.py, the manager's actions in dashboard/views.py): the same words, translated
     "run started": _("run started"),
     "graph thread deleted": _("graph thread deleted"),
+    "external results bound": _("external results bound"),
+    "superseded by resume": _("superseded by resume"),
+    "closed by manager": _("closed by manager"),
+    "abort requested by manager": _("abort requested by manager"),
+    "terminated by manager": _("terminated by manager"),
+    "resumed by manager": _("resumed by manager"),
 }
 
 
@@ -169,35 +180,80 @@ def wait_words(label: str | None) -> str:
     return text
 
 
-#: A refusal a manager's action can meet, for the pages in another language than English: the
-#: API's message is English (its catalogued code stays the same everywhere), so a page says the
-#: code's sentence in the page's language and shows the code beside it; in English, the message.
-ERROR_WORDS: dict[str, str] = {
-    "illegal_transition": _("This change of state is not allowed from the session's current state."),
-    "version_conflict": _("The session changed since you loaded the page."),
-    "live_runtime_exists": _("A runtime is live for this session; close it first."),
-    "no_live_runtime": _("No runtime is live for this session."),
-    "open_run_exists": _("The session already has an open run."),
-    "no_open_run": _("The session has no open run."),
-    "session_terminated": _("The session is terminated."),
-    "wait_outstanding": _("The session still waits on something (a review, a handoff or a question)."),
-    "open_conflict": _("The session has an open conflict; resolve it first."),
-    "no_open_conflict": _("There is no open conflict to resolve."),
-    "resume_refused": _("Resume was refused: a check failed."),
-    "stale_precondition": _("The before-state changed since this write intent was made."),
-    "approval_required": _("This write intent needs a manager's approval first."),
-    "intent_closed": _("This write intent is already closed."),
-    "intent_not_executable": _("This write intent cannot be executed."),
-    "not_approved": _("This write intent is not approved."),
-}
+#: Every catalogued refusal's words for a page (``errors.ServiceError.words``, marked there),
+#: translated in the request's language: the API's message is English (its code stays the same
+#: everywhere), so a page in another language says the code's sentence and shows the code beside it
+#: (``error_words``), unless the message is a phrase of its own, said in the page's language.
+ERROR_WORDS: dict[str, str] = {code: _(cls.words) for code, cls in CATALOG.items()}
+
+
+def said(text: Any) -> str:
+    """A text of the service in the page's language: a phrase (``phrases.Phrase``: a validator's
+    message, a resume step's detail) said again through the catalogs; any other text as it is."""
+    return say(text, gettext)
 
 
 def error_words(code: str | None, message: str) -> str:
-    """A refusal in the page's language: the API's own (English) message in English, else the
-    code's sentence (``ERROR_WORDS``) when there is one."""
-    if (get_language() or "en").startswith("en") or code not in ERROR_WORDS:
-        return message
-    return str(ERROR_WORDS[code])
+    """A refusal in the page's language: the API's own (English) message in English; in another
+    language the message itself when it is a phrase, else the code's sentence (``errors.page_message``)."""
+    return page_message(code, message, gettext, english=(get_language() or "en").startswith("en"))
+
+
+#: The resume steps (``control/resume.py`` and the wait kinds', e.g. ``reviews``: docs/model.md#resume), as
+#: the resume page names them: in English the step's code itself, in another language its translation.
+STEP_WORDS: dict[str, str] = {
+    "load": pgettext_lazy("resume step", "load"),
+    "framework": pgettext_lazy("resume step", "framework"),
+    "authority": pgettext_lazy("resume step", "authority"),
+    "context": pgettext_lazy("resume step", "context"),
+    "artifacts": pgettext_lazy("resume step", "artifacts"),
+    "approvals": pgettext_lazy("resume step", "approvals"),
+    "capabilities": pgettext_lazy("resume step", "capabilities"),
+    "results": pgettext_lazy("resume step", "results"),
+    "reviews": pgettext_lazy("resume step", "reviews"),
+    "consumed": pgettext_lazy("resume step", "consumed"),
+    "continue": pgettext_lazy("resume step", "continue"),
+}
+
+#: The repair routes a failed resume step names (``control.waits.Repair``, the codes docs/model.md#resume
+#: uses), as the resume page says them: in English the code itself, in another language its translation.
+REPAIR_WORDS: dict[str, str] = {
+    Repair.REFREEZE: pgettext_lazy("repair route", "re-freeze"),
+    Repair.REREVIEW: pgettext_lazy("repair route", "re-review"),
+    Repair.REAPPROVE: pgettext_lazy("repair route", "re-approve"),
+    Repair.TERMINATE_AS_STALE: pgettext_lazy("repair route", "terminate-as-stale"),
+    Repair.ATTACH_CAPABLE_RUNTIME: pgettext_lazy("repair route", "attach-capable-runtime"),
+    Repair.RESOLVE_CONFLICT: pgettext_lazy("repair route", "resolve-conflict"),
+}
+
+
+def step_words(code: str | None) -> str:
+    """A resume step's name in the page's language (an unknown step as it is)."""
+    return str(STEP_WORDS.get(code or "", code or ""))
+
+
+def repair_words(routes: str | Iterable[str] | None) -> str:
+    """A repair route, or several in a row ("re-freeze, re-approve"), in the page's language."""
+    if routes is None or isinstance(routes, str):
+        return str(REPAIR_WORDS.get(routes or "", routes or ""))
+    return said(joined([repair_words(r) for r in routes]))
+
+
+def resume_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The resume report (``control/resume.py``) as the resume page shows it, in the page's language:
+    each step's name (``STEP_WORDS``), its detail (a phrase, said again; a failed "continue" names the
+    failed steps in words) and its repair route (``REPAIR_WORDS``). The codes stay in ``step`` and
+    ``repair``; the report itself (the API's) is not changed."""
+    steps = report.get("steps") or []
+    failed = [s["step"] for s in steps if not s["ok"] and s["step"] != "continue"]
+    shown = []
+    for step in steps:
+        detail = said(step.get("detail"))
+        if step["step"] == "continue" and not step["ok"] and failed:
+            detail = gettext(NOT_CONTINUED) % {"steps": said(joined([step_words(f) for f in failed]))}
+        shown.append({**step, "name": step_words(step["step"]), "said": detail,
+                      "repair_words": repair_words(step.get("repair"))})
+    return {**report, "steps": shown, "repair_words": repair_words(report.get("repairs") or [])}
 
 
 def event_words(event_type: str | None) -> str:
@@ -1045,16 +1101,19 @@ class HandoffRow:
 
     @property
     def state_note(self) -> str:
+        """Where the handoff stands, in the page's language (the manager's resolution as written)."""
         h = self.handoff
         if h.state == HandoffState.PENDING:
-            return "waiting for a worker" if h.attempt == 0 else "waiting for a worker again"
+            return str(_("waiting for a worker") if h.attempt == 0 else _("waiting for a worker again"))
         if h.state == HandoffState.CLAIMED:
-            return "a worker holds the lease" if self.lease_live else "lease expired: claimable again"
+            return str(_("a worker holds the lease") if self.lease_live else _("lease expired: claimable again"))
         if h.state == HandoffState.CONFLICTED:
-            return "a different result arrived after one was consumed: a manager must resolve it"
+            return str(_("a different result arrived after one was consumed: a manager must resolve it"))
         if h.state == HandoffState.BOUND:
-            return "result consumed" + (f"; conflict resolved ({h.conflict_resolution})" if h.conflict_resolution else "")
-        return "cancelled"
+            if h.conflict_resolution:
+                return str(_("result consumed; conflict resolved (%(how)s)") % {"how": h.conflict_resolution})
+            return str(_("result consumed"))
+        return str(_("cancelled"))
 
 
 @dataclass

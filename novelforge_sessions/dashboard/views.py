@@ -476,7 +476,8 @@ def resume(request: HttpRequest, session_id: int) -> HttpResponse:
         report = outcome.report()
     session.refresh_from_db()
     return render(request, "dashboard/resume.html",
-                  {"session": session, "project": session.project, "report": report, "error": error, "spec": spec,
+                  {"session": session, "project": session.project, "error": error, "spec": spec,
+                   "report": presenters.resume_report(report) if report else None,
                    "confirmed": request.method == "POST", **_nav(request)},
                   status=status)
 

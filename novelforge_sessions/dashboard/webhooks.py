@@ -13,10 +13,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_http_methods, require_POST
 
 from novelforge_sessions import access
-from novelforge_sessions.dashboard.presenters import nav_roles
+from novelforge_sessions.dashboard.presenters import error_words, nav_roles
 from novelforge_sessions.errors import ServiceError
 from novelforge_sessions.event_types import CATALOG
 from novelforge_sessions.lifecycles import DeliveryState
@@ -42,9 +43,20 @@ def _endpoint(project: Project, endpoint_id: int) -> WebhookEndpoint:
         raise Http404("webhook endpoint not found") from None
 
 
+#: The named notices (``webhooks.endpoints.NAMED_KINDS``) as the form says them, in the page's language.
+KIND_WORDS = {
+    "gate opened": gettext_lazy("gate opened"),
+    "verdict bound": gettext_lazy("verdict bound"),
+    "approval requested": gettext_lazy("approval requested"),
+    "session failed": gettext_lazy("session failed"),
+    "conflict opened": gettext_lazy("conflict opened"),
+    "handoff waiting too long": gettext_lazy("handoff waiting too long"),
+}
+
+
 def _kinds() -> list[dict]:
-    """The form's event types: the named notices first, then every catalog type."""
-    named = [{"value": t, "label": k} for k, t in hooks.NAMED_KINDS.items()]
+    """The form's event types: the named notices first (in words), then every catalog type (its code)."""
+    named = [{"value": t, "label": str(KIND_WORDS.get(k, k))} for k, t in hooks.NAMED_KINDS.items()]
     shown = {t for t in hooks.NAMED_KINDS.values()}
     return named + [{"value": t, "label": t} for t in sorted(CATALOG) if t not in shown]
 
@@ -72,7 +84,7 @@ def endpoints(request: HttpRequest, project_id: int) -> HttpResponse:
         endpoint, secret = hooks.create_endpoint(project, url=url, event_types=types, description=description,
                                                  actor=f"user:{request.user.get_username()}")
     except ServiceError as exc:
-        context = _list_context(request, project, error=exc.message, form={"url": url, "types": set(types),
+        context = _list_context(request, project, error=error_words(exc.code, exc.message), form={"url": url, "types": set(types),
                                                                          "description": description})
         return render(request, "dashboard/webhooks.html", context, status=422)
     return render(request, "dashboard/webhook_secret.html", {
@@ -125,7 +137,7 @@ def redeliver(request: HttpRequest, project_id: int, endpoint_id: int, delivery_
     except ServiceError as exc:
         if exc.code == "not_found":
             raise Http404("webhook delivery not found") from None
-        messages.error(request, f"{exc.message} ({exc.code})")
+        messages.error(request, f"{error_words(exc.code, exc.message)} ({exc.code})")
     else:
         messages.success(request, _("Delivery %(id)s is sent again with the same webhook-id (%(wid)s).")
                          % {"id": delivery.id, "wid": delivery.webhook_id})

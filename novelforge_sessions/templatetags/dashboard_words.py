@@ -44,6 +44,13 @@ def error_text(error) -> str:
 
 
 @register.filter
+def said(value) -> str:
+    """A text of the service (a validator's message, a resume step's detail) in the page's language
+    (``presenters.said``)."""
+    return presenters.said(value)
+
+
+@register.filter
 def wait_label(value: str | None) -> str:
     """A wait registry label in the page's language (``presenters.wait_words``)."""
     return presenters.wait_words(value)

@@ -16,9 +16,11 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from novelforge_sessions.phrases import Phrase, gettext_noop
+
 
 class Refused(Exception):
-    """The URL may not be called; the message says why."""
+    """The URL may not be called; the message (a phrase, said again on a page) says why."""
 
 
 def parse(url: str) -> tuple[str, str, int]:
@@ -27,15 +29,15 @@ def parse(url: str) -> tuple[str, str, int]:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise Refused(f"not a valid URL: {exc}") from None
+        raise Refused(Phrase(gettext_noop("not a valid URL: %(problem)s"), problem=str(exc))) from None
     if parts.scheme not in ("http", "https"):
-        raise Refused("a webhook URL is http:// or https://")
+        raise Refused(Phrase(gettext_noop("a webhook URL is http:// or https://")))
     if not parts.hostname:
-        raise Refused("a webhook URL names a host")
+        raise Refused(Phrase(gettext_noop("a webhook URL names a host")))
     if parts.username is not None or parts.password is not None:
-        raise Refused("a webhook URL carries no credentials (put a token in its path or query instead)")
+        raise Refused(Phrase(gettext_noop("a webhook URL carries no credentials (put a token in its path or query instead)")))
     if parts.fragment:
-        raise Refused("a webhook URL has no fragment")
+        raise Refused(Phrase(gettext_noop("a webhook URL has no fragment")))
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
@@ -53,15 +55,15 @@ def resolve(url: str) -> tuple[str, str, int, list[str]]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
-        raise Refused(f"the host {host!r} does not resolve: {exc}") from None
+        raise Refused(Phrase(gettext_noop("the host %(host)r does not resolve: %(problem)s"), host=host,
+                             problem=str(exc))) from None
     addresses = list(dict.fromkeys(info[4][0] for info in infos))
     if not addresses:
-        raise Refused(f"the host {host!r} does not resolve")
+        raise Refused(Phrase(gettext_noop("the host %(host)r does not resolve"), host=host))
     if not settings.WEBHOOK_ALLOW_PRIVATE:
         private = [a for a in addresses if not is_public(a)]
         if private:
-            raise Refused(
-                f"the host {host!r} resolves to a private, loopback or link-local address ({', '.join(private)}); "
-                "set WEBHOOK_ALLOW_PRIVATE=true to allow one"
-            )
+            raise Refused(Phrase(
+                gettext_noop("the host %(host)r resolves to a private, loopback or link-local address (%(addresses)s); "
+                             "set WEBHOOK_ALLOW_PRIVATE=true to allow one"), host=host, addresses=", ".join(private)))
     return scheme, host, port, addresses

@@ -18,6 +18,7 @@ from novelforge_sessions.lifecycles import DeliveryState
 from novelforge_sessions.errors import NotFound, ValidationFailed, WebhookUrlRefused
 from novelforge_sessions.event_types import CATALOG
 from novelforge_sessions.models import Project
+from novelforge_sessions.phrases import Phrase, gettext_noop
 from novelforge_sessions.webhooks import addresses, signing
 from novelforge_sessions.webhooks.models import MAX_EVENT_TYPES, MAX_URL, WebhookDelivery, WebhookEndpoint
 
@@ -36,22 +37,22 @@ NAMED_KINDS = {
 
 def check_event_types(event_types: list[str]) -> list[str]:
     if not event_types:
-        raise ValidationFailed("name at least one event type, or \"*\" for every one", field="event_types")
+        raise ValidationFailed(Phrase(gettext_noop("name at least one event type, or \"*\" for every one")), field="event_types")
     if len(event_types) > MAX_EVENT_TYPES:
-        raise ValidationFailed(f"at most {MAX_EVENT_TYPES} event types", field="event_types")
+        raise ValidationFailed(Phrase(gettext_noop("at most %(n)s event types"), n=MAX_EVENT_TYPES), field="event_types")
     unknown = sorted({t for t in event_types if t != ANY_EVENT and t not in CATALOG})
     if unknown:
-        raise ValidationFailed("unknown event types", field="event_types", unknown=unknown)
+        raise ValidationFailed(Phrase(gettext_noop("unknown event types")), field="event_types", unknown=unknown)
     return sorted(set(event_types))
 
 
 def check_url(url: str) -> str:
     if len(url) > MAX_URL:
-        raise ValidationFailed(f"a webhook URL is at most {MAX_URL} characters", field="url")
+        raise ValidationFailed(Phrase(gettext_noop("a webhook URL is at most %(n)s characters"), n=MAX_URL), field="url")
     try:
         addresses.resolve(url)
     except addresses.Refused as exc:
-        raise WebhookUrlRefused(str(exc), field="url") from None
+        raise WebhookUrlRefused(exc.args[0], field="url") from None  # the reason itself: a phrase
     return url
 
 

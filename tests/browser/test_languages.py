@@ -3,8 +3,9 @@ Chromium against a real daphne: the language is chosen with the switcher on the 
 kept after the login), every page of the walk passes axe-core with 0 serious or critical
 violations, and in Simplified Chinese no page shows an English UI string: none of the catalog's
 messages (django.po and djangojs.po, placeholders and markup aside) appears in the visible text,
-nor in the labels a screen reader reads (aria-label, title, placeholder). The reviewer's packet
-text is never translated. Screenshots: tests/artifacts/lang-<language>-<page>.png."""
+nor in the labels a screen reader reads (aria-label, title, placeholder) — the refusals and the resume
+report included: a relay answer refused, a resume's dry-run report. The reviewer's packet text is
+never translated. Screenshots: tests/artifacts/lang-<language>-<page>.png."""
 from __future__ import annotations
 
 import re
@@ -14,10 +15,12 @@ import pytest
 from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 
+from novelforge_sessions.actions import sessions
 from novelforge_sessions.models import LanguagePreference, Membership
+from reviews.verdicts import VERDICT_FIELDS
 from tests.browser.a11y import assert_no_serious_a11y_violations
 from tests.browser.conftest import screenshot
-from tests.reviews.factories import CHAPTER, PASSWORD, RUBRIC, make_world
+from tests.reviews.factories import CHAPTER, PASSWORD, RUBRIC, make_world, orchestrator
 from tests.support.servers import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -108,6 +111,9 @@ def _check(page, language: str, name: str, *, allowed: tuple[str, ...] = ()) -> 
 def test_the_manager_walk_in_each_language(server, page, project, language):
     world = make_world(project)  # a writer session with a run, reviewers alice and bob, manager mia
     world.gate(reviewers=["alice"])
+    # a session no runtime runs yet: its resume page shows the dry run's report, step by step
+    fresh = sessions.create_session(orchestrator(project), sessions.NewSession(
+        role="writer", memory_policy="session", task_mode="drafting", runtime_family="claude-code"))
     data = (world.project.name, world.project.slug)
 
     _choose(page, server, language)
@@ -121,6 +127,7 @@ def test_the_manager_walk_in_each_language(server, page, project, language):
         "reviews": "/reviews/gates/",
         "calibration": "/reviews/calibration/",
         "resume": f"/sessions/{world.writer.id}/resume/",
+        "resume-report": f"/sessions/{fresh.id}/resume/",
         "not-found": "/no-such-page/",
     }
     for name, url in pages.items():
@@ -150,6 +157,14 @@ def test_the_reviewer_walk_in_each_language(server, page, project, language):
     page.goto(server.url + f"/reviews/packets/{gate.packet.id}/")
     assert page.locator("#L2").inner_text() == lines[1]
     _check(page, language, "reviewer-packet", allowed=packet_text)
+
+    # an answer pasted in the relay box and refused: why, and what was read from it, in the page's language
+    page.locator("#relay summary").click()
+    page.fill("textarea[name=answer]", 'Here you go: {"decision": "maybe", "confidence": 2}')
+    page.locator("form.relay-form button[type=submit]").click()
+    page.locator("#relay .refusal").wait_for()
+    # the verdict's field names are what the other chat must write: codes, shown as they are
+    _check(page, language, "reviewer-relay-refused", allowed=(*packet_text, *VERDICT_FIELDS))
 
     page.check('input[name="decision"][value="revise"]')
     page.click('label.pip:has(input[name="score-clarity"][value="4"])')
