@@ -165,6 +165,29 @@ def code_word(code: str | None) -> str:
     return str(CODE_WORDS.get(code or "", code or ""))
 
 
+B = rt.CheckpointBoundary
+
+#: The checkpoint boundaries (``session_runtime.CheckpointBoundary``, docs/model.md#checkpoints) as the
+#: pages name them: the timeline's tick labels, the checkpoints panel and the checkpoint summaries. In
+#: English the code's words, in another language their translation; the code stays in ``title`` and
+#: ``data-boundary`` attributes. Mirrored by ``NF.boundaryWords`` from the same map.
+BOUNDARY_WORDS: dict[str, str] = {
+    B.CONTEXT_FREEZE: pgettext_lazy("checkpoint boundary", "context freeze"),
+    B.CANDIDATE_FROZEN: pgettext_lazy("checkpoint boundary", "candidate frozen"),
+    B.USER_WAIT: pgettext_lazy("checkpoint boundary", "user wait"),
+    B.EXTERNAL_WAIT: pgettext_lazy("checkpoint boundary", "external wait"),
+    B.BEFORE_CONSEQUENTIAL_WRITE: pgettext_lazy("checkpoint boundary", "before consequential write"),
+    B.AFTER_EXTERNAL_RESULT: pgettext_lazy("checkpoint boundary", "after external result"),
+    B.BEFORE_CANON_SETTLEMENT: pgettext_lazy("checkpoint boundary", "before canon settlement"),
+    B.BEFORE_LONG_HANDOFF: pgettext_lazy("checkpoint boundary", "before long handoff"),
+}
+
+
+def boundary_words(code: str | None) -> str:
+    """A checkpoint boundary in the page's language (an unknown one as its code, spaced)."""
+    return str(BOUNDARY_WORDS.get(code or "", (code or "").replace("_", " ")))
+
+
 _WAIT_GATE = re.compile(r"^review gate #(\d+) \((\w+) route\)$")
 _WAIT_HANDOFF = re.compile(r"^handoff (.+) \((\w+)\)$")
 
@@ -309,6 +332,8 @@ def words() -> dict[str, Any]:
             "reasons": {k: str(v) for k, v in REASON_TEXT.items()},
             "patterns": [[p.pattern, str(said)] for p, said in SERVICE_REASONS],
             "events": {k: str(v) for k, v in EVENT_WORDS.items()},
+            "codes": {k: str(v) for k, v in CODE_WORDS.items()},
+            "boundaries": {str(k): str(v) for k, v in BOUNDARY_WORDS.items()},
             "labels": {"details": str(_("details")), "event": str(_("event #{id}"))}}
 
 
@@ -498,6 +523,8 @@ class Tick:
     label: str
     title: str
     checkpoint_id: int
+    #: the boundary's code (the label and title say it in words)
+    boundary: str = ""
     lane: int = 0
     thinned: bool = False
     #: the label would run past the track's end: it ends at its tick instead
@@ -701,9 +728,10 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
             + (f" ({reason_text(run.end_reason)})" if run.end_reason else ""),
         )
         for cp in by_run.get(run.id, []):
-            bar.ticks.append(Tick(_pct(cp.created_at, t0, span), cp.boundary.replace("_", " "),
-                                  _("checkpoint #%(seq)s · %(boundary)s") % {"seq": cp.seq, "boundary": cp.boundary}
-                                  + f" · {cp.created_at:%Y-%m-%d %H:%M:%S} UTC", cp.id))
+            words = boundary_words(cp.boundary)
+            bar.ticks.append(Tick(_pct(cp.created_at, t0, span), words,
+                                  _("checkpoint #%(seq)s · %(boundary)s") % {"seq": cp.seq, "boundary": words}
+                                  + f" · {cp.created_at:%Y-%m-%d %H:%M:%S} UTC", cp.id, boundary=cp.boundary))
         _place_labels(bar.ticks)
         _pack_spans(bar, handoffs_by_run.get(run.id, []), t0, span, now)
         for g in sorted(gates_by_run.get(run.id, []), key=lambda x: x.id):
@@ -827,9 +855,11 @@ def describe(event_type: str, payload: dict[str, Any]) -> str:
     if event_type == ev.RUN_STARTED.name:
         return _("run #%(seq)s started · gen %(gen)s") % {"seq": p.get("seq"), "gen": p.get("generation")}
     if event_type == ev.RUN_ENDED.name:
-        return _("run #%(seq)s %(state)s") % {"seq": p.get("seq"), "state": p.get("state")} + _why(p)
+        return _("run #%(seq)s %(state)s") % {"seq": p.get("seq"), "state": code_word(p.get("state"))} + _why(p)
     if event_type == ev.CHECKPOINT_RECORDED.name:
-        return _("checkpoint #%(seq)s · %(boundary)s") % {"seq": p.get("seq"), "boundary": p.get("boundary")}
+        return _("checkpoint #%(seq)s · %(boundary)s") % {"seq": p.get("seq"), "boundary": boundary_words(p.get("boundary"))}
+    if event_type == ev.SESSION_RESUMED.name:
+        return _describe_resumed(p)
     if family == ev.RUNTIME_ATTACHED.family:
         return _("generation %(gen)s") % {"gen": p.get("generation", "?")} + _why(p)
     if family == ev.HANDOFF_CREATED.family:
@@ -855,6 +885,31 @@ def _why(p: dict[str, Any]) -> str:
     """`` · <reason>`` in words (``reason_text``), or nothing."""
     value = p.get("reason")
     return f" · {reason_text(value)}" if isinstance(value, str) and value else ""
+
+
+def _carried_over(carried: Any) -> list[str]:
+    """What a resume handed to its new run (``session.resumed``'s ``carried_over``: a wait kind's pending
+    key → its items), counted in words: unfinished handoffs, then open review gates, then any other kind's
+    items together (mirrored by static/js/dashboard.js)."""
+    counts = {key: len(items) for key, items in carried.items() if isinstance(items, list)} if isinstance(carried, dict) else {}
+    said = []
+    if n := counts.pop("handoffs", 0):
+        said.append(ngettext("%(n)s unfinished handoff carried over", "%(n)s unfinished handoffs carried over", n) % {"n": n})
+    if n := counts.pop("gates", 0):
+        said.append(ngettext("%(n)s open review gate carried over", "%(n)s open review gates carried over", n) % {"n": n})
+    if n := sum(counts.values()):
+        said.append(ngettext("%(n)s other wait carried over", "%(n)s other waits carried over", n) % {"n": n})
+    return said
+
+
+def _describe_resumed(p: dict[str, Any]) -> str:
+    """``session.resumed``: the runtime generation the new run is on, whether it starts over (no
+    checkpoint), what it carried over, and why (``reason_text``)."""
+    gen = p.get("generation")
+    parts = [_("resumed on generation %(gen)s") % {"gen": "?" if gen is None else gen}]
+    if p.get("checkpoint_id") is None:
+        parts.append(str(_("no checkpoint: starts from the beginning")))
+    return " · ".join(parts + _carried_over(p.get("carried_over"))) + _why(p)
 
 
 def _action(event: ev.EventType) -> str:

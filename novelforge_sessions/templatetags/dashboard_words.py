@@ -63,6 +63,12 @@ def code_word(value: str | None) -> str:
 
 
 @register.filter
+def boundary_words(value: str | None) -> str:
+    """A checkpoint boundary in words (``presenters.BOUNDARY_WORDS``)."""
+    return presenters.boundary_words(value)
+
+
+@register.filter
 def event_words(value: str | None) -> str:
     """An event type in words (``presenters.EVENT_WORDS``)."""
     return presenters.event_words(value)

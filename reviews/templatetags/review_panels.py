@@ -37,6 +37,20 @@ def severity_label(value: str | None) -> str:
     return str(SEVERITY_LABELS.get(value or "", value or ""))
 
 
+#: Where a verdict came from (``Verdict.Channel``), as a page says it: "bound via the reviewer page"; the
+#: code stays in the API's ``channel`` and the element's ``data-channel``.
+CHANNEL_LABELS = {
+    Verdict.Channel.PAGE: gettext_lazy("the reviewer page"),
+    Verdict.Channel.RELAY: gettext_lazy("another chat's reply"),
+    Verdict.Channel.API: gettext_lazy("an agent reviewer"),
+}
+
+
+@register.filter
+def channel_label(value: str | None) -> str:
+    return str(CHANNEL_LABELS.get(value or "", value or ""))
+
+
 @register.filter
 def get_item(mapping: dict | None, key: str) -> Any:
     return (mapping or {}).get(key, "")

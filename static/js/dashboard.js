@@ -7,8 +7,9 @@
  * - the connection indicator (live / catching up / reconnecting / offline);
  * - relative times and lease countdowns that tick; copy-to-clipboard; confirm-before-submit;
  * - NF.renderEvent: the same markup as templates/dashboard/_event.html;
- * - NF.stateLabel / NF.reasonText: states and coded reasons in words, from the server's one map
- *   (presenters.STATE_LABELS / REASON_TEXT, rendered into the page as <script id="nf-words">).
+ * - NF.stateLabel / NF.reasonText / NF.codeWord / NF.boundaryWords: states, coded reasons, records'
+ *   state codes and checkpoint boundaries in words, from the server's one map (presenters.STATE_LABELS /
+ *   REASON_TEXT / CODE_WORDS / BOUNDARY_WORDS, rendered into the page as <script id="nf-words">).
  */
 (function () {
   "use strict";
@@ -22,8 +23,15 @@
   })();
   const CATALOG = I18N.catalog || {};
   const gettext = (s) => { const v = CATALOG[s]; return typeof v === "string" ? v : Array.isArray(v) ? v[0] : s; };
+  // Django's plural rule for the language: "0" (one form, as in Chinese) or null (English: one and many).
+  const ngettext = (one, many, n) => {
+    const v = CATALOG[one];
+    if (Array.isArray(v)) return I18N.plural === "0" ? v[0] : v[n === 1 ? 0 : Math.min(1, v.length - 1)];
+    return n === 1 ? one : many;
+  };
   const interpolate = (fmt, obj) => fmt.replace(/%\((\w+)\)s/g, (m, k) => String(obj[k]));
   NF.gettext = gettext;
+  NF.ngettext = ngettext;
   NF.interpolate = interpolate;
 
   // ------------------------------------------------------------------ connection indicator
@@ -150,6 +158,16 @@
     const text = (wordMaps().labels || {})[key];
     return typeof text === "string" ? text : fallback;
   }
+  /** A record's state code (a run's "interrupted") in words (presenters.code_word); an unknown code as it is. */
+  NF.codeWord = function (code) {
+    const text = (wordMaps().codes || {})[code];
+    return typeof text === "string" ? text : (code == null ? "" : String(code));
+  };
+  /** A checkpoint boundary in words (presenters.boundary_words); an unknown one as its code, spaced. */
+  NF.boundaryWords = function (code) {
+    const text = (wordMaps().boundaries || {})[code];
+    return typeof text === "string" ? text : (code == null ? "" : String(code).replace(/_/g, " "));
+  };
   /** Ids, fingerprints, hashes: shown under "details" only (presenters.technical_key). */
   NF.technicalKey = function (key) {
     return key === "id" || /(_id|fingerprint|_hash)$/.test(key);
@@ -171,8 +189,9 @@
     if (type === "session.transitioned") return NF.stateLabel(p.from) + " → " + NF.stateLabel(p.to) + why;
     if (type === "session.created") return p.role + " · " + p.task_mode + " · " + p.runtime_family;
     if (type === "run.started") return fmt(gettext("run #%(seq)s started · gen %(gen)s"), { seq: p.seq, gen: p.generation });
-    if (type === "run.ended") return fmt(gettext("run #%(seq)s %(state)s"), { seq: p.seq, state: p.state }) + why;
-    if (type === "checkpoint.recorded") return fmt(gettext("checkpoint #%(seq)s · %(boundary)s"), { seq: p.seq, boundary: p.boundary });
+    if (type === "run.ended") return fmt(gettext("run #%(seq)s %(state)s"), { seq: p.seq, state: NF.codeWord(p.state) }) + why;
+    if (type === "checkpoint.recorded") return fmt(gettext("checkpoint #%(seq)s · %(boundary)s"), { seq: p.seq, boundary: NF.boundaryWords(p.boundary) });
+    if (type === "session.resumed") return describeResumed(p) + why;
     if (family === "runtime") return fmt(gettext("generation %(gen)s"), { gen: p.generation != null ? p.generation : "?" }) + why;
     if (family === "handoff") return describeHandoff(what, p);
     if (family === "review") return describeReview(what, p);
@@ -204,6 +223,24 @@
   const WRITE_ACTIONS = { created: gettext("created"), approved: gettext("approved"), rejected: gettext("rejected"),
                           approval_revoked: gettext("approval revoked"), executed: gettext("executed"), refused: gettext("refused") };
   const GATE_ACTIONS = { completed: gettext("completed"), cancelled: gettext("cancelled") };
+
+  /** presenters._describe_resumed: the new run's generation, no checkpoint (starts over), what it carried over. */
+  function describeResumed(p) {
+    const parts = [fmt(gettext("resumed on generation %(gen)s"), { gen: p.generation != null ? p.generation : "?" })];
+    if (p.checkpoint_id == null) parts.push(gettext("no checkpoint: starts from the beginning"));
+    const counts = {};
+    const carried = p.carried_over && typeof p.carried_over === "object" && !Array.isArray(p.carried_over) ? p.carried_over : {};
+    for (const [key, items] of Object.entries(carried)) if (Array.isArray(items)) counts[key] = items.length;
+    let n = counts.handoffs || 0;
+    delete counts.handoffs;
+    if (n) parts.push(fmt(ngettext("%(n)s unfinished handoff carried over", "%(n)s unfinished handoffs carried over", n), { n }));
+    n = counts.gates || 0;
+    delete counts.gates;
+    if (n) parts.push(fmt(ngettext("%(n)s open review gate carried over", "%(n)s open review gates carried over", n), { n }));
+    n = Object.values(counts).reduce((a, b) => a + b, 0);
+    if (n) parts.push(fmt(ngettext("%(n)s other wait carried over", "%(n)s other waits carried over", n), { n }));
+    return parts.join(" · ");
+  }
 
   function describeAuthority(type, p) {
     const before = p.before || {}, after = p.after || {};

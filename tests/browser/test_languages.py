@@ -4,7 +4,9 @@ kept after the login), every page of the walk passes axe-core with 0 serious or 
 violations, and in Simplified Chinese no page shows an English UI string: none of the catalog's
 messages (django.po and djangojs.po, placeholders and markup aside) appears in the visible text,
 nor in the labels a screen reader reads (aria-label, title, placeholder) — the refusals and the resume
-report included: a relay answer refused, a resume's dry-run report. The reviewer's packet text is
+report included: a relay answer refused, a resume's dry-run report — nor on the page of a session that
+was closed and resumed (an interrupted run, a checkpoint's boundary, the resume's line); and the live
+summaries the script writes say what the server says in that language. The reviewer's packet text is
 never translated. Screenshots: tests/artifacts/lang-<language>-<page>.png."""
 from __future__ import annotations
 
@@ -15,7 +17,15 @@ import pytest
 from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 
-from novelforge_sessions.actions import sessions
+from django.utils import translation
+
+from novelforge_sessions.actions import runs, sessions
+from novelforge_sessions.actions.runtimes import RuntimeSpec
+from novelforge_sessions.control.checkpoints import record_checkpoint
+from novelforge_sessions.control.handoffs import create_handoff
+from novelforge_sessions.control.resume import resume_session
+from novelforge_sessions.dashboard import presenters
+from novelforge_sessions.event_types import family_of
 from novelforge_sessions.models import LanguagePreference, Membership
 from reviews.verdicts import VERDICT_FIELDS
 from tests.browser.a11y import assert_no_serious_a11y_violations
@@ -81,6 +91,35 @@ def _untranslated(page, *, allowed: tuple[str, ...] = ()) -> list[str]:
     return found
 
 
+#: Events the live pages summarise in words (static/js/dashboard.js, from the page's maps and its catalog).
+LIVE_EVENTS = [
+    ("run.ended", {"seq": 1, "state": "interrupted", "reason": "closed by manager"}),
+    ("run.ended", {"seq": 2, "state": "aborted", "reason": "an agent's own words"}),
+    ("checkpoint.recorded", {"seq": 3, "boundary": "external_wait"}),
+    ("checkpoint.recorded", {"seq": 4, "boundary": "before_canon_settlement"}),
+    ("session.resumed", {"run_id": 9, "generation": 2, "checkpoint_id": 3, "reason": "resumed by manager",
+                         "carried_over": {"handoffs": [{"handoff_id": 1}, {"handoff_id": 2}], "gates": [{"gate_id": 4}]}}),
+    ("session.resumed", {"generation": 3, "checkpoint_id": None, "carried_over": {"other": [{}]}}),
+]
+
+
+def _resumed_session(project):
+    """A session whose run waits on a handoff from an ``external_wait`` checkpoint, closed and resumed as a
+    manager's actions leave it: the waiting run ends interrupted, the handoff is carried over."""
+    who = orchestrator(project)
+    session = sessions.create_session(who, sessions.NewSession(
+        role="writer", memory_policy="session", task_mode="drafting", runtime_family="claude-code"),
+        runtime=RuntimeSpec("claude-code", ["draft"], lease_seconds=600))
+    run = runs.start_run(who, session.id, cursor={"step": "draft"})
+    create_handoff(who, run.id, logical_id="chapter-2/check", required_capabilities=[], timeout_seconds=600)
+    record_checkpoint(who, run.id, {"boundary": "external_wait", "cursor": {"step": "wait"},
+                                    "pending": {"handoffs": ["chapter-2/check"]}})
+    sessions.close_session(who, session.id, reason="closed by manager")
+    resume_session(who, session.id, runtime=RuntimeSpec("claude-code", ["draft"], lease_seconds=600),
+                   reason="resumed by manager")
+    return session
+
+
 def _choose(page, server, language: str) -> None:
     """The switcher on the login page, as a person would: the page comes back in that language."""
     page.goto(server.url + "/login/")
@@ -114,7 +153,9 @@ def test_the_manager_walk_in_each_language(server, page, project, language):
     # a session no runtime runs yet: its resume page shows the dry run's report, step by step
     fresh = sessions.create_session(orchestrator(project), sessions.NewSession(
         role="writer", memory_policy="session", task_mode="drafting", runtime_family="claude-code"))
-    data = (world.project.name, world.project.slug)
+    resumed = _resumed_session(project)
+    # data: the project's names, a handoff's id, and the checkpoint's pending JSON's key (a code)
+    data = (world.project.name, world.project.slug, "chapter-2/check", '"handoffs"')
 
     _choose(page, server, language)
     _check(page, language, "login")
@@ -128,14 +169,24 @@ def test_the_manager_walk_in_each_language(server, page, project, language):
         "calibration": "/reviews/calibration/",
         "resume": f"/sessions/{world.writer.id}/resume/",
         "resume-report": f"/sessions/{fresh.id}/resume/",
+        "session-resumed": f"/sessions/{resumed.id}/",
         "not-found": "/no-such-page/",
     }
     for name, url in pages.items():
         page.goto(server.url + url)
         _check(page, language, f"manager-{name}", allowed=data)
+    # the live summaries the script writes say what the server says in the page's language
+    page.goto(server.url + f"/sessions/{resumed.id}/")
+    for event_type, payload in LIVE_EVENTS:
+        live = page.evaluate("([t, p, f]) => NF.describe(t, p, f)", [event_type, payload, family_of(event_type)])
+        with translation.override(language):
+            assert live == presenters.describe(event_type, payload), (event_type, payload)
+        if language == "zh-hans":
+            found = [w for w in ("interrupted", "aborted", "external wait", "canon", "resumed", "carried", "generation", "=")
+                     if w in live]
+            assert not found, f"{live!r} says {found}"
     if language == "zh-hans":
         # the live pieces the scripts write (the connection indicator) are translated too
-        page.goto(server.url + f"/sessions/{world.writer.id}/")
         expect(page.locator("#conn")).to_have_text("实时")
     mia = get_user_model().objects.get(username="mia")
     assert LanguagePreference.objects.filter(user=mia).count() == 0  # chosen before login: a cookie only

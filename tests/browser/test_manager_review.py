@@ -85,7 +85,7 @@ def test_a_verdict_bound_by_a_reviewer_reaches_the_managers_session_page(server,
         expect(panel).to_have_attribute("data-state", "complete")
         bound = panel.locator(f'tr[data-assignment-id="{verdict.assignment_id}"]')
         expect(bound.locator(".badge.dc-pass")).to_have_text("pass")
-        expect(bound).to_contain_text("via page")
+        expect(bound).to_contain_text("via the reviewer page")
         expect(bound.locator("code.fp")).to_have_attribute("title", verdict.fingerprint)
         expect(panel.locator(f'code.fp[title="{gate.packet.fingerprint}"]')).to_have_count(1)
         expect(panel.locator(f'code.fp[title="{gate.candidate_fingerprint}"]')).to_have_count(1)

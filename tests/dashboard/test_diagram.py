@@ -44,6 +44,6 @@ def test_nodes_do_not_overlap_and_fit_the_canvas():
 
 def test_event_summaries():
     assert describe("session.transitioned", {"from": "running", "to": "idle", "reason": "done"}) == "running → idle · done"
-    assert describe("checkpoint.recorded", {"seq": 2, "boundary": "user_wait"}) == "checkpoint #2 · user_wait"
+    assert describe("checkpoint.recorded", {"seq": 2, "boundary": "user_wait"}) == "checkpoint #2 · user wait"
     assert describe("custom.thing", {"a": 1, "nested": {"x": 1}, "b": "x" * 200}).startswith("a=1 · b=xxx")
     assert len(describe("custom.thing", {"b": "x" * 200})) == 120

@@ -188,6 +188,13 @@ def test_session_page_queries_do_not_grow_with_the_handoffs(mgr_client, make_ses
 
 #: (event type, payload, one-line summary): checked here and, against NF.describe, in the browser.
 SUMMARY_CASES = [
+    ("run.ended", {"seq": 1, "state": "interrupted", "reason": "closed by manager"}, "run #1 interrupted · closed by manager"),
+    ("checkpoint.recorded", {"seq": 2, "boundary": "external_wait"}, "checkpoint #2 · external wait"),
+    ("session.resumed", {"run_id": 7, "generation": 2, "checkpoint_id": 5, "reason": "resumed by manager",
+                         "carried_over": {"handoffs": [{"handoff_id": 1}, {"handoff_id": 2}], "gates": [{"gate_id": 3}]}},
+     "resumed on generation 2 · 2 unfinished handoffs carried over · 1 open review gate carried over · resumed by manager"),
+    ("session.resumed", {"generation": 3, "checkpoint_id": None, "carried_over": {}},
+     "resumed on generation 3 · no checkpoint: starts from the beginning"),
     ("handoff.created", {"logical_id": "c1/continuity", "required_capabilities": ["continuity"], "job_fingerprint": "x"},
      "handoff c1/continuity created · needs continuity"),
     ("handoff.claimed", {"logical_id": "c1", "worker": "w-1", "attempt": 2, "reclaimed_after_expiry": True},

@@ -33,7 +33,7 @@ def test_panel_shows_gate_state_and_bound_verdict(world):
     assert 'data-state="complete"' in html and '<span class="badge rv-complete">complete</span>' in html
     assert '<span class="badge dc-reject">reject</span>' in html
     assert "<td>alice</td>" in html and "clarity <strong>4</strong><span class=\"muted\">/5</span>" in html and "0.70" in html
-    assert f'title="{verdict.fingerprint}"' in html and "via page" in html
+    assert f'title="{verdict.fingerprint}"' in html and 'data-channel="page">via the reviewer page<' in html
     assert "chapter-01 v1" in html and f'title="{gate.packet.fingerprint}"' in html
     assert "no verdict yet" in html  # bob's slot
     assert "SECRET-KEY-IN-PANEL" not in html  # calibration stays on the calibration page
