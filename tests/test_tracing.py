@@ -287,3 +287,76 @@ def test_a_loop_command_traces_each_pass_above_its_statements(receiver):
     assert span["service"] == "nf-reconciler" and span["parent"] == ""
     assert span["attributes"] == {"novelforge.runtimes_lost": 0}
     assert [c for c in receiver.children(span) if c["attributes"].get("db.system") == "postgresql"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_graph_put_and_writes_have_spans_above_their_statements(project, receiver):
+    import httpx
+
+    _, raw = create_token(project, name="graph", permissions=["read", "write"])
+    env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url,
+           "OTEL_SERVICE_NAME": "nf-graph", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    server = DaphneServer(server="uvicorn", extra_env=env)
+    value = {"serde": "json", "data": "MQ=="}
+    try:
+        with httpx.Client(base_url=server.url + "/api/v1", headers={"Authorization": f"Bearer {raw}"}) as http:
+            for cp in ("0001", "0002"):
+                resp = http.post("/graph-threads/checkpoints", json={
+                    "thread_id": "traced", "checkpoint_id": cp, "open": {"task_mode": "drafting"},
+                    "checkpoint": {"v": 1, "id": cp, "channel_versions": {"step": 1}},
+                    "blobs": [{"channel": "step", "version": 1, "value": value}]})
+                assert resp.status_code == 201, resp.text
+            resp = http.post("/graph-threads/writes", json={"thread_id": "traced", "checkpoint_id": "0002",
+                                                            "task_id": "t", "writes": [{"idx": 0, "channel": "step", "value": value}]})
+            assert resp.status_code == 200, resp.text
+        wait_until(lambda: len(receiver.named("graph_put")) == 2 and receiver.named("graph_writes"),
+                   "the graph spans exported", timeout=30)
+    finally:
+        server.stop()
+    for name, route in (("graph_put", "POST /api/v1/graph-threads/checkpoints"),
+                        ("graph_writes", "POST /api/v1/graph-threads/writes")):
+        for span in receiver.named(name):
+            parent = receiver.by_id(span["parent"])
+            assert (parent["name"], parent["kind"]) == (route, SERVER_KIND)
+            statements = [c for c in receiver.children(span) if c["attributes"].get("db.system") == "postgresql"]
+            assert statements and all(c["kind"] == CLIENT_KIND for c in statements), receiver.children(span)
+    assert sorted(s["attributes"]["novelforge.outcome"] for s in receiver.named("graph_put")) == ["created", "created"]
+    [writes] = receiver.named("graph_writes")
+    assert writes["attributes"] == {"novelforge.writes": 1, "novelforge.stored": 1}
+    # the writes are one statement of their own: one statement writing them under the writes' span
+    texts = [c["attributes"].get("db.statement", "") for c in receiver.children(writes)]
+    assert len([t for t in texts if "INSERT INTO control_graphwrite" in t]) == 1, texts
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_webhook_attempt_is_a_span_under_the_senders_pass(project, receiver, settings):
+    from tests.support.factories import SESSION, Api
+    from tests.support.servers import database_url
+    from tests.webhooks.conftest import register
+    from tests.webhooks.receiver import Receiver as WebhookReceiver
+
+    settings.WEBHOOK_ALLOW_PRIVATE = True  # the loopback receiver (docs/webhooks.md#private-addresses)
+    _, raw = create_token(project, name="manager", permissions=["manage", "read", "write"])
+    api = Api(raw)
+    endpoint = WebhookReceiver().start()
+    try:
+        registered = register(api, endpoint.url, ["session.created"])
+        endpoint.secrets.append(registered["secret"])
+        assert api.post("/sessions", SESSION).status_code == 201
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+               "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "novelforge_sessions.settings",
+               "WEBHOOK_ALLOW_PRIVATE": "true", "OTEL_TRACES_EXPORTER": "otlp",
+               "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "nf-sender"}
+        out = subprocess.run([sys.executable, "manage.py", "send_webhooks", "--once"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert len(endpoint.received) == 1 and endpoint.received[0].verified_by
+    finally:
+        endpoint.stop()
+    [passed] = receiver.named("send_webhooks")
+    [attempt] = receiver.named("webhook_attempt")
+    assert (attempt["parent"], attempt["trace"]) == (passed["id"], passed["trace"])
+    attrs = attempt["attributes"]
+    assert attrs["novelforge.outcome"] == "delivered" and attrs["novelforge.status"] == 200
+    assert attrs["novelforge.attempt"] == 1 and attrs["novelforge.webhook_id"] == endpoint.received[0].webhook_id
+    assert registered["secret"].encode() not in b"".join(receiver.bodies)

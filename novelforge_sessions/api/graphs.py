@@ -12,6 +12,7 @@ from ninja import Field, Query, Router, Schema, Status
 from novelforge_sessions.apikit.auth import RECALL
 from novelforge_sessions.apikit.common import caller, errors
 from novelforge_sessions import session_runtime as rt
+from novelforge_sessions import tracing
 from novelforge_sessions.api.schemas import CAPABILITIES, SHORT_NAME, Memory
 from novelforge_sessions.apikit.schemas import (
     STORABLE_JSON_MARK, STORABLE_TEXT, X_MAX_BYTES, Strict, loads_json, max_bytes, page_limit,
@@ -251,13 +252,17 @@ def _out(items: list[GraphCheckpoint], project_ids) -> list[dict[str, Any]]:
 )
 def put_checkpoint(request: HttpRequest, body: GraphPutIn):
     open_spec = actions.ThreadSpec(**body.open.model_dump()) if body.open is not None else None
-    stored = actions.put_checkpoint(
-        caller(request), thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns, checkpoint_id=body.checkpoint_id,
-        parent_checkpoint_id=body.parent_checkpoint_id, checkpoint=body.checkpoint, metadata=body.metadata,
-        blobs=[actions.ChannelBlob(channel=b.channel, version=b.version, value=_blob(b.value), fingerprint=b.fingerprint)
-               for b in body.blobs],
-        open_spec=open_spec,
-    )
+    with tracing.span("graph_put", blobs=len(body.blobs)) as span:
+        stored = actions.put_checkpoint(
+            caller(request), thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns,
+            checkpoint_id=body.checkpoint_id, parent_checkpoint_id=body.parent_checkpoint_id,
+            checkpoint=body.checkpoint, metadata=body.metadata,
+            blobs=[actions.ChannelBlob(channel=b.channel, version=b.version, value=_blob(b.value),
+                                       fingerprint=b.fingerprint) for b in body.blobs],
+            open_spec=open_spec,
+        )
+        span.set(session_id=stored.thread.session_id, checkpoint_id=stored.graph.record_id,
+                 outcome="created" if stored.created else "replayed")
     g = stored.graph
     return Status(201 if stored.created else 200, {
         "thread_id": stored.thread.thread_id, "checkpoint_ns": g.checkpoint_ns, "checkpoint_id": g.checkpoint_id,
@@ -272,13 +277,15 @@ def put_checkpoint(request: HttpRequest, body: GraphPutIn):
     summary="Store a task's pending writes against a graph checkpoint id (a repeated (task, idx) is stored once)",
 )
 def put_writes(request: HttpRequest, body: GraphWritesIn):
-    stored = actions.put_writes(
-        caller(request), thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns, checkpoint_id=body.checkpoint_id,
-        task_id=body.task_id, task_path=body.task_path,
-        writes=[actions.WriteSpec(idx=w.idx, channel=w.channel, value=_blob(w.value), fingerprint=w.fingerprint)
-                for w in body.writes],
-        open_spec=actions.ThreadSpec(**body.open.model_dump()) if body.open is not None else None,
-    )
+    with tracing.span("graph_writes", writes=len(body.writes)) as span:
+        stored = actions.put_writes(
+            caller(request), thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns,
+            checkpoint_id=body.checkpoint_id, task_id=body.task_id, task_path=body.task_path,
+            writes=[actions.WriteSpec(idx=w.idx, channel=w.channel, value=_blob(w.value), fingerprint=w.fingerprint)
+                    for w in body.writes],
+            open_spec=actions.ThreadSpec(**body.open.model_dump()) if body.open is not None else None,
+        )
+        span.set(stored=stored)
     return {"stored": stored}
 
 

@@ -34,8 +34,10 @@ import logging
 import random
 import secrets
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
 from datetime import datetime, timedelta, timezone as dt_timezone
 
 import httpx
@@ -270,8 +272,12 @@ def record(item: Claim, outcome: Outcome) -> str | None:
     return state
 
 
-def run_once(*, concurrency: int = CONCURRENCY) -> dict[str, int]:
-    """Scan the whole visible log, then deliver every due attempt (batch after batch)."""
+def run_once(*, concurrency: int = CONCURRENCY, attempt: Callable[[Claim], Outcome] = deliver,
+             hop: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda submit: submit) -> dict[str, int]:
+    """Scan the whole visible log, then deliver every due attempt (batch after batch).
+
+    ``attempt`` makes one attempt (:func:`deliver`, or the command's traced one); ``hop`` wraps
+    the thread pool's ``submit`` (the command's carries the pass's trace context to the threads)."""
     counts = {"events": 0, "attempts": 0, "delivered": 0, "failed": 0}
     while True:
         read = scan()
@@ -282,10 +288,11 @@ def run_once(*, concurrency: int = CONCURRENCY) -> dict[str, int]:
     # refills each slot as it frees: a slow endpoint holds one slot, not the others' attempts.
     in_flight: dict = {}
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="webhook") as pool:
+        submit = hop(pool.submit)
         while True:
             room = concurrency - len(in_flight)
             for item in claim(room) if room else ():
-                in_flight[pool.submit(deliver, item)] = item
+                in_flight[submit(attempt, item)] = item
             if not in_flight:
                 break
             done, _ = wait(in_flight, return_when=FIRST_COMPLETED)

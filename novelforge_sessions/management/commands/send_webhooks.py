@@ -7,9 +7,19 @@ from django.db import close_old_connections
 
 from novelforge_sessions import tracing
 from novelforge_sessions.control.long_waits import notice_long_waits
-from novelforge_sessions.webhooks.sender import CONCURRENCY, run_once
+from novelforge_sessions.webhooks.sender import CONCURRENCY, Claim, Outcome, deliver, run_once
 
 log = logging.getLogger("novelforge.webhooks")
+
+
+def traced_attempt(item: Claim) -> Outcome:
+    """One attempt in a ``webhook_attempt`` span (under the pass's): the delivery, its attempt and
+    its outcome (the status; never the URL, the body, a secret or the signature)."""
+    with tracing.span("webhook_attempt", delivery_id=item.delivery_id, webhook_id=item.webhook_id,
+                      attempt=item.attempts) as span:
+        outcome = deliver(item)
+        span.set(outcome="delivered" if outcome.ok else "failed", status=outcome.status, latency_ms=outcome.latency_ms)
+        return outcome
 
 
 class Command(BaseCommand):
@@ -33,7 +43,7 @@ class Command(BaseCommand):
                 # A handoff waiting longer than the setting becomes an event first, so this pass sends it.
                 with tracing.span("send_webhooks") as span:  # one trace per pass
                     notice_long_waits(settings.HANDOFF_LONG_WAIT_SECONDS)
-                    counts = run_once(concurrency=concurrency)
+                    counts = run_once(concurrency=concurrency, attempt=traced_attempt, hop=tracing.carry_context)
                     span.set(attempts=counts["attempts"], delivered=counts["delivered"], failed=counts["failed"])
             except Exception:
                 if not loop:
