@@ -188,6 +188,28 @@ def boundary_words(code: str | None) -> str:
     return str(BOUNDARY_WORDS.get(code or "", (code or "").replace("_", " ")))
 
 
+R = rt.SessionRole
+
+#: A session's role (``session_runtime.SessionRole``, docs/model.md#roles-and-memory-policies) as the
+#: pages name it: the overview's role column and filter, the session page's identity panel and the
+#: ``session.created`` summaries. In English the code's words, in another language their translation;
+#: the code stays in ``title``/``data-role`` attributes and in the filter's URLs. A role ``other``'s
+#: extension name is the agent's own, shown as written. Mirrored by ``NF.roleWords`` from the same map.
+ROLE_WORDS: dict[str, str] = {
+    R.MANAGER: pgettext_lazy("session role", "manager"),
+    R.WRITER: pgettext_lazy("session role", "writer"),
+    R.SPECIALIST: pgettext_lazy("session role", "specialist"),
+    R.SEMANTIC_REVIEWER: pgettext_lazy("session role", "semantic reviewer"),
+    R.HUMAN_REVIEWER: pgettext_lazy("session role", "human reviewer"),
+    R.OTHER: pgettext_lazy("session role", "other"),
+}
+
+
+def role_words(code: str | None) -> str:
+    """A session's role in the page's language (an unknown one as its code, spaced)."""
+    return str(ROLE_WORDS.get(code or "", (code or "").replace("_", " ")))
+
+
 _WAIT_GATE = re.compile(r"^review gate #(\d+) \((\w+) route\)$")
 _WAIT_HANDOFF = re.compile(r"^handoff (.+) \((\w+)\)$")
 
@@ -334,6 +356,7 @@ def words() -> dict[str, Any]:
             "events": {k: str(v) for k, v in EVENT_WORDS.items()},
             "codes": {k: str(v) for k, v in CODE_WORDS.items()},
             "boundaries": {str(k): str(v) for k, v in BOUNDARY_WORDS.items()},
+            "roles": {str(k): str(v) for k, v in ROLE_WORDS.items()},
             "labels": {"details": str(_("details")), "event": str(_("event #{id}"))}}
 
 
@@ -851,7 +874,8 @@ def describe(event_type: str, payload: dict[str, Any]) -> str:
         text = f"{state_label(p.get('from'))} → {state_label(p.get('to'))}"
         return text + _why(p)
     if event_type == ev.SESSION_CREATED.name:
-        return f"{p.get('role')} · {p.get('task_mode')} · {p.get('runtime_family')}"
+        # the role in words; the task mode and the runtime family are the agent's own names, as written
+        return f"{role_words(p.get('role'))} · {p.get('task_mode')} · {p.get('runtime_family')}"
     if event_type == ev.RUN_STARTED.name:
         return _("run #%(seq)s started · gen %(gen)s") % {"seq": p.get("seq"), "gen": p.get("generation")}
     if event_type == ev.RUN_ENDED.name:

@@ -69,6 +69,12 @@ def boundary_words(value: str | None) -> str:
 
 
 @register.filter
+def role_words(value: str | None) -> str:
+    """A session's role in words (``presenters.ROLE_WORDS``)."""
+    return presenters.role_words(value)
+
+
+@register.filter
 def event_words(value: str | None) -> str:
     """An event type in words (``presenters.EVENT_WORDS``)."""
     return presenters.event_words(value)

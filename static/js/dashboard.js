@@ -7,9 +7,10 @@
  * - the connection indicator (live / catching up / reconnecting / offline);
  * - relative times and lease countdowns that tick; copy-to-clipboard; confirm-before-submit;
  * - NF.renderEvent: the same markup as templates/dashboard/_event.html;
- * - NF.stateLabel / NF.reasonText / NF.codeWord / NF.boundaryWords: states, coded reasons, records'
- *   state codes and checkpoint boundaries in words, from the server's one map (presenters.STATE_LABELS /
- *   REASON_TEXT / CODE_WORDS / BOUNDARY_WORDS, rendered into the page as <script id="nf-words">).
+ * - NF.stateLabel / NF.reasonText / NF.codeWord / NF.boundaryWords / NF.roleWords: states, coded reasons,
+ *   records' state codes, checkpoint boundaries and sessions' roles in words, from the server's one map
+ *   (presenters.STATE_LABELS / REASON_TEXT / CODE_WORDS / BOUNDARY_WORDS / ROLE_WORDS, rendered into the
+ *   page as <script id="nf-words">).
  */
 (function () {
   "use strict";
@@ -168,6 +169,11 @@
     const text = (wordMaps().boundaries || {})[code];
     return typeof text === "string" ? text : (code == null ? "" : String(code).replace(/_/g, " "));
   };
+  /** A session's role in words (presenters.role_words); an unknown one as its code, spaced. */
+  NF.roleWords = function (code) {
+    const text = (wordMaps().roles || {})[code];
+    return typeof text === "string" ? text : (code == null ? "" : String(code).replace(/_/g, " "));
+  };
   /** Ids, fingerprints, hashes: shown under "details" only (presenters.technical_key). */
   NF.technicalKey = function (key) {
     return key === "id" || /(_id|fingerprint|_hash)$/.test(key);
@@ -187,7 +193,8 @@
     const why = typeof p.reason === "string" && p.reason ? " · " + NF.reasonText(p.reason) : "";
     const what = family && family !== "other" ? type.slice(family.length + 1) : "";
     if (type === "session.transitioned") return NF.stateLabel(p.from) + " → " + NF.stateLabel(p.to) + why;
-    if (type === "session.created") return p.role + " · " + p.task_mode + " · " + p.runtime_family;
+    // the role in words; the task mode and the runtime family are the agent's own names, as written
+    if (type === "session.created") return NF.roleWords(p.role) + " · " + p.task_mode + " · " + p.runtime_family;
     if (type === "run.started") return fmt(gettext("run #%(seq)s started · gen %(gen)s"), { seq: p.seq, gen: p.generation });
     if (type === "run.ended") return fmt(gettext("run #%(seq)s %(state)s"), { seq: p.seq, state: NF.codeWord(p.state) }) + why;
     if (type === "checkpoint.recorded") return fmt(gettext("checkpoint #%(seq)s · %(boundary)s"), { seq: p.seq, boundary: NF.boundaryWords(p.boundary) });

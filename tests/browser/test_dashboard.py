@@ -232,6 +232,8 @@ def test_the_live_pages_say_states_and_reasons_in_the_servers_words(server, page
         page.goto(server.url + url)
         for state in presenters.STATES:
             assert page.evaluate("(s) => NF.stateLabel(s)", state) == presenters.state_label(state)
+        for role in [*presenters.ROLE_WORDS, "some_new_role"]:
+            assert page.evaluate("(r) => NF.roleWords(r)", role) == presenters.role_words(role)
         for raw in ("runtime_lost", "conflicting_result: chapter-1/continuity", "conflicting_result", "conflicting_result: ",
                     "runtime_lost: as an agent wrote it", "needs the author", "", "{detail}: x"):
             assert page.evaluate("(r) => NF.reasonText(r)", raw) == presenters.reason_text(raw), raw

@@ -5,7 +5,8 @@ violations, and in Simplified Chinese no page shows an English UI string: none o
 messages (django.po and djangojs.po, placeholders and markup aside) appears in the visible text,
 nor in the labels a screen reader reads (aria-label, title, placeholder) — the refusals and the resume
 report included: a relay answer refused, a resume's dry-run report — nor on the page of a session that
-was closed and resumed (an interrupted run, a checkpoint's boundary, the resume's line); and the live
+was closed and resumed (an interrupted run, a checkpoint's boundary, the resume's line), nor a session's
+role as its code; and the live
 summaries the script writes say what the server says in that language. The reviewer's packet text is
 never translated. Screenshots: tests/artifacts/lang-<language>-<page>.png."""
 from __future__ import annotations
@@ -27,6 +28,7 @@ from novelforge_sessions.control.resume import resume_session
 from novelforge_sessions.dashboard import presenters
 from novelforge_sessions.event_types import family_of
 from novelforge_sessions.models import LanguagePreference, Membership
+from novelforge_sessions.session_runtime import SessionRole
 from reviews.verdicts import VERDICT_FIELDS
 from tests.browser.a11y import assert_no_serious_a11y_violations
 from tests.browser.conftest import screenshot
@@ -39,7 +41,7 @@ LANGUAGES = ["en", "zh-hans"]
 SWITCH = {"en": "English", "zh-hans": "简体中文"}
 NAV = {"en": ["Sessions", "Reviews", "Calibration"], "zh-hans": ["会话", "审阅", "校准"]}
 CATALOGS = [ROOT / "locale" / "zh_Hans" / "LC_MESSAGES" / f"{d}.po" for d in ("django", "djangojs")]
-#: Words that are also data on these pages (a role, a state code in a title, a route key), and the
+#: Words that are also data on these pages (a state code in a title, a route key), and the
 #: product's name (a proper name, shown as is in every language, and the head of the emails'
 #: subjects: "NovelForge: …"): a one-word fragment equal to one of these is not looked for.
 DATA_WORDS = {"live", "novelforge"}
@@ -61,7 +63,9 @@ def _english_ui_strings() -> list[str]:
     return sorted(fragments, key=len, reverse=True)
 
 
-ENGLISH = _english_ui_strings()
+#: A session's role is said in words (presenters.ROLE_WORDS): its code (``semantic_reviewer``) is looked for
+#: too, not taken for data.
+ENGLISH = sorted({*_english_ui_strings(), *(r.value for r in SessionRole)}, key=len, reverse=True)
 
 #: What a person reads: the visible text, the title, and what a screen reader says for a control
 #: (aria-label, placeholder). ``title`` attributes are left out: they keep the codes on purpose
@@ -100,6 +104,10 @@ LIVE_EVENTS = [
     ("session.resumed", {"run_id": 9, "generation": 2, "checkpoint_id": 3, "reason": "resumed by manager",
                          "carried_over": {"handoffs": [{"handoff_id": 1}, {"handoff_id": 2}], "gates": [{"gate_id": 4}]}}),
     ("session.resumed", {"generation": 3, "checkpoint_id": None, "carried_over": {"other": [{}]}}),
+    ("session.created", {"role": "semantic_reviewer", "memory_policy": "none", "task_mode": "drafting",
+                         "runtime_family": "claude-code", "status": "created"}),
+    ("session.created", {"role": "other", "memory_policy": "none", "task_mode": "drafting",
+                         "runtime_family": "claude-code", "status": "created"}),
 ]
 
 
@@ -154,8 +162,9 @@ def test_the_manager_walk_in_each_language(server, page, project, language):
     fresh = sessions.create_session(orchestrator(project), sessions.NewSession(
         role="writer", memory_policy="session", task_mode="drafting", runtime_family="claude-code"))
     resumed = _resumed_session(project)
-    # data: the project's names, a handoff's id, and the checkpoint's pending JSON's key (a code)
-    data = (world.project.name, world.project.slug, "chapter-2/check", '"handoffs"')
+    # data: the project's names, a handoff's id, the checkpoint's pending JSON's key (a code) and the writer's
+    # token, named after its session's role, in the review gate's "opened by" (an actor's label)
+    data = (world.project.name, world.project.slug, "chapter-2/check", '"handoffs"', f"token:writer-{world.writer.id}#")
 
     _choose(page, server, language)
     _check(page, language, "login")
@@ -182,8 +191,8 @@ def test_the_manager_walk_in_each_language(server, page, project, language):
         with translation.override(language):
             assert live == presenters.describe(event_type, payload), (event_type, payload)
         if language == "zh-hans":
-            found = [w for w in ("interrupted", "aborted", "external wait", "canon", "resumed", "carried", "generation", "=")
-                     if w in live]
+            found = [w for w in ("interrupted", "aborted", "external wait", "canon", "resumed", "carried", "generation", "=",
+                                 "reviewer", "semantic", "other") if w in live]
             assert not found, f"{live!r} says {found}"
     if language == "zh-hans":
         # the live pieces the scripts write (the connection indicator) are translated too

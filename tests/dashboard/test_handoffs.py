@@ -188,6 +188,9 @@ def test_session_page_queries_do_not_grow_with_the_handoffs(mgr_client, make_ses
 
 #: (event type, payload, one-line summary): checked here and, against NF.describe, in the browser.
 SUMMARY_CASES = [
+    # the role in words; the task mode and the runtime family are the agent's own names, as written
+    ("session.created", {"role": "semantic_reviewer", "memory_policy": "none", "task_mode": "chapter_check",
+                         "runtime_family": "claude-code", "status": "created"}, "semantic reviewer · chapter_check · claude-code"),
     ("run.ended", {"seq": 1, "state": "interrupted", "reason": "closed by manager"}, "run #1 interrupted · closed by manager"),
     ("checkpoint.recorded", {"seq": 2, "boundary": "external_wait"}, "checkpoint #2 · external wait"),
     ("session.resumed", {"run_id": 7, "generation": 2, "checkpoint_id": 5, "reason": "resumed by manager",
