@@ -624,8 +624,14 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                              self._put_plan(config, checkpoint, metadata, new_versions, held))
         except BaseException:
             # The put was refused or its fate is unknown: the writes it carried are stored on
-            # their own (a write stored twice is stored once), then its error stands.
-            self._send_held(held)
+            # their own (a write stored twice is stored once), then its error stands; writes that
+            # cannot be sent now either are held again, for the next put, read or close.
+            try:
+                self._send_held(held)
+            except Exception:  # noqa: BLE001 — the put's own error is the one to raise
+                with self._held_lock:
+                    key = (str(conf["thread_id"]), conf.get("checkpoint_ns", ""))
+                    self._held[key] = list(held) + self._held.get(key, [])
             raise
         return self._stored(out)
 
