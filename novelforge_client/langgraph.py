@@ -93,6 +93,9 @@ DEFAULT_MAX_BODY_BYTES = 256 * 1024
 MAX_CHUNK_CHARS = 192 * 1024
 #: Room left in a body for what is not a value (ids, checkpoint document, JSON punctuation).
 _BODY_MARGIN = 4 * 1024
+#: How long a task's ordinary writes wait for the put that follows them (they ride in its body:
+#: one request per superstep) before they are sent on their own.
+HOLD_WRITES_SECONDS = 0.1
 #: How many fingerprints the saver remembers as held by the server (the oldest are forgotten:
 #: such a value is then sent again, which the server stores once).
 KNOWN_MAX = 100_000
@@ -137,6 +140,19 @@ class _Plan:
     done: threading.Event = field(default_factory=threading.Event)
     #: requests carrying values this one names: wait for them, then plan again
     waits: list[threading.Event] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A task's ordinary writes held for the put that follows them."""
+
+    at: float  # time.monotonic() when held
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    task_id: str
+    task_path: str
+    entries: list[tuple[dict[str, Any], _Value]]
 
 
 @dataclass(frozen=True)
@@ -208,6 +224,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self, *, url: str | None = None, token: str | None = None, thread_spec: ThreadSpec | None = None,
         serde: SerializerProtocol | None = None, timeout: float = 30.0, transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        hold_writes: bool = True, hold_seconds: float = HOLD_WRITES_SECONDS,
     ) -> None:
         super().__init__(serde=serde)
         self.url = (url or os.environ.get("NOVELFORGE_URL") or "http://127.0.0.1:8000").rstrip("/")
@@ -236,6 +253,15 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         #: fingerprint → done event of the request carrying that value now.
         self._inflight: dict[str, threading.Event] = {}
         self._known_lock = threading.Lock()
+        #: ``hold_writes``: a task's ordinary writes (no special channel) are held until the put
+        #: that follows them and sent in its body (one request per superstep), or on their own
+        #: after ``hold_seconds``, before any read, and on close (``_flush_held``).
+        self.hold_writes, self.hold_seconds = hold_writes, hold_seconds
+        #: (thread id, namespace) → the tasks' writes held for its next put, oldest first
+        self._held: dict[tuple[str, str], list[_Held]] = {}
+        self._held_lock = threading.Lock()
+        self._flusher: threading.Thread | None = None
+        self._closed = threading.Event()
 
     # ---- plumbing ---------------------------------------------------------------------------------
     def _async_client(self) -> httpx.AsyncClient:
@@ -279,13 +305,15 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        self._flush_held()
+        self._closed.set()
         if self._wire is not None:
             self._wire.close()
         if self._http is not None:
             self._http.close()
 
     async def aclose(self) -> None:
-        self.close()
+        await asyncio.to_thread(self.close)
         if self._awire is not None:
             await self._awire.aclose()
         clients, self._ahttp = list(self._ahttp.values()), {}
@@ -328,6 +356,14 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     def _plan(self, body: dict[str, Any], key: str, entries: list[tuple[dict[str, Any], _Value]], *,
               wait: bool) -> _Plan:
+        return self._plan_lists(body, [entries], lambda items: {**body, key: items[0]}, wait=wait)
+
+    def _plan_lists(self, body: dict[str, Any], lists: list[list[tuple[dict[str, Any], _Value]]],
+                    build: Callable[[list[list[dict[str, Any]]]], dict[str, Any]], *, wait: bool) -> _Plan:
+        """:meth:`_plan` of a body holding several lists of entries (a put carrying tasks' writes:
+        ``build`` makes the body from the lists' items). A value travels once per body, in the
+        first list that holds it (the writes, which the server stores first)."""
+        entries = [e for group in lists for e in group]
         """Fill ``body[key]`` with the entries, each value by fingerprint when the server holds it,
         inline while the body stays under the limit (smallest first), else by fingerprint after
         a chunked upload.
@@ -362,14 +398,17 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                     budget -= v.size
                 else:
                     uploads[fp] = v
-        items = []
-        for entry, v in entries:
-            if v.fingerprint in inline:
-                items.append({**entry, "value": {"serde": v.serde, "data": v.data}})
-                inline.discard(v.fingerprint)  # a value repeated in one body travels once
-            else:
-                items.append({**entry, "fingerprint": v.fingerprint})
-        plan.body = {**body, key: items}
+        lists_items: list[list[dict[str, Any]]] = []
+        for group in lists:
+            items = []
+            for entry, v in group:
+                if v.fingerprint in inline:
+                    items.append({**entry, "value": {"serde": v.serde, "data": v.data}})
+                    inline.discard(v.fingerprint)  # a value repeated in one body travels once
+                else:
+                    items.append({**entry, "fingerprint": v.fingerprint})
+            lists_items.append(items)
+        plan.body = build(lists_items)
         plan.uploads = list(uploads.values())
         # Several chunks to send: ask first whether the server holds them already (another
         # process may have sent the same value).
@@ -459,7 +498,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     # ---- request builders and response readers (shared by sync and async) --------------------------
     def _put_plan(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
-                  new_versions: ChannelVersions) -> Callable[[bool], _Plan]:
+                  new_versions: ChannelVersions, held: Sequence[_Held] = ()) -> Callable[[bool], _Plan]:
         conf = _configurable(config)
         document = dict(checkpoint)
         values: dict[str, Any] = document.pop("channel_values", {}) or {}
@@ -476,7 +515,16 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             "metadata": _jsonable(get_serializable_checkpoint_metadata(config, metadata), "checkpoint metadata"),
             "open": asdict(self.thread_spec),
         }
-        return lambda wait: self._plan(body, "blobs", entries, wait=wait)
+        if not held:
+            return lambda wait: self._plan(body, "blobs", entries, wait=wait)
+        tasks = [{"checkpoint_id": h.checkpoint_id, "task_id": h.task_id, "task_path": h.task_path} for h in held]
+
+        def build(items: list[list[dict[str, Any]]]) -> dict[str, Any]:
+            *writes, blobs = items
+            return {**body, "blobs": blobs, "writes": [{**t, "writes": w} for t, w in zip(tasks, writes)]}
+
+        lists = [list(h.entries) for h in held] + [entries]
+        return lambda wait: self._plan_lists(body, lists, build, wait=wait)
 
     def _stored(self, out: Mapping[str, Any]) -> RunnableConfig:
         if out.get("runtime_id"):
@@ -542,6 +590,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     # ---- BaseCheckpointSaver: sync -------------------------------------------------------------------
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._flush_held()  # a read sees every write this saver was given
         items = self._call("GET", "/graph-threads/checkpoints", params=self._get_params(config))["items"]
         return self._tuple(items[0]) if items else None
 
@@ -549,6 +598,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
              before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
         if limit is not None and limit <= 0:
             return  # nothing asked for (the server refuses a page size below 1)
+        self._flush_held()
         params = self._list_params(config, filter=filter, before=before, limit=limit)
         remaining = limit
         while True:
@@ -567,22 +617,89 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
         self._continue_if_waiting(config)
-        return self._stored(self._send("/graph-threads/checkpoints",
-                                       self._put_plan(config, checkpoint, metadata, new_versions)))
+        conf = _configurable(config)
+        held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
+        try:
+            out = self._send("/graph-threads/checkpoints",
+                             self._put_plan(config, checkpoint, metadata, new_versions, held))
+        except BaseException:
+            # The put was refused or its fate is unknown: the writes it carried are stored on
+            # their own (a write stored twice is stored once), then its error stands; writes that
+            # cannot be sent now either are held again, for the next put, read or close.
+            try:
+                self._send_held(held)
+            except Exception:  # noqa: BLE001 — the put's own error is the one to raise
+                with self._held_lock:
+                    key = (str(conf["thread_id"]), conf.get("checkpoint_ns", ""))
+                    self._held[key] = list(held) + self._held.get(key, [])
+            raise
+        return self._stored(out)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                    task_path: str = "") -> None:
+        conf = _configurable(config)
+        if self.hold_writes and writes and all(channel not in WRITES_IDX_MAP for channel, _ in writes):
+            # Ordinary writes: held for the put that follows (LangGraph's sync durability waits
+            # for that put, which stores them first, in its own transaction).
+            entries = [({"idx": i, "channel": channel}, self._value(value)) for i, (channel, value) in enumerate(writes)]
+            item = _Held(time.monotonic(), str(conf["thread_id"]), conf.get("checkpoint_ns", ""),
+                         conf["checkpoint_id"], task_id, task_path, entries)
+            with self._held_lock:
+                self._held.setdefault((item.thread_id, item.checkpoint_ns), []).append(item)
+                if self._flusher is None:
+                    self._flusher = threading.Thread(target=self._flush_late, name="novelforge-saver-writes",
+                                                     daemon=True)
+                    self._flusher.start()
+            return
+        self._flush_held()  # what was held first reaches the server first
         self._send("/graph-threads/writes", self._writes_plan(config, writes, task_id, task_path))
         for channel, value in writes:
             if channel == INTERRUPT:
                 self._on_interrupt(config, value)
 
+    # ---- held writes ---------------------------------------------------------------------------------
+    def _take_held(self, key: tuple[str, str]) -> list[_Held]:
+        with self._held_lock:
+            return self._held.pop(key, [])
+
+    def _send_held(self, held: Sequence[_Held]) -> None:
+        """Held writes on their own, one request per task, in the order they were held."""
+        for item in held:
+            body = {"thread_id": item.thread_id, "checkpoint_ns": item.checkpoint_ns,
+                    "checkpoint_id": item.checkpoint_id, "task_id": item.task_id, "task_path": item.task_path,
+                    "open": asdict(self.thread_spec)}
+            self._send("/graph-threads/writes", lambda wait, b=body, e=item.entries: self._plan(b, "writes", e, wait=wait))
+
+    def _flush_held(self, older_than: float | None = None) -> None:
+        """Send every held write (``older_than``: only those held before that monotonic time)."""
+        with self._held_lock:
+            taken: list[_Held] = []
+            for key in list(self._held):
+                keep = [h for h in self._held[key] if older_than is not None and h.at >= older_than]
+                taken += [h for h in self._held[key] if not (older_than is not None and h.at >= older_than)]
+                if keep:
+                    self._held[key] = keep
+                else:
+                    del self._held[key]
+        self._send_held(taken)
+
+    def _flush_late(self) -> None:
+        """The saver's one background thread: sends writes no put came for within ``hold_seconds``."""
+        while not self._closed.wait(self.hold_seconds / 2):
+            try:
+                self._flush_held(older_than=time.monotonic() - self.hold_seconds)
+            except Exception:  # noqa: BLE001 — the graph's next read or put sends them (and raises)
+                pass
+
     def delete_thread(self, thread_id: str) -> None:
+        self._flush_held()
         self._call("DELETE", "/graph-threads", params={"thread_id": str(thread_id)})
         self.runtimes.pop(str(thread_id), None)
 
     # ---- BaseCheckpointSaver: async ------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        if self._held:  # held by the sync put_writes (the async one sends at once)
+            await asyncio.to_thread(self._flush_held)
         items = (await self._acall("GET", "/graph-threads/checkpoints", params=self._get_params(config)))["items"]
         return self._tuple(items[0]) if items else None
 
@@ -590,6 +707,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                     before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
         if limit is not None and limit <= 0:
             return  # nothing asked for (the server refuses a page size below 1)
+        if self._held:
+            await asyncio.to_thread(self._flush_held)
         params = self._list_params(config, filter=filter, before=before, limit=limit)
         remaining = limit
         while True:
@@ -621,6 +740,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                 await asyncio.to_thread(self._on_interrupt, config, value)
 
     async def adelete_thread(self, thread_id: str) -> None:
+        if self._held:
+            await asyncio.to_thread(self._flush_held)
         await self._acall("DELETE", "/graph-threads", params={"thread_id": str(thread_id)})
         self.runtimes.pop(str(thread_id), None)
 

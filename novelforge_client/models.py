@@ -494,6 +494,7 @@ class GraphPutIn(RequestModel):
     metadata: dict[str, StorableJson] | None = Field(default=None, description="the graph's checkpoint metadata (filterable); at most 16384 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     blobs: list[GraphChannelBlobIn] | None = Field(default=None, description='the channels that changed: their values at their new versions, stored as content-addressed artifacts; unchanged channels are found at the versions `checkpoint.channel_versions` names')
     open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; without it an unknown thread is 404. Opening creates a session: a token bound to a session may not (403 `forbidden`, nothing written), whether the id is unused or another session's thread")
+    writes: list[GraphTaskWritesIn] | None = Field(default=None, description="tasks' pending writes that came before this checkpoint (as `POST /graph-threads/writes` would store them), stored first in the same transaction: one request per superstep. A value inline here may be named by fingerprint in `blobs`. Refused or rolled back with the put")
 
 
 class GraphPutOut(ResponseModel):
@@ -507,6 +508,15 @@ class GraphPutOut(ResponseModel):
     record_id: int = Field(description='the bounded checkpoint (`GET /checkpoints/{id}`)')
     created: bool = Field(description='false: an identical put was already stored')
     runtime_id: int | None = Field(default=None, description="runtime generation 1's id when this put opened the thread")
+
+
+class GraphTaskWritesIn(RequestModel):
+    """GraphTaskWritesIn"""
+
+    checkpoint_id: str = Field(description="the checkpoint the writes belong to (the task ran from it: usually the put's parent)")
+    task_id: str
+    task_path: str = Field(default='')
+    writes: list[GraphWriteIn]
 
 
 class GraphThreadOut(ResponseModel):

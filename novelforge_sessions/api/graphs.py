@@ -108,6 +108,11 @@ class GraphPutIn(Strict):
         None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; "
         "without it an unknown thread is 404. Opening creates a session: a token bound to a session may not (403 "
         "`forbidden`, nothing written), whether the id is unused or another session's thread")
+    writes: list["GraphTaskWritesIn"] = Field(
+        default_factory=list, max_length=actions.MAX_PUT_TASK_WRITES,
+        description="tasks' pending writes that came before this checkpoint (as `POST /graph-threads/writes` would "
+        "store them), stored first in the same transaction: one request per superstep. A value inline here may be "
+        "named by fingerprint in `blobs`. Refused or rolled back with the put")
 
 
 class GraphPutOut(Schema):
@@ -129,6 +134,17 @@ class GraphWriteIn(Strict):
     channel: str = Field(..., min_length=1, max_length=200)
     value: GraphBlobIn | None = Field(None, description="the value inline (or `fingerprint`)")
     fingerprint: str | None = Field(None, description=FINGERPRINT_DOC, json_schema_extra=FINGERPRINT)
+
+
+class GraphTaskWritesIn(Strict):
+    checkpoint_id: str = Field(..., min_length=1, max_length=64, description="the checkpoint the writes belong to "
+                               "(the task ran from it: usually the put's parent)")
+    task_id: str = Field(..., min_length=1, max_length=64)
+    task_path: str = Field("", max_length=200)
+    writes: list[GraphWriteIn] = Field(..., max_length=200)
+
+
+GraphPutIn.model_rebuild()
 
 
 class GraphWritesIn(Strict):
@@ -252,7 +268,7 @@ def _out(items: list[GraphCheckpoint], project_ids) -> list[dict[str, Any]]:
 )
 def put_checkpoint(request: HttpRequest, body: GraphPutIn):
     open_spec = actions.ThreadSpec(**body.open.model_dump()) if body.open is not None else None
-    with tracing.span("graph_put", blobs=len(body.blobs)) as span:
+    with tracing.span("graph_put", blobs=len(body.blobs), writes=sum(len(t.writes) for t in body.writes)) as span:
         stored = actions.put_checkpoint(
             caller(request), thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns,
             checkpoint_id=body.checkpoint_id, parent_checkpoint_id=body.parent_checkpoint_id,
@@ -260,6 +276,10 @@ def put_checkpoint(request: HttpRequest, body: GraphPutIn):
             blobs=[actions.ChannelBlob(channel=b.channel, version=b.version, value=_blob(b.value),
                                        fingerprint=b.fingerprint) for b in body.blobs],
             open_spec=open_spec,
+            writes=[actions.TaskWrites(checkpoint_id=t.checkpoint_id, task_id=t.task_id, task_path=t.task_path,
+                                       writes=[actions.WriteSpec(idx=w.idx, channel=w.channel, value=_blob(w.value),
+                                                                 fingerprint=w.fingerprint) for w in t.writes])
+                    for t in body.writes],
         )
         span.set(session_id=stored.thread.session_id, checkpoint_id=stored.graph.record_id,
                  outcome="created" if stored.created else "replayed")

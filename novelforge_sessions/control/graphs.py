@@ -570,7 +570,7 @@ RETURNING id, created_at
 def put_checkpoint(
     caller: Caller, *, thread_id: str, checkpoint_ns: str, checkpoint_id: str, parent_checkpoint_id: str | None,
     checkpoint: Mapping[str, Any], metadata: Mapping[str, Any] | None, blobs: list[ChannelBlob],
-    open_spec: ThreadSpec | None,
+    open_spec: ThreadSpec | None, writes: list[TaskWrites] | None = None,
 ) -> Stored:
     """Record one graph checkpoint as a bounded checkpoint of the thread's open run.
 
@@ -584,6 +584,10 @@ def put_checkpoint(
     it) → a blob named by fingerprint is not in the project (409 ``graph_blob_missing``) → the
     id already names a different checkpoint (409 ``graph_checkpoint_conflict``).
     A retried identical put returns the stored checkpoint.
+
+    ``writes``: tasks' pending writes carried by this put (the saver holds a task's writes until
+    the put that follows them): stored first, in the put's transaction, as ``put_writes`` stores
+    them; refused or rolled back with it.
     """
     caller.require("write")
     _name(thread_id, "thread_id")
@@ -601,10 +605,19 @@ def put_checkpoint(
         put[(b.channel, key)] = fp
     document = _document(checkpoint)
     meta = check(rt.validate_metadata, dict(metadata or {}), "metadata", MAX_METADATA_BYTES)
+    if writes and len(writes) > MAX_PUT_TASK_WRITES:
+        raise ValidationFailed(f"a put carries the writes of at most {MAX_PUT_TASK_WRITES} tasks", field="writes",
+                               limit=MAX_PUT_TASK_WRITES)
+    carried = [_writes_params(caller, thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=w.checkpoint_id,
+                              task_id=w.task_id, task_path=w.task_path, writes=w.writes, where=f"writes[{i}].")
+               for i, w in enumerate(writes or [])]
     _check_open(open_spec)
 
     def write(thread: GraphThread, session: LockedSession) -> tuple[GraphCheckpoint, bool]:
         # The session lock serialises the thread's writers (lock order: session, then run).
+        for params in carried:  # first: their values may be the very ones this put names
+            if _store_writes(caller, params) is None:  # unreachable under the lock this put holds
+                raise NotFound("graph thread not found", thread_id=thread_id)
         _insert_blobs(session.project_id, inline, caller.label)
         versions = {ch: json.dumps(v) for ch, v in sorted((document.get("channel_versions") or {}).items())}
         old = [(ch, v) for ch, v in versions.items() if (ch, v) not in put]
@@ -739,6 +752,70 @@ SELECT EXISTS (SELECT 1 FROM reach), EXISTS (SELECT 1 FROM ok), (SELECT m.fps FR
 """
 
 
+@dataclass(frozen=True)
+class TaskWrites:
+    """A task's pending writes carried by the put that follows them (``put_checkpoint(writes=…)``):
+    stored in the put's transaction, as ``put_writes`` would store them, before its checkpoint."""
+
+    checkpoint_id: str
+    task_id: str
+    writes: list[WriteSpec]
+    task_path: str = ""
+
+
+#: How many tasks' writes one put may carry.
+MAX_PUT_TASK_WRITES = 64
+
+
+def _writes_params(caller: Caller, *, thread_id: str, checkpoint_ns: str, checkpoint_id: str, task_id: str,
+                   task_path: str, writes: list[WriteSpec], where: str = "") -> dict[str, Any]:
+    """A task's writes checked (422 naming ``where`` + the field) and made the statement's parameters."""
+    _name(checkpoint_id, f"{where}checkpoint_id", max_length=MAX_ID_LENGTH)
+    _name(task_id, f"{where}task_id", max_length=MAX_ID_LENGTH)
+    _name(task_path, f"{where}task_path", empty=True)
+    rows: dict[int, tuple[str, str]] = {}  # idx → (channel, fingerprint)
+    inline: dict[str, str] = {}
+    for i, w in enumerate(writes):
+        _name(w.channel, f"{where}writes[{i}].channel")
+        fp = _value_fingerprint(w.value, w.fingerprint, f"{where}writes[{i}]", f"{where}writes[{i}].value")
+        if w.value is not None:
+            inline[fp] = w.value.content()
+        if w.idx < 0 or w.idx not in rows:
+            # a repeated (task, idx) in one call: the first stands, as stored ones do; a special
+            # channel's latest value stands
+            rows[w.idx] = (w.channel, fp)
+    blob_fps = sorted(inline)  # inserted in this order by every writer: two never wait on each other in a cycle
+    return {
+        "thread_id": thread_id, "projects": list(caller.project_ids), "bound": caller.session_id,
+        **recheck_params(caller),
+        "idx": list(rows), "channels": [ch for ch, _ in rows.values()], "fps": [fp for _, fp in rows.values()],
+        "blob_fps": blob_fps, "blob_contents": [inline[fp] for fp in blob_fps], "actor": caller.label,
+        "ns": checkpoint_ns, "cp": checkpoint_id, "task": task_id, "path": task_path,
+    }
+
+
+def _store_writes(caller: Caller, params: dict[str, Any]) -> int | None:
+    """Run the writes' statement (``_PUT_WRITES_SQL``): how many rows are new or updated, or None
+    when the caller reaches no such thread (nothing written). Its own transaction when called
+    outside one; else one more statement of the caller's (a put carrying writes)."""
+    raced = False
+    while True:
+        reached, still_valid, missing, unresolved, changed = commit.execute_write(_PUT_WRITES_SQL, params)
+        if not reached:
+            return None
+        token_confirmed(caller, still_valid)
+        if missing:
+            raise GraphBlobMissing("a blob named by fingerprint is not in this project: upload it first",
+                                   missing=list(missing))
+        if unresolved and not raced:
+            raced = True  # a content committed by another writer while the statement ran: now in the snapshot
+            continue
+        if unresolved:  # unreachable: a blob once stored is never removed while its project lives
+            raise GraphBlobMissing("a blob named by fingerprint is not in this project: upload it first",
+                                   missing=list(unresolved))
+        return changed
+
+
 def put_writes(
     caller: Caller, *, thread_id: str, checkpoint_ns: str, checkpoint_id: str, task_id: str, task_path: str,
     writes: list[WriteSpec], open_spec: ThreadSpec | None = None,
@@ -754,51 +831,20 @@ def put_writes(
     caller.require("write")
     _name(thread_id, "thread_id")
     _name(checkpoint_ns, "checkpoint_ns", empty=True)
-    _name(checkpoint_id, "checkpoint_id", max_length=MAX_ID_LENGTH)
-    _name(task_id, "task_id", max_length=MAX_ID_LENGTH)
-    _name(task_path, "task_path", empty=True)
-    rows: dict[int, tuple[str, str]] = {}  # idx → (channel, fingerprint)
-    inline: dict[str, str] = {}
-    for i, w in enumerate(writes):
-        _name(w.channel, f"writes[{i}].channel")
-        fp = _value_fingerprint(w.value, w.fingerprint, f"writes[{i}]", f"writes[{i}].value")
-        if w.value is not None:
-            inline[fp] = w.value.content()
-        if w.idx < 0 or w.idx not in rows:
-            # a repeated (task, idx) in one call: the first stands, as stored ones do; a special
-            # channel's latest value stands
-            rows[w.idx] = (w.channel, fp)
+    params = _writes_params(caller, thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id,
+                            task_id=task_id, task_path=task_path, writes=writes)
     _check_open(open_spec)
-    blob_fps = sorted(inline)  # inserted in this order by every writer: two never wait on each other in a cycle
-    params = {
-        "thread_id": thread_id, "projects": list(caller.project_ids), "bound": caller.session_id,
-        **recheck_params(caller),
-        "idx": list(rows), "channels": [ch for ch, _ in rows.values()], "fps": [fp for _, fp in rows.values()],
-        "blob_fps": blob_fps, "blob_contents": [inline[fp] for fp in blob_fps], "actor": caller.label,
-        "ns": checkpoint_ns, "cp": checkpoint_id, "task": task_id, "path": task_path,
-    }
-    opened = raced = False
+    opened = False
     while True:
-        reached, still_valid, missing, unresolved, changed = commit.execute_write(_PUT_WRITES_SQL, params)
-        if not reached:
-            if caller.recheck is not None:  # as _on_thread: answered again with the token looked up
-                raise Unauthorized("a recalled token reaches no such thread: answered with the token looked up")
-            if open_spec is None or opened:
-                raise NotFound("graph thread not found", thread_id=thread_id)
-            opened = True
-            _open_thread(caller, thread_id, open_spec)
-            continue
-        token_confirmed(caller, still_valid)
-        if missing:
-            raise GraphBlobMissing("a blob named by fingerprint is not in this project: upload it first",
-                                   missing=list(missing))
-        if unresolved and not raced:
-            raced = True  # a content committed by another writer while the statement ran: now in the snapshot
-            continue
-        if unresolved:  # unreachable: a blob once stored is never removed while its project lives
-            raise GraphBlobMissing("a blob named by fingerprint is not in this project: upload it first",
-                                   missing=list(unresolved))
-        return changed
+        changed = _store_writes(caller, params)
+        if changed is not None:
+            return changed
+        if caller.recheck is not None:  # as _on_thread: answered again with the token looked up
+            raise Unauthorized("a recalled token reaches no such thread: answered with the token looked up")
+        if open_spec is None or opened:
+            raise NotFound("graph thread not found", thread_id=thread_id)
+        opened = True
+        _open_thread(caller, thread_id, open_spec)
 
 
 def writes_of(items: list[GraphCheckpoint]) -> dict[tuple[int, str, str], list[GraphWrite]]:

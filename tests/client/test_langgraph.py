@@ -23,15 +23,17 @@ from langgraph.checkpoint.conformance.report import ProgressCallbacks
 from django.conf import settings
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
+from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, interrupt
 
-from novelforge_client.errors import GraphCheckpointConflict
+from novelforge_client.errors import Conflict, GraphCheckpointConflict
 from novelforge_client.langgraph import NovelForgeSaver, ThreadSpec, review_gate
 from novelforge_sessions.actions.tokens import create_token
-from novelforge_sessions.control.models import GraphCheckpoint, GraphThread
+from novelforge_sessions.control.models import GraphCheckpoint, GraphWrite, GraphThread
 from novelforge_sessions.models import Artifact, Checkpoint, Run, RuntimeAttachment, Session
 from reviews.models import ReviewGate
 from tests.support.servers import DaphneServer
+from tests.support.waits import wait_until
 from tests.reviews.factories import CHAPTER, RUBRIC, agent_reviewer, agent_verdict
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -293,11 +295,11 @@ def test_a_thread_whose_state_holds_8_mb_of_messages_is_saved_and_reloaded(graph
     reloaded.close()
 
 
-def test_a_value_is_sent_once_and_a_superstep_costs_one_put_and_its_writes(graph_server, graph_token):
+def test_a_value_is_sent_once_and_a_superstep_costs_one_request(graph_server, graph_token):
     """A value travels once: the node's write carries it, the checkpoint that follows names it by
     fingerprint, later checkpoints (the channel unchanged) do not name it, and another thread
-    holding the same value names it too. A superstep is LangGraph's own calls: one write request
-    per task and one put, no blob uploads."""
+    holding the same value names it too. A superstep is one request: the put, carrying the task's
+    writes (held by the saver until it), no blob uploads; every write is stored."""
 
     class Doc(TypedDict, total=False):
         doc: str
@@ -319,7 +321,9 @@ def test_a_value_is_sent_once_and_a_superstep_costs_one_put_and_its_writes(graph
     builder.add_edge("draft", "count")
     builder.add_conditional_edges("count", lambda s: "count" if s["count"] < steps else END, ["count", END])
     wire = Recording()
-    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, transport=wire)
+    # held until the put however slow this machine is (a hold that runs out sends them on their
+    # own: test_writes_no_put_comes_for_are_sent_on_their_own)
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, transport=wire, hold_seconds=60)
     graph = builder.compile(checkpointer=saver)
 
     assert graph.invoke({}, {"configurable": {"thread_id": "doc-1"}}, durability="sync")["count"] == steps
@@ -329,10 +333,11 @@ def test_a_value_is_sent_once_and_a_superstep_costs_one_put_and_its_writes(graph
     calls = wire.paths()
     assert "POST /graph-blobs" not in calls and "POST /graph-blobs/missing" not in calls
     supersteps = steps + 1  # draft, then count until it reaches `steps`
-    # the input's checkpoint, then each superstep's one task write and one checkpoint
+    # the input's checkpoint, then each superstep's one checkpoint carrying its task's writes
     assert calls.count("POST /graph-threads/checkpoints") == supersteps + 1
-    assert calls.count("POST /graph-threads/writes") == supersteps
-    assert len(calls) == 2 * supersteps + 2  # + the one read of the thread's latest checkpoint
+    assert calls.count("POST /graph-threads/writes") == 0
+    assert len(calls) == supersteps + 2  # + the one read of the thread's latest checkpoint
+    assert GraphWrite.objects.filter(thread__thread_id="doc-1").values("task_id").distinct().count() == supersteps  # each task's writes stored
 
     before = len(wire.sent)
     assert graph.invoke({}, {"configurable": {"thread_id": "doc-2"}})["count"] == steps
@@ -359,6 +364,57 @@ def test_a_value_the_server_does_not_hold_after_all_is_sent_again_once(graph_ser
     stored = saver.put(config, checkpoint, {"source": "input", "step": -1}, {"notes": 1})
     assert wire.paths() == ["POST /graph-threads/checkpoints"] * 2  # refused by fingerprint, then sent inline
     assert saver.get_tuple(stored).checkpoint["channel_values"] == {"notes": value}
+    saver.close()
+
+
+def _input_checkpoint(saver: NovelForgeSaver, thread_id: str) -> RunnableConfig:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"], checkpoint["channel_versions"] = {"notes": "start"}, {"notes": 1}
+    return saver.put({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}, checkpoint,
+                     {"source": "input", "step": -1}, {"notes": 1})
+
+
+def test_writes_no_put_comes_for_are_sent_on_their_own_and_before_any_read(graph_server, graph_token):
+    """A task's ordinary writes wait for the put that follows them for at most ``hold_seconds``:
+    then (or at the next read, or on close) they are sent on their own, and stored."""
+    wire = Recording()
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, transport=wire, hold_seconds=0.2)
+    stored = _input_checkpoint(saver, "held")
+    saver.put_writes(stored, [("notes", "a slow sibling's write")], "task-1")
+    wait_until(lambda: GraphWrite.objects.filter(task_id="task-1").exists(), "the held write sent on its own", timeout=20)
+    assert wire.paths()[-1] == "POST /graph-threads/writes"
+    patient = NovelForgeSaver(url=graph_server.url, token=graph_token, transport=wire, hold_seconds=600)
+    patient.put_writes(stored, [("notes", "read right after")], "task-2")
+    found = patient.get_tuple(stored)  # the read sends what is held first
+    assert ("task-2", "notes", "read right after") in found.pending_writes
+    patient.put_writes(stored, [("notes", "closed right after")], "task-3")
+    patient.close()  # and so does close
+    assert GraphWrite.objects.filter(task_id="task-3").exists()
+    saver.close()
+
+
+def test_a_refused_put_still_stores_the_writes_it_carried(graph_server, graph_token):
+    """The put carrying held writes is refused (the thread's run ended): the writes are sent on
+    their own (stored, as they would have been without holding), and the put's refusal stands."""
+    wire = Recording()
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, transport=wire, hold_seconds=600)
+    stored = _input_checkpoint(saver, "refused")
+    saver.put_writes(stored, [("notes", "kept")], "task-1")
+    thread = GraphThread.objects.get(thread_id="refused")
+    run = Run.objects.get(session_id=thread.session_id, state="open")
+    with httpx.Client(base_url=graph_server.url + "/api/v1", headers={"Authorization": f"Bearer {graph_token}"}) as http:
+        assert http.post(f"/runs/{run.id}/end", json={"outcome": "completed"}).status_code == 200
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    following = empty_checkpoint()
+    following["channel_values"], following["channel_versions"] = {"notes": "kept"}, {"notes": 2}
+    with pytest.raises(Conflict) as refused:
+        saver.put(stored, following, {"source": "loop", "step": 0}, {"notes": 2})
+    assert refused.value.code == "no_open_run"
+    assert wire.paths()[-2:] == ["POST /graph-threads/checkpoints", "POST /graph-threads/writes"]
+    assert GraphWrite.objects.filter(thread=thread, task_id="task-1").count() == 1
     saver.close()
 
 

@@ -603,3 +603,46 @@ def test_a_value_another_writer_commits_while_the_writes_wait_for_it_is_found_by
     [stored] = GraphWrite.objects.filter(checkpoint_id="0002").select_related("value")
     assert stored.value.fingerprint == fp and stored.value.created_by == "other"
     assert Artifact.objects.filter(name="blob:" + fp).count() == 1
+
+
+def test_a_put_carries_the_tasks_writes_before_it_in_its_own_transaction(writer):
+    """One request per superstep: the put carries the task's writes (stored first, as the writes
+    route stores them), and names by fingerprint the value they carry inline."""
+    ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"draft": "v1"})), 201)
+    value = blob("v2")
+    fp = graphs.Blob(**value).fingerprint()
+    body = put_body("t-1", "0002", "0001", versions={"draft": 2}, open_=False)
+    body["blobs"] = [{"channel": "draft", "version": 2, "fingerprint": fp}]
+    body["writes"] = [{"checkpoint_id": "0001", "task_id": "task", "writes": [{"idx": 0, "channel": "draft", "value": value}]}]
+    ok(writer.post("/graph-threads/checkpoints", body), 201)
+    [stored] = GraphWrite.objects.filter(checkpoint_id="0001", task_id="task").select_related("value")
+    assert stored.value.fingerprint == fp and Artifact.objects.filter(name="blob:" + fp).count() == 1
+    [newest, parent] = get(writer, thread_id="t-1")
+    assert base64.b64decode(newest["blobs"]["draft"]["data"]).decode() == "v2"
+    assert [(w["task_id"], w["channel"]) for w in parent["pending_writes"]] == [("task", "draft")]
+    ok(writer.post("/graph-threads/checkpoints", body), 200)  # a retry: stored once
+    assert GraphWrite.objects.filter(checkpoint_id="0001").count() == 1
+
+
+@pytest.mark.parametrize("spoil", ["refused put", "invalid write", "unknown fingerprint"])
+def test_a_put_and_the_writes_it_carries_are_stored_together_or_not_at_all(writer, spoil):
+    ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"draft": "v1"})), 201)
+    body = put_body("t-1", "0002", "0001", versions={"draft": 2}, blobs={"draft": "v2"}, open_=False)
+    body["writes"] = [{"checkpoint_id": "0001", "task_id": "task", "writes": [{"idx": 0, "channel": "draft",
+                                                                               "value": blob("v2")}]}]
+    if spoil == "refused put":
+        body["parent_checkpoint_id"] = "other"  # the id names another checkpoint already: a conflict
+        body["checkpoint_id"] = "0001"
+    elif spoil == "invalid write":
+        body["writes"][0]["writes"][0]["channel"] = ""
+    else:
+        body["writes"][0]["writes"][0] = {"idx": 0, "channel": "draft", "fingerprint": "sha256:" + "0" * 64}
+    before = snapshot()
+    resp = writer.post("/graph-threads/checkpoints", body)
+    expected = {"refused put": (409, "graph_checkpoint_conflict"), "invalid write": (422, "validation_error"),
+                "unknown fingerprint": (409, "graph_blob_missing")}[spoil]
+    assert (resp.status_code, resp.json()["error"]["code"]) == expected, resp.content
+    if spoil == "invalid write":
+        assert resp.json()["error"]["details"]["field"].startswith("writes.0.writes.0") or \
+            resp.json()["error"]["details"]["field"].startswith("writes[0].writes[0]"), resp.content
+    before.assert_unchanged()
