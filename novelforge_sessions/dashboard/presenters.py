@@ -183,9 +183,14 @@ BOUNDARY_WORDS: dict[str, str] = {
 }
 
 
+def _words_of(table: dict[str, str], code: str | None) -> str:
+    """A code in the page's language from one of the word maps (an unknown one as its code, spaced)."""
+    return str(table.get(code or "", (code or "").replace("_", " ")))
+
+
 def boundary_words(code: str | None) -> str:
     """A checkpoint boundary in the page's language (an unknown one as its code, spaced)."""
-    return str(BOUNDARY_WORDS.get(code or "", (code or "").replace("_", " ")))
+    return _words_of(BOUNDARY_WORDS, code)
 
 
 R = rt.SessionRole
@@ -207,7 +212,7 @@ ROLE_WORDS: dict[str, str] = {
 
 def role_words(code: str | None) -> str:
     """A session's role in the page's language (an unknown one as its code, spaced)."""
-    return str(ROLE_WORDS.get(code or "", (code or "").replace("_", " ")))
+    return _words_of(ROLE_WORDS, code)
 
 
 _WAIT_GATE = re.compile(r"^review gate #(\d+) \((\w+) route\)$")
