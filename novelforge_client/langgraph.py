@@ -305,8 +305,10 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        self._flush_held()
         self._closed.set()
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join(self._timeout)  # a send it has begun finishes before the wire closes
+        self._flush_held()
         if self._wire is not None:
             self._wire.close()
         if self._http is not None:
