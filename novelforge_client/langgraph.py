@@ -631,9 +631,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             try:
                 self._send_held(held)
             except Exception:  # noqa: BLE001 — the put's own error is the one to raise
-                with self._held_lock:
-                    key = (str(conf["thread_id"]), conf.get("checkpoint_ns", ""))
-                    self._held[key] = list(held) + self._held.get(key, [])
+                self._hold_again(held)
             raise
         return self._stored(out)
 
@@ -683,14 +681,25 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                     self._held[key] = keep
                 else:
                     del self._held[key]
-        self._send_held(taken)
+        try:
+            self._send_held(taken)
+        except BaseException:
+            self._hold_again(taken)  # a write stored twice is stored once: the next put, read or close resends
+            raise
+
+    def _hold_again(self, items: Sequence[_Held]) -> None:
+        """Writes that could not be sent, held again ahead of any held since."""
+        with self._held_lock:
+            for item in reversed(items):
+                key = (item.thread_id, item.checkpoint_ns)
+                self._held[key] = [item, *self._held.get(key, [])]
 
     def _flush_late(self) -> None:
         """The saver's one background thread: sends writes no put came for within ``hold_seconds``."""
         while not self._closed.wait(self.hold_seconds / 2):
             try:
                 self._flush_held(older_than=time.monotonic() - self.hold_seconds)
-            except Exception:  # noqa: BLE001 — the graph's next read or put sends them (and raises)
+            except Exception:  # noqa: BLE001 — held again: the graph's next put, read or close sends them (or raises)
                 pass
 
     def delete_thread(self, thread_id: str) -> None:

@@ -467,3 +467,21 @@ def test_a_server_with_a_smaller_body_limit_teaches_the_saver_its_limit(graph_to
         saver.close()
     finally:
         small.stop()
+
+
+def test_held_writes_that_cannot_be_sent_are_held_again_and_sent_later(graph_server, graph_token):
+    """The server is unreachable when held writes go out (a read here): the read fails, the writes
+    stay held, and the next read sends them."""
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, hold_seconds=600)
+    stored = _input_checkpoint(saver, "unreachable")
+    saver.put_writes(stored, [("notes", "kept while the server is away")], "task-1")
+    away = NovelForgeSaver(url="http://127.0.0.1:9", token=graph_token, hold_seconds=600)  # nothing listens on port 9
+    away._held, saver._held = saver._held, {}  # the same held writes, on a saver whose server is away
+    with pytest.raises(Exception):
+        away.get_tuple(stored)
+    assert [h.task_id for items in away._held.values() for h in items] == ["task-1"]  # held again
+    saver._held, away._held = away._held, {}
+    found = saver.get_tuple(stored)
+    assert ("task-1", "notes", "kept while the server is away") in found.pending_writes
+    away.close()
+    saver.close()
