@@ -537,13 +537,18 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     def _writes_plan(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                      task_path: str) -> Callable[[bool], _Plan]:
         conf = _configurable(config)
-        body = {
-            "thread_id": str(conf["thread_id"]), "checkpoint_ns": conf.get("checkpoint_ns", ""),
-            "checkpoint_id": conf["checkpoint_id"], "task_id": task_id, "task_path": task_path,
-            "open": asdict(self.thread_spec),
-        }
-        entries = [({"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel}, self._value(value))
-                   for i, (channel, value) in enumerate(writes)]
+        return self._task_writes_plan(str(conf["thread_id"]), conf.get("checkpoint_ns", ""), conf["checkpoint_id"],
+                                      task_id, task_path, self._write_entries(writes))
+
+    def _write_entries(self, writes: Sequence[tuple[str, Any]]) -> list[tuple[dict[str, Any], _Value]]:
+        return [({"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel}, self._value(value))
+                for i, (channel, value) in enumerate(writes)]
+
+    def _task_writes_plan(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, task_id: str, task_path: str,
+                          entries: list[tuple[dict[str, Any], _Value]]) -> Callable[[bool], _Plan]:
+        """A ``POST /graph-threads/writes`` of one task's writes (sent now, or held ones sent on their own)."""
+        body = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id,
+                "task_id": task_id, "task_path": task_path, "open": asdict(self.thread_spec)}
         return lambda wait: self._plan(body, "writes", entries, wait=wait)
 
     def _tuple(self, item: Mapping[str, Any]) -> CheckpointTuple:
@@ -641,9 +646,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         if self.hold_writes and writes and all(channel not in WRITES_IDX_MAP for channel, _ in writes):
             # Ordinary writes: held for the put that follows (LangGraph's sync durability waits
             # for that put, which stores them first, in its own transaction).
-            entries = [({"idx": i, "channel": channel}, self._value(value)) for i, (channel, value) in enumerate(writes)]
             item = _Held(time.monotonic(), str(conf["thread_id"]), conf.get("checkpoint_ns", ""),
-                         conf["checkpoint_id"], task_id, task_path, entries)
+                         conf["checkpoint_id"], task_id, task_path, self._write_entries(writes))
             with self._held_lock:
                 self._held.setdefault((item.thread_id, item.checkpoint_ns), []).append(item)
                 if self._flusher is None:
@@ -665,18 +669,16 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     def _send_held(self, held: Sequence[_Held]) -> None:
         """Held writes on their own, one request per task, in the order they were held."""
         for item in held:
-            body = {"thread_id": item.thread_id, "checkpoint_ns": item.checkpoint_ns,
-                    "checkpoint_id": item.checkpoint_id, "task_id": item.task_id, "task_path": item.task_path,
-                    "open": asdict(self.thread_spec)}
-            self._send("/graph-threads/writes", lambda wait, b=body, e=item.entries: self._plan(b, "writes", e, wait=wait))
+            self._send("/graph-threads/writes", self._task_writes_plan(
+                item.thread_id, item.checkpoint_ns, item.checkpoint_id, item.task_id, item.task_path, item.entries))
 
     def _flush_held(self, older_than: float | None = None) -> None:
         """Send every held write (``older_than``: only those held before that monotonic time)."""
         with self._held_lock:
             taken: list[_Held] = []
-            for key in list(self._held):
-                keep = [h for h in self._held[key] if older_than is not None and h.at >= older_than]
-                taken += [h for h in self._held[key] if not (older_than is not None and h.at >= older_than)]
+            for key, items in list(self._held.items()):
+                keep = [h for h in items if older_than is not None and h.at >= older_than]
+                taken += items[:len(items) - len(keep)]  # held in order: the due ones come first
                 if keep:
                     self._held[key] = keep
                 else:
