@@ -337,6 +337,12 @@ class GraphBlobMismatch(ValidationFailed):
     code = "graph_blob_mismatch"
 
 
+class GraphThreadExists(Conflict):
+    """A copy named a target thread id the project already has (a copy opens a new session)."""
+
+    code = "graph_thread_exists"
+
+
 class WebhookUrlRefused(ValidationFailed):
     """A webhook URL the sender may not call: not http(s), credentials in it, a host that does not
     resolve, or one that resolves to a private, loopback or link-local address."""

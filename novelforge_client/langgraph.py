@@ -99,6 +99,8 @@ HOLD_WRITES_SECONDS = 0.1
 #: How many fingerprints the saver remembers as held by the server (the oldest are forgotten:
 #: such a value is then sent again, which the server stores once).
 KNOWN_MAX = 100_000
+#: How many thread ids one prune, or run ids one delete for runs, may name (``control/graphs.MAX_THREADS_PER_CALL``).
+_IDS_MAX = 200
 #: How many fingerprints one ``POST /graph-blobs/missing`` may ask about.
 _ASK_MAX = 500
 #: Sends of a request that failed before it left this process (what ``httpx.HTTPTransport(retries=2)``
@@ -709,6 +711,48 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self._call("DELETE", "/graph-threads", params={"thread_id": str(thread_id)})
         self.runtimes.pop(str(thread_id), None)
 
+    # ---- copy, prune, delete for runs (LangGraph's extended capabilities) -------------------------------
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy a thread's history into a new thread: a new session (the source session's spec,
+        runtime generation 1, run 1) holding every checkpoint and pending write of the source; the
+        values are shared by fingerprint, never sent again. A target id the project has already is
+        ``GraphThreadExists``; a source this token does not reach is ``NotFound`` (nothing written)."""
+        self._flush_held()  # the copy holds every write this saver was given
+        self._copied(self._call("POST", "/graph-threads/copy", json=self._copy_body(source_thread_id, target_thread_id)))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """LangGraph's ``prune``: ``keep_latest`` keeps each namespace's latest checkpoint and its
+        pending writes; ``delete`` removes every checkpoint. Each thread's session records what went."""
+        self._flush_held()
+        for body in self._prune_bodies(thread_ids, strategy):
+            self._call("POST", "/graph-threads/prune", json=body)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """LangGraph's ``delete_for_runs``: the checkpoints whose metadata ``run_id`` is listed, with
+        their pending writes, in every thread this token reaches."""
+        self._flush_held()
+        for body in self._runs_bodies(run_ids):
+            self._call("POST", "/graph-threads/delete-for-runs", json=body)
+
+    @staticmethod
+    def _copy_body(source_thread_id: str, target_thread_id: str) -> dict[str, Any]:
+        return {"source_thread_id": str(source_thread_id), "target_thread_id": str(target_thread_id)}
+
+    def _copied(self, out: Mapping[str, Any]) -> None:
+        if out.get("runtime_id"):
+            self.runtimes[out["thread_id"]] = out["runtime_id"]
+
+    @staticmethod
+    def _prune_bodies(thread_ids: Sequence[str], strategy: str) -> list[dict[str, Any]]:
+        # At most _IDS_MAX ids per request (the server's bound), each request its own transaction.
+        ids = [str(t) for t in thread_ids]
+        return [{"thread_ids": ids[i:i + _IDS_MAX], "strategy": strategy} for i in range(0, len(ids), _IDS_MAX)]
+
+    @staticmethod
+    def _runs_bodies(run_ids: Sequence[str]) -> list[dict[str, Any]]:
+        ids = [str(r) for r in run_ids]
+        return [{"run_ids": ids[i:i + _IDS_MAX]} for i in range(0, len(ids), _IDS_MAX)]
+
     # ---- BaseCheckpointSaver: async ------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         if self._held:  # held by the sync put_writes (the async one sends at once)
@@ -757,6 +801,24 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             await asyncio.to_thread(self._flush_held)
         await self._acall("DELETE", "/graph-threads", params={"thread_id": str(thread_id)})
         self.runtimes.pop(str(thread_id), None)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        if self._held:
+            await asyncio.to_thread(self._flush_held)
+        self._copied(await self._acall("POST", "/graph-threads/copy",
+                                       json=self._copy_body(source_thread_id, target_thread_id)))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        if self._held:
+            await asyncio.to_thread(self._flush_held)
+        for body in self._prune_bodies(thread_ids, strategy):
+            await self._acall("POST", "/graph-threads/prune", json=body)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        if self._held:
+            await asyncio.to_thread(self._flush_held)
+        for body in self._runs_bodies(run_ids):
+            await self._acall("POST", "/graph-threads/delete-for-runs", json=body)
 
     # ---- the thread's session: interrupts, gates, resume -------------------------------------------------
     def session_of(self, thread_id: str) -> dict[str, Any]:

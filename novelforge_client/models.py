@@ -458,6 +458,26 @@ class GraphCheckpointOut(ResponseModel):
     created_at: datetime
 
 
+class GraphCopyIn(RequestModel):
+    """GraphCopyIn"""
+
+    source_thread_id: str = Field(description='the thread whose history is copied')
+    target_thread_id: str = Field(description="the new thread's id (a thread of the project already: 409 `graph_thread_exists`)")
+
+
+class GraphCopyOut(ResponseModel):
+    """GraphCopyOut"""
+
+    thread_id: str
+    session_id: int = Field(description="the new thread's session, opened with the source session's spec")
+    run_id: int = Field(description="its run 1, holding the copied checkpoints; the thread's next checkpoints follow")
+    runtime_id: int | None = Field(description='its runtime generation 1')
+    source_thread_id: str
+    source_session_id: int
+    checkpoints: int = Field(description='graph checkpoints copied (each a bounded checkpoint of the new run)')
+    writes: int = Field(description='pending writes copied')
+
+
 class GraphDeleteOut(ResponseModel):
     """GraphDeleteOut"""
 
@@ -481,6 +501,13 @@ class GraphPendingWriteOut(ResponseModel):
     fingerprint: str
     serde: str
     data: str
+
+
+class GraphPruneIn(RequestModel):
+    """GraphPruneIn"""
+
+    thread_ids: list[str] = Field(description='the threads to prune; an id the token does not reach is left alone')
+    strategy: Literal["keep_latest", "delete"] = Field(default='keep_latest', description="`keep_latest`: each namespace keeps its latest checkpoint and that checkpoint's pending writes (what the graph and the session's resume continue from); `delete`: every checkpoint and write")
 
 
 class GraphPutIn(RequestModel):
@@ -508,6 +535,29 @@ class GraphPutOut(ResponseModel):
     record_id: int = Field(description='the bounded checkpoint (`GET /checkpoints/{id}`)')
     created: bool = Field(description='false: an identical put was already stored')
     runtime_id: int | None = Field(default=None, description="runtime generation 1's id when this put opened the thread")
+
+
+class GraphRemovedListOut(ResponseModel):
+    """GraphRemovedListOut"""
+
+    threads: list[GraphRemovedOut] = Field(description='each thread reached, in session order')
+
+
+class GraphRemovedOut(ResponseModel):
+    """GraphRemovedOut"""
+
+    thread_id: str
+    session_id: int
+    checkpoints: int = Field(description='graph checkpoints removed (with their bounded checkpoints)')
+    writes: int = Field(description='pending writes removed')
+    channel_versions: int = Field(description='channel versions no remaining checkpoint names, removed (the blobs themselves are project artifacts and stay)')
+    run_ids: list[str] = Field(description='the run ids of the removed checkpoints')
+
+
+class GraphRunsDeleteIn(RequestModel):
+    """GraphRunsDeleteIn"""
+
+    run_ids: list[str] = Field(description='LangGraph run ids (checkpoint metadata `run_id`)')
 
 
 class GraphTaskWritesIn(RequestModel):
@@ -1156,7 +1206,7 @@ class WebhookIn(RequestModel):
     """WebhookIn"""
 
     url: str = Field(description='http(s) URL; its host must resolve to public addresses only (WEBHOOK_ALLOW_PRIVATE)')
-    event_types: list[Literal["artifact.created", "artifact.current_changed", "artifact.version_added", "authority.settled", "checkpoint.recorded", "framework.changed", "handoff.cancelled", "handoff.claimed", "handoff.conflict_resolved", "handoff.created", "handoff.result_conflict", "handoff.result_consumed", "handoff.result_invalid", "handoff.waiting_long", "review.gate_cancelled", "review.gate_completed", "review.gate_opened", "review.packet_claimed", "review.verdict_bound", "run.abort_requested", "run.cursor_advanced", "run.ended", "run.started", "runtime.attached", "runtime.closed", "runtime.lost", "session.binding_invalidated", "session.created", "session.forgotten", "session.resumed", "session.transitioned", "transcript.appended", "write_intent.approval_revoked", "write_intent.approved", "write_intent.created", "write_intent.executed", "write_intent.refused", "write_intent.rejected"] | str] = Field(description='event type names of the catalog, or "*" for every one')
+    event_types: list[Literal["artifact.created", "artifact.current_changed", "artifact.version_added", "authority.settled", "checkpoint.recorded", "framework.changed", "graph.pruned", "graph.runs_deleted", "graph.thread_copied", "handoff.cancelled", "handoff.claimed", "handoff.conflict_resolved", "handoff.created", "handoff.result_conflict", "handoff.result_consumed", "handoff.result_invalid", "handoff.waiting_long", "review.gate_cancelled", "review.gate_completed", "review.gate_opened", "review.packet_claimed", "review.verdict_bound", "run.abort_requested", "run.cursor_advanced", "run.ended", "run.started", "runtime.attached", "runtime.closed", "runtime.lost", "session.binding_invalidated", "session.created", "session.forgotten", "session.resumed", "session.transitioned", "transcript.appended", "write_intent.approval_revoked", "write_intent.approved", "write_intent.created", "write_intent.executed", "write_intent.refused", "write_intent.rejected"] | str] = Field(description='event type names of the catalog, or "*" for every one')
     description: str = Field(default='')
 
 

@@ -427,6 +427,14 @@ class GraphBlobMissing(Conflict):
     words = gettext_noop("Part of the saved graph state is missing: upload it and try again.")
 
 
+class GraphThreadExists(Conflict):
+    """A copy of a graph thread names a target thread id the project already has: a copy opens a
+    new session, never writes into another thread's history."""
+
+    code = "graph_thread_exists"
+    words = gettext_noop("A graph thread with this id exists already: copy to a new id.")
+
+
 class GraphBlobMismatch(ValidationFailed):
     """An uploaded graph blob's chunks do not make the content its fingerprint names (or do not
     agree on its serializer or chunk count): nothing of it is kept."""
@@ -483,7 +491,7 @@ _CATALOGUED: tuple[type[ServiceError], ...] = (
     # reviews
     IndependenceViolation, StaleFingerprint, AlreadyClaimed, VerdictConflict, GateClosed,
     # graph threads
-    GraphCheckpointConflict, GraphBlobMissing, GraphBlobMismatch,
+    GraphCheckpointConflict, GraphBlobMissing, GraphBlobMismatch, GraphThreadExists,
     # the event stream's frames
     MalformedFrame, UnknownFrameType, AlreadyAuthenticated, TooManySubscriptions,
     # webhooks

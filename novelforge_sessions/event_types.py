@@ -82,6 +82,14 @@ RUN_ENDED = _declare("run.ended", "seq state reason")
 RUN_ABORT_REQUESTED = _declare("run.abort_requested", "seq reason")
 CHECKPOINT_RECORDED = _declare("checkpoint.recorded", "checkpoint_id seq boundary cursor")
 
+# ---- graph threads (the LangGraph checkpointer, control/graphs.py) ---------------------------------------
+#: A thread's session opened as a copy of another thread's history (``copy_thread``): on the new session.
+GRAPH_THREAD_COPIED = _declare("graph.thread_copied", "thread_id source_thread_id source_session_id checkpoints writes")
+#: Graph checkpoints removed from a thread (``prune``: ``strategy``; ``delete_for_runs``: ``run_ids``), with what
+#: went: checkpoints, pending writes, channel versions no kept checkpoint names.
+GRAPH_PRUNED = _declare("graph.pruned", "thread_id strategy checkpoints writes channel_versions")
+GRAPH_RUNS_DELETED = _declare("graph.runs_deleted", "thread_id run_ids checkpoints writes channel_versions")
+
 # ---- artifacts ------------------------------------------------------------------------------------
 ARTIFACT_CREATED = _declare("artifact.created", "artifact_id name version fingerprint")
 ARTIFACT_VERSION_ADDED = _declare("artifact.version_added", "artifact_id version fingerprint")

@@ -235,6 +235,52 @@ class GraphDeleteOut(Schema):
     session_id: int | None
 
 
+class GraphCopyIn(Strict):
+    source_thread_id: str = Field(..., min_length=1, max_length=200, description="the thread whose history is copied")
+    target_thread_id: str = Field(..., min_length=1, max_length=200,
+                                  description="the new thread's id (a thread of the project already: 409 `graph_thread_exists`)")
+
+
+class GraphCopyOut(Schema):
+    thread_id: str
+    session_id: int = Field(..., description="the new thread's session, opened with the source session's spec")
+    run_id: int = Field(..., description="its run 1, holding the copied checkpoints; the thread's next checkpoints follow")
+    runtime_id: int | None = Field(..., description="its runtime generation 1")
+    source_thread_id: str
+    source_session_id: int
+    checkpoints: int = Field(..., description="graph checkpoints copied (each a bounded checkpoint of the new run)")
+    writes: int = Field(..., description="pending writes copied")
+
+
+class GraphPruneIn(Strict):
+    thread_ids: list[str] = Field(..., max_length=actions.MAX_THREADS_PER_CALL,
+                                  json_schema_extra={"items": {"type": "string", "minLength": 1, "maxLength": 200}},
+                                  description="the threads to prune; an id the token does not reach is left alone")
+    strategy: Literal[actions.PRUNE_STRATEGIES] = Field(  # type: ignore[valid-type]
+        "keep_latest", description="`keep_latest`: each namespace keeps its latest checkpoint and that checkpoint's "
+        "pending writes (what the graph and the session's resume continue from); `delete`: every checkpoint and write")
+
+
+class GraphRunsDeleteIn(Strict):
+    run_ids: list[str] = Field(..., max_length=actions.MAX_RUN_IDS_PER_CALL,
+                               json_schema_extra={"items": {"type": "string", "minLength": 1, "maxLength": 200}},
+                               description="LangGraph run ids (checkpoint metadata `run_id`)")
+
+
+class GraphRemovedOut(Schema):
+    thread_id: str
+    session_id: int
+    checkpoints: int = Field(..., description="graph checkpoints removed (with their bounded checkpoints)")
+    writes: int = Field(..., description="pending writes removed")
+    channel_versions: int = Field(..., description="channel versions no remaining checkpoint names, removed (the blobs "
+                                  "themselves are project artifacts and stay)")
+    run_ids: list[str] = Field(..., description="the run ids of the removed checkpoints")
+
+
+class GraphRemovedListOut(Schema):
+    threads: list[GraphRemovedOut] = Field(..., description="each thread reached, in session order")
+
+
 def _blob(b: GraphBlobIn | None) -> actions.Blob | None:
     return actions.Blob(serde=b.serde, data=b.data) if b is not None else None
 
@@ -374,3 +420,41 @@ def delete_thread(request: HttpRequest, thread_id: str = Query(..., min_length=1
     refuse_unstorable_text({"thread_id": thread_id}, where="query")
     session_id = actions.delete_thread(caller(request), thread_id)
     return {"deleted": session_id is not None, "session_id": session_id}
+
+
+@router.post(
+    "/graph-threads/copy", response={201: GraphCopyOut, **errors(403, 404, 409)},
+    summary="Copy a graph thread into a new one: a new session with the source's spec, whose history starts from the "
+    "copy (checkpoints, channel versions and pending writes; blobs shared by fingerprint)",
+)
+def copy_thread(request: HttpRequest, body: GraphCopyIn):
+    copied = actions.copy_thread(caller(request), body.source_thread_id, body.target_thread_id)
+    return Status(201, {
+        "thread_id": copied.thread.thread_id, "session_id": copied.thread.session_id, "run_id": copied.run_id,
+        "runtime_id": copied.runtime_id, "source_thread_id": body.source_thread_id,
+        "source_session_id": copied.source_session_id, "checkpoints": copied.checkpoints, "writes": copied.writes,
+    })
+
+
+def _removed(items: list[actions.Removed]) -> dict[str, Any]:
+    return {"threads": [{"thread_id": r.thread_id, "session_id": r.session_id, "checkpoints": r.checkpoints,
+                         "writes": r.writes, "channel_versions": r.channel_versions, "run_ids": list(r.run_ids)}
+                        for r in items]}
+
+
+@router.post(
+    "/graph-threads/prune", response={200: GraphRemovedListOut, **errors(403)},
+    summary="Prune graph threads (LangGraph's strategies; each thread's session records what went in a `graph.pruned` "
+    "event)",
+)
+def prune(request: HttpRequest, body: GraphPruneIn):
+    return _removed(actions.prune(caller(request), body.thread_ids, body.strategy))
+
+
+@router.post(
+    "/graph-threads/delete-for-runs", response={200: GraphRemovedListOut, **errors(403)},
+    summary="Delete the graph checkpoints (and their pending writes) of LangGraph runs, in every thread the token "
+    "reaches (each session records what went in a `graph.runs_deleted` event)",
+)
+def delete_for_runs(request: HttpRequest, body: GraphRunsDeleteIn):
+    return _removed(actions.delete_for_runs(caller(request), body.run_ids))

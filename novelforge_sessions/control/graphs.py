@@ -41,15 +41,18 @@ from novelforge_sessions.access import TOKEN_STILL_VALID_SQL, Caller, recheck_pa
 from novelforge_sessions.actions import runs as run_actions
 from novelforge_sessions.actions import sessions as session_actions
 from novelforge_sessions import commit, events
-from novelforge_sessions.actions.lifecycle import check, live_runtime, lock_session
+from novelforge_sessions import event_types as ev
+from novelforge_sessions.actions.lifecycle import Outbox, check, live_runtime, lock_session
 from novelforge_sessions.actions.runtimes import MAX_LEASE_SECONDS, RuntimeSpec
 from novelforge_sessions.control.checkpoints import ResolvedRefs, record_checkpoint
 from novelforge_sessions.control.models import GraphBlob, GraphBlobChunk, GraphCheckpoint, GraphThread, GraphWrite
 from novelforge_sessions.errors import (
-    GraphBlobMismatch, GraphBlobMissing, GraphCheckpointConflict, NoOpenRun, NotFound, ServiceError, Unauthorized,
-    ValidationFailed,
+    GraphBlobMismatch, GraphBlobMissing, GraphCheckpointConflict, GraphThreadExists, NoOpenRun, NotFound, ServiceError,
+    Unauthorized, ValidationFailed,
 )
-from novelforge_sessions.models import Artifact, ArtifactVersion, Run, Session, content_fingerprint
+from novelforge_sessions.models import (
+    Artifact, ArtifactVersion, Checkpoint, Run, RuntimeAttachment, Session, content_fingerprint,
+)
 
 #: The artifact kind of state blobs, and the prefix of their names (``blob:<fingerprint>``).
 BLOB_KIND = "graph-blob"
@@ -895,3 +898,295 @@ def delete_thread(caller: Caller, thread_id: str) -> int | None:
             session_actions.close_session(caller, session.id, reason="graph thread deleted", runtime_id=attachment.id)
         session_actions.forget_session(caller, session.id)
     return session.id
+
+
+# ---- copy, prune, delete for runs (LangGraph's extended checkpointer capabilities) --------------------------
+#: LangGraph's prune strategies: ``keep_latest`` keeps each namespace's latest checkpoint (what the
+#: graph resumes from) and its pending writes; ``delete`` removes every checkpoint of the thread.
+PRUNE_STRATEGIES = ("keep_latest", "delete")
+#: How many thread ids one prune, and run ids one delete for runs, may name.
+MAX_THREADS_PER_CALL = 200
+MAX_RUN_IDS_PER_CALL = 200
+_CP = Checkpoint._meta.db_table
+_RT = RuntimeAttachment._meta.db_table
+
+
+@dataclass(frozen=True)
+class Copied:
+    """A thread copied into a new one: the new session, its runtime (generation 1) and run, and what was copied."""
+
+    thread: GraphThread
+    run_id: int
+    runtime_id: int | None
+    source_session_id: int
+    checkpoints: int
+    writes: int
+
+
+@dataclass(frozen=True)
+class Removed:
+    """What a prune or a delete for runs removed from one thread (and said in its session's timeline)."""
+
+    thread_id: str
+    session_id: int
+    checkpoints: int
+    writes: int
+    channel_versions: int
+    run_ids: tuple[str, ...] = ()
+
+    @property
+    def anything(self) -> bool:
+        return bool(self.checkpoints or self.writes or self.channel_versions)
+
+
+#: A thread's copy, one statement (one snapshot of the source): the source's graph checkpoints
+#: become bounded checkpoints 1…n of the new session's run 1 (in the order they were recorded,
+#: each with the source's cursor, refs and bindings) with their graph rows, its channel versions
+#: and pending writes are the target's too, and the run's count and cursor follow the last copied
+#: checkpoint. Blobs are project artifacts named by fingerprint: shared, never copied.
+_COPY_THREAD_SQL = f"""
+WITH src AS MATERIALIZED (
+    SELECT o.record_id, o.graph_id, row_number() OVER () AS n,
+           nextval(pg_get_serial_sequence('{_CP}', 'id')) AS new_id
+      FROM (SELECT g.record_id, g.id AS graph_id FROM {_GC} g WHERE g.thread_id = %(source)s ORDER BY g.record_id) o
+), records AS (
+    INSERT INTO {_CP} (id, session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals,
+                       resume_policy, schema_version, size_bytes, created_at, idempotency_key, request_digest)
+    SELECT src.new_id, %(session)s, %(run)s, src.n, c.boundary, c.cursor, c.artifacts, c.authority, c.pending,
+           c.approvals, c.resume_policy, c.schema_version, c.size_bytes, now(), NULL, NULL
+      FROM src JOIN {_CP} c ON c.id = src.record_id
+    RETURNING seq, cursor
+), graphs AS (
+    INSERT INTO {_GC} (thread_id, record_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, metadata, document,
+                       created_at)
+    SELECT %(target)s, src.new_id, g.checkpoint_ns, g.checkpoint_id, g.parent_checkpoint_id, g.metadata, g.document, now()
+      FROM src JOIN {_GC} g ON g.id = src.graph_id
+    RETURNING 1
+), versions AS (
+    INSERT INTO {_GB} (thread_id, checkpoint_ns, channel, version, fingerprint)
+    SELECT %(target)s, b.checkpoint_ns, b.channel, b.version, b.fingerprint FROM {_GB} b WHERE b.thread_id = %(source)s
+    RETURNING 1
+), writes AS (
+    INSERT INTO {_GW} (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value_id, created_at)
+    SELECT %(target)s, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.task_path, w.idx, w.channel, w.value_id, now()
+      FROM {_GW} w WHERE w.thread_id = %(source)s
+    RETURNING 1
+), run AS (
+    UPDATE {_RUN} r SET checkpoint_count = (SELECT count(*) FROM src),
+           cursor = COALESCE((SELECT x.cursor FROM records x ORDER BY x.seq DESC LIMIT 1), r.cursor)
+     WHERE r.id = %(run)s
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM graphs), (SELECT count(*) FROM writes), (SELECT count(*) FROM versions),
+       (SELECT count(*) FROM run)
+"""
+
+
+def copy_thread(caller: Caller, source_thread_id: str, target_thread_id: str) -> Copied:
+    """Copy a thread's history into a new thread: a new session, opened as a new thread is (runtime
+    generation 1, run 1) with the source session's spec (role, memory policy, task mode, runtime
+    family; the capabilities and lease of its latest runtime), whose history starts from the copy:
+    every graph checkpoint (as a bounded checkpoint of run 1, citing the same blobs), channel
+    version and pending write of the source. One transaction; the source is not changed.
+
+    Refusals, writing nothing: invalid ids (422) → a token bound to a session (403: opening a
+    thread opens a session) → the source is not a thread in the caller's reach (404) → the
+    target id is a thread of the project already (409 ``graph_thread_exists``)."""
+    caller.require("write")
+    _name(source_thread_id, "source_thread_id")
+    _name(target_thread_id, "target_thread_id")
+    with transaction.atomic():
+        source = find_thread(caller, source_thread_id)
+        if source is None:
+            raise NotFound("graph thread not found", thread_id=source_thread_id)
+        if GraphThread.objects.filter(project_id=source.project_id, thread_id=target_thread_id).exists():
+            raise GraphThreadExists("a graph thread with this id exists already: a copy opens a new one",
+                                    thread_id=target_thread_id)
+        origin = source.session
+        runtime = RuntimeAttachment.objects.filter(session_id=origin.id).order_by("-generation").first()
+        spec = ThreadSpec(role=origin.role, memory_policy=origin.memory_policy, task_mode=origin.task_mode,
+                          runtime_family=origin.runtime_family,
+                          capabilities=list(runtime.capabilities) if runtime is not None else [],
+                          lease_seconds=runtime.lease_seconds if runtime is not None else None)
+        thread, runtime_id = _open_thread(caller, target_thread_id, spec)
+        if runtime_id is None:  # another request opened the target first
+            raise GraphThreadExists("a graph thread with this id exists already: a copy opens a new one",
+                                    thread_id=target_thread_id)
+        run_id = Run.objects.filter(session_id=thread.session_id, state=rt.RunState.OPEN.value).values_list(
+            "id", flat=True).get()
+        [(checkpoints, writes, _, _)] = commit.fetch_prepared(_COPY_THREAD_SQL, {
+            "source": source.id, "target": thread.id, "session": thread.session_id, "run": run_id,
+        })
+        outbox = Outbox(caller.label)
+        outbox.add(thread.session, ev.GRAPH_THREAD_COPIED, run_id=run_id, thread_id=target_thread_id,
+                   source_thread_id=source_thread_id, source_session_id=origin.id, checkpoints=checkpoints,
+                   writes=writes)
+        outbox.flush()
+    return Copied(thread, run_id, runtime_id, origin.id, checkpoints, writes)
+
+
+#: The sessions of the caller's threads a removal may touch (no lock: their ordering locks are
+#: taken next, then this statement's rows are locked again), ``{where}`` on the thread ``t``.
+_THREADS_IN_REACH_SQL = f"""
+SELECT DISTINCT t.session_id FROM {_GT} t
+ WHERE t.project_id = ANY(%(projects)s) AND (%(bound)s::bigint IS NULL OR t.session_id = %(bound)s::bigint)
+   AND {{where}}
+"""
+#: Those threads' sessions locked (after their ordering locks, in id order: two removals never
+#: wait on each other in a cycle), still in reach.
+_LOCK_THREADS_SQL = f"""
+SELECT t.id, t.thread_id, s.id, s.project_id FROM {_GT} t JOIN {Session._meta.db_table} s ON s.id = t.session_id
+ WHERE t.session_id = ANY(%(sessions)s) AND t.project_id = ANY(%(projects)s)
+   AND (%(bound)s::bigint IS NULL OR t.session_id = %(bound)s::bigint)
+ ORDER BY s.id
+   FOR UPDATE OF s
+"""
+
+
+def _lock_threads(caller: Caller, where: str, params: dict[str, Any]) -> list[tuple[int, str, int, int]]:
+    """Lock the sessions of the caller's threads matching ``where`` (SQL on the thread ``t``):
+    (thread pk, thread id, session id, project id), in session order; none when it reaches none."""
+    reach = {"projects": list(caller.project_ids), "bound": caller.session_id}
+    sessions = [r[0] for r in commit.fetch_prepared(_THREADS_IN_REACH_SQL.format(where=where), {**params, **reach})]
+    if not sessions:
+        return []
+    events.order_lock(*sessions)
+    return [tuple(r) for r in commit.fetch_prepared(_LOCK_THREADS_SQL, {"sessions": sessions, **reach})]
+
+
+#: Remove graph checkpoints of locked threads, one statement: ``doomed`` (the checkpoints that
+#: go, ``{doomed}`` on ``c``) and their graph rows; the pending writes ``{writes}`` names (on
+#: ``w``, with ``kept``: each namespace's latest surviving checkpoint id); their bounded
+#: checkpoint records, except one a later run resumed from (that run's provenance stays; the
+#: record outlives its graph row, as a wait's checkpoint has none); and the channel versions no
+#: surviving checkpoint names (a future put finds an unchanged channel at a version its parent
+#: names). Blobs stay: they are project artifacts. Per thread: (pk, checkpoints, writes,
+#: channel versions, the run ids of the removed checkpoints).
+_REMOVE_SQL = f"""
+WITH doomed AS MATERIALIZED (
+    SELECT c.id, c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.record_id, c.metadata ->> 'run_id' AS run_id
+      FROM {_GC} c
+     WHERE c.thread_id = ANY(%(threads)s) AND {{doomed}}
+), kept AS MATERIALIZED (
+    SELECT c.thread_id, c.checkpoint_ns, max(c.checkpoint_id) AS checkpoint_id FROM {_GC} c
+     WHERE c.thread_id = ANY(%(threads)s) AND c.id NOT IN (SELECT d.id FROM doomed d)
+     GROUP BY c.thread_id, c.checkpoint_ns
+), named AS MATERIALIZED (
+    SELECT c.thread_id, c.checkpoint_ns, e.key AS channel, e.value AS version FROM {_GC} c
+     CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(c.document -> 'channel_versions') = 'object'
+                                        THEN c.document -> 'channel_versions' ELSE '{{{{}}}}'::jsonb END) e
+     WHERE c.thread_id = ANY(%(threads)s) AND c.id NOT IN (SELECT d.id FROM doomed d)
+), graphs AS (
+    DELETE FROM {_GC} c USING doomed d WHERE c.id = d.id RETURNING c.thread_id
+), records AS (
+    DELETE FROM {_CP} x USING doomed d WHERE x.id = d.record_id
+       AND NOT EXISTS (SELECT 1 FROM {_RUN} r WHERE r.resumed_from_id = x.id)
+    RETURNING x.id
+), writes AS (
+    DELETE FROM {_GW} w WHERE w.thread_id = ANY(%(threads)s) AND ({{writes}})
+    RETURNING w.thread_id
+), versions AS (
+    DELETE FROM {_GB} b WHERE b.thread_id = ANY(%(threads)s)
+       AND NOT EXISTS (SELECT 1 FROM named n WHERE n.thread_id = b.thread_id AND n.checkpoint_ns = b.checkpoint_ns
+                                              AND n.channel = b.channel AND n.version = b.version::jsonb)
+    RETURNING b.thread_id
+)
+SELECT t.id,
+       (SELECT count(*) FROM graphs g WHERE g.thread_id = t.id),
+       (SELECT count(*) FROM writes w WHERE w.thread_id = t.id),
+       (SELECT count(*) FROM versions v WHERE v.thread_id = t.id),
+       (SELECT coalesce(array_agg(DISTINCT d.run_id ORDER BY d.run_id) FILTER (WHERE d.run_id IS NOT NULL), '{{{{}}}}')
+          FROM doomed d WHERE d.thread_id = t.id),
+       (SELECT count(*) FROM records)
+  FROM unnest(%(threads)s::bigint[]) AS t(id)
+"""
+#: What each removal removes: (the checkpoints that go, the pending writes that go).
+_REMOVALS = {
+    # every checkpoint but each namespace's latest, and the writes keyed below it (its own stay,
+    # and so do writes of a checkpoint not landed yet: graphs store checkpoints in the background)
+    "keep_latest": ("EXISTS (SELECT 1 FROM {gc} l WHERE l.thread_id = c.thread_id AND l.checkpoint_ns = c.checkpoint_ns "
+                    "AND l.checkpoint_id > c.checkpoint_id)",
+                    "EXISTS (SELECT 1 FROM kept k WHERE k.thread_id = w.thread_id AND k.checkpoint_ns = w.checkpoint_ns "
+                    "AND w.checkpoint_id < k.checkpoint_id)"),
+    "delete": ("true", "true"),
+    # the checkpoints LangGraph's metadata says these runs wrote, and their writes
+    "runs": ("c.metadata ->> 'run_id' = ANY(%(run_ids)s)",
+             "EXISTS (SELECT 1 FROM doomed d WHERE d.thread_id = w.thread_id AND d.checkpoint_ns = w.checkpoint_ns "
+             "AND d.checkpoint_id = w.checkpoint_id)"),
+}
+_REMOVE_SQLS = {kind: _REMOVE_SQL.format(doomed=doomed.format(gc=_GC), writes=writes.format(gc=_GC))
+                for kind, (doomed, writes) in _REMOVALS.items()}
+
+
+def _remove(kind: str, locked: list[tuple[int, str, int, int]], params: dict[str, Any]) -> list[tuple[Removed, Session]]:
+    """Run removal ``kind`` on the locked threads: what went from each, with its session (for its event)."""
+    if not locked:
+        return []
+    rows = {r[0]: r for r in commit.fetch_prepared(_REMOVE_SQLS[kind], {**params, "threads": [t[0] for t in locked]})}
+    removed = []
+    for pk, thread_id, session_id, project_id in locked:
+        _, checkpoints, writes, versions, run_ids, _ = rows[pk]
+        removed.append((Removed(thread_id, session_id, checkpoints, writes, versions, tuple(run_ids)),
+                        Session(id=session_id, project_id=project_id)))
+    return removed
+
+
+def _counts(item: Removed) -> dict[str, Any]:
+    return {"thread_id": item.thread_id, "checkpoints": item.checkpoints, "writes": item.writes,
+            "channel_versions": item.channel_versions}
+
+
+def prune(caller: Caller, thread_ids: list[str], strategy: str = "keep_latest") -> list[Removed]:
+    """Prune the caller's threads among ``thread_ids`` (LangGraph's ``prune``): ``keep_latest``
+    keeps each namespace's latest checkpoint with its pending writes (what the graph, and the
+    session's resume, continue from); ``delete`` removes every checkpoint and write of the thread
+    (the session stays: its next put starts a fresh history). Channel versions no kept checkpoint
+    names go too; blobs stay (project artifacts). One transaction under the threads' session
+    locks; each thread that lost something says so in its session's timeline (``graph.pruned``).
+    A thread id the caller does not reach is left alone, as one that does not exist: nothing is
+    written for it. Returns what went, per thread reached."""
+    caller.require("write")
+    if strategy not in PRUNE_STRATEGIES:
+        raise ValidationFailed(f"strategy is one of {', '.join(PRUNE_STRATEGIES)}", field="strategy")
+    ids = _ids(thread_ids, "thread_ids", MAX_THREADS_PER_CALL)
+    if not ids:
+        return []
+    with transaction.atomic():
+        removed = _remove(strategy, _lock_threads(caller, "t.thread_id = ANY(%(ids)s)", {"ids": ids}), {})
+        outbox = Outbox(caller.label)
+        for item, session in removed:
+            if item.anything:
+                outbox.add(session, ev.GRAPH_PRUNED, strategy=strategy, **_counts(item))
+        if outbox.items:
+            outbox.flush()
+    return [item for item, _ in removed]
+
+
+def delete_for_runs(caller: Caller, run_ids: list[str]) -> list[Removed]:
+    """Delete the graph checkpoints whose metadata ``run_id`` is among ``run_ids``, in every thread
+    the caller reaches, with their pending writes (LangGraph's ``delete_for_runs``); channel
+    versions no remaining checkpoint names go too. One transaction; each thread that lost
+    something says so in its session's timeline (``graph.runs_deleted``). Returns what went, per
+    thread."""
+    caller.require("write")
+    ids = _ids(run_ids, "run_ids", MAX_RUN_IDS_PER_CALL)
+    if not ids:
+        return []
+    with transaction.atomic():
+        locked = _lock_threads(
+            caller, f"t.id IN (SELECT c.thread_id FROM {_GC} c WHERE c.metadata ->> 'run_id' = ANY(%(run_ids)s))",
+            {"run_ids": ids})
+        removed = _remove("runs", locked, {"run_ids": ids})
+        outbox = Outbox(caller.label)
+        for item, session in removed:
+            if item.anything:
+                outbox.add(session, ev.GRAPH_RUNS_DELETED, run_ids=list(item.run_ids), **_counts(item))
+        if outbox.items:
+            outbox.flush()
+    return [item for item, _ in removed]
+
+
+def _ids(values: list[str], field_name: str, limit: int) -> list[str]:
+    if not isinstance(values, list) or len(values) > limit:
+        raise ValidationFailed(f"{field_name} is a list of at most {limit} ids", field=field_name, limit=limit)
+    return sorted({_name(v, f"{field_name}[{i}]") for i, v in enumerate(values)})

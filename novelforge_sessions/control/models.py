@@ -15,6 +15,7 @@ from __future__ import annotations
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
+from django.db.models.fields.json import KT
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
@@ -378,6 +379,8 @@ class GraphCheckpoint(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["thread", "checkpoint_ns", "checkpoint_id"], name="graph_cp_unique_id"),
         ]
+        # ``delete_for_runs`` finds a run's checkpoints by the run id LangGraph puts in their metadata.
+        indexes = [models.Index(KT("metadata__run_id"), name="graph_cp_run_id")]
 
 
 class GraphBlob(models.Model):

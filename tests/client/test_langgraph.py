@@ -1,7 +1,7 @@
 """The LangGraph checkpointer against a live server (real daphne + PostgreSQL).
 
-LangGraph's own conformance suite (``langgraph-checkpoint-conformance``) must report every
-base capability passed; a graph with ``interrupt()`` pauses as a review gate, a reviewer binds
+LangGraph's own conformance suite (``langgraph-checkpoint-conformance``) must report all eight
+capabilities detected and passed (the five base ones, and copy_thread, prune, delete_for_runs); a graph with ``interrupt()`` pauses as a review gate, a reviewer binds
 a verdict through the API, and the graph resumes through the session's resume revalidation.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import httpx
 import pytest
 from django.utils import timezone
 from langgraph.checkpoint.conformance import checkpointer_test, validate
-from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES
+from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES, BASE_CAPABILITIES, EXTENDED_CAPABILITIES
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
 
 from django.conf import settings
@@ -51,7 +51,7 @@ def graph_token(project) -> str:
     return create_token(project, name="graph", permissions=["read", "write"])[1]
 
 
-def test_langgraph_conformance_reports_every_base_capability_passed(graph_server, graph_token):
+def test_langgraph_conformance_reports_all_eight_capabilities_passed(graph_server, graph_token):
     @checkpointer_test(name="NovelForgeSaver")
     async def novelforge_saver():
         saver = NovelForgeSaver(url=graph_server.url, token=graph_token)
@@ -66,11 +66,12 @@ def test_langgraph_conformance_reports_every_base_capability_passed(graph_server
 
     report = asyncio.run(validate(novelforge_saver, progress=ProgressCallbacks(on_test_result=on_result)))
     assert failures == []
-    for capability in BASE_CAPABILITIES:
+    assert ALL_CAPABILITIES == BASE_CAPABILITIES | EXTENDED_CAPABILITIES and len(ALL_CAPABILITIES) == 8
+    for capability in ALL_CAPABILITIES:  # the five base ones and copy_thread, prune, delete_for_runs
         result = report.results[capability.value]
         assert result.detected and result.passed, (capability, result)
-        assert result.tests_passed > 0 and result.tests_failed == 0
-    assert report.passed_all_base()
+        assert result.tests_passed > 0 and result.tests_failed == 0, (capability, result)
+    assert report.passed_all_base() and report.passed_all()
     # Every thread the suite opened is a session; its checkpoints are bounded ones citing blobs.
     graphs = GraphCheckpoint.objects.select_related("record", "thread__session")
     assert graphs.exists()
