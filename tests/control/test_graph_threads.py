@@ -646,3 +646,210 @@ def test_a_put_and_the_writes_it_carries_are_stored_together_or_not_at_all(write
         assert resp.json()["error"]["details"]["field"].startswith("writes.0.writes.0") or \
             resp.json()["error"]["details"]["field"].startswith("writes[0].writes[0]"), resp.content
     before.assert_unchanged()
+
+
+# ---- copy, prune, delete for runs -------------------------------------------------------------------------
+def texts(item: dict[str, Any]) -> dict[str, str]:
+    return {ch: base64.b64decode(b["data"]).decode() for ch, b in item["blobs"].items()}
+
+
+def history(api: Api, thread: str = "t-1") -> None:
+    """A thread with two namespaces: root 0001 → 0002 → 0003 (``draft`` changes each time, ``notes``
+    never), child:1 c001 → c002; a pending write on 0001 and on the latest 0003."""
+    ok(api.post("/graph-threads/checkpoints", put_body(thread, "0001", blobs={"draft": "d1", "notes": "n"})), 201)
+    ok(api.post("/graph-threads/checkpoints", put_body(thread, "0002", "0001", versions={"draft": 2, "notes": 1},
+                                                       blobs={"draft": "d2"})), 201)
+    for cp, parent, value in (("c001", None, "c1"), ("c002", "c001", "c2")):
+        body = put_body(thread, cp, parent, versions={"child": int(cp[-1])}, blobs={"child": value})
+        body["checkpoint_ns"] = "child:1"
+        ok(api.post("/graph-threads/checkpoints", body), 201)
+    ok(api.post("/graph-threads/checkpoints", put_body(thread, "0003", "0002", versions={"draft": 3, "notes": 1},
+                                                       blobs={"draft": "d3"})), 201)
+    for cp in ("0001", "0003"):
+        ok(api.post("/graph-threads/writes", {"thread_id": thread, "checkpoint_id": cp, "task_id": f"task-{cp}",
+                                              "writes": [{"idx": 0, "channel": "draft", "value": blob(f"w{cp}")}]}))
+
+
+def graph_events(session_id: int, type_: str) -> list[dict[str, Any]]:
+    from novelforge_sessions.models import Event
+
+    return [e.payload for e in Event.objects.filter(session_id=session_id, type=type_).order_by("id")]
+
+
+def test_a_copy_is_a_new_session_with_the_source_s_spec_whose_history_starts_from_the_copy(writer):
+    history(writer)
+    source = GraphThread.objects.get(thread_id="t-1")
+    blobs_before = Artifact.objects.filter(kind="graph-blob").count()
+    source_rows = sorted(GraphCheckpoint.objects.filter(thread=source).values_list(
+        "checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "metadata", "document"))
+    out = ok(writer.post("/graph-threads/copy", {"source_thread_id": "t-1", "target_thread_id": "t-copy"}), 201)
+    assert (out["checkpoints"], out["writes"], out["source_session_id"]) == (5, 2, source.session_id)
+    copy = Session.objects.get(id=out["session_id"])
+    origin = source.session
+    assert copy.id != origin.id and copy.status == "running" and copy.provider_metadata == {"graph_thread_id": "t-copy"}
+    assert (copy.role, copy.memory_policy, copy.task_mode, copy.runtime_family) == (
+        origin.role, origin.memory_policy, origin.task_mode, origin.runtime_family)
+    assert copy.runtimes.get().id == out["runtime_id"] and copy.runtimes.get().generation == 1
+    [run] = Run.objects.filter(session=copy)
+    assert run.id == out["run_id"] and run.seq == 1 and run.checkpoint_count == 5
+    # every checkpoint of the source is a bounded checkpoint of the copy's run, in the order recorded
+    records = list(Checkpoint.objects.filter(session=copy).order_by("id"))
+    assert [r.seq for r in records] == [1, 2, 3, 4, 5] and {r.run_id for r in records} == {run.id}
+    assert [r.cursor["graph"]["checkpoint_id"] for r in records] == ["0001", "0002", "c001", "c002", "0003"]
+    assert run.cursor == records[-1].cursor
+    assert sorted(GraphCheckpoint.objects.filter(thread__thread_id="t-copy").values_list(
+        "checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "metadata", "document")) == source_rows
+    # …read back as the source's (values shared by fingerprint: no blob stored again)
+    for ns in ("", "child:1"):
+        assert [(i["checkpoint_id"], texts(i), [w["task_id"] for w in i["pending_writes"]])
+                for i in get(writer, thread_id="t-copy", checkpoint_ns=ns)] == [
+            (i["checkpoint_id"], texts(i), [w["task_id"] for w in i["pending_writes"]])
+            for i in get(writer, thread_id="t-1", checkpoint_ns=ns)]
+    assert Artifact.objects.filter(kind="graph-blob").count() == blobs_before
+    assert graph_events(copy.id, "graph.thread_copied") == [{
+        "thread_id": "t-copy", "source_thread_id": "t-1", "source_session_id": origin.id, "checkpoints": 5, "writes": 2}]
+    # The copy goes on from its latest checkpoint: an unchanged channel is found at its copied version.
+    nxt = ok(writer.post("/graph-threads/checkpoints", put_body("t-copy", "0004", "0003", versions={"draft": 4, "notes": 1},
+                                                                blobs={"draft": "d4"}, open_=False)), 201)
+    assert nxt["run_id"] == run.id and Checkpoint.objects.get(id=nxt["record_id"]).seq == 6
+    assert texts(get(writer, thread_id="t-copy", checkpoint_ns="")[0]) == {"draft": "d4", "notes": "n"}
+    assert [i["checkpoint_id"] for i in get(writer, thread_id="t-1", checkpoint_ns="")] == ["0003", "0002", "0001"]
+
+
+def test_a_copy_refused_writes_nothing(project, writer, reader, outsider):
+    history(writer)
+    ok(writer.post("/graph-threads/checkpoints", put_body("t-2")), 201)
+    own = token_api(project, "thread-1", ["read", "write"], GraphThread.objects.get(thread_id="t-1").session_id)
+    other = token_api(project, "thread-2", ["read", "write"], GraphThread.objects.get(thread_id="t-2").session_id)
+    before = snapshot()
+    body = {"source_thread_id": "t-1", "target_thread_id": "t-new"}
+    refused(writer.post("/graph-threads/copy", {**body, "target_thread_id": "t-2"}), 409, "graph_thread_exists")
+    refused(outsider.post("/graph-threads/copy", body), 404, "not_found")  # another project's token
+    refused(other.post("/graph-threads/copy", body), 404, "not_found")  # bound to another session
+    refused(own.post("/graph-threads/copy", body), 403, "forbidden")  # bound: opens no session, not even a copy
+    refused(reader.post("/graph-threads/copy", body), 403, "forbidden")
+    refused(writer.post("/graph-threads/copy", {**body, "source_thread_id": "nope"}), 404, "not_found")
+    before.assert_unchanged()
+
+
+def test_prune_keep_latest_keeps_what_resume_needs_and_says_what_went(writer):
+    history(writer)
+    thread = GraphThread.objects.get(thread_id="t-1")
+    session_id = thread.session_id
+    latest = GraphCheckpoint.objects.get(thread=thread, checkpoint_id="0003")
+    out = ok(writer.post("/graph-threads/prune", {"thread_ids": ["t-1", "not-a-thread"], "strategy": "keep_latest"}))
+    # 0001, 0002 and c001 went; the write on 0001; draft's versions 1 and 2, child's version 1
+    assert out == {"threads": [{"thread_id": "t-1", "session_id": session_id, "checkpoints": 3, "writes": 1,
+                                "channel_versions": 3, "run_ids": []}]}
+    assert [i["checkpoint_id"] for i in get(writer, thread_id="t-1", checkpoint_ns="")] == ["0003"]
+    assert [i["checkpoint_id"] for i in get(writer, thread_id="t-1", checkpoint_ns="child:1")] == ["c002"]
+    [item] = get(writer, thread_id="t-1", checkpoint_ns="")
+    assert texts(item) == {"draft": "d3", "notes": "n"}  # notes, unchanged since 0001, still loads
+    assert [base64.b64decode(w["data"]).decode() for w in item["pending_writes"]] == ["w0003"]
+    assert sorted(Checkpoint.objects.filter(session_id=session_id).values_list("id", flat=True)) == sorted(
+        GraphCheckpoint.objects.filter(thread=thread).values_list("record_id", flat=True))
+    assert graph_events(session_id, "graph.pruned") == [{"thread_id": "t-1", "strategy": "keep_latest", "checkpoints": 3,
+                                                         "writes": 1, "channel_versions": 3}]
+    # The session resumes from the latest checkpoint, and the graph goes on from it.
+    ok(writer.post(f"/sessions/{session_id}/close", {}))
+    report = ok(writer.post(f"/sessions/{session_id}/resume", {"runtime": {"runtime_family": "langgraph"}}))
+    assert report["ok"] and report["checkpoint_id"] == latest.record_id
+    ok(writer.post("/graph-threads/checkpoints", put_body("t-1", "0004", "0003", versions={"draft": 4, "notes": 1},
+                                                          blobs={"draft": "d4"}, open_=False)), 201)
+    assert texts(get(writer, thread_id="t-1", checkpoint_ns="")[0]) == {"draft": "d4", "notes": "n"}
+    # Pruned again: 0003's graph row goes, but its record stays, the run resumed from it.
+    resumed = Run.objects.get(id=report["run_id"])
+    assert ok(writer.post("/graph-threads/prune", {"thread_ids": ["t-1"]}))["threads"][0]["checkpoints"] == 1
+    assert Checkpoint.objects.filter(id=latest.record_id).exists()
+    resumed.refresh_from_db()
+    assert resumed.resumed_from_id == latest.record_id
+    # nothing more to prune: no event says otherwise
+    assert ok(writer.post("/graph-threads/prune", {"thread_ids": ["t-1"]}))["threads"][0]["checkpoints"] == 0
+    assert len(graph_events(session_id, "graph.pruned")) == 2
+
+
+def test_prune_delete_removes_every_checkpoint_and_the_thread_starts_afresh(writer):
+    history(writer)
+    session_id = GraphThread.objects.get(thread_id="t-1").session_id
+    out = ok(writer.post("/graph-threads/prune", {"thread_ids": ["t-1"], "strategy": "delete"}))
+    # every checkpoint (5), write (2) and channel version (draft 1–3, notes 1, child 1–2)
+    assert out == {"threads": [{"thread_id": "t-1", "session_id": session_id, "checkpoints": 5, "writes": 2,
+                                "channel_versions": 6, "run_ids": []}]}
+    assert get(writer, thread_id="t-1") == []
+    assert not Checkpoint.objects.filter(session_id=session_id).exists() and not GraphWrite.objects.exists()
+    assert Session.objects.get(id=session_id).status == "running"  # the session stays
+    assert Artifact.objects.filter(kind="graph-blob").count() == 8  # blobs are project artifacts: 6 values, 2 writes
+    ok(writer.post("/graph-threads/checkpoints", put_body("t-1", "0009", blobs={"draft": "again"}, open_=False)), 201)
+    assert [i["checkpoint_id"] for i in get(writer, thread_id="t-1")] == ["0009"]
+    refused(writer.post("/graph-threads/prune", {"thread_ids": ["t-1"], "strategy": "everything"}), 422,
+            "validation_error")
+
+
+def test_prune_and_delete_for_runs_by_another_project_or_a_bound_token_of_another_session_remove_nothing(
+        project, writer, reader, outsider):
+    history(writer)
+    body = put_body("t-1", "r001", "0003", versions={"draft": 3, "notes": 1})
+    body["metadata"] = {"source": "loop", "step": 9, "run_id": "run-a"}
+    ok(writer.post("/graph-threads/checkpoints", body), 201)
+    ok(writer.post("/graph-threads/checkpoints", put_body("t-2")), 201)
+    other = token_api(project, "thread-2", ["read", "write"], GraphThread.objects.get(thread_id="t-2").session_id)
+    before = snapshot()
+    for api in (outsider, other):
+        assert ok(api.post("/graph-threads/prune", {"thread_ids": ["t-1"], "strategy": "delete"})) == {"threads": []}
+        assert ok(api.post("/graph-threads/delete-for-runs", {"run_ids": ["run-a"]})) == {"threads": []}
+    refused(reader.post("/graph-threads/prune", {"thread_ids": ["t-1"]}), 403, "forbidden")
+    refused(reader.post("/graph-threads/delete-for-runs", {"run_ids": ["run-a"]}), 403, "forbidden")
+    before.assert_unchanged()
+    # the thread's own bound token reaches it
+    own = token_api(project, "thread-1", ["read", "write"], GraphThread.objects.get(thread_id="t-1").session_id)
+    assert ok(own.post("/graph-threads/delete-for-runs", {"run_ids": ["run-a"]}))["threads"][0]["checkpoints"] == 1
+
+
+def test_delete_for_runs_removes_the_runs_checkpoints_and_their_writes_in_every_thread(writer):
+    for thread in ("t-1", "t-2"):
+        for cp, parent, run in (("0001", None, "run-a"), ("0002", "0001", "run-b"), ("0003", "0002", "run-c")):
+            body = put_body(thread, cp, parent, versions={"draft": int(cp[-1])}, blobs={"draft": f"{thread} {cp}"})
+            body["metadata"] = {"source": "loop", "step": int(cp[-1]), "run_id": run}
+            ok(writer.post("/graph-threads/checkpoints", body), 201)
+            ok(writer.post("/graph-threads/writes", {"thread_id": thread, "checkpoint_id": cp, "task_id": "t",
+                                                     "writes": [{"idx": 0, "channel": "c", "value": blob(cp)}]}))
+    out = ok(writer.post("/graph-threads/delete-for-runs", {"run_ids": ["run-b", "run-c", "run-unknown"]}))
+    assert [(t["thread_id"], t["checkpoints"], t["writes"], t["channel_versions"], t["run_ids"]) for t in out["threads"]] == [
+        ("t-1", 2, 2, 2, ["run-b", "run-c"]), ("t-2", 2, 2, 2, ["run-b", "run-c"])]
+    for thread in ("t-1", "t-2"):
+        [item] = get(writer, thread_id=thread)
+        assert item["checkpoint_id"] == "0001" and item["metadata"]["run_id"] == "run-a"
+        assert texts(item) == {"draft": f"{thread} 0001"} and len(item["pending_writes"]) == 1
+        session_id = GraphThread.objects.get(thread_id=thread).session_id
+        assert graph_events(session_id, "graph.runs_deleted") == [{
+            "thread_id": thread, "run_ids": ["run-b", "run-c"], "checkpoints": 2, "writes": 2, "channel_versions": 2}]
+    assert GraphWrite.objects.count() == 2 and Checkpoint.objects.count() == 2
+    assert ok(writer.post("/graph-threads/delete-for-runs", {"run_ids": []})) == {"threads": []}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prunes_racing_a_thread_s_puts_leave_its_latest_checkpoint_loadable(project):
+    """Eight puts of one thread (a chain, each from the one before) race four keep_latest prunes:
+    each answered, never a 500; the session lock orders them, so every prune sees whole puts, and
+    the chain's last checkpoint survives whole (its record, its values)."""
+    api_token = token_api(project, "writer", ["read", "write"]).token
+    assert Api(api_token).post("/graph-threads/checkpoints", put_body("busy", "0000", blobs={"draft": "d0", "notes": "n"})
+                               ).status_code == 201
+
+    def put(i: int) -> int:
+        resp = Api(api_token).post("/graph-threads/checkpoints", put_body(
+            "busy", f"000{i}", f"000{i - 1}", versions={"draft": i + 1, "notes": 1}, blobs={"draft": f"d{i}"}, open_=False))
+        assert resp.status_code == 201, resp.content
+        return resp.status_code
+
+    def prune(_: int) -> int:
+        resp = Api(api_token).post("/graph-threads/prune", {"thread_ids": ["busy"]})
+        assert resp.status_code == 200, resp.content
+        return resp.json()["threads"][0]["checkpoints"]
+
+    results = oks(race([*[lambda i=i: put(i) for i in range(1, 9)], *[lambda i=i: prune(i) for i in range(4)]]))
+    assert len(results) == 12
+    assert sum(results[8:]) + GraphCheckpoint.objects.count() == 9  # each checkpoint pruned once, or still here
+    [latest] = get(Api(api_token), thread_id="busy")[:1]
+    assert latest["checkpoint_id"] == "0008" and texts(latest) == {"draft": "d8", "notes": "n"}
+    assert Checkpoint.objects.filter(id=latest["record_id"]).exists()
