@@ -16,7 +16,10 @@ In LangGraph's terms, and ours:
   session's resume revalidation (framework, authority, artifact fingerprints, approvals, the gate's
   verdict, …), then runtime generation N+1 and a new run that takes the graph's next checkpoints;
   a refused resume raises with the report;
-* ``delete_thread`` closes the session's runtime and forgets the session.
+* ``delete_thread`` closes the session's runtime and forgets the session;
+* ``copy_thread`` opens a new session holding a copy of the thread's history (values shared by
+  fingerprint); ``prune`` (``keep_latest``, ``delete``) and ``delete_for_runs`` remove
+  checkpoints, each session recording what went.
 
 Usage::
 
@@ -25,8 +28,8 @@ Usage::
     graph = builder.compile(checkpointer=saver)
     graph.invoke(inputs, {"configurable": {"thread_id": "chapter-3"}})
 
-Sync and async (``aget_tuple``, ``alist``, ``aput``, ``aput_writes``, ``adelete_thread``) share one
-request builder. Requests go over the client's keep-alive ``http.client`` connections
+Sync and async (``aget_tuple``, ``alist``, ``aput``, ``aput_writes``, ``adelete_thread``,
+``acopy_thread``, ``aprune``, ``adelete_for_runs``) share one request builder. Requests go over the client's keep-alive ``http.client`` connections
 (:mod:`novelforge_client._wire`, as :class:`~novelforge_client.Client` sends them: a graph saves a
 checkpoint every superstep, on the machine of the service and its database, and ``httpx``'s
 general-purpose request machinery was most of the saver's CPU per superstep); through ``httpx``

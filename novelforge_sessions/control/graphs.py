@@ -15,7 +15,12 @@ Built for LangGraph's checkpointer interface (``novelforge_client.langgraph``), 
   its value a blob too; ``(task_id, idx)`` is stored once (LangGraph's special channels, negative
   ``idx``, keep their latest value);
 * **deleting a thread** closes the session's live runtime and forgets the session (its runs,
-  checkpoints and graph rows); blobs are project artifacts and stay.
+  checkpoints and graph rows); blobs are project artifacts and stay;
+* **copying a thread** opens a new session (the source's spec) whose run 1 holds a copy of the
+  source's history, blobs shared by fingerprint; **pruning** (``keep_latest``: each namespace's
+  latest checkpoint and its writes stay; ``delete``) and **deleting for runs** remove graph
+  checkpoints with their bounded checkpoints, writes and unnamed channel versions, and say so in
+  the session's timeline.
 
 Resuming a thread is resuming its session (``control/resume.py``): the revalidation report
 decides, then generation N+1 and a new run take the thread's next checkpoints.
