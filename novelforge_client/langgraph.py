@@ -16,7 +16,13 @@ In LangGraph's terms, and ours:
   session's resume revalidation (framework, authority, artifact fingerprints, approvals, the gate's
   verdict, …), then runtime generation N+1 and a new run that takes the graph's next checkpoints;
   a refused resume raises with the report;
-* ``delete_thread`` closes the session's runtime and forgets the session.
+* ``delete_thread`` closes the session's runtime and forgets the session;
+* the **runtime** of every thread the saver opened or resumed is heartbeaten in the background
+  (one daemon thread, every third of the lease) until the thread is let go or the saver closed;
+  a runtime found no longer live raises :class:`~novelforge_client.errors.LeaseLost` from the
+  thread's next put, write or read;
+* a graph that calls :func:`review_gate` runs on a thread opened with
+  ``ThreadSpec(opens_gates=True)`` (a writer session: only writers and managers open gates).
 
 Usage::
 
@@ -183,16 +189,39 @@ class _Lease:
         return (self.lease_seconds or 1) * HEARTBEAT_FRACTION
 
 
+#: The session roles that open review gates on their own work (docs/model.md, roles): the service
+#: refuses a gate to any other (403 ``forbidden``); a graph-thread is a ``specialist`` by default.
+GATE_OPENER_ROLES = ("writer", "manager")
+
+
 @dataclass(frozen=True)
 class ThreadSpec:
-    """How a new thread's session is opened (its first checkpoint opens it)."""
+    """How a new thread's session is opened (its first checkpoint opens it).
 
-    role: str = "specialist"
+    ``opens_gates=True``: the graph opens review gates (:func:`review_gate`), which only a writer
+    or manager session may; the thread is then opened as a ``writer`` unless ``role`` names the
+    ``manager``. Without it the thread is a ``specialist`` (no gates: refused ``forbidden``)."""
+
+    role: str = ""  # "": ``specialist``, or ``writer`` with ``opens_gates``
     memory_policy: str = "checkpoint_only"
     task_mode: str = "langgraph"
     runtime_family: str = "langgraph"
     capabilities: list[str] = field(default_factory=list)
     lease_seconds: int | None = None
+    opens_gates: bool = False
+
+    def __post_init__(self) -> None:
+        role = self.role or ("writer" if self.opens_gates else "specialist")
+        if self.opens_gates and role not in GATE_OPENER_ROLES:
+            raise ValueError(f"a thread that opens review gates is a writer or manager session, not {role!r}: "
+                             "leave role unset (writer) or name one of " + ", ".join(GATE_OPENER_ROLES))
+        object.__setattr__(self, "role", role)
+
+    def open_body(self) -> dict[str, Any]:
+        """The ``open`` object of a put or write (the session's fields; ``opens_gates`` chose the role)."""
+        body = asdict(self)
+        del body["opens_gates"]
+        return body
 
 
 def review_gate(
@@ -204,7 +233,9 @@ def review_gate(
 
     The checkpointer opens the gate (``POST /sessions/{id}/review-gates``, blind packet, routing)
     when LangGraph stores the interrupt; resume the graph with ``Command(resume=verdict)`` once
-    the verdict is bound (:meth:`NovelForgeSaver.wait_for_gate` returns the gate with it).
+    the verdict is bound (:meth:`NovelForgeSaver.wait_for_gate` returns the gate with it). Only a
+    writer or manager session opens gates: open the thread with ``ThreadSpec(opens_gates=True)``
+    (the default thread, a specialist, is refused :class:`~novelforge_client.errors.Forbidden`).
     """
     spec: dict[str, Any] = {"candidate_version_id": candidate_version_id, "rubric": dict(rubric), "route": route,
                             **extra}
@@ -554,7 +585,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             "checkpoint_id": checkpoint["id"], "parent_checkpoint_id": conf.get("checkpoint_id"),
             "checkpoint": _jsonable(document, "the checkpoint"),
             "metadata": _jsonable(get_serializable_checkpoint_metadata(config, metadata), "checkpoint metadata"),
-            "open": asdict(self.thread_spec),
+            "open": self.thread_spec.open_body(),
         }
         if not held:
             return lambda wait: self._plan(body, "blobs", entries, wait=wait)
@@ -587,7 +618,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                           entries: list[tuple[dict[str, Any], _Value]]) -> Callable[[bool], _Plan]:
         """A ``POST /graph-threads/writes`` of one task's writes (sent now, or held ones sent on their own)."""
         body = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id,
-                "task_id": task_id, "task_path": task_path, "open": asdict(self.thread_spec)}
+                "task_id": task_id, "task_path": task_path, "open": self.thread_spec.open_body()}
         return lambda wait: self._plan(body, "writes", entries, wait=wait)
 
     def _tuple(self, item: Mapping[str, Any]) -> CheckpointTuple:

@@ -1,5 +1,5 @@
-"""The LangGraph checkpointer keeps the runtimes it holds alive, and says when one is lost (real
-daphne + PostgreSQL, real processes).
+"""The LangGraph checkpointer keeps the runtimes it holds alive, and says when one is lost; and a
+thread opened to open review gates opens them (real daphne + PostgreSQL, real processes).
 
 * The saver heartbeats every runtime it holds (one background thread, every third of the lease):
   a graph running three leases long with no heartbeat of its own keeps its runtime; a closed
@@ -7,6 +7,8 @@ daphne + PostgreSQL, real processes).
   ``failed / runtime_lost`` once the lease runs out.
 * A lost runtime (the heartbeat refused) is raised as ``LeaseLost`` by the thread's next put,
   write or read, from inside the graph run too, until the thread is resumed.
+* ``ThreadSpec(opens_gates=True)`` opens the thread as a writer: ``review_gate`` opens its gate;
+  the default thread (a specialist) is refused ``forbidden``, and no gate or wait is written.
 """
 from __future__ import annotations
 
@@ -23,17 +25,20 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, TypedDict
 
+import httpx
 import pytest
 from django.utils import timezone
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
 
-from novelforge_client.errors import LeaseLost, RuntimeNotLive
-from novelforge_client.langgraph import NovelForgeSaver, ThreadSpec
+from novelforge_client.errors import Forbidden, LeaseLost, RuntimeNotLive
+from novelforge_client.langgraph import NovelForgeSaver, ThreadSpec, review_gate
 from novelforge_sessions.actions.runtimes import RUNTIME_LOST, reconcile_expired_runtimes
 from novelforge_sessions.actions.tokens import create_token
-from novelforge_sessions.control.models import GraphCheckpoint
-from novelforge_sessions.models import RuntimeAttachment, Session
+from novelforge_sessions.control.models import GraphCheckpoint, GraphThread
+from novelforge_sessions.models import Checkpoint, RuntimeAttachment, Session
+from reviews.models import ReviewGate
+from tests.reviews.factories import CHAPTER, RUBRIC, agent_reviewer
 from tests.support.servers import ROOT, DaphneServer
 from tests.support.waits import wait_until
 
@@ -299,3 +304,62 @@ def test_without_heartbeat_the_saver_starts_no_thread(saver_for):
     assert beat["runtime_id"] == runtime.id and runtime.heartbeat_at > before
     assert runtime.lease_expires_at - runtime.heartbeat_at == timedelta(seconds=LEASE)
     saver.close()
+
+
+# ---- a thread that opens review gates --------------------------------------------------------------------
+class Draft(TypedDict, total=False):
+    verdict: dict
+
+
+def _gate_graph(saver: NovelForgeSaver, candidate_version_id: int, reviewer_session_id: int):
+    def review(state: Draft) -> Draft:
+        return {"verdict": review_gate(candidate_version_id=candidate_version_id, rubric=RUBRIC, route="agent",
+                                       reviewer_session_ids=[reviewer_session_id])}
+
+    builder = StateGraph(Draft)
+    builder.add_node("review", review)
+    builder.add_edge(START, "review")
+    builder.add_edge("review", END)
+    return builder.compile(checkpointer=saver)
+
+
+def test_a_thread_opened_to_open_gates_opens_one_and_the_default_thread_is_refused(graph_server, graph_token, saver_for, project):
+    with httpx.Client(base_url=graph_server.url + "/api/v1", headers={"Authorization": f"Bearer {graph_token}"}) as api:
+        candidate = api.post("/artifacts", json={"name": "chapter-9", "content": CHAPTER}).json()
+    reviewer_session, _ = agent_reviewer(project)
+
+    # The default graph thread is a specialist: its gate is refused, typed, and nothing is written.
+    plain = saver_for()
+    with pytest.raises(Forbidden) as refused:
+        _gate_graph(plain, candidate["current_version_id"], reviewer_session.id).invoke(
+            {}, {"configurable": {"thread_id": "no-gates"}})
+    assert refused.value.status == 403 and refused.value.details["role"] == "specialist"
+    session = Session.objects.get(graph_thread__thread_id="no-gates")
+    assert session.role == "specialist" and session.status == "running"  # no wait recorded
+    assert not ReviewGate.objects.filter(session=session).exists()
+    assert not Checkpoint.objects.filter(session=session, boundary__in=["user_wait", "external_wait"]).exists()
+    plain.close()
+
+    # opens_gates: the thread is a writer, and the same graph pauses on its gate.
+    gates = saver_for(thread_spec=ThreadSpec(opens_gates=True))
+    paused = _gate_graph(gates, candidate["current_version_id"], reviewer_session.id).invoke(
+        {}, {"configurable": {"thread_id": "gates"}})
+    assert "__interrupt__" in paused
+    session = Session.objects.get(graph_thread__thread_id="gates")
+    assert session.role == "writer" and session.status == "awaiting_external"
+    [gate] = ReviewGate.objects.filter(session=session)
+    assert gate.state == "pending" and gate.candidate_id == candidate["current_version_id"]
+    assert [g["id"] for g in gates.pending_gates("gates")] == [gate.id]
+    gates.close()
+    assert GraphThread.objects.filter(thread_id__in=["gates", "no-gates"]).count() == 2
+
+
+def test_the_gate_option_chooses_a_gate_opening_role():
+    assert ThreadSpec().role == "specialist"
+    assert ThreadSpec(opens_gates=True).role == "writer"
+    assert ThreadSpec(role="manager", opens_gates=True).role == "manager"
+    assert ThreadSpec(role="writer").role == "writer"  # a writer opens gates with or without the option
+    with pytest.raises(ValueError, match="writer or manager"):
+        ThreadSpec(role="specialist", opens_gates=True)
+    body = ThreadSpec(opens_gates=True, lease_seconds=LEASE).open_body()
+    assert body["role"] == "writer" and body["lease_seconds"] == LEASE and "opens_gates" not in body
