@@ -1022,7 +1022,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                 for thread_id, lease in list(self._leases.items()):
                     if self.runtimes.get(thread_id) != lease.runtime_id:
                         del self._leases[thread_id]  # let go (or replaced) outside _hold/_let_go
-                for thread_id, runtime_id in self.runtimes.items():
+                for thread_id, runtime_id in list(self.runtimes.items()):  # a copy: written elsewhere too
                     if thread_id not in self._leases:
                         self._leases[thread_id] = _Lease(thread_id, runtime_id, None, now, now)
                 due = [lease for lease in self._leases.values() if lease.due <= now]
