@@ -64,22 +64,21 @@ def test_the_check_mode_fails_on_a_stale_file(tmp_path, monkeypatch):
 def test_a_changed_signature_in_client_py_reaches_the_generated_operation():
     """What another change to client.py does (a new parameter, a new operation): regenerating follows it."""
     source = (ROOT / "novelforge_client" / "client.py").read_text(encoding="utf-8")
-    old = "                  runtime_id: int | None = None) -> m.RunOut:\n"
+    old = "    def project(self) -> m.ProjectOut:\n"
     assert source.count(old) == 1
-    changed = source.replace(old, "                  runtime_id: int | None = None, idempotency_key: str | None = None,\n"
-                                  "                  ) -> m.RunOut:\n")
-    changed = changed.replace("    # ---- runtimes ---", '''    def ping(self, note: str = "hi") -> m.ProjectOut:
+    changed = source.replace(old, '''    def ping(self, note: str = "hi") -> m.ProjectOut:
         """A new operation."""
         return self._call(Call("GET", "/project", m.ProjectOut))
 
-    # ---- runtimes ---''')
+    def project(self, *, zz_extra: Sequence[int] = ()) -> m.ProjectOut:
+''')
+    changed = changed.replace("\nimport httpx\n", "\nimport httpx\nfrom collections.abc import Sequence\n", 1)
     text = _generator().render(changed)
-    start = text.index("    async def start_run(")
-    start_run = text[start:text.index("\n\n", start)]
-    assert "idempotency_key: str | None = None" in start_run
-    assert "idempotency_key=idempotency_key" in start_run and start_run.endswith(")")
-    assert '    async def ping(self, note: str = "hi") -> m.ProjectOut:  # type: ignore[override]\n' \
-           '        """A new operation."""\n        return await _awaited(super().ping, note)' in text
+    assert ("    async def project(self, *, zz_extra: Sequence[int] = ()) -> m.ProjectOut:  # type: ignore[override]\n"
+            "        return await _awaited(super().project, zz_extra=zz_extra)\n") in text
+    assert "Sequence" in text.split("if TYPE_CHECKING:")[0]  # the import the new annotation needs
+    assert ('    async def ping(self, note: str = "hi") -> m.ProjectOut:  # type: ignore[override]\n'
+            '        """A new operation."""\n        return await _awaited(super().ping, note)\n') in text
     assert text != _generator().render()
 
 
