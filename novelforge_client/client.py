@@ -3,7 +3,9 @@
 Both share every operation (:class:`_Operations`): each method builds one :class:`~._core.Call`
 (method, path, validated body, response model, retry safety) and hands it to the transport, which
 is ``httpx.Client`` for :class:`Client` (methods return the model) and ``httpx.AsyncClient`` for
-:class:`AsyncClient` (the same methods return awaitables of the model). Listing methods come in
+:class:`AsyncClient` (the same methods return awaitables of the model: ``_async_ops.py``, generated
+from :class:`_Operations` by ``scripts/gen_async_client.py``, declares them ``async def`` for type
+checkers; rerun it after changing an operation's signature). Listing methods come in
 two forms: ``list_x(...)`` returns one page (``items``, ``next_after``), ``x(...)`` iterates every
 item across pages (an async iterator on :class:`AsyncClient`).
 
@@ -17,15 +19,19 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from novelforge_client import models as m
+from novelforge_client._async_ops import _AsyncOperations
 from novelforge_client._core import (
     JSON_CONTENT, Call, RetryPolicy, body_of, decode_body, should_retry, transport_error,
 )
 from novelforge_client._wire import AsyncWire, Wire, usable
+
+if TYPE_CHECKING:
+    from novelforge_client.runtime import AsyncRuntimeLease, RuntimeLease
 
 __all__ = ["AsyncClient", "Client"]
 
@@ -529,13 +535,13 @@ class Client(_Operations):
                 raise TimeoutError(f"review gate {gate_id} still pending after {timeout} s")
             time.sleep(poll)
 
-    def runtime(self, session_id: int, runtime_family: str, **attach: Any):  # -> RuntimeLease
+    def runtime(self, session_id: int, runtime_family: str, **attach: Any) -> RuntimeLease:
         """Attach a runtime and keep it alive while the ``with`` block runs (see :class:`RuntimeLease`)."""
         from novelforge_client.runtime import RuntimeLease
 
         return RuntimeLease.attaching(self, session_id, runtime_family, **attach)
 
-    def keep_alive(self, runtime_id: int, *, lease_seconds: int | None = None, detach: bool = True):
+    def keep_alive(self, runtime_id: int, *, lease_seconds: int | None = None, detach: bool = True) -> RuntimeLease:
         """Heartbeat an already attached runtime (``create_session(runtime=…)``, ``resume``) while
         the ``with`` block runs, then detach it (unless ``detach=False``)."""
         from novelforge_client.runtime import RuntimeLease
@@ -543,9 +549,11 @@ class Client(_Operations):
         return RuntimeLease(self, runtime_id, lease_seconds=lease_seconds, detach=detach)
 
 
-class AsyncClient(_Operations):
+class AsyncClient(_AsyncOperations, _Operations):
     """Asynchronous client: the same methods as :class:`Client`, awaited; the iterating ones are
-    async iterators. Use ``async with`` or ``await aclose()``. Requests go over keep-alive
+    async iterators. Each operation is declared ``async def`` in :mod:`novelforge_client._async_ops`,
+    generated from :class:`_Operations` by ``scripts/gen_async_client.py``, so a type checker sees
+    the awaitable and the model it resolves to. Use ``async with`` or ``await aclose()``. Requests go over keep-alive
     ``http.client`` connections from a worker thread (:class:`~novelforge_client._wire.AsyncWire`),
     through ``httpx.AsyncClient`` when ``transport`` is given or the environment sets a proxy."""
 
@@ -581,7 +589,7 @@ class AsyncClient(_Operations):
         response = await self._http.request(call.method, call.path, **call.request_kwargs())
         return response.status_code, response.content
 
-    async def _call(self, call: Call[Any]) -> Any:  # type: ignore[override]
+    async def _call(self, call: Call[Any]) -> Any:
         attempt = 0
         while True:
             attempt += 1
@@ -656,12 +664,13 @@ class AsyncClient(_Operations):
                 raise TimeoutError(f"review gate {gate_id} still pending after {timeout} s")
             await asyncio.sleep(poll)
 
-    def runtime(self, session_id: int, runtime_family: str, **attach: Any):  # -> AsyncRuntimeLease
+    def runtime(self, session_id: int, runtime_family: str, **attach: Any) -> AsyncRuntimeLease:
         from novelforge_client.runtime import AsyncRuntimeLease
 
         return AsyncRuntimeLease.attaching(self, session_id, runtime_family, **attach)
 
-    def keep_alive(self, runtime_id: int, *, lease_seconds: int | None = None, detach: bool = True):
+    def keep_alive(self, runtime_id: int, *, lease_seconds: int | None = None,
+                   detach: bool = True) -> AsyncRuntimeLease:
         from novelforge_client.runtime import AsyncRuntimeLease
 
         return AsyncRuntimeLease(self, runtime_id, lease_seconds=lease_seconds, detach=detach)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import hashlib
 import json
 import logging
@@ -58,7 +59,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -346,7 +347,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         if self._wire is None:
             assert self._http is not None
             return raise_for_response(self._http.request(method, path, json=json, params=params))
-        call = Call(method, path, body=json, params=params or {})
+        call: Call[Any] = Call(method, path, body=json, params=params or {})
         body = call.content()
         for attempt in range(1, _SENDS + 1):
             try:
@@ -360,7 +361,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     async def _acall(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None) -> Any:
         if self._awire is None:
             return raise_for_response(await self._async_client().request(method, path, json=json, params=params))
-        call = Call(method, path, body=json, params=params or {})
+        call: Call[Any] = Call(method, path, body=json, params=params or {})
         body = call.content()
         for attempt in range(1, _SENDS + 1):
             try:
@@ -572,7 +573,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     def _put_plan(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                   new_versions: ChannelVersions, held: Sequence[_Held] = ()) -> Callable[[bool], _Plan]:
         conf = _configurable(config)
-        document = dict(checkpoint)
+        document: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = document.pop("channel_values", {}) or {}
         # Serialized once, planned on each attempt (what the server holds may change between them).
         entries = [
@@ -627,14 +628,15 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             channel: self._load(blob) for channel, blob in item["blobs"].items() if blob["serde"] != "empty"
         }
         writes = sorted(item["pending_writes"], key=lambda w: writes_sort_key(w["task_path"], w["task_id"], w["idx"]))
-        config = {"configurable": {"thread_id": item["thread_id"], "checkpoint_ns": item["checkpoint_ns"],
-                                   "checkpoint_id": item["checkpoint_id"]}}
-        parent = None
+        config: RunnableConfig = {"configurable": {"thread_id": item["thread_id"], "checkpoint_ns": item["checkpoint_ns"],
+                                                   "checkpoint_id": item["checkpoint_id"]}}
+        parent: RunnableConfig | None = None
         if item.get("parent_checkpoint_id"):
             parent = {"configurable": {"thread_id": item["thread_id"], "checkpoint_ns": item["checkpoint_ns"],
                                        "checkpoint_id": item["parent_checkpoint_id"]}}
         return CheckpointTuple(
-            config=config, checkpoint=document, metadata=item["metadata"], parent_config=parent,
+            # the server answers the checkpoint's own fields (its blobs loaded above)
+            config=config, checkpoint=cast("Checkpoint", document), metadata=item["metadata"], parent_config=parent,
             pending_writes=[(w["task_id"], w["channel"], self._load(w)) for w in writes],
         )
 
@@ -735,7 +737,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                 self._on_interrupt(config, value)
 
     # ---- held writes ---------------------------------------------------------------------------------
-    def _take_held(self, key: tuple[str, str]) -> list[_Held]:
+    def _take_held(self, key: tuple[str, str]) -> builtins.list[_Held]:  # `list` is a method here
         with self._held_lock:
             return self._held.pop(key, [])
 
@@ -919,7 +921,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                 return gate
         return self._call("POST", f"/sessions/{session['id']}/review-gates", json={**spec, **self._runtime_param(thread_id)})
 
-    def pending_gates(self, thread_id: str) -> list[dict[str, Any]]:
+    def pending_gates(self, thread_id: str) -> builtins.list[dict[str, Any]]:  # `list` is a method here
         session = self.session_of(thread_id)
         gates = self._call("GET", f"/sessions/{session['id']}/review-gates", params={"limit": PAGE_MAX})["items"]
         return [g for g in gates if g["state"] == "pending"]
