@@ -325,6 +325,51 @@ class Checkpoint(models.Model):
         ]
 
 
+class KeyedOperation(models.TextChoices):
+    """The writes that take an idempotency key in an ``IdempotentRequest``, and what each scopes it to."""
+
+    START_RUN = "start_run"  # scope: the session
+    ATTACH = "attach"  # scope: the session
+    OPEN_GATE = "open_gate"  # scope: the session
+    BATCH = "batch"  # scope: the run
+    HAND_OFF = "hand_off"  # scope: the run
+
+
+class IdempotentRequest(models.Model):
+    """The first answer of an agent write that creates something, under the client's idempotency
+    key (docs/agents.md#idempotency-keys): start a run, attach a runtime, a batch, a handoff, open
+    a review gate. Written in the same transaction as the write it answers, so it exists exactly
+    when the write committed; a retry with the same key and body replays ``answer``, another body
+    is ``idempotency_key_reused`` (``actions/idempotency.py``). Rows go with their session."""
+
+    Operation = KeyedOperation
+
+    # No index of its own: rows are found by the unique (operation, scope_id, key); the cascade
+    # from a forgotten session is rare and may scan.
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="+", db_index=False)
+    operation = models.CharField(max_length=16, choices=KeyedOperation.choices)
+    #: The id of the parent the key is scoped to: the session (start_run, attach, open_gate) or
+    #: the run (batch, hand_off) named in the request's path.
+    scope_id = models.BigIntegerField()
+    key = models.CharField(max_length=200)
+    request_digest = models.CharField(max_length=64)
+    #: The first answer's status and what rebuilds it: the created object's id (and, for a
+    #: batch, its checkpoints' ids and the run's count).
+    status = models.PositiveSmallIntegerField()
+    answer = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(operation__in=[o.value for o in KeyedOperation]),
+                                   name="idempotent_request_operation_enum"),
+            # One first answer per key and parent: a concurrent retry's insert waits on this index
+            # and then finds the committed row (its own write rolled back, the first replayed).
+            models.UniqueConstraint(fields=["operation", "scope_id", "key"], name="idempotent_request_key_unique"),
+        ]
+
+
 class TranscriptEntry(models.Model):
     """Per-session, append-only, bounded. Not memory, not authority (docs/model.md#transcript)."""
 
