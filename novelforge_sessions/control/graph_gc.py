@@ -1,5 +1,5 @@
 """Garbage collection of graph state: the blobs nothing cites, and the old checkpoints of graph
-sessions at rest (docs/agents.md#langgraph, docs/deployment.md#graph-state-garbage-collection).
+sessions at rest (docs/agents.md#langgraph-checkpointer, docs/deployment.md#graph-state-garbage-collection).
 
 A graph's state blobs (``control/graphs.py``: artifacts of the reserved kind ``graph-blob``,
 one immutable version, named ``blob:<fingerprint>``) are stored once per project and cited by
