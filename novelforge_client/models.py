@@ -56,7 +56,7 @@ class ArtifactIn(RequestModel):
     """ArtifactIn"""
 
     name: str = Field(description='1–200 characters, not all of them whitespace')
-    kind: str = Field(default='document')
+    kind: str = Field(default='document', description='free-form, except `graph-blob`: reserved for graph state blobs (422)')
     content: str
 
 

@@ -94,6 +94,13 @@ class Membership(models.Model):
         ]
 
 
+#: The kind of the graph's state blobs (``control/graphs.py``: one immutable version, named
+#: ``blob:<its fingerprint>``), which garbage collection removes once nothing cites them
+#: (``control/graph_gc.py``). Reserved: the artifacts API refuses to create an artifact of this
+#: kind or to add a version to one, so every artifact of the kind is a blob the graph wrote.
+GRAPH_BLOB_KIND = "graph-blob"
+
+
 class Artifact(models.Model):
     # No index of its own: ``artifact_name_unique_per_project`` (project, name) serves every lookup
     # by project, the cascade included; a second index would only cost each insert.
@@ -108,6 +115,9 @@ class Artifact(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [models.UniqueConstraint(fields=["project", "name"], name="artifact_name_unique_per_project")]
+        # Garbage collection walks the graph's blobs in id order (``control/graph_gc.py``),
+        # never the project's other artifacts.
+        indexes = [models.Index(fields=["id"], condition=Q(kind=GRAPH_BLOB_KIND), name="artifact_graph_blobs")]
 
     def __str__(self) -> str:
         return self.name
@@ -277,6 +287,12 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["id"]
+        indexes = [
+            # Garbage collection asks whether any run's frozen inputs cite an artifact
+            # (``control/graph_gc.py``): runs that cite nothing never touch the index.
+            GinIndex(fields=["frozen_inputs"], opclasses=["jsonb_path_ops"], condition=~Q(frozen_inputs=[]),
+                     name="run_cites_inputs"),
+        ]
         constraints = [
             models.CheckConstraint(condition=_in_enum("state", rt.RunState), name="run_state_enum"),
             models.UniqueConstraint(fields=["session", "seq"], name="run_seq_unique_per_session"),

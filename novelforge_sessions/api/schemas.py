@@ -75,7 +75,8 @@ class ProjectOut(Schema):
 class ArtifactIn(Strict):
     name: str = Field(..., max_length=200, json_schema_extra={"minLength": 1, "pattern": NON_BLANK_TEXT},
                       description="1–200 characters, not all of them whitespace")
-    kind: str = Field("document", max_length=64)
+    kind: str = Field("document", max_length=64, description="free-form, except `graph-blob`: reserved for graph state "
+                      "blobs (422)")
     content: str
 
 
