@@ -121,10 +121,13 @@ class _AsyncOperations(_Base):
     async def attach(  # type: ignore[override]
         self, session_id: int, runtime_family: str, *, capabilities: list[str] | None = None,
         provider_metadata: dict[str, Any] | None = None, lease_seconds: int | None = None,
+        idempotency_key: str | None = None,
     ) -> m.RuntimeOut:
-        """Attach runtime generation N+1 (heartbeat it: :meth:`runtime` does both)."""
+        """Attach runtime generation N+1 (heartbeat it: :meth:`runtime` does both). It carries an
+        idempotency key (a fresh one unless you pass yours), so a retry after a dropped answer gets
+        the runtime the server attached instead of a second attach."""
         return await _awaited(super().attach, session_id, runtime_family, capabilities=capabilities,
-            provider_metadata=provider_metadata, lease_seconds=lease_seconds)
+            provider_metadata=provider_metadata, lease_seconds=lease_seconds, idempotency_key=idempotency_key)
 
     async def list_runtimes(  # type: ignore[override]
         self, session_id: int, *, after: int | None = None, limit: int | None = None,
@@ -146,9 +149,12 @@ class _AsyncOperations(_Base):
     async def start_run(  # type: ignore[override]
         self, session_id: int, *, cursor: dict[str, Any] | None = None, task_mode: str | None = None,
         target: str | None = None, frozen_inputs: list[Any] | None = None, runtime_id: int | None = None,
+        idempotency_key: str | None = None,
     ) -> m.RunOut:
+        """Start run N+1. It carries an idempotency key (a fresh one unless you pass yours), so a
+        retry after a dropped answer gets the run the server started instead of a second one."""
         return await _awaited(super().start_run, session_id, cursor=cursor, task_mode=task_mode, target=target,
-            frozen_inputs=frozen_inputs, runtime_id=runtime_id)
+            frozen_inputs=frozen_inputs, runtime_id=runtime_id, idempotency_key=idempotency_key)
 
     async def list_runs(  # type: ignore[override]
         self, session_id: int, *, state: str | None = None, after: int | None = None, limit: int | None = None,
@@ -182,6 +188,15 @@ class _AsyncOperations(_Base):
             authority=authority, pending=pending, approvals=approvals, resume_policy=resume_policy,
             idempotency_key=idempotency_key)
 
+    async def batch(  # type: ignore[override]
+        self, run_id: int, items: list[dict[str, Any]], *, idempotency_key: str | None = None,
+    ) -> m.BatchOut:
+        """Several checkpoints and cursor advances of one run in one transaction (all or nothing):
+        ``{"kind": "checkpoint", "checkpoint": {...}}`` or ``{"kind": "cursor", "cursor": {...}}``.
+        It carries an idempotency key (a fresh one unless you pass yours), so a retry after a dropped
+        answer gets what the first batch wrote instead of a second batch."""
+        return await _awaited(super().batch, run_id, items, idempotency_key=idempotency_key)
+
     async def list_checkpoints(  # type: ignore[override]
         self, run_id: int, *, after: int | None = None, limit: int | None = None,
     ) -> m.Page_CheckpointOut_:
@@ -200,11 +215,14 @@ class _AsyncOperations(_Base):
         self, run_id: int, logical_id: str, *, inputs: list[m.InputRefIn | dict[str, Any]] | None = None,
         params: dict[str, Any] | None = None, result_schema: dict[str, Any] | None = None,
         required_capabilities: list[str] | None = None, timeout_seconds: int | None = None,
+        idempotency_key: str | None = None,
     ) -> m.HandoffOut:
         """Freeze a job for an external worker (the session waits in ``awaiting_external``). Safe
-        to retry: an identical repeat with the same ``logical_id`` answers the same handoff."""
+        to retry: it carries an idempotency key (a fresh one unless you pass yours), and an
+        identical repeat with the same ``logical_id`` answers the same handoff."""
         return await _awaited(super().hand_off, run_id, logical_id, inputs=inputs, params=params,
-            result_schema=result_schema, required_capabilities=required_capabilities, timeout_seconds=timeout_seconds)
+            result_schema=result_schema, required_capabilities=required_capabilities, timeout_seconds=timeout_seconds,
+            idempotency_key=idempotency_key)
 
     async def claim(  # type: ignore[override]
         self, worker: str, capabilities: list[str], *, handoff_id: int | None = None,
@@ -308,13 +326,16 @@ class _AsyncOperations(_Base):
         self, session_id: int, *, candidate_version_id: int, rubric: m.RubricIn | dict[str, Any], route: str,
         evidence: list[Any] | None = None, required_verdicts: int | None = None, reviewers: list[str] | None = None,
         reviewer_session_ids: list[int] | None = None, calibration: m.CalibrationIn | dict[str, Any] | None = None,
-        runtime_id: int | None = None,
+        runtime_id: int | None = None, idempotency_key: str | None = None,
     ) -> m.GateOut:
         """Freeze a candidate and rubric for blind review; a ``page``/``relay`` route moves the
-        session to ``awaiting_user`` until the verdicts are bound (:meth:`wait_for_verdict`)."""
+        session to ``awaiting_user`` until the verdicts are bound (:meth:`wait_for_verdict`). It
+        carries an idempotency key (a fresh one unless you pass yours), so a retry after a dropped
+        answer gets the gate the server opened instead of a second gate."""
         return await _awaited(super().open_review_gate, session_id, candidate_version_id=candidate_version_id,
             rubric=rubric, route=route, evidence=evidence, required_verdicts=required_verdicts, reviewers=reviewers,
-            reviewer_session_ids=reviewer_session_ids, calibration=calibration, runtime_id=runtime_id)
+            reviewer_session_ids=reviewer_session_ids, calibration=calibration, runtime_id=runtime_id,
+            idempotency_key=idempotency_key)
 
     async def list_review_gates(  # type: ignore[override]
         self, session_id: int, *, after: int | None = None, limit: int | None = None,
