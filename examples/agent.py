@@ -110,11 +110,13 @@ def run_agent(url: str, token: str, *, lease: int = 4, reviewer: tuple[str, str]
 
     step("1. a chapter draft, and a writer session with runtime generation 1 (heartbeating)")
     chapter = nf.create_artifact(f"example-chapter-{tag}", DRAFT, kind="chapter")
+    assert chapter.current_version_id is not None  # created with its first version
     draft = nf.artifact_version(chapter.current_version_id)
     s = nf.create_session(role="writer", memory_policy="bounded", task_mode="drafting", runtime_family="example-agent",
                           provider_metadata={"example": tag},
                           runtime={"runtime_family": "example-agent", "capabilities": ["draft"], "lease_seconds": lease})
     print(f"    session {s.id}, runtime {s.runtime_id} (lease {lease} s)")
+    assert s.runtime_id is not None  # created with runtime=
     rt = nf.keep_alive(s.runtime_id).__enter__()
 
     step("2. a run and a checkpoint at context_freeze")
@@ -171,6 +173,7 @@ def run_agent(url: str, token: str, *, lease: int = 4, reviewer: tuple[str, str]
     print(render_report(nf.resume(s.id, runtime, dry_run=True)))
     report = nf.resume(s.id, runtime)
     print(render_report(report))
+    assert report.runtime_id is not None and report.run_id is not None  # a real resume attaches and starts a run
     with nf.keep_alive(report.runtime_id) as rt2:
         cursor = nf.run(report.run_id).cursor
         print(f"    generation {report.generation} continues at {cursor}")

@@ -10,15 +10,16 @@ repeat answer the first outcome:
 - reads (GET);
 - writes that carry the logical id or idempotency key of what they create: a checkpoint (the
   client sends a fresh ``idempotency_key`` with each one: a repeat is 200 with the checkpoint the
-  first request wrote), a handoff (its
-  ``logical_id``: an identical repeat is 200 with the same handoff), a result delivery (the
+  first request wrote); starting a run, attaching a runtime, a batch, a handoff and opening a
+  review gate (a fresh ``idempotency_key`` with each: a repeat answers what the first request
+  answered, the same status and object; a handoff's ``logical_id`` too), a result delivery (the
   handoff's logical result: a repeat is 200 ``already_consumed`` with the original outcome and
   the same receipt), a write intent (its ``idempotency_key``: a repeat replays it), executing a
   write intent (replayed), a verdict (an identical resubmission is 200 with the same verdict);
 - writes idempotent by definition: heartbeats and lease renewals, detach, close.
 
-Every other write (create a session, attach, start a run, a batch, transcript, transition,
-open a gate, claim, resume) has no idempotency key in the API today, so when it may have been
+Every other write (create a session, transcript, transition, claim, resume) has no idempotency
+key in the API today, so when it may have been
 committed the client raises :class:`TransportError` with ``maybe_committed=True`` instead of
 guessing: read the state back (the call's ``GET``) and decide.
 """

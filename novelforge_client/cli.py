@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from novelforge_client import models as m
 from novelforge_client.client import Client
 from novelforge_client.errors import NovelForgeError, ResumeRefused
 from novelforge_client.models import ResumeReportOut
@@ -181,7 +182,7 @@ def open_session(obj: Ctx, role: str, memory_policy: str, task_mode: str, runtim
 def checkpoint(obj: Ctx, run_id: int, boundary: str, cursor: str, artifacts: tuple[str, ...], pending: str | None,
                authority: str | None) -> None:
     """Write a bounded checkpoint of a run."""
-    refs = []
+    refs: list[m.ArtifactRefIn | dict[str, Any]] = []
     for ref in artifacts:
         artifact_id, _, fingerprint = ref.partition(":")
         if not artifact_id.isdigit() or not fingerprint:

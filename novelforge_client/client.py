@@ -3,7 +3,9 @@
 Both share every operation (:class:`_Operations`): each method builds one :class:`~._core.Call`
 (method, path, validated body, response model, retry safety) and hands it to the transport, which
 is ``httpx.Client`` for :class:`Client` (methods return the model) and ``httpx.AsyncClient`` for
-:class:`AsyncClient` (the same methods return awaitables of the model). Listing methods come in
+:class:`AsyncClient` (the same methods return awaitables of the model: ``_async_ops.py``, generated
+from :class:`_Operations` by ``scripts/gen_async_client.py``, declares them ``async def`` for type
+checkers; rerun it after changing an operation's signature). Listing methods come in
 two forms: ``list_x(...)`` returns one page (``items``, ``next_after``), ``x(...)`` iterates every
 item across pages (an async iterator on :class:`AsyncClient`).
 
@@ -17,15 +19,19 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from novelforge_client import models as m
+from novelforge_client._async_ops import _AsyncOperations
 from novelforge_client._core import (
     JSON_CONTENT, Call, RetryPolicy, body_of, decode_body, should_retry, transport_error,
 )
 from novelforge_client._wire import AsyncWire, Wire, usable
+
+if TYPE_CHECKING:
+    from novelforge_client.runtime import AsyncRuntimeLease, RuntimeLease
 
 __all__ = ["AsyncClient", "Client"]
 
@@ -180,11 +186,15 @@ class _Operations:
 
     # ---- runtimes ----------------------------------------------------------------------
     def attach(self, session_id: int, runtime_family: str, *, capabilities: list[str] | None = None,
-               provider_metadata: dict[str, Any] | None = None, lease_seconds: int | None = None) -> m.RuntimeOut:
-        """Attach runtime generation N+1 (heartbeat it: :meth:`runtime` does both)."""
-        body = body_of(m.RuntimeIn, runtime_family=runtime_family, capabilities=capabilities,
-                       provider_metadata=provider_metadata, lease_seconds=lease_seconds)
-        return self._call(Call("POST", f"/sessions/{session_id}/runtimes", m.RuntimeOut, body,
+               provider_metadata: dict[str, Any] | None = None, lease_seconds: int | None = None,
+               idempotency_key: str | None = None) -> m.RuntimeOut:
+        """Attach runtime generation N+1 (heartbeat it: :meth:`runtime` does both). It carries an
+        idempotency key (a fresh one unless you pass yours), so a retry after a dropped answer gets
+        the runtime the server attached instead of a second attach."""
+        body = body_of(m.AttachIn, runtime_family=runtime_family, capabilities=capabilities,
+                       provider_metadata=provider_metadata, lease_seconds=lease_seconds,
+                       idempotency_key=idempotency_key or uuid.uuid4().hex)
+        return self._call(Call("POST", f"/sessions/{session_id}/runtimes", m.RuntimeOut, body, idempotent=True,
                                then=self._remember_runtime))
 
     def list_runtimes(self, session_id: int, *, after: int | None = None,
@@ -207,10 +217,13 @@ class _Operations:
     # ---- runs & checkpoints --------------------------------------------------------------
     def start_run(self, session_id: int, *, cursor: dict[str, Any] | None = None, task_mode: str | None = None,
                   target: str | None = None, frozen_inputs: list[Any] | None = None,
-                  runtime_id: int | None = None) -> m.RunOut:
+                  runtime_id: int | None = None, idempotency_key: str | None = None) -> m.RunOut:
+        """Start run N+1. It carries an idempotency key (a fresh one unless you pass yours), so a
+        retry after a dropped answer gets the run the server started instead of a second one."""
         body = body_of(m.RunIn, cursor=cursor, task_mode=task_mode, target=target, frozen_inputs=frozen_inputs,
-                       runtime_id=self._fence(session_id, runtime_id))
-        return self._call(Call("POST", f"/sessions/{session_id}/runs", m.RunOut, body, then=self._remember_run))
+                       runtime_id=self._fence(session_id, runtime_id), idempotency_key=idempotency_key or uuid.uuid4().hex)
+        return self._call(Call("POST", f"/sessions/{session_id}/runs", m.RunOut, body, idempotent=True,
+                               then=self._remember_run))
 
     def list_runs(self, session_id: int, *, state: str | None = None, after: int | None = None,
                   limit: int | None = None) -> m.Page_RunOut_:
@@ -243,6 +256,14 @@ class _Operations:
                        idempotency_key=idempotency_key or uuid.uuid4().hex)
         return self._call(Call("POST", f"/runs/{run_id}/checkpoints", m.CheckpointOut, body, idempotent=True))
 
+    def batch(self, run_id: int, items: list[dict[str, Any]], *, idempotency_key: str | None = None) -> m.BatchOut:
+        """Several checkpoints and cursor advances of one run in one transaction (all or nothing):
+        ``{"kind": "checkpoint", "checkpoint": {...}}`` or ``{"kind": "cursor", "cursor": {...}}``.
+        It carries an idempotency key (a fresh one unless you pass yours), so a retry after a dropped
+        answer gets what the first batch wrote instead of a second batch."""
+        body = body_of(m.BatchIn, items=[_dump(i) for i in items], idempotency_key=idempotency_key or uuid.uuid4().hex)
+        return self._call(Call("POST", f"/runs/{run_id}/batch", m.BatchOut, body, idempotent=True))
+
     def list_checkpoints(self, run_id: int, *, after: int | None = None,
                          limit: int | None = None) -> m.Page_CheckpointOut_:
         return self._call(Call("GET", f"/runs/{run_id}/checkpoints", m.Page_CheckpointOut_,
@@ -260,13 +281,15 @@ class _Operations:
     # ---- control plane: handoffs, results --------------------------------------------------
     def hand_off(self, run_id: int, logical_id: str, *, inputs: list[m.InputRefIn | dict[str, Any]] | None = None,
                  params: dict[str, Any] | None = None, result_schema: dict[str, Any] | None = None,
-                 required_capabilities: list[str] | None = None, timeout_seconds: int | None = None) -> m.HandoffOut:
+                 required_capabilities: list[str] | None = None, timeout_seconds: int | None = None,
+                 idempotency_key: str | None = None) -> m.HandoffOut:
         """Freeze a job for an external worker (the session waits in ``awaiting_external``). Safe
-        to retry: an identical repeat with the same ``logical_id`` answers the same handoff."""
+        to retry: it carries an idempotency key (a fresh one unless you pass yours), and an
+        identical repeat with the same ``logical_id`` answers the same handoff."""
         body = body_of(m.HandoffIn, logical_id=logical_id,
                        inputs=[_dump(i) for i in inputs] if inputs is not None else None, params=params,
                        result_schema=result_schema, required_capabilities=required_capabilities,
-                       timeout_seconds=timeout_seconds)
+                       timeout_seconds=timeout_seconds, idempotency_key=idempotency_key or uuid.uuid4().hex)
         return self._call(Call("POST", f"/runs/{run_id}/handoffs", m.HandoffOut, body, idempotent=True))
 
     def claim(self, worker: str, capabilities: list[str], *, handoff_id: int | None = None) -> m.HandoffOut | None:
@@ -367,15 +390,17 @@ class _Operations:
                          route: str, evidence: list[Any] | None = None, required_verdicts: int | None = None,
                          reviewers: list[str] | None = None, reviewer_session_ids: list[int] | None = None,
                          calibration: m.CalibrationIn | dict[str, Any] | None = None,
-                         runtime_id: int | None = None) -> m.GateOut:
+                         runtime_id: int | None = None, idempotency_key: str | None = None) -> m.GateOut:
         """Freeze a candidate and rubric for blind review; a ``page``/``relay`` route moves the
-        session to ``awaiting_user`` until the verdicts are bound (:meth:`wait_for_verdict`)."""
+        session to ``awaiting_user`` until the verdicts are bound (:meth:`wait_for_verdict`). It
+        carries an idempotency key (a fresh one unless you pass yours), so a retry after a dropped
+        answer gets the gate the server opened instead of a second gate."""
         body = body_of(m.GateIn, candidate_version_id=candidate_version_id, rubric=_dump(rubric), route=route,
                        evidence=[_dump(e) for e in evidence] if evidence is not None else None,
                        required_verdicts=required_verdicts, reviewers=reviewers,
                        reviewer_session_ids=reviewer_session_ids, calibration=_dump(calibration),
-                       runtime_id=self._fence(session_id, runtime_id))
-        return self._call(Call("POST", f"/sessions/{session_id}/review-gates", m.GateOut, body))
+                       runtime_id=self._fence(session_id, runtime_id), idempotency_key=idempotency_key or uuid.uuid4().hex)
+        return self._call(Call("POST", f"/sessions/{session_id}/review-gates", m.GateOut, body, idempotent=True))
 
     def list_review_gates(self, session_id: int, *, after: int | None = None,
                           limit: int | None = None) -> m.Page_GateOut_:
@@ -529,13 +554,13 @@ class Client(_Operations):
                 raise TimeoutError(f"review gate {gate_id} still pending after {timeout} s")
             time.sleep(poll)
 
-    def runtime(self, session_id: int, runtime_family: str, **attach: Any):  # -> RuntimeLease
+    def runtime(self, session_id: int, runtime_family: str, **attach: Any) -> RuntimeLease:
         """Attach a runtime and keep it alive while the ``with`` block runs (see :class:`RuntimeLease`)."""
         from novelforge_client.runtime import RuntimeLease
 
         return RuntimeLease.attaching(self, session_id, runtime_family, **attach)
 
-    def keep_alive(self, runtime_id: int, *, lease_seconds: int | None = None, detach: bool = True):
+    def keep_alive(self, runtime_id: int, *, lease_seconds: int | None = None, detach: bool = True) -> RuntimeLease:
         """Heartbeat an already attached runtime (``create_session(runtime=…)``, ``resume``) while
         the ``with`` block runs, then detach it (unless ``detach=False``)."""
         from novelforge_client.runtime import RuntimeLease
@@ -543,9 +568,11 @@ class Client(_Operations):
         return RuntimeLease(self, runtime_id, lease_seconds=lease_seconds, detach=detach)
 
 
-class AsyncClient(_Operations):
+class AsyncClient(_AsyncOperations, _Operations):
     """Asynchronous client: the same methods as :class:`Client`, awaited; the iterating ones are
-    async iterators. Use ``async with`` or ``await aclose()``. Requests go over keep-alive
+    async iterators. Each operation is declared ``async def`` in :mod:`novelforge_client._async_ops`,
+    generated from :class:`_Operations` by ``scripts/gen_async_client.py``, so a type checker sees
+    the awaitable and the model it resolves to. Use ``async with`` or ``await aclose()``. Requests go over keep-alive
     ``http.client`` connections from a worker thread (:class:`~novelforge_client._wire.AsyncWire`),
     through ``httpx.AsyncClient`` when ``transport`` is given or the environment sets a proxy."""
 
@@ -581,7 +608,7 @@ class AsyncClient(_Operations):
         response = await self._http.request(call.method, call.path, **call.request_kwargs())
         return response.status_code, response.content
 
-    async def _call(self, call: Call[Any]) -> Any:  # type: ignore[override]
+    async def _call(self, call: Call[Any]) -> Any:
         attempt = 0
         while True:
             attempt += 1
@@ -656,12 +683,13 @@ class AsyncClient(_Operations):
                 raise TimeoutError(f"review gate {gate_id} still pending after {timeout} s")
             await asyncio.sleep(poll)
 
-    def runtime(self, session_id: int, runtime_family: str, **attach: Any):  # -> AsyncRuntimeLease
+    def runtime(self, session_id: int, runtime_family: str, **attach: Any) -> AsyncRuntimeLease:
         from novelforge_client.runtime import AsyncRuntimeLease
 
         return AsyncRuntimeLease.attaching(self, session_id, runtime_family, **attach)
 
-    def keep_alive(self, runtime_id: int, *, lease_seconds: int | None = None, detach: bool = True):
+    def keep_alive(self, runtime_id: int, *, lease_seconds: int | None = None,
+                   detach: bool = True) -> AsyncRuntimeLease:
         from novelforge_client.runtime import AsyncRuntimeLease
 
         return AsyncRuntimeLease(self, runtime_id, lease_seconds=lease_seconds, detach=detach)

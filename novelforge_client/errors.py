@@ -5,7 +5,8 @@ from its closed catalog; :func:`error_for` turns that into the class below regis
 code (``tests/client/test_errors.py`` checks every catalog code has one, with the same HTTP
 status). A code this client does not know (a newer server) becomes the class for its status, or
 :class:`NovelForgeError` itself. Transport failures that outlived the retries are
-:class:`TransportError` (``maybe_committed`` says whether the server may have acted).
+:class:`TransportError` (``maybe_committed`` says whether the server may have acted). A runtime
+lease the client held and found no longer live is :class:`LeaseLost`.
 """
 from __future__ import annotations
 
@@ -39,6 +40,22 @@ class TransportError(NovelForgeError):
     def __init__(self, message: str, *, maybe_committed: bool) -> None:
         super().__init__(message)
         self.maybe_committed = maybe_committed
+
+
+class LeaseLost(NovelForgeError):
+    """The runtime this client held for a session is no longer live: a heartbeat was refused
+    (``runtime_not_live``: the lease ran out and the reconciler marked it lost, or the session was
+    closed or failed; ``stale_runtime``: a newer generation took over; ``not_found``: the session
+    was forgotten). Raised by the client itself, not a code of the service's catalog:
+    ``details`` names ``thread_id``, ``runtime_id`` and the refusal's ``cause`` code, and the
+    refusal is the exception's ``__cause__``. The work can no longer write as that runtime:
+    resume the session (generation N+1) to continue."""
+
+    code = "lease_lost"
+
+    def __init__(self, message: str, *, thread_id: str, runtime_id: int, cause: NovelForgeError) -> None:
+        super().__init__(message, details={"thread_id": thread_id, "runtime_id": runtime_id, "cause": cause.code})
+        self.thread_id, self.runtime_id, self.cause = thread_id, runtime_id, cause
 
 
 class BadRequest(NovelForgeError):
@@ -369,11 +386,13 @@ class TooManySubscriptions(BadRequest):
     code = "too_many_subscriptions"
 
 
-#: code → class, for every code of the service's catalog (and the two grouping classes).
+#: code → class, for every code of the service's catalog (and the two grouping classes); the
+#: client's own (``TransportError``, ``LeaseLost``) are no answer of the service.
 CODES: dict[str, type[NovelForgeError]] = {
     cls.code: cls
     for cls in list(globals().values())
-    if isinstance(cls, type) and issubclass(cls, NovelForgeError) and cls not in (NovelForgeError, TransportError)
+    if isinstance(cls, type) and issubclass(cls, NovelForgeError)
+    and cls not in (NovelForgeError, TransportError, LeaseLost)
 }
 
 _BY_STATUS: dict[int, type[NovelForgeError]] = {

@@ -19,7 +19,13 @@ In LangGraph's terms, and ours:
 * ``delete_thread`` closes the session's runtime and forgets the session;
 * ``copy_thread`` opens a new session holding a copy of the thread's history (values shared by
   fingerprint); ``prune`` (``keep_latest``, ``delete``) and ``delete_for_runs`` remove
-  checkpoints, each session recording what went.
+  checkpoints, each session recording what went;
+* the **runtime** of every thread the saver opened or resumed is heartbeaten in the background
+  (one daemon thread, every third of the lease) until the thread is let go or the saver closed;
+  a runtime found no longer live raises :class:`~novelforge_client.errors.LeaseLost` from the
+  thread's next put, write or read;
+* a graph that calls :func:`review_gate` runs on a thread opened with
+  ``ThreadSpec(opens_gates=True)`` (a writer session: only writers and managers open gates).
 
 Usage::
 
@@ -46,15 +52,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -81,9 +89,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from novelforge_client._core import JSON_CONTENT, NOT_SENT, Call
 from novelforge_client._wire import AsyncWire, Wire, usable
-from novelforge_client.errors import GraphBlobMissing, PayloadTooLarge, error_for
+from novelforge_client.errors import (
+    GraphBlobMissing, LeaseLost, NotFound, NovelForgeError, PayloadTooLarge, RuntimeNotLive, StaleRuntime, error_for,
+)
 
-__all__ = ["NovelForgeSaver", "ThreadSpec", "review_gate", "REVIEW_GATE_KEY"]
+__all__ = ["NovelForgeSaver", "ThreadSpec", "review_gate", "REVIEW_GATE_KEY", "LeaseLost"]
+
+log = logging.getLogger("novelforge_client.langgraph")
 
 #: The key of an interrupt value that asks for a review gate (see :func:`review_gate`).
 REVIEW_GATE_KEY = "novelforge_review_gate"
@@ -109,6 +121,13 @@ _ASK_MAX = 500
 #: Sends of a request that failed before it left this process (what ``httpx.HTTPTransport(retries=2)``
 #: gives the httpx path): every graph request is safe to repeat, but only these are repeated here.
 _SENDS = 3
+#: The part of a runtime's lease between two of the saver's heartbeats (a third: two beats may
+#: fail before the lease runs out).
+HEARTBEAT_FRACTION = 1 / 3
+#: Heartbeat refusals that mean the runtime will never be live again (``novelforge_client.runtime``
+#: reads them the same way): the lease ran out and the reconciler marked it lost, the session was
+#: closed, failed or forgotten, or a newer generation took over.
+_LOST = (RuntimeNotLive, StaleRuntime, NotFound)
 
 
 @dataclass(frozen=True)
@@ -160,16 +179,55 @@ class _Held:
     entries: list[tuple[dict[str, Any], _Value]]
 
 
+@dataclass
+class _Lease:
+    """A thread's runtime the saver heartbeats (its background thread's schedule)."""
+
+    thread_id: str
+    runtime_id: int
+    lease_seconds: int | None  # None: the server's default, asked of the server first
+    due: float  # time.monotonic() of the next beat (or of asking the lease)
+    since: float  # time.monotonic() when the saver took the runtime (its lease fresh)
+    beats: int = 0
+
+    @property
+    def interval(self) -> float:
+        return (self.lease_seconds or 1) * HEARTBEAT_FRACTION
+
+
+#: The session roles that open review gates on their own work (docs/model.md, roles): the service
+#: refuses a gate to any other (403 ``forbidden``); a graph-thread is a ``specialist`` by default.
+GATE_OPENER_ROLES = ("writer", "manager")
+
+
 @dataclass(frozen=True)
 class ThreadSpec:
-    """How a new thread's session is opened (its first checkpoint opens it)."""
+    """How a new thread's session is opened (its first checkpoint opens it).
 
-    role: str = "specialist"
+    ``opens_gates=True``: the graph opens review gates (:func:`review_gate`), which only a writer
+    or manager session may; the thread is then opened as a ``writer`` unless ``role`` names the
+    ``manager``. Without it the thread is a ``specialist`` (no gates: refused ``forbidden``)."""
+
+    role: str = ""  # "": ``specialist``, or ``writer`` with ``opens_gates``
     memory_policy: str = "checkpoint_only"
     task_mode: str = "langgraph"
     runtime_family: str = "langgraph"
     capabilities: list[str] = field(default_factory=list)
     lease_seconds: int | None = None
+    opens_gates: bool = False
+
+    def __post_init__(self) -> None:
+        role = self.role or ("writer" if self.opens_gates else "specialist")
+        if self.opens_gates and role not in GATE_OPENER_ROLES:
+            raise ValueError(f"a thread that opens review gates is a writer or manager session, not {role!r}: "
+                             "leave role unset (writer) or name one of " + ", ".join(GATE_OPENER_ROLES))
+        object.__setattr__(self, "role", role)
+
+    def open_body(self) -> dict[str, Any]:
+        """The ``open`` object of a put or write (the session's fields; ``opens_gates`` chose the role)."""
+        body = asdict(self)
+        del body["opens_gates"]
+        return body
 
 
 def review_gate(
@@ -181,7 +239,9 @@ def review_gate(
 
     The checkpointer opens the gate (``POST /sessions/{id}/review-gates``, blind packet, routing)
     when LangGraph stores the interrupt; resume the graph with ``Command(resume=verdict)`` once
-    the verdict is bound (:meth:`NovelForgeSaver.wait_for_gate` returns the gate with it).
+    the verdict is bound (:meth:`NovelForgeSaver.wait_for_gate` returns the gate with it). Only a
+    writer or manager session opens gates: open the thread with ``ThreadSpec(opens_gates=True)``
+    (the default thread, a specialist, is refused :class:`~novelforge_client.errors.Forbidden`).
     """
     spec: dict[str, Any] = {"candidate_version_id": candidate_version_id, "rubric": dict(rubric), "route": route,
                             **extra}
@@ -229,7 +289,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self, *, url: str | None = None, token: str | None = None, thread_spec: ThreadSpec | None = None,
         serde: SerializerProtocol | None = None, timeout: float = 30.0, transport: httpx.BaseTransport | None = None,
         async_transport: httpx.AsyncBaseTransport | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        hold_writes: bool = True, hold_seconds: float = HOLD_WRITES_SECONDS,
+        hold_writes: bool = True, hold_seconds: float = HOLD_WRITES_SECONDS, heartbeat: bool = True,
     ) -> None:
         super().__init__(serde=serde)
         self.url = (url or os.environ.get("NOVELFORGE_URL") or "http://127.0.0.1:8000").rstrip("/")
@@ -267,6 +327,15 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self._held_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
         self._closed = threading.Event()
+        #: ``heartbeat``: one background thread renews the lease of every runtime this saver holds
+        #: (``runtimes``) every third of its lease, until the thread is let go or the saver closed.
+        self.heartbeats = heartbeat
+        self._leases: dict[str, _Lease] = {}
+        #: thread id → why its runtime is no longer live (raised by the thread's next put, write or read)
+        self._lost: dict[str, LeaseLost] = {}
+        self._lease_lock = threading.Lock()
+        self._beater: threading.Thread | None = None
+        self._wake = threading.Event()
 
     # ---- plumbing ---------------------------------------------------------------------------------
     def _async_client(self) -> httpx.AsyncClient:
@@ -283,7 +352,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         if self._wire is None:
             assert self._http is not None
             return raise_for_response(self._http.request(method, path, json=json, params=params))
-        call = Call(method, path, body=json, params=params or {})
+        call: Call[Any] = Call(method, path, body=json, params=params or {})
         body = call.content()
         for attempt in range(1, _SENDS + 1):
             try:
@@ -297,7 +366,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     async def _acall(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None) -> Any:
         if self._awire is None:
             return raise_for_response(await self._async_client().request(method, path, json=json, params=params))
-        call = Call(method, path, body=json, params=params or {})
+        call: Call[Any] = Call(method, path, body=json, params=params or {})
         body = call.content()
         for attempt in range(1, _SENDS + 1):
             try:
@@ -311,8 +380,10 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     def close(self) -> None:
         self._closed.set()
-        if self._flusher is not None and self._flusher is not threading.current_thread():
-            self._flusher.join(self._timeout)  # a send it has begun finishes before the wire closes
+        self._wake.set()
+        for worker in (self._flusher, self._beater):
+            if worker is not None and worker is not threading.current_thread():
+                worker.join(self._timeout)  # a send it has begun finishes before the wire closes
         self._flush_held()
         if self._wire is not None:
             self._wire.close()
@@ -507,7 +578,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     def _put_plan(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                   new_versions: ChannelVersions, held: Sequence[_Held] = ()) -> Callable[[bool], _Plan]:
         conf = _configurable(config)
-        document = dict(checkpoint)
+        document: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = document.pop("channel_values", {}) or {}
         # Serialized once, planned on each attempt (what the server holds may change between them).
         entries = [
@@ -520,7 +591,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             "checkpoint_id": checkpoint["id"], "parent_checkpoint_id": conf.get("checkpoint_id"),
             "checkpoint": _jsonable(document, "the checkpoint"),
             "metadata": _jsonable(get_serializable_checkpoint_metadata(config, metadata), "checkpoint metadata"),
-            "open": asdict(self.thread_spec),
+            "open": self.thread_spec.open_body(),
         }
         if not held:
             return lambda wait: self._plan(body, "blobs", entries, wait=wait)
@@ -535,7 +606,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     def _stored(self, out: Mapping[str, Any]) -> RunnableConfig:
         if out.get("runtime_id"):
-            self.runtimes[out["thread_id"]] = out["runtime_id"]
+            self._hold(out["thread_id"], out["runtime_id"])
         return {"configurable": {"thread_id": out["thread_id"], "checkpoint_ns": out["checkpoint_ns"],
                                  "checkpoint_id": out["checkpoint_id"]}}
 
@@ -553,7 +624,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                           entries: list[tuple[dict[str, Any], _Value]]) -> Callable[[bool], _Plan]:
         """A ``POST /graph-threads/writes`` of one task's writes (sent now, or held ones sent on their own)."""
         body = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id,
-                "task_id": task_id, "task_path": task_path, "open": asdict(self.thread_spec)}
+                "task_id": task_id, "task_path": task_path, "open": self.thread_spec.open_body()}
         return lambda wait: self._plan(body, "writes", entries, wait=wait)
 
     def _tuple(self, item: Mapping[str, Any]) -> CheckpointTuple:
@@ -562,14 +633,15 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             channel: self._load(blob) for channel, blob in item["blobs"].items() if blob["serde"] != "empty"
         }
         writes = sorted(item["pending_writes"], key=lambda w: writes_sort_key(w["task_path"], w["task_id"], w["idx"]))
-        config = {"configurable": {"thread_id": item["thread_id"], "checkpoint_ns": item["checkpoint_ns"],
-                                   "checkpoint_id": item["checkpoint_id"]}}
-        parent = None
+        config: RunnableConfig = {"configurable": {"thread_id": item["thread_id"], "checkpoint_ns": item["checkpoint_ns"],
+                                                   "checkpoint_id": item["checkpoint_id"]}}
+        parent: RunnableConfig | None = None
         if item.get("parent_checkpoint_id"):
             parent = {"configurable": {"thread_id": item["thread_id"], "checkpoint_ns": item["checkpoint_ns"],
                                        "checkpoint_id": item["parent_checkpoint_id"]}}
         return CheckpointTuple(
-            config=config, checkpoint=document, metadata=item["metadata"], parent_config=parent,
+            # the server answers the checkpoint's own fields (its blobs loaded above)
+            config=config, checkpoint=cast("Checkpoint", document), metadata=item["metadata"], parent_config=parent,
             pending_writes=[(w["task_id"], w["channel"], self._load(w)) for w in writes],
         )
 
@@ -602,6 +674,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     # ---- BaseCheckpointSaver: sync -------------------------------------------------------------------
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._raise_if_lost(config)
         self._flush_held()  # a read sees every write this saver was given
         items = self._call("GET", "/graph-threads/checkpoints", params=self._get_params(config))["items"]
         return self._tuple(items[0]) if items else None
@@ -628,6 +701,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
+        self._raise_if_lost(config)
         self._continue_if_waiting(config)
         conf = _configurable(config)
         held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
@@ -647,6 +721,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                    task_path: str = "") -> None:
+        self._raise_if_lost(config)
         conf = _configurable(config)
         if self.hold_writes and writes and all(channel not in WRITES_IDX_MAP for channel, _ in writes):
             # Ordinary writes: held for the put that follows (LangGraph's sync durability waits
@@ -667,7 +742,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                 self._on_interrupt(config, value)
 
     # ---- held writes ---------------------------------------------------------------------------------
-    def _take_held(self, key: tuple[str, str]) -> list[_Held]:
+    def _take_held(self, key: tuple[str, str]) -> builtins.list[_Held]:  # `list` is a method here
         with self._held_lock:
             return self._held.pop(key, [])
 
@@ -712,7 +787,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     def delete_thread(self, thread_id: str) -> None:
         self._flush_held()
         self._call("DELETE", "/graph-threads", params={"thread_id": str(thread_id)})
-        self.runtimes.pop(str(thread_id), None)
+        self._let_go(str(thread_id))
 
     # ---- copy, prune, delete for runs (LangGraph's extended capabilities) -------------------------------
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -758,6 +833,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     # ---- BaseCheckpointSaver: async ------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._raise_if_lost(config)
         if self._held:  # held by the sync put_writes (the async one sends at once)
             await asyncio.to_thread(self._flush_held)
         items = (await self._acall("GET", "/graph-threads/checkpoints", params=self._get_params(config)))["items"]
@@ -786,6 +862,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:
+        self._raise_if_lost(config)
         if str(_configurable(config).get("thread_id")) in self._waiting_on_user:
             await asyncio.to_thread(self._continue_if_waiting, config)
         return self._stored(await self._asend("/graph-threads/checkpoints",
@@ -793,6 +870,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                           task_path: str = "") -> None:
+        self._raise_if_lost(config)
         await self._asend("/graph-threads/writes", self._writes_plan(config, writes, task_id, task_path))
         for channel, value in writes:
             if channel == INTERRUPT:
@@ -803,7 +881,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         if self._held:
             await asyncio.to_thread(self._flush_held)
         await self._acall("DELETE", "/graph-threads", params={"thread_id": str(thread_id)})
-        self.runtimes.pop(str(thread_id), None)
+        self._let_go(str(thread_id))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         if self._held:
@@ -908,7 +986,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                 return gate
         return self._call("POST", f"/sessions/{session['id']}/review-gates", json={**spec, **self._runtime_param(thread_id)})
 
-    def pending_gates(self, thread_id: str) -> list[dict[str, Any]]:
+    def pending_gates(self, thread_id: str) -> builtins.list[dict[str, Any]]:  # `list` is a method here
         session = self.session_of(thread_id)
         gates = self._call("GET", f"/sessions/{session['id']}/review-gates", params={"limit": PAGE_MAX})["items"]
         return [g for g in gates if g["state"] == "pending"]
@@ -939,13 +1017,18 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             body["checkpoint_id"] = checkpoint_id
         report = self._call("POST", f"/sessions/{session['id']}/resume", json=body)
         if not dry_run and report.get("runtime_id"):
-            self.runtimes[str(thread_id)] = report["runtime_id"]
+            self._hold(str(thread_id), report["runtime_id"])
         return report
 
     def heartbeat(self, thread_id: str) -> dict[str, Any]:
-        """Renew the lease of the runtime this saver holds for the thread."""
+        """Renew the lease of the runtime this saver holds for the thread, now (the saver's
+        background thread does so every third of the lease), for the lease it was attached with."""
         runtime_id = self.runtimes[str(thread_id)]
-        return self._call("POST", f"/runtimes/{runtime_id}/heartbeat", json={})
+        lease = self._leases.get(str(thread_id))
+        seconds = lease.lease_seconds if lease is not None and lease.runtime_id == runtime_id else None
+        seconds = seconds or self.thread_spec.lease_seconds
+        return self._call("POST", f"/runtimes/{runtime_id}/heartbeat",
+                          json={"lease_seconds": seconds} if seconds else {})
 
     def release(self, thread_id: str) -> dict[str, Any]:
         """Close the thread session's live runtime (the graph process is going away; a waiting
@@ -953,5 +1036,97 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         session = self.session_of(thread_id)
         out = self._call("POST", f"/sessions/{session['id']}/close",
                          json={"reason": "graph released", **self._runtime_param(str(thread_id))})
-        self.runtimes.pop(str(thread_id), None)
+        self._let_go(str(thread_id))
         return out
+
+    # ---- the background heartbeat ------------------------------------------------------------------------
+    def _hold(self, thread_id: str, runtime_id: int) -> None:
+        """The saver holds the thread's runtime (it opened the thread, or resumed it): heartbeat it."""
+        with self._lease_lock:
+            self.runtimes[thread_id] = runtime_id
+            self._lost.pop(thread_id, None)
+            if not self.heartbeats:
+                return
+            seconds = self.thread_spec.lease_seconds  # None: the server's default, asked of the server first
+            now = time.monotonic()
+            self._leases[thread_id] = _Lease(thread_id, runtime_id, seconds,
+                                             now + seconds * HEARTBEAT_FRACTION if seconds else now, now)
+            if self._beater is None and not self._closed.is_set():
+                self._beater = threading.Thread(target=self._beat_loop, name="novelforge-saver-heartbeat",
+                                                daemon=True)
+                self._beater.start()
+        self._wake.set()
+
+    def _let_go(self, thread_id: str) -> None:
+        """The thread is deleted or released: no more heartbeats, nothing to raise."""
+        with self._lease_lock:
+            self.runtimes.pop(thread_id, None)
+            self._leases.pop(thread_id, None)
+            self._lost.pop(thread_id, None)
+
+    def lease_lost(self, thread_id: str) -> LeaseLost | None:
+        """Why the runtime this saver held for the thread is no longer live (None: it is, or the
+        saver holds none). The thread's next put, write or read raises it, until :meth:`resume`."""
+        return self._lost.get(str(thread_id))
+
+    def beats(self, thread_id: str) -> int:
+        """Heartbeats the server acknowledged for the runtime the saver holds for the thread."""
+        lease = self._leases.get(str(thread_id))
+        return lease.beats if lease is not None else 0
+
+    def _raise_if_lost(self, config: RunnableConfig) -> None:
+        lost = self._lost.get(str(_configurable(config).get("thread_id")))
+        if lost is not None:
+            raise LeaseLost(lost.message, thread_id=lost.thread_id, runtime_id=lost.runtime_id,
+                            cause=lost.cause) from lost.cause
+
+    def _beat_loop(self) -> None:
+        """The saver's heartbeat thread: one for every runtime it holds, sync and async alike."""
+        while not self._closed.is_set():
+            self._wake.clear()  # a runtime held from now on wakes the wait below
+            now = time.monotonic()
+            with self._lease_lock:
+                for thread_id, lease in list(self._leases.items()):
+                    if self.runtimes.get(thread_id) != lease.runtime_id:
+                        del self._leases[thread_id]  # let go (or replaced) outside _hold/_let_go
+                for thread_id, runtime_id in list(self.runtimes.items()):  # a copy: written elsewhere too
+                    if thread_id not in self._leases:
+                        self._leases[thread_id] = _Lease(thread_id, runtime_id, None, now, now)
+                due = [lease for lease in self._leases.values() if lease.due <= now]
+                after = min((lease.due for lease in self._leases.values()), default=None)
+            for lease in due:
+                if self._closed.is_set():
+                    return
+                self._beat(lease)
+            if not due:
+                self._wake.wait(None if after is None else max(0.0, after - time.monotonic()))
+
+    def _beat(self, lease: _Lease) -> None:
+        try:
+            if lease.lease_seconds is None:  # the lease it was attached with: the first beat is due a third into it
+                lease.lease_seconds = int(self._call("GET", f"/runtimes/{lease.runtime_id}")["lease_seconds"])
+                lease.due = lease.since + lease.interval
+                if lease.due > time.monotonic():
+                    return
+            self._call("POST", f"/runtimes/{lease.runtime_id}/heartbeat", json={"lease_seconds": lease.lease_seconds})
+        except _LOST as exc:
+            self._lose(lease, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 — the network or the server: tried again at the next interval
+            log.warning("heartbeat of runtime %s (graph thread %r) failed, tried again in %.1f s: %s",
+                        lease.runtime_id, lease.thread_id, lease.interval, exc)
+        else:
+            lease.beats += 1
+        lease.due = time.monotonic() + lease.interval
+
+    def _lose(self, lease: _Lease, exc: NovelForgeError) -> None:
+        with self._lease_lock:
+            if self.runtimes.get(lease.thread_id) != lease.runtime_id:
+                return  # let go meanwhile (deleted, released, resumed): nothing was lost
+            del self.runtimes[lease.thread_id]
+            self._leases.pop(lease.thread_id, None)
+            self._lost[lease.thread_id] = LeaseLost(
+                f"the runtime {lease.runtime_id} of graph thread {lease.thread_id!r} is no longer live ({exc.code}): "
+                "resume the thread to continue", thread_id=lease.thread_id, runtime_id=lease.runtime_id, cause=exc)
+        log.warning("graph thread %r lost its runtime %s (%s: %s); its next put, write or read raises LeaseLost",
+                    lease.thread_id, lease.runtime_id, exc.code, exc.message)

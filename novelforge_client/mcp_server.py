@@ -30,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import AnyHttpUrl, BaseModel, Field
 
 try:
     from mcp.server.auth.middleware.auth_context import get_access_token
@@ -108,10 +108,12 @@ class NovelForgeTokenVerifier:
             await c.project()
         except NovelForgeError as exc:
             if exc.status != 403:  # 403: authenticated, without `read`; anything else is not a verified token
-                return await self._refused(key, c, forget=exc.status == 401 or not known,
-                                           why=None if exc.status == 401 else exc.code)
+                await self._refused(key, c, forget=exc.status == 401 or not known,
+                                    why=None if exc.status == 401 else exc.code)
+                return None
         except Exception as exc:  # not the service's answer (a wrong NOVELFORGE_URL): refused, never a 500
-            return await self._refused(key, c, forget=not known, why=type(exc).__name__)
+            await self._refused(key, c, forget=not known, why=type(exc).__name__)
+            return None
         self._verified_until[key] = time.monotonic() + self.verified_for
         return self._access(token, key)
 
@@ -199,8 +201,8 @@ async def _run(call: Callable[[AsyncClient], Awaitable[Any]]) -> CallToolResult:
         return _error(NovelForgeError(str(exc), code="timeout", status=0))
 
 
-_WRITE = ToolAnnotations(readOnlyHint=False, destructiveHint=False)
-_READ = ToolAnnotations(readOnlyHint=True)
+_WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False)  # readOnlyHint, destructiveHint on the wire
+_READ = ToolAnnotations(read_only_hint=True)
 _TOOLS: list[tuple[Callable[..., Awaitable[CallToolResult]], ToolAnnotations]] = []
 _F = TypeVar("_F", bound=Callable[..., Awaitable[CallToolResult]])
 
@@ -303,8 +305,9 @@ async def checkpoint(
     Give an `idempotency_key` when this call may be repeated (a host retrying after a timeout)."""
     # The client resends the same key on its own retries within this call; a key given here also
     # covers the host repeating the whole tool call.
-    return await _run(lambda c: c.checkpoint(run_id, boundary=boundary, cursor=cursor, artifacts=artifacts or None,
-                                             pending=pending or None, idempotency_key=idempotency_key))
+    return await _run(lambda c: c.checkpoint(run_id, boundary=boundary, cursor=cursor,
+                                             artifacts=list(artifacts) or None, pending=pending or None,
+                                             idempotency_key=idempotency_key))
 
 
 @_tool(_WRITE)
@@ -337,7 +340,7 @@ async def hand_off(
     timeout_seconds: Annotated[int | None, Field(ge=1, le=86400)] = None,
 ) -> CallToolResult:
     """Freeze a job for another worker; the session waits in `awaiting_external` until its result binds."""
-    return await _run(lambda c: c.hand_off(run_id, logical_id, inputs=inputs or None, params=params or None,
+    return await _run(lambda c: c.hand_off(run_id, logical_id, inputs=list(inputs) or None, params=params or None,
                                            result_schema=result_schema or None,
                                            required_capabilities=required_capabilities or None,
                                            timeout_seconds=timeout_seconds))
@@ -412,7 +415,7 @@ def build_server(verifier: NovelForgeTokenVerifier | None = None) -> MCPServer:
     if verifier is not None:
         # A resource server only: no OAuth routes, no protected-resource metadata (NovelForge issues
         # its tokens itself: `manage.py create_api_token` or the admin).
-        auth = AuthSettings(issuer_url=verifier.base_url, resource_server_url=None)
+        auth = AuthSettings(issuer_url=AnyHttpUrl(verifier.base_url), resource_server_url=None)
     mcp = MCPServer(name="novelforge-sessions", instructions=INSTRUCTIONS, token_verifier=verifier, auth=auth)
     for fn, hints in _TOOLS:
         mcp.add_tool(fn, annotations=hints)

@@ -56,7 +56,7 @@ class ArtifactIn(RequestModel):
     """ArtifactIn"""
 
     name: str = Field(description='1–200 characters, not all of them whitespace')
-    kind: str = Field(default='document')
+    kind: str = Field(default='document', description='free-form, except `graph-blob`: reserved for graph state blobs (422)')
     content: str
 
 
@@ -113,6 +113,16 @@ class AssignmentOut(ResponseModel):
     state: str
 
 
+class AttachIn(RequestModel):
+    """A runtime to attach, with an optional idempotency key."""
+
+    runtime_family: str
+    capabilities: list[str] | None = Field(default=None)
+    provider_metadata: dict[str, StorableJson] | None = Field(default=None, description="metadata only; never a key, never authority; at most 8192 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
+    lease_seconds: int | None = Field(default=None)
+    idempotency_key: str | None = Field(default=None, description='makes the write safe to retry (scoped to the session): the same key and body replay the first answer (same status, the same object, nothing written again); the same key with another body is 409 idempotency_key_reused')
+
+
 class AuthorityChangeOut(ResponseModel):
     """AuthorityChangeOut"""
 
@@ -154,6 +164,7 @@ class BatchIn(RequestModel):
     """Several durable steps of one run, written in one transaction, all or nothing."""
 
     items: list[Any] = Field(description='1..100 steps, applied in order: checkpoints (numbered consecutively) and cursor advances')
+    idempotency_key: str | None = Field(default=None, description='makes the write safe to retry (scoped to the run): the same key and body replay the first answer (same status, the same object, nothing written again); the same key with another body is 409 idempotency_key_reused')
 
 
 class BatchItemOut(ResponseModel):
@@ -362,6 +373,7 @@ class GateIn(RequestModel):
     reviewer_session_ids: list[int] | None = Field(default=None, description='agent route: semantic_reviewer sessions to assign (one verdict each, at most 10); other slots are claimable')
     calibration: CalibrationIn | None = Field(default=None, description='hidden: scores reviewers afterwards; never in a packet, a page for reviewers or an event')
     runtime_id: int | None = Field(default=None, description='the opening runtime (generation fencing): required once the session has had a second runtime generation; 409 stale_runtime when it is not the live one')
+    idempotency_key: str | None = Field(default=None, description='makes the write safe to retry (scoped to the session): the same key and body replay the first answer (same status, the same object, nothing written again); the same key with another body is 409 idempotency_key_reused')
 
 
 class GateOut(ResponseModel):
@@ -624,6 +636,7 @@ class HandoffIn(RequestModel):
     result_schema: dict[str, Literal["any", "array", "boolean", "integer", "number", "object", "string"]] | dict[str, Any] | None = Field(default=None, description='the result\'s shape, part of the frozen job: either the short form (required result keys → string|integer|number|boolean|object|array|any) or a full JSON Schema (Draft 2020-12, with "$schema": "https://json-schema.org/draft/2020-12/schema"). Results are validated with jsonschema; each problem is reported with its path (422 invalid_result).; at most 4096 bytes as UTF-8 (`x-max-bytes`; a string\'s own bytes, any other value\'s compact JSON): over it, 422 naming the field')
     required_capabilities: list[str] | None = Field(default=None)
     timeout_seconds: int | None = Field(default=None, description='lease length of one attempt (default 300)')
+    idempotency_key: str | None = Field(default=None, description='makes the write safe to retry (scoped to the run): the same key and body replay the first answer (same status, the same object, nothing written again); the same key with another body is 409 idempotency_key_reused')
 
 
 class HandoffOut(ResponseModel):
@@ -983,6 +996,7 @@ class RunIn(RequestModel):
     cursor: dict[str, StorableJson] | None = Field(default=None, description="at most 8192 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     frozen_inputs: list[StorableJson] | None = Field(default=None, description="at most 16384 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     runtime_id: int | None = Field(default=None, description="the runtime this write comes from (the id create-with-runtime, attach and resume return): refused 409 `stale_runtime` unless it is the session's live runtime. Token writes to a session that has had more than one generation must name it (409 `runtime_required`)")
+    idempotency_key: str | None = Field(default=None, description='makes the write safe to retry (scoped to the session): the same key and body replay the first answer (same status, the same object, nothing written again); the same key with another body is 409 idempotency_key_reused')
 
 
 class RunOut(ResponseModel):

@@ -70,29 +70,10 @@ class _LeaseState:
         return False
 
 
-class RuntimeLease:
-    """Sync: a daemon thread heartbeats; see the module doc."""
+class _LeaseView:
+    """What the work reads of a lease, sync or async."""
 
-    def __init__(self, client: Client, runtime_id: int, *, lease_seconds: int | None = None, fraction: float = 1 / 3,
-                 on_abort: Callable[[HeartbeatOut], Any] | None = None, detach: bool = True) -> None:
-        self.client = client
-        self._state = _LeaseState(runtime_id, lease_seconds, fraction, on_abort, detach)
-        self.abort_requested = threading.Event()
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @classmethod
-    def attaching(cls, client: Client, session_id: int, runtime_family: str, *, capabilities: list[str] | None = None,
-                  provider_metadata: dict[str, Any] | None = None, lease_seconds: int | None = None,
-                  fraction: float = 1 / 3, on_abort: Callable[[HeartbeatOut], Any] | None = None,
-                  detach: bool = True) -> RuntimeLease:
-        runtime = client.attach(session_id, runtime_family, capabilities=capabilities,
-                                provider_metadata=provider_metadata, lease_seconds=lease_seconds)
-        lease = cls(client, runtime.id, lease_seconds=lease_seconds, fraction=fraction, on_abort=on_abort, detach=detach)
-        lease._state.runtime = runtime
-        lease._state.lease_seconds = runtime.lease_seconds
-        return lease
+    _state: _LeaseState
 
     # ---- what the work reads ----------------------------------------------------------------
     @property
@@ -116,6 +97,31 @@ class RuntimeLease:
     @property
     def lost_reason(self) -> NovelForgeError | None:
         return self._state.lost_reason
+
+
+class RuntimeLease(_LeaseView):
+    """Sync: a daemon thread heartbeats; see the module doc."""
+
+    def __init__(self, client: Client, runtime_id: int, *, lease_seconds: int | None = None, fraction: float = 1 / 3,
+                 on_abort: Callable[[HeartbeatOut], Any] | None = None, detach: bool = True) -> None:
+        self.client = client
+        self._state = _LeaseState(runtime_id, lease_seconds, fraction, on_abort, detach)
+        self.abort_requested = threading.Event()
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def attaching(cls, client: Client, session_id: int, runtime_family: str, *, capabilities: list[str] | None = None,
+                  provider_metadata: dict[str, Any] | None = None, lease_seconds: int | None = None,
+                  fraction: float = 1 / 3, on_abort: Callable[[HeartbeatOut], Any] | None = None,
+                  detach: bool = True) -> RuntimeLease:
+        runtime = client.attach(session_id, runtime_family, capabilities=capabilities,
+                                provider_metadata=provider_metadata, lease_seconds=lease_seconds)
+        lease = cls(client, runtime.id, lease_seconds=lease_seconds, fraction=fraction, on_abort=on_abort, detach=detach)
+        lease._state.runtime = runtime
+        lease._state.lease_seconds = runtime.lease_seconds
+        return lease
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> RuntimeLease:
@@ -167,7 +173,7 @@ class RuntimeLease:
             self._beat()
 
 
-class AsyncRuntimeLease:
+class AsyncRuntimeLease(_LeaseView):
     """Async: an asyncio task heartbeats; see the module doc."""
 
     def __init__(self, client: AsyncClient, runtime_id: int, *, lease_seconds: int | None = None,
@@ -177,7 +183,7 @@ class AsyncRuntimeLease:
         self._state = _LeaseState(runtime_id, lease_seconds, fraction, on_abort, detach)
         self.abort_requested = asyncio.Event()
         self.lost = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._attach: dict[str, Any] | None = None
 
     @classmethod
@@ -189,12 +195,6 @@ class AsyncRuntimeLease:
         lease._attach = {"session_id": session_id, "runtime_family": runtime_family, "capabilities": capabilities,
                          "provider_metadata": provider_metadata, "lease_seconds": lease_seconds}
         return lease
-
-    id = RuntimeLease.id
-    runtime = RuntimeLease.runtime
-    beats = RuntimeLease.beats
-    last_heartbeat = RuntimeLease.last_heartbeat
-    lost_reason = RuntimeLease.lost_reason
 
     async def __aenter__(self) -> AsyncRuntimeLease:
         if self._attach is not None:  # attaching is a request: it happens here, awaited

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.sync.client import connect
+from websockets.typing import Origin
 
 from novelforge_client.errors import BadRequest, Forbidden, NovelForgeError, Unauthorized
 
@@ -95,7 +96,7 @@ class EventStream:
             backoff = min(self.max_backoff, backoff * 2)
 
     def _one_connection(self) -> Iterator[dict[str, Any]]:
-        with connect(self.url, origin=self.origin, additional_headers={"Authorization": f"Bearer {self.token}"},
+        with connect(self.url, origin=Origin(self.origin), additional_headers={"Authorization": f"Bearer {self.token}"},
                      open_timeout=self.open_timeout) as ws:
             self._socket = ws
             # batch: the events one delivery found come in one frame ({"type": "events"}), in id order.

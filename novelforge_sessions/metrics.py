@@ -43,7 +43,7 @@ from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.decorators import sync_and_async_middleware
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -70,6 +70,13 @@ REQUEST_SECONDS = Histogram(
     f"{PREFIX}_http_request_duration_seconds",
     "Time from the first middleware to the response, by method, route template and status code.",
     ["method", "route", "status"],
+)
+
+#: Counted by the process that collects (the reconciler, ``control/graph_gc.py``): a server's
+#: scrape answers it when the reconciler shares ``PROMETHEUS_MULTIPROC_DIR`` with the servers.
+GRAPH_BLOBS_COLLECTED = Counter(
+    f"{PREFIX}_graph_blobs_collected",
+    "Graph state blobs removed by garbage collection because nothing cited them.",
 )
 
 #: Methods kept as a label value; any other becomes "other" (a client picks the method).

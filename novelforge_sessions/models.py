@@ -94,6 +94,13 @@ class Membership(models.Model):
         ]
 
 
+#: The kind of the graph's state blobs (``control/graphs.py``: one immutable version, named
+#: ``blob:<its fingerprint>``), which garbage collection removes once nothing cites them
+#: (``control/graph_gc.py``). Reserved: the artifacts API refuses to create an artifact of this
+#: kind or to add a version to one, so every artifact of the kind is a blob the graph wrote.
+GRAPH_BLOB_KIND = "graph-blob"
+
+
 class Artifact(models.Model):
     # No index of its own: ``artifact_name_unique_per_project`` (project, name) serves every lookup
     # by project, the cascade included; a second index would only cost each insert.
@@ -108,6 +115,9 @@ class Artifact(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [models.UniqueConstraint(fields=["project", "name"], name="artifact_name_unique_per_project")]
+        # Garbage collection walks the graph's blobs in id order (``control/graph_gc.py``),
+        # never the project's other artifacts.
+        indexes = [models.Index(fields=["id"], condition=Q(kind=GRAPH_BLOB_KIND), name="artifact_graph_blobs")]
 
     def __str__(self) -> str:
         return self.name
@@ -277,6 +287,12 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["id"]
+        indexes = [
+            # Garbage collection asks whether any run's frozen inputs cite an artifact
+            # (``control/graph_gc.py``): runs that cite nothing never touch the index.
+            GinIndex(fields=["frozen_inputs"], opclasses=["jsonb_path_ops"], condition=~Q(frozen_inputs=[]),
+                     name="run_cites_inputs"),
+        ]
         constraints = [
             models.CheckConstraint(condition=_in_enum("state", rt.RunState), name="run_state_enum"),
             models.UniqueConstraint(fields=["session", "seq"], name="run_seq_unique_per_session"),
@@ -322,6 +338,51 @@ class Checkpoint(models.Model):
                 fields=["run", "idempotency_key"], condition=Q(idempotency_key__isnull=False),
                 name="checkpoint_idempotency_key_unique_per_run",
             ),
+        ]
+
+
+class KeyedOperation(models.TextChoices):
+    """The writes that take an idempotency key in an ``IdempotentRequest``, and what each scopes it to."""
+
+    START_RUN = "start_run"  # scope: the session
+    ATTACH = "attach"  # scope: the session
+    OPEN_GATE = "open_gate"  # scope: the session
+    BATCH = "batch"  # scope: the run
+    HAND_OFF = "hand_off"  # scope: the run
+
+
+class IdempotentRequest(models.Model):
+    """The first answer of an agent write that creates something, under the client's idempotency
+    key (docs/agents.md#idempotency-keys): start a run, attach a runtime, a batch, a handoff, open
+    a review gate. Written in the same transaction as the write it answers, so it exists exactly
+    when the write committed; a retry with the same key and body replays ``answer``, another body
+    is ``idempotency_key_reused`` (``actions/idempotency.py``). Rows go with their session."""
+
+    Operation = KeyedOperation
+
+    # No index of its own: rows are found by the unique (operation, scope_id, key); the cascade
+    # from a forgotten session is rare and may scan.
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="+", db_index=False)
+    operation = models.CharField(max_length=16, choices=KeyedOperation.choices)
+    #: The id of the parent the key is scoped to: the session (start_run, attach, open_gate) or
+    #: the run (batch, hand_off) named in the request's path.
+    scope_id = models.BigIntegerField()
+    key = models.CharField(max_length=200)
+    request_digest = models.CharField(max_length=64)
+    #: The first answer's status and what rebuilds it: the created object's id (and, for a
+    #: batch, its checkpoints' ids and the run's count).
+    status = models.PositiveSmallIntegerField()
+    answer = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(operation__in=[o.value for o in KeyedOperation]),
+                                   name="idempotent_request_operation_enum"),
+            # One first answer per key and parent: a concurrent retry's insert waits on this index
+            # and then finds the committed row (its own write rolled back, the first replayed).
+            models.UniqueConstraint(fields=["operation", "scope_id", "key"], name="idempotent_request_key_unique"),
         ]
 
 

@@ -286,6 +286,19 @@ LIVE_FEED_READS_PER_SECOND = _strict_int("LIVE_FEED_READS_PER_SECOND", default=2
 # REDIS_URL the Redis layer crosses processes itself and this is off.
 LIVE_PG_NOTIFY = _strict_bool("LIVE_PG_NOTIFY", default=True) and not REDIS_URL
 
+# Garbage collection of graph state (docs/deployment.md#graph-state-garbage-collection), a step
+# of every reconciler pass (control/graph_gc.py): at most GRAPH_GC_MAX_PER_PASS unreferenced
+# blobs removed per pass, examined GRAPH_GC_BATCH at a time (each batch its own short
+# transaction), never one younger than GRAPH_GC_GRACE_SECONDS (an upload waiting for the put that
+# will cite it). GRAPH_RETENTION_DAYS > 0: a graph session at rest (idle, completed, failed,
+# terminated, stale) for that many days keeps only its latest checkpoint per namespace, at most
+# GRAPH_RETENTION_SESSIONS_PER_PASS sessions a pass; 0 keeps every checkpoint.
+GRAPH_GC_MAX_PER_PASS = _strict_int("GRAPH_GC_MAX_PER_PASS", default=2000, minimum=0)
+GRAPH_GC_BATCH = _strict_int("GRAPH_GC_BATCH", default=500, minimum=1)
+GRAPH_GC_GRACE_SECONDS = _strict_int("GRAPH_GC_GRACE_SECONDS", default=3600, minimum=0)
+GRAPH_RETENTION_DAYS = _strict_int("GRAPH_RETENTION_DAYS", default=0, minimum=0)
+GRAPH_RETENTION_SESSIONS_PER_PASS = _strict_int("GRAPH_RETENTION_SESSIONS_PER_PASS", default=50, minimum=1)
+
 # Signed webhooks (docs/webhooks.md): the sender (manage.py send_webhooks) refuses endpoints on
 # private, loopback and link-local addresses unless this is on (a receiver on one's own network).
 WEBHOOK_ALLOW_PRIVATE = _strict_bool("WEBHOOK_ALLOW_PRIVATE", default=False)

@@ -10,7 +10,7 @@ decisions or scores — because anything in the event log can reach a websocket 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +24,7 @@ from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
+from novelforge_sessions.actions import idempotency
 from novelforge_sessions.actions.lifecycle import (
     BIGINT_MAX, Outbox, apply_transition, check, fence_runtime, lock_session, move, move_rows, open_run,
     require_live_runtime,
@@ -48,7 +49,7 @@ from novelforge_sessions.errors import (
     VerdictConflict,
 )
 from novelforge_sessions.models import (
-    LIVE_RUNTIME_PARAMS, Artifact, ArtifactVersion, Event, Membership, RuntimeAttachment, Run, Session,
+    LIVE_RUNTIME_PARAMS, Artifact, ArtifactVersion, Event, KeyedOperation, Membership, RuntimeAttachment, Run, Session,
 )
 from reviews import packets, verdicts
 from reviews.access import (
@@ -190,15 +191,29 @@ def _live_agent_reviewers(writer: Session) -> dict[str, Any]:
     }
 
 
-def open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
+def open_gate(caller: Caller, session_id: int, spec: GateSpec, *, idempotency_key: str | None = None) -> ReviewGate:
     """Freeze a candidate and rubric for review, build the blind packet, assign reviewers.
 
     A page or relay route moves the session ``running → awaiting_user``; the agent route
     creates one control-plane handoff per required verdict and moves it ``running →
     awaiting_external``. Either way the open run stays open and continues when the required
     verdicts are bound.
+
+    With an ``idempotency_key`` (scoped to the session), the same key and body answer the gate
+    the first request opened, writing nothing; another body is ``idempotency_key_reused``
+    (``novelforge_sessions/actions/idempotency.py``).
     """
     caller.require("write")
+    key = idempotency.key_for(KeyedOperation.OPEN_GATE, session_id, idempotency_key, asdict(spec))
+
+    def write() -> tuple[ReviewGate, int, idempotency.Answer]:
+        gate = _open_gate(caller, session_id, spec)
+        return gate, gate.session_id, idempotency.Answer(201, {"id": gate.id})
+
+    return idempotency.once(caller, key, write, lambda first: ReviewGate.objects.get(id=first.data["id"]))
+
+
+def _open_gate(caller: Caller, session_id: int, spec: GateSpec) -> ReviewGate:
     valid = validate_gate_spec(spec)
     with transaction.atomic():
         session = lock_session(caller, session_id)

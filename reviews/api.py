@@ -23,7 +23,7 @@ from novelforge_sessions.access import Caller
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX
 from novelforge_sessions.apikit.common import RUNTIME_GONE, caller, errors, get_or_404, keyset, require_json_media_type
 from novelforge_sessions.apikit.schemas import (
-    MAX_BODY_DEPTH, NON_BLANK_TEXT, Page, Strict, loads_json, max_bytes, nested_deeper_than, page_after, page_limit,
+    MAX_BODY_DEPTH, NON_BLANK_TEXT, Page, Strict, idempotency_key_field, loads_json, max_bytes, nested_deeper_than, page_after, page_limit,
     refuse_unstorable_text,
 )
 from novelforge_sessions.errors import MalformedBody
@@ -122,6 +122,7 @@ class GateIn(Strict):
         None, ge=1, description="the opening runtime (generation fencing): required once the session has had a "
         "second runtime generation; 409 stale_runtime when it is not the live one",
     )
+    idempotency_key: str | None = idempotency_key_field("session")
 
     # Each route takes its own reviewers: page and relay name users (at least one), the agent
     # route reviewer sessions and at most MAX_AGENT_VERDICTS verdicts (actions.validate_gate_spec).
@@ -330,7 +331,9 @@ def packet_out(a: ReviewAssignment) -> dict[str, Any]:
     summary="Open a review gate: freeze a candidate + rubric, build the blind packet, route it",
     description="Needs the open run of a `running` writer/manager session. A `page` or `relay` route moves the "
     "session to `awaiting_user` until the required verdicts are bound. Reviewers must be independent "
-    "(403 `independence_violation`). " + RUNTIME_GONE,
+    "(403 `independence_violation`). With an `idempotency_key` (scoped to the session) the same key and body "
+    "answer 201 with the gate the first request opened, writing nothing; another body is 409 "
+    "`idempotency_key_reused`. " + RUNTIME_GONE,
 )
 def open_gate(request: HttpRequest, session_id: int, body: GateIn):
     spec = actions.GateSpec(
@@ -340,7 +343,7 @@ def open_gate(request: HttpRequest, session_id: int, body: GateIn):
         calibration=body.calibration.model_dump() if body.calibration else None, runtime_id=body.runtime_id,
     )
     who = caller(request)
-    gate = actions.open_gate(who, session_id, spec)
+    gate = actions.open_gate(who, session_id, spec, idempotency_key=body.idempotency_key)
     return Status(201, gate_out(_gates(ReviewGate.objects).get(id=gate.id), who))
 
 

@@ -78,6 +78,7 @@ def test_the_package_ships_every_module(built):
     for package in CODE:
         shipped = _files(built / package, "*.py") - _files(built / package, "_site/**/*.py")
         assert shipped == _files(ROOT / package, "*.py"), package
+    assert (built / "novelforge_client" / "py.typed").is_file(), "the client's types ship with it (PEP 561)"
 
 
 def test_every_template_and_static_folder_is_a_listed_package():

@@ -13,7 +13,7 @@ from novelforge_sessions import event_types as ev
 from novelforge_sessions import events
 from novelforge_sessions.access import Caller
 from novelforge_sessions.errors import ArtifactExists, NotFound, UnknownArtifactVersion, ValidationFailed
-from novelforge_sessions.models import Artifact, ArtifactVersion, content_fingerprint
+from novelforge_sessions.models import GRAPH_BLOB_KIND, Artifact, ArtifactVersion, content_fingerprint
 
 MAX_ARTIFACT_BYTES = 1024 * 1024
 MAX_NAME_LENGTH = 200
@@ -70,6 +70,10 @@ def create_artifact(caller: Caller, *, name: str, kind: str, content: str) -> Ar
                                limit=MAX_NAME_LENGTH)
     if not name.strip():
         raise ValidationFailed("name must not be blank (empty or only whitespace)", field="name")
+    if kind == GRAPH_BLOB_KIND:
+        # Reserved for the graph's state blobs, which garbage collection removes once unreferenced:
+        # an artifact made here is never one of them.
+        raise ValidationFailed(f"the kind {GRAPH_BLOB_KIND!r} is reserved for graph state blobs", field="kind")
     data = _check_content(content)
     project = caller.single_project()
     try:
@@ -99,6 +103,8 @@ def add_artifact_version(caller: Caller, artifact_id: int, *, content: str) -> A
             )
         except Artifact.DoesNotExist:
             raise NotFound("artifact not found", artifact_id=artifact_id) from None
+        if artifact.kind == GRAPH_BLOB_KIND:
+            raise ValidationFailed("a graph state blob has one immutable version", field="artifact_id")
         last = artifact.versions.order_by("-number").values_list("number", flat=True).first() or 0
         version = ArtifactVersion.objects.create(
             artifact=artifact, number=last + 1, content=content, fingerprint=content_fingerprint(data), created_by=caller.label

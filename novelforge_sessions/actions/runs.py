@@ -11,6 +11,7 @@ from novelforge_sessions import events
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
+from novelforge_sessions.actions import idempotency
 from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import (
     BIGINT_MAX,
@@ -25,7 +26,7 @@ from novelforge_sessions.actions.lifecycle import (
     require_live_runtime,
 )
 from novelforge_sessions.errors import NoLiveRuntime, NotFound, OpenConflict, OpenRunExists, RunNotOpen, ValidationFailed
-from novelforge_sessions.models import Checkpoint, Run, RuntimeAttachment, Session
+from novelforge_sessions.models import Checkpoint, KeyedOperation, Run, RuntimeAttachment, Session
 
 
 def create_run(
@@ -55,11 +56,33 @@ def create_run(
 def start_run(
     caller: Caller, session_id: int, *, task_mode: str | None = None, target: str = "",
     cursor: dict[str, Any] | None = None, frozen_inputs: list | None = None, runtime_id: int | None = None,
+    idempotency_key: str | None = None,
 ) -> Run:
     """Run N+1. Refusals, most fundamental first: not found → lifecycle (``open_run_exists`` in
     a state that holds a run, ``illegal_transition`` where running cannot be entered) →
-    generation fencing → ``no_live_runtime`` → ``open_conflict``."""
+    generation fencing → ``no_live_runtime`` → ``open_conflict``.
+
+    With an ``idempotency_key`` (scoped to the session), the same key and body answer the run
+    the first request started, writing nothing, whatever the session did since; another body is
+    ``idempotency_key_reused`` (``actions/idempotency.py``)."""
     caller.require("write")
+    key = idempotency.key_for(KeyedOperation.START_RUN, session_id, idempotency_key, {
+        "task_mode": task_mode, "target": target, "cursor": cursor, "frozen_inputs": frozen_inputs,
+        "runtime_id": runtime_id,
+    })
+
+    def write() -> tuple[Run, int, idempotency.Answer]:
+        run = _start_run(caller, session_id, task_mode=task_mode, target=target, cursor=cursor,
+                         frozen_inputs=frozen_inputs, runtime_id=runtime_id)
+        return run, run.session_id, idempotency.Answer(201, {"id": run.id})
+
+    return idempotency.once(caller, key, write, lambda first: Run.objects.get(id=first.data["id"]))
+
+
+def _start_run(
+    caller: Caller, session_id: int, *, task_mode: str | None, target: str, cursor: dict[str, Any] | None,
+    frozen_inputs: list | None, runtime_id: int | None,
+) -> Run:
     if task_mode is not None:
         check(rt.validate_name, task_mode, "task_mode")
     if cursor is not None and not isinstance(cursor, dict):

@@ -18,7 +18,7 @@ runtime is gone would — whether or not a reconciler pass ran first.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,6 +31,7 @@ from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import SYSTEM, Caller
+from novelforge_sessions.actions import idempotency
 from novelforge_sessions.actions.lifecycle import (
     Outbox,
     apply_transition,
@@ -42,7 +43,7 @@ from novelforge_sessions.actions.lifecycle import (
     recorded_runtime,
 )
 from novelforge_sessions.errors import LiveRuntimeExists, NotFound, OpenRunExists, RuntimeNotLive, ValidationFailed
-from novelforge_sessions.models import Run, RuntimeAttachment, Session
+from novelforge_sessions.models import KeyedOperation, Run, RuntimeAttachment, Session
 
 log = logging.getLogger("novelforge.runtimes")
 
@@ -185,7 +186,8 @@ def refuse_live_runtime(session: Session, outbox: Outbox, message: str, *, now: 
         raise LiveRuntimeExists(message, runtime_id=record.id, generation=record.generation)
 
 
-def attach_runtime(caller: Caller, session_id: int, spec: RuntimeSpec) -> RuntimeAttachment:
+def attach_runtime(caller: Caller, session_id: int, spec: RuntimeSpec, *,
+                   idempotency_key: str | None = None) -> RuntimeAttachment:
     """Generation N+1 for a session without an open run. Refusals, most fundamental first: not
     found → ``illegal_transition`` (the session can never run again: completed, stale,
     terminated) → ``live_runtime_exists`` (one is live by its lease) → ``open_run_exists`` (the
@@ -198,8 +200,23 @@ def attach_runtime(caller: Caller, session_id: int, spec: RuntimeSpec) -> Runtim
     holds it). Left alone, the session keeps waiting and fails ``runtime_lost`` when the wait
     settles (``wake_waiting_session``). A refusal writes nothing (an expired record tidied on
     the way is rolled back with it; the reconciler records it).
+
+    With an ``idempotency_key`` (scoped to the session), the same key and body answer the runtime
+    the first request attached, writing nothing; another body is ``idempotency_key_reused``
+    (``actions/idempotency.py``).
     """
     caller.require("write")
+    key = idempotency.key_for(KeyedOperation.ATTACH, session_id, idempotency_key, asdict(spec))
+
+    def write() -> tuple[RuntimeAttachment, int, idempotency.Answer]:
+        attachment = _attach_runtime(caller, session_id, spec)
+        return attachment, attachment.session_id, idempotency.Answer(201, {"id": attachment.id})
+
+    return idempotency.once(caller, key, write,
+                            lambda first: RuntimeAttachment.objects.get(id=first.data["id"]))
+
+
+def _attach_runtime(caller: Caller, session_id: int, spec: RuntimeSpec) -> RuntimeAttachment:
     with transaction.atomic():
         session = lock_session(caller, session_id)
         if session.status not in _ATTACHABLE:

@@ -23,7 +23,7 @@ from novelforge_sessions.control import routing as routing_actions
 from novelforge_sessions.apikit.common import RUNTIME_GONE, caller, errors, get_or_404, keyset
 from novelforge_sessions.api.schemas import CAPABILITIES, HandoffStateName, IntentStateName, ReasonIn, ShortNameDeclared
 from novelforge_sessions.apikit.schemas import (
-    Page, NON_BLANK_TEXT, Strict, X_MAX_BYTES, max_bytes, page_after, page_limit,
+    Page, NON_BLANK_TEXT, Strict, X_MAX_BYTES, idempotency_key_field, max_bytes, page_after, page_limit,
 )
 from novelforge_sessions.control.models import (
     AuthorityChange,
@@ -83,6 +83,7 @@ class HandoffIn(Strict):
     required_capabilities: list[str] = Field(default_factory=list, examples=[["continuity-check"]],
                                              json_schema_extra=CAPABILITIES)
     timeout_seconds: int | None = Field(None, ge=1, le=86400, description="lease length of one attempt (default 300)")
+    idempotency_key: str | None = idempotency_key_field("run")
 
 
 class ReceiptOut(Schema):
@@ -234,7 +235,9 @@ def _handoff_out(h: Handoff, *, receipt: ConsumeReceipt | None | bool = True) ->
 @handoffs_router.post(
     "/runs/{run_id}/handoffs", response={200: HandoffOut, 201: HandoffOut, **errors(403, 404, 409, 413)},
     summary="Hand off a frozen job (the session goes awaiting_external)",
-    description="201 new; 200 an identical replay (same logical id, same job). 409 `logical_id_taken`, "
+    description="201 new; 200 an identical replay (same logical id, same job). With an `idempotency_key` (scoped "
+    "to the run) the same key and body answer the first answer again (its status, the same handoff), the same key "
+    "with another body is 409 `idempotency_key_reused`. 409 `logical_id_taken`, "
     "`already_consumed` (the logical id was consumed before), `session_not_running`, `run_not_open`. "
     + RUNTIME_GONE,
 )
@@ -242,7 +245,7 @@ def create_handoff(request: HttpRequest, run_id: int, body: HandoffIn) -> Status
     made = handoff_actions.create_handoff(
         caller(request), run_id, logical_id=body.logical_id, inputs=[i.model_dump() for i in body.inputs],
         params=body.params, result_schema=body.result_schema, required_capabilities=body.required_capabilities,
-        timeout_seconds=body.timeout_seconds,
+        timeout_seconds=body.timeout_seconds, idempotency_key=body.idempotency_key,
     )
     return Status(201 if made.created else 200, _handoff_out(made.handoff, receipt=None if made.created else True))
 

@@ -25,11 +25,14 @@ router = Router(tags=["runs"])
 @router.post(
     "/sessions/{session_id}/runs", response={201: RunOut, **errors(403, 404, 409)},
     summary="Start a run (needs a live runtime; at most one open run)",
+    description="With an `idempotency_key` (scoped to the session) the same key and body answer 201 with the run "
+    "the first request started, writing nothing, whatever the session did since; the same key with another body "
+    "is 409 `idempotency_key_reused`.",
 )
 def start_run(request: HttpRequest, session_id: int, body: RunIn):
     run = actions.start_run(
         caller(request), session_id, task_mode=body.task_mode, target=body.target, cursor=body.cursor,
-        frozen_inputs=body.frozen_inputs, runtime_id=body.runtime_id,
+        frozen_inputs=body.frozen_inputs, runtime_id=body.runtime_id, idempotency_key=body.idempotency_key,
     )
     return Status(201, run)
 
@@ -106,13 +109,16 @@ def create_checkpoint(request: HttpRequest, run_id: int, body: CheckpointIn):
         "commit, instead of one round trip and one commit per step. Items are applied in order; each gets its "
         "own typed result. The first refusal (any item) is the answer, naming `details.item` and a field "
         "prefixed `items[i].`, and nothing of the batch is written. Same rules as the single writes; no "
-        "`runtime_id` fencing (use the single cursor write for a fenced advance). " + RUNTIME_GONE
+        "`runtime_id` fencing (use the single cursor write for a fenced advance). With an `idempotency_key` "
+        "(scoped to the run) the same key and items answer 201 with what the first batch wrote (nothing is "
+        "written again, even after the run ended); the same key with other items is 409 "
+        "`idempotency_key_reused`. " + RUNTIME_GONE
     ),
 )
 def create_batch(request: HttpRequest, run_id: int, body: BatchIn):
     items = [item.model_dump(exclude_unset=True) for item in body.items]
     with tracing.span("batch", run_id=run_id, items=len(items)) as span:
-        count, results = record_batch(caller(request), run_id, items)
+        count, results = record_batch(caller(request), run_id, items, idempotency_key=body.idempotency_key)
         span.set(checkpoint_count=count, outcome="written")
     return Status(201, {"run_id": run_id, "checkpoint_count": count,
                         "items": [{"kind": r.kind, "checkpoint": r.checkpoint, "cursor": r.cursor} for r in results]})

@@ -8,7 +8,7 @@ from novelforge_sessions import tracing
 from novelforge_sessions.actions import runtimes as actions
 from novelforge_sessions.actions import sessions as session_actions
 from novelforge_sessions.apikit.common import caller, errors, get_or_404, keyset
-from novelforge_sessions.api.schemas import HeartbeatIn, HeartbeatOut, RuntimeIn, RuntimeOut
+from novelforge_sessions.api.schemas import AttachIn, HeartbeatIn, HeartbeatOut, RuntimeOut
 from novelforge_sessions.apikit.schemas import Page, page_after, page_limit
 from novelforge_sessions.api.sessions import runtime_spec
 from novelforge_sessions.models import RuntimeAttachment
@@ -21,9 +21,13 @@ router = Router(tags=["runtimes"])
     summary="Attach a runtime (generation N+1); 409 illegal_transition if the session cannot run again, "
     "409 live_runtime_exists while one is live by its lease, 409 open_run_exists if the session holds an "
     "open run (a waiting session whose runtime is gone: resume it instead)",
+    description="With an `idempotency_key` (scoped to the session) the same key and body answer 201 with the "
+    "runtime the first request attached, writing nothing; the same key with another body is 409 "
+    "`idempotency_key_reused`.",
 )
-def attach(request: HttpRequest, session_id: int, body: RuntimeIn):
-    return Status(201, actions.attach_runtime(caller(request), session_id, runtime_spec(body)))
+def attach(request: HttpRequest, session_id: int, body: AttachIn):
+    return Status(201, actions.attach_runtime(caller(request), session_id, runtime_spec(body),
+                                              idempotency_key=body.idempotency_key))
 
 
 @router.get("/sessions/{session_id}/runtimes", response={200: Page[RuntimeOut], **errors(403, 404)}, summary="List a session's runtimes")

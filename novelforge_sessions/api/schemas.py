@@ -12,7 +12,9 @@ from pydantic import ConfigDict, WithJsonSchema
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.apikit.schemas import NON_BLANK_TEXT, STORABLE_TEXT, X_MAX_BYTES, Input, Strict, max_bytes
+from novelforge_sessions.apikit.schemas import (
+    NON_BLANK_TEXT, STORABLE_TEXT, X_MAX_BYTES, Input, Strict, idempotency_key_field, max_bytes,
+)
 
 StatusName = Literal[tuple(s.value for s in rt.SessionStatus)]  # type: ignore[valid-type]
 RunStateName = Literal[tuple(s.value for s in rt.RunState)]  # type: ignore[valid-type]
@@ -73,7 +75,8 @@ class ProjectOut(Schema):
 class ArtifactIn(Strict):
     name: str = Field(..., max_length=200, json_schema_extra={"minLength": 1, "pattern": NON_BLANK_TEXT},
                       description="1–200 characters, not all of them whitespace")
-    kind: str = Field("document", max_length=64)
+    kind: str = Field("document", max_length=64, description="free-form, except `graph-blob`: reserved for graph state "
+                      "blobs (422)")
     content: str
 
 
@@ -115,6 +118,12 @@ class RuntimeIn(Strict):
     provider_metadata: dict[str, Any] | None = Field(None, description="metadata only; never a key, never authority",
                                                      json_schema_extra=max_bytes(rt.MAX_METADATA_BYTES))
     lease_seconds: int | None = Field(None, ge=1, le=3600)
+
+
+class AttachIn(RuntimeIn):
+    """A runtime to attach, with an optional idempotency key."""
+
+    idempotency_key: str | None = idempotency_key_field("session")
 
 
 class SessionIn(Strict):
@@ -269,6 +278,7 @@ class RunIn(Strict):
     cursor: dict[str, Any] | None = Field(None, json_schema_extra=max_bytes(rt.MAX_CURSOR_BYTES, **NON_EMPTY_OBJECT))
     frozen_inputs: list[Any] | None = Field(None, json_schema_extra=max_bytes(rt.MAX_FROZEN_INPUTS_BYTES))
     runtime_id: int | None = Field(None, ge=1, description=RUNTIME_ID_DOC)
+    idempotency_key: str | None = idempotency_key_field("session")
 
 
 class RunOut(Schema):
@@ -418,6 +428,7 @@ class BatchIn(Strict):
         min_length=1, max_length=rt.MAX_BATCH_ITEMS,
         description=f"1..{rt.MAX_BATCH_ITEMS} steps, applied in order: checkpoints (numbered consecutively) and cursor advances",
     )
+    idempotency_key: str | None = idempotency_key_field("run")
 
 
 class CheckpointOut(Schema):

@@ -395,3 +395,15 @@ class Page(Schema, Generic[T]):
     items: list[T]
     next_after: int | None = Field(None, description="pass as `after` to get the next page; null at the end")
 
+
+def idempotency_key_field(scope: str) -> Any:
+    """The optional ``idempotency_key`` of a write that creates something (docs/agents.md#idempotency-keys):
+    declared with its limit and pattern, scoped to ``scope`` (the parent in the path)."""
+    return Field(
+        None, max_length=200, json_schema_extra={"pattern": rt.IDEMPOTENCY_KEY_PATTERN},
+        description=(
+            f"makes the write safe to retry (scoped to the {scope}): the same key and body replay the first answer "
+            "(same status, the same object, nothing written again); the same key with another body is 409 "
+            "idempotency_key_reused"
+        ),
+    )

@@ -28,13 +28,14 @@ from novelforge_sessions import commit, events
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller, token_confirmed
+from novelforge_sessions.actions import idempotency
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.checkpoints import (
     Locked, current_authority_sql, _resolve_approvals, artifact_refs, decided_lock_sql, lock_params, refusal, run_scope,
 )
 from novelforge_sessions.errors import NotFound, ServiceError, ValidationFailed
-from novelforge_sessions.models import Checkpoint, Event, Run
+from novelforge_sessions.models import Checkpoint, Event, KeyedOperation, Run
 
 MAX_BATCH_ITEMS = rt.MAX_BATCH_ITEMS  # declared in the OpenAPI schema as maxItems
 
@@ -107,14 +108,40 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder)
 
 
-def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tuple[int, list[ItemResult]]:
+def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]], *,
+                 idempotency_key: str | None = None) -> tuple[int, list[ItemResult]]:
     """Validate every item, then write them all in one transaction (see the module doc).
 
     ``items``: ``{"kind": "checkpoint", "checkpoint": {...the single write's body...}}`` or
     ``{"kind": "cursor", "cursor": {...}}``. Returns the run's checkpoint count after the
     batch and one result per item.
+
+    With an ``idempotency_key`` (scoped to the run), the same key and items answer what the first
+    batch wrote (its checkpoints, the count after it), writing nothing, even after the run ended;
+    other items are ``idempotency_key_reused`` (``actions/idempotency.py``). The statement then
+    runs inside a transaction with the key's row (without a key it is its own transaction).
     """
     caller.require("write")
+    key = idempotency.key_for(KeyedOperation.BATCH, run_id, idempotency_key, items)
+
+    def write() -> tuple[tuple[int, list[ItemResult]], int, idempotency.Answer]:
+        count, results = _record_batch(caller, run_id, items)
+        ids = [r.checkpoint.id for r in results if r.checkpoint is not None]
+        session_id = next((r.checkpoint.session_id for r in results if r.checkpoint is not None), None)
+        if session_id is None:
+            session_id = Run.objects.values_list("session_id", flat=True).get(id=run_id)
+        return (count, results), session_id, idempotency.Answer(201, {"checkpoint_count": count, "checkpoints": ids})
+
+    def replay(first: idempotency.Answer) -> tuple[int, list[ItemResult]]:
+        written = iter(Checkpoint.objects.filter(id__in=first.data["checkpoints"]).order_by("seq"))
+        results = [ItemResult(kind="checkpoint", checkpoint=next(written)) if item.get("kind") == "checkpoint"
+                   else ItemResult(kind="cursor", cursor=item.get("cursor")) for item in items]
+        return first.data["checkpoint_count"], results
+
+    return idempotency.once(caller, key, write, replay)
+
+
+def _record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> tuple[int, list[ItemResult]]:
     if not items:
         raise ValidationFailed("a batch needs at least one item", field="items")
     if len(items) > MAX_BATCH_ITEMS:

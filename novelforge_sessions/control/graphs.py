@@ -15,12 +15,20 @@ Built for LangGraph's checkpointer interface (``novelforge_client.langgraph``), 
   its value a blob too; ``(task_id, idx)`` is stored once (LangGraph's special channels, negative
   ``idx``, keep their latest value);
 * **deleting a thread** closes the session's live runtime and forgets the session (its runs,
-  checkpoints and graph rows); blobs are project artifacts and stay;
+  checkpoints and graph rows); its blobs stay until garbage collection finds nothing citing them
+  (``control/graph_gc.py``, a step of every reconciler pass);
 * **copying a thread** opens a new session (the source's spec) whose run 1 holds a copy of the
   source's history, blobs shared by fingerprint; **pruning** (``keep_latest``: each namespace's
   latest checkpoint and its writes stay; ``delete``) and **deleting for runs** remove graph
   checkpoints with their bounded checkpoints, writes and unnamed channel versions, and say so in
-  the session's timeline.
+  the session's timeline (their blobs, too, are left to garbage collection).
+
+**Citing a blob locks it.** Every statement here that resolves a blob to cite it (a put's
+channels, a task's writes) locks the blob's artifact row ``FOR KEY SHARE`` until its transaction
+commits; garbage collection locks a blob ``FOR UPDATE SKIP LOCKED`` and only then asks, in a new
+snapshot, whether anything cites it. So a blob is collected only when no committed row cites it
+and no writer in flight has resolved it; a writer that resolves it after it was collected finds
+it missing (an inline value is stored again, a fingerprint is ``409 graph_blob_missing``).
 
 Resuming a thread is resuming its session (``control/resume.py``): the revalidation report
 decides, then generation N+1 and a new run take the thread's next checkpoints.
@@ -56,11 +64,12 @@ from novelforge_sessions.errors import (
     Unauthorized, ValidationFailed,
 )
 from novelforge_sessions.models import (
-    Artifact, ArtifactVersion, Checkpoint, Run, RuntimeAttachment, Session, content_fingerprint,
+    GRAPH_BLOB_KIND, Artifact, ArtifactVersion, Checkpoint, Run, RuntimeAttachment, Session, content_fingerprint,
 )
 
-#: The artifact kind of state blobs, and the prefix of their names (``blob:<fingerprint>``).
-BLOB_KIND = "graph-blob"
+#: The artifact kind of state blobs (reserved: ``models.GRAPH_BLOB_KIND``), and the prefix of
+#: their names (``blob:<fingerprint>``).
+BLOB_KIND = GRAPH_BLOB_KIND
 BLOB_PREFIX = "blob:"
 #: Bounds of the graph's own bookkeeping (the checkpoint document without values; metadata).
 MAX_METADATA_BYTES = 16 * 1024
@@ -533,6 +542,8 @@ def open_thread(caller: Caller, thread_id: str, spec: ThreadSpec) -> tuple[Graph
 #: every fingerprint the put names, with its head version (inline ones were inserted by the
 #: statement before); the checkpoint this id already names, if any (a retry), and the session's
 #: open run. Run after the session lock, it sees what the lock's previous holder committed.
+#: Each blob's artifact is locked ``FOR KEY SHARE`` (garbage collection cannot take it until this
+#: transaction, and the checkpoint citing it, commits); one collected meanwhile is not returned.
 _RESOLVE_PUT_SQL = f"""
 WITH upsert AS (
     INSERT INTO {_GB} (thread_id, checkpoint_ns, channel, version, fingerprint)
@@ -544,7 +555,7 @@ WITH upsert AS (
 SELECT 'stored', o.channel, o.fingerprint, o.artifact[1], o.artifact[2] FROM (
     SELECT s.channel, s.fingerprint,
            (SELECT ARRAY[a.id, a.current_version_id] FROM {_A} a
-             WHERE a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || s.fingerprint) AS artifact
+             WHERE a.project_id = %(project)s AND a.name = '{BLOB_PREFIX}' || s.fingerprint FOR KEY SHARE) AS artifact
     FROM (
         SELECT o.channel, (SELECT g.fingerprint FROM {_GB} g
                             WHERE g.thread_id = %(thread)s AND g.checkpoint_ns = %(ns)s AND g.channel = o.channel
@@ -556,7 +567,7 @@ SELECT 'stored', o.channel, o.fingerprint, o.artifact[1], o.artifact[2] FROM (
 UNION ALL
 SELECT 'named', NULL, substr(n.name, {len(BLOB_PREFIX) + 1}), n.artifact[1], n.artifact[2] FROM (
     SELECT n.name, (SELECT ARRAY[a.id, a.current_version_id] FROM {_A} a
-                     WHERE a.project_id = %(project)s AND a.name = n.name) AS artifact
+                     WHERE a.project_id = %(project)s AND a.name = n.name FOR KEY SHARE) AS artifact
     FROM unnest(%(names)s::text[]) AS n(name)
 ) n WHERE n.artifact IS NOT NULL
 UNION ALL
@@ -630,15 +641,24 @@ def put_checkpoint(
         versions = {ch: json.dumps(v) for ch, v in sorted((document.get("channel_versions") or {}).items())}
         old = [(ch, v) for ch, v in versions.items() if (ch, v) not in put]
         named = sorted(set(put.values()))
-        rows = commit.fetch_prepared(_RESOLVE_PUT_SQL, {
+        params = {
             "thread": thread.id, "ns": checkpoint_ns, "project": session.project_id,
             "put_channels": [ch for ch, _ in put], "put_versions": [v for _, v in put],
             "put_fps": list(put.values()),
             "old_channels": [ch for ch, _ in old], "old_versions": [v for _, v in old],
             "names": [BLOB_PREFIX + fp for fp in named], "cp": checkpoint_id, "session": session.id,
             "open": rt.RunState.OPEN.value,
-        })
+        }
+        rows = commit.fetch_prepared(_RESOLVE_PUT_SQL, params)
         artifact_of = {fp: artifact_id for kind, _, fp, artifact_id, _ in rows if kind in ("stored", "named")}
+        collected = {fp: content for fp, content in inline.items() if fp not in artifact_of}
+        if collected:
+            # A value sent inline that the project held when the insert skipped it, collected by
+            # garbage collection before the resolve could lock it: stored again (now locked by
+            # this transaction's own insert) and resolved once more.
+            _insert_blobs(session.project_id, collected, caller.label)
+            rows = commit.fetch_prepared(_RESOLVE_PUT_SQL, params)
+            artifact_of = {fp: artifact_id for kind, _, fp, artifact_id, _ in rows if kind in ("stored", "named")}
         heads = {(artifact_id, fp): head for kind, _, fp, artifact_id, head in rows if kind in ("stored", "named")}
         existing_id = next((i for kind, _, _, i, _ in rows if kind == "existing"), None)
         open_run_id = next((i for kind, _, _, i, _ in rows if kind == "run"), None)
@@ -694,7 +714,9 @@ def put_checkpoint(
 #: A task's writes, one statement, its own transaction (``commit.execute_write``): the thread in
 #: the caller's reach, its session locked FOR SHARE (a thread's writes do not wait for each
 #: other, and a delete of the thread, which locks the session FOR UPDATE, waits for them or is
-#: waited for: then no thread is found); a recalled caller's token checked (``ok``); the new
+#: waited for: then no thread is found); a recalled caller's token checked (``ok``); the held
+#: blobs' artifacts locked FOR KEY SHARE (garbage collection waits for the commit; one it
+#: collected meanwhile is not held: stored again when inline, else ``missing``); the new
 #: inline blobs inserted (skipped when a value names a blob the project does not hold:
 #: ``missing``); the values resolved to the blobs' versions; writes with a non-negative index
 #: stored once (a repeated (task, idx) is the same write delivered again), LangGraph's special
@@ -714,6 +736,7 @@ WITH reach AS MATERIALIZED (
     SELECT n.fp, (
         SELECT v.id FROM {_A} a JOIN {_AV} v ON v.artifact_id = a.id AND v.number = 1
          WHERE a.project_id = (SELECT o.project_id FROM ok o) AND a.name = '{BLOB_PREFIX}' || n.fp
+           FOR KEY SHARE OF a
     ) AS value_id
     FROM (SELECT DISTINCT u.fp FROM unnest(%(fps)s::text[]) AS u(fp)) n
 ), missing AS MATERIALIZED (
@@ -818,7 +841,7 @@ def _store_writes(caller: Caller, params: dict[str, Any]) -> int | None:
         if unresolved and not raced:
             raced = True  # a content committed by another writer while the statement ran: now in the snapshot
             continue
-        if unresolved:  # unreachable: a blob once stored is never removed while its project lives
+        if unresolved:  # a blob stored by another writer, then collected before this could lock it: sent again
             raise GraphBlobMissing("a blob named by fingerprint is not in this project: upload it first",
                                    missing=list(unresolved))
         return changed
@@ -890,7 +913,9 @@ def list_checkpoints(
 
 def delete_thread(caller: Caller, thread_id: str) -> int | None:
     """Close the thread session's live runtime and forget the session. Returns the forgotten
-    session's id, or None when no such thread exists (deleting nothing is not an error)."""
+    session's id, or None when no such thread exists (deleting nothing is not an error). The
+    thread's blobs that nothing else cites are removed by the next garbage collection
+    (``control/graph_gc.py``)."""
     caller.require("write")
     _name(thread_id, "thread_id")
     with transaction.atomic():

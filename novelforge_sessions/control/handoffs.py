@@ -40,6 +40,7 @@ from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller
+from novelforge_sessions.actions import idempotency
 from novelforge_sessions.actions.artifacts import require_versions
 from novelforge_sessions.actions.lifecycle import (
     BIGINT_MAX, Outbox, apply_transition, check, lock_session, move, require_live_runtime,
@@ -61,7 +62,7 @@ from novelforge_sessions.errors import (
     StaleLease,
     ValidationFailed,
 )
-from novelforge_sessions.models import Run, RuntimeAttachment, Session
+from novelforge_sessions.models import KeyedOperation, Run, RuntimeAttachment, Session
 
 LOGICAL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@#+=-]{0,199}$")
 RESULT_TYPES = result_schemas.SHORT_TYPES
@@ -176,16 +177,35 @@ def create_handoff(
     caller: Caller, run_id: int, *, logical_id: str, inputs: list[dict[str, Any]] | None = None,
     params: dict[str, Any] | None = None, result_schema: dict[str, Any] | None = None,
     required_capabilities: list[str] | None = None, timeout_seconds: int | None = None,
+    idempotency_key: str | None = None,
 ) -> CreatedHandoff:
     """Hand a frozen job off from the open run. Refusals, most fundamental first: not found →
     the logical id names another job (an identical request is replayed, writing nothing) →
     ``run_not_open`` → ``session_not_running`` → ``no_live_runtime`` (the session's runtime is
-    gone: its lease ran out, reconciled or not) → ``already_consumed`` and the inputs."""
+    gone: its lease ran out, reconciled or not) → ``already_consumed`` and the inputs.
+
+    With an ``idempotency_key`` (scoped to the run), the same key and body answer what the first
+    request answered (its handoff, ``created`` as it was then), writing nothing; another body is
+    ``idempotency_key_reused`` (``actions/idempotency.py``)."""
     caller.require("write")
     spec = validate_job(
         logical_id=logical_id, inputs=inputs or [], params=params, result_schema=result_schema,
         required_capabilities=required_capabilities, timeout_seconds=timeout_seconds,
     )
+    key = idempotency.key_for(KeyedOperation.HAND_OFF, run_id, idempotency_key, {
+        "logical_id": logical_id, "inputs": inputs or [], "params": params, "result_schema": result_schema,
+        "required_capabilities": required_capabilities, "timeout_seconds": timeout_seconds,
+    })
+
+    def write() -> tuple[CreatedHandoff, int, idempotency.Answer]:
+        made = _create_handoff(caller, run_id, spec)
+        return made, made.handoff.session_id, idempotency.Answer(201 if made.created else 200, {"id": made.handoff.id})
+
+    return idempotency.once(caller, key, write, lambda first: CreatedHandoff(
+        Handoff.objects.get(id=first.data["id"]), first.status == 201))
+
+
+def _create_handoff(caller: Caller, run_id: int, spec: JobSpec) -> CreatedHandoff:
     try:
         session_id = Run.objects.filter(session__in=caller.sessions()).values_list("session_id", flat=True).get(id=run_id)
     except Run.DoesNotExist:

@@ -398,6 +398,8 @@ class GraphBlob(models.Model):
     fingerprint = models.CharField(max_length=71)
 
     class Meta:
+        # Garbage collection asks whether any thread still maps a fingerprint (``control/graph_gc.py``).
+        indexes = [models.Index(fields=["fingerprint"], name="graph_blob_fingerprint")]
         constraints = [
             models.UniqueConstraint(fields=["thread", "checkpoint_ns", "channel", "version"], name="graph_blob_unique_version"),
             models.CheckConstraint(condition=Q(fingerprint__regex=FINGERPRINT_PATTERN), name="graph_blob_fp_format"),

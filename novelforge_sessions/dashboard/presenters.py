@@ -218,6 +218,23 @@ def role_words(code: str | None) -> str:
     return _words_of(ROLE_WORDS, code)
 
 
+#: A session's memory policy (``session_runtime.MemoryPolicy``, docs/model.md#roles-and-memory-policies) as
+#: the identity panel says it: what its runtime may retain between invocations, in plain words. The
+#: code stays in the ``data-memory-policy``/``title`` attributes.
+MEMORY_POLICY_WORDS: dict[str, str] = {
+    rt.MemoryPolicy.NONE: pgettext_lazy("memory policy", "keeps nothing between invocations"),
+    rt.MemoryPolicy.BOUNDED: pgettext_lazy("memory policy", "keeps a bounded memory"),
+    rt.MemoryPolicy.SESSION: pgettext_lazy("memory policy", "keeps the whole session"),
+    rt.MemoryPolicy.EXTERNAL: pgettext_lazy("memory policy", "keeps memory in an outside store"),
+    rt.MemoryPolicy.CHECKPOINT_ONLY: pgettext_lazy("memory policy", "keeps only its checkpoints"),
+}
+
+
+def memory_policy_words(code: str | None) -> str:
+    """A session's memory policy in the page's language (an unknown one as its code, spaced)."""
+    return _words_of(MEMORY_POLICY_WORDS, code)
+
+
 _WAIT_GATE = re.compile(r"^review gate #(\d+) \((\w+) route\)$")
 _WAIT_HANDOFF = re.compile(r"^handoff (.+) \((\w+)\)$")
 

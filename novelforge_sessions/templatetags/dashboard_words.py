@@ -75,6 +75,12 @@ def role_words(value: str | None) -> str:
 
 
 @register.filter
+def memory_policy_words(value: str | None) -> str:
+    """A session's memory policy in words (``presenters.MEMORY_POLICY_WORDS``)."""
+    return presenters.memory_policy_words(value)
+
+
+@register.filter
 def event_words(value: str | None) -> str:
     """An event type in words (``presenters.EVENT_WORDS``)."""
     return presenters.event_words(value)

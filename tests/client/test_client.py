@@ -76,6 +76,9 @@ def test_every_operation(server, project, token, worker_token):
                        artifacts=[m.ArtifactRefIn(artifact_id=art.id, fingerprint=v2.fingerprint)])
     assert nf.get_checkpoint(cp.id).seq == 1 == cp.seq
     assert [c.id for c in nf.checkpoints(run.id)] == [cp.id] == [c.id for c in nf.list_checkpoints(run.id).items]
+    steps = nf.batch(run.id, [{"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"step": "draft"}}},
+                              {"kind": "cursor", "cursor": {"step": "draft"}}])
+    assert steps.checkpoint_count == 2 and [i.kind for i in steps.items] == ["checkpoint", "cursor"]
 
     # handoff → claim → renew → deliver (at least once) → receipt
     job = nf.hand_off(run.id, "continuity-1", required_capabilities=["continuity"], timeout_seconds=60,

@@ -1,7 +1,8 @@
 """Retries that cannot act twice, through a loopback proxy that loses the server's answer after
 the server committed (tests/client/proxy.py): a write carrying its logical id / idempotency key is
-retried and answers the original outcome with nothing duplicated; a write without one is not
-retried (``TransportError(maybe_committed=True)``) and was written exactly once."""
+retried and answers the original outcome with nothing duplicated (the client sends a fresh key
+with every checkpoint, run start, attach, batch, handoff and review gate); a write without one is
+not retried (``TransportError(maybe_committed=True)``) and was written exactly once."""
 from __future__ import annotations
 
 import asyncio
@@ -12,9 +13,11 @@ import pytest
 from novelforge_client import AsyncClient, Client, RetryPolicy
 from novelforge_client import errors as E
 from novelforge_sessions.control.models import ConsumeReceipt, Handoff, ResultDelivery, WriteIntent
-from novelforge_sessions.models import Checkpoint, Event
+from novelforge_sessions.models import Checkpoint, Event, IdempotentRequest, Run, RuntimeAttachment
+from reviews.models import ReviewGate
 
 from tests.client.proxy import DroppingProxy
+from tests.reviews.factories import RUBRIC
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,6 +87,45 @@ def test_a_checkpoint_whose_answer_was_lost_replays_its_idempotency_key(proxy, t
     assert list(Checkpoint.objects.values_list("id", "seq")) == [(cp.id, 1)]  # one effect
     assert Event.objects.filter(type="checkpoint.recorded").count() == 1
     assert [c.seq for c in nf.checkpoints(run.id)] == [1]
+
+
+def test_every_keyed_create_whose_answer_was_lost_is_replayed_once(proxy, token):
+    """Start a run, attach, a batch, a handoff and a review gate: each answer is lost once after the
+    server committed; the client's retry (same key, same bytes) gets the first answer, and exactly
+    one row and one event exist for each."""
+    nf = Client(proxy.url, token, retry=FAST)
+    s = nf.create_session(**WRITER)
+
+    def lost(path: str, call):
+        before = proxy.forwarded[("POST", f"/api/v1{path}")]
+        proxy.drop_responses = 1
+        out = call()
+        assert proxy.dropped == lost.dropped + 1 and proxy.forwarded[("POST", f"/api/v1{path}")] == before + 2
+        lost.dropped += 1
+        return out
+
+    lost.dropped = 0
+    runtime = lost(f"/sessions/{s.id}/runtimes", lambda: nf.attach(s.id, "cli", lease_seconds=300))
+    assert list(RuntimeAttachment.objects.values_list("id", flat=True)) == [runtime.id]
+    assert nf.runtime_for(s.id) == runtime.id
+    run = lost(f"/sessions/{s.id}/runs", lambda: nf.start_run(s.id, cursor={"step": "outline"}))
+    assert list(Run.objects.values_list("id", flat=True)) == [run.id] and run.state == "open"
+    steps = lost(f"/runs/{run.id}/batch", lambda: nf.batch(run.id, [
+        {"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"step": 1}}},
+        {"kind": "cursor", "cursor": {"step": 2}}]))
+    assert steps.checkpoint_count == 1 and list(Checkpoint.objects.values_list("id", flat=True)) == [steps.items[0].checkpoint.id]
+    art = nf.create_artifact("chapter", "one\n")
+    gate = lost(f"/sessions/{s.id}/review-gates", lambda: nf.open_review_gate(
+        s.id, candidate_version_id=art.current_version_id, rubric=RUBRIC, route="agent", required_verdicts=1))
+    assert list(ReviewGate.objects.values_list("id", flat=True)) == [gate.id]
+    job = lost(f"/runs/{run.id}/handoffs", lambda: nf.hand_off(run.id, "keyed-check", required_capabilities=["lint"]))
+    assert list(Handoff.objects.filter(purpose="job").values_list("id", flat=True)) == [job.id]
+    counts = {t: Event.objects.filter(type=t).count() for t in (
+        "runtime.attached", "run.started", "checkpoint.recorded", "run.cursor_advanced", "review.gate_opened",
+        "handoff.created")}
+    assert counts == {"runtime.attached": 1, "run.started": 1, "checkpoint.recorded": 1, "run.cursor_advanced": 1,
+                      "review.gate_opened": 1, "handoff.created": 2}  # the gate's agent slot is a handoff too
+    assert IdempotentRequest.objects.count() == 5
 
 
 def test_503_is_retried_for_reads_and_not_for_unkeyed_writes(proxy, token):

@@ -157,6 +157,12 @@ def _case_runtime(owner, new_session, limit):
         "provider_metadata"
 
 
+def _case_attach(owner, new_session, limit):
+    # The attach route's body: a runtime (``RuntimeIn``, also nested in a new session) with its key.
+    _, path, body, field = _case_runtime(owner, new_session, limit)
+    return "AttachIn", path, {**body, "idempotency_key": "attach-1"}, field
+
+
 def _case_run_cursor(owner, new_session, limit):
     return "RunIn", f"/sessions/{new_session()['id']}/runs", {"cursor": sized(limit)}, "cursor"
 
@@ -221,6 +227,7 @@ GRAPH_PUT = {"thread_id": "t-1", "checkpoint_id": "0001", "checkpoint": {"v": 1}
 BYTE_CASES = {
     "SessionIn.provider_metadata": _case_session,
     "RuntimeIn.provider_metadata": _case_runtime,
+    "AttachIn.provider_metadata": _case_attach,
     "RunIn.cursor": _case_run_cursor,
     "RunIn.frozen_inputs": _case_run_frozen_inputs,
     "CursorIn.cursor": _case_cursor,

@@ -111,3 +111,23 @@ def test_the_session_page_says_the_role_in_chinese(project, make_session):
     other = make_session(role="other", role_extension="illustrator")
     html = boss.get(f"/sessions/{other.id}/").content.decode()
     assert '<dd data-role="other" title="other:illustrator">其他：<span class="muted">illustrator</span></dd>' in html
+
+
+def test_every_memory_policy_has_plain_words_in_both_languages():
+    assert set(presenters.MEMORY_POLICY_WORDS) == set(rt.MemoryPolicy)
+    assert presenters.memory_policy_words("checkpoint_only") == "keeps only its checkpoints"
+    assert presenters.memory_policy_words("a_new_policy") == "a new policy"  # unknown: the code, spaced
+    with translation.override("zh-hans"):
+        said = {p.value: presenters.memory_policy_words(p) for p in rt.MemoryPolicy}
+    assert all(words and not re.search(r"[A-Za-z]", words) for words in said.values()), said
+    assert len(set(said.values())) == len(said)  # no two policies say the same
+
+
+def test_the_identity_panel_says_the_memory_policy_in_words_and_keeps_the_code(project, make_session):
+    reviewer = make_session(role="semantic_reviewer", memory_policy="none", task_mode="chapter_check")
+    page = logged_in(make_user("boss", project)).get(f"/sessions/{reviewer.id}/")
+    assert ('<dd data-memory-policy="none" title="none">keeps nothing between invocations</dd>'
+            in page.content.decode())
+    page = chinese(logged_in(make_user("chief", project))).get(f"/sessions/{reviewer.id}/")
+    html = page.content.decode()
+    assert '<dd data-memory-policy="none" title="none">两次调用之间不保留任何内容</dd>' in html

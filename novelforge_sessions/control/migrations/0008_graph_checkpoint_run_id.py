@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('control', '0006_graph_fk_indexes'),
+        ('control', '0007_graph_blob_fingerprint_index'),
         ('novelforge_sessions', '0010_write_path_fk_indexes'),
     ]
 
