@@ -817,17 +817,18 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         return {"source_thread_id": str(source_thread_id), "target_thread_id": str(target_thread_id)}
 
     def _copied(self, out: Mapping[str, Any]) -> None:
+        # The copy's session was opened with a runtime of its own, held by this saver: heartbeaten.
         if out.get("runtime_id"):
-            self.runtimes[out["thread_id"]] = out["runtime_id"]
+            self._hold(out["thread_id"], out["runtime_id"])
 
     @staticmethod
-    def _prune_bodies(thread_ids: Sequence[str], strategy: str) -> list[dict[str, Any]]:
+    def _prune_bodies(thread_ids: Sequence[str], strategy: str) -> builtins.list[dict[str, Any]]:
         # At most _IDS_MAX ids per request (the server's bound), each request its own transaction.
         ids = [str(t) for t in thread_ids]
         return [{"thread_ids": ids[i:i + _IDS_MAX], "strategy": strategy} for i in range(0, len(ids), _IDS_MAX)]
 
     @staticmethod
-    def _runs_bodies(run_ids: Sequence[str]) -> list[dict[str, Any]]:
+    def _runs_bodies(run_ids: Sequence[str]) -> builtins.list[dict[str, Any]]:
         ids = [str(r) for r in run_ids]
         return [{"run_ids": ids[i:i + _IDS_MAX]} for i in range(0, len(ids), _IDS_MAX)]
 

@@ -136,6 +136,8 @@ def test_the_awaited_operations_send_the_shared_request_and_keep_its_post_proces
     asyncio.run(scenario())
     body = json.loads(seen[0].content)
     assert (seen[0].method, seen[0].url.path) == ("POST", "/api/v1/sessions/3/runs")
+    key = body.pop("idempotency_key")  # a fresh key per call (start_run is a keyed write)
+    assert re.fullmatch(r"[0-9a-f]{32}", key)
     assert body == {"cursor": {"step": "a"}, "runtime_id": 11}
     assert [r.method for r in seen] == ["POST", "POST", "DELETE"]
 
