@@ -215,6 +215,15 @@ def _tool(annotations: ToolAnnotations) -> Callable[[_F], _F]:
     return register
 
 
+#: The key of a write that creates something: repeat the tool call with the same key (and arguments) and it
+#: answers what the first call wrote instead of writing again (another body with the same key is
+#: `idempotency_key_reused`); without it, one fresh key per call (the client's own retries reuse it).
+IdempotencyKey = Annotated[str | None, Field(
+    min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$",
+    description="repeat this call with the same key (and arguments) and it answers what the first call wrote "
+                "instead of writing again; without it, one fresh key per call")]
+
+
 # ---- sessions and runtimes --------------------------------------------------------------------------
 @_tool(_WRITE)
 async def open_session(
@@ -238,10 +247,12 @@ async def attach_session(
     runtime_family: Annotated[str, Field(max_length=64)],
     capabilities: list[str] = [],  # noqa: B006
     lease_seconds: Annotated[int | None, Field(ge=1, le=3600)] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
-    """Attach this host to an existing session as its next runtime generation (no live runtime may hold it)."""
+    """Attach this host to an existing session as its next runtime generation (no live runtime may hold it).
+    Give an `idempotency_key` when this call may be repeated."""
     return await _run(lambda c: c.attach(session_id, runtime_family, capabilities=capabilities,
-                                         lease_seconds=lease_seconds))
+                                         lease_seconds=lease_seconds, idempotency_key=idempotency_key))
 
 
 @_tool(_READ)
@@ -284,9 +295,12 @@ async def start_run(
     session_id: Annotated[int, Field(ge=1)],
     cursor: Annotated[Json | None, Field(description="the workflow step to start at")] = None,
     task_mode: Annotated[str | None, Field(max_length=64)] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
-    """Start the session's next run (needs a live runtime; at most one open run)."""
-    return await _run(lambda c: c.start_run(session_id, cursor=cursor, task_mode=task_mode))
+    """Start the session's next run (needs a live runtime; at most one open run). Give an
+    `idempotency_key` when this call may be repeated."""
+    return await _run(lambda c: c.start_run(session_id, cursor=cursor, task_mode=task_mode,
+                                            idempotency_key=idempotency_key))
 
 
 @_tool(_WRITE)
@@ -296,10 +310,7 @@ async def checkpoint(
     cursor: Annotated[Json, Field(description="the workflow cursor: a small JSON object, never a transcript")],
     artifacts: Annotated[list[Json], Field(description='[{"artifact_id", "fingerprint"}] the cursor relies on')] = [],  # noqa: B006
     pending: Annotated[Json, Field(description='what the run waits on: {"handoffs": [...], "gates": [{"gate_id"}]}')] = {},  # noqa: B006
-    idempotency_key: Annotated[str | None, Field(
-        min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$",
-        description="repeat this call with the same key (and arguments) and it answers the checkpoint the first "
-                    "call wrote instead of writing a second one; without it, one fresh key per call")] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     """Record a bounded checkpoint of an open run (refused `checkpoint_not_bounded` for transcript-like bodies).
     Give an `idempotency_key` when this call may be repeated (a host retrying after a timeout)."""
@@ -338,12 +349,14 @@ async def hand_off(
     result_schema: Annotated[Json, Field(description="the result's shape (short form or JSON Schema)")] = {},  # noqa: B006
     required_capabilities: list[str] = [],  # noqa: B006
     timeout_seconds: Annotated[int | None, Field(ge=1, le=86400)] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
-    """Freeze a job for another worker; the session waits in `awaiting_external` until its result binds."""
+    """Freeze a job for another worker; the session waits in `awaiting_external` until its result binds.
+    Give an `idempotency_key` when this call may be repeated."""
     return await _run(lambda c: c.hand_off(run_id, logical_id, inputs=list(inputs) or None, params=params or None,
                                            result_schema=result_schema or None,
                                            required_capabilities=required_capabilities or None,
-                                           timeout_seconds=timeout_seconds))
+                                           timeout_seconds=timeout_seconds, idempotency_key=idempotency_key))
 
 
 @_tool(_WRITE)
@@ -384,13 +397,15 @@ async def open_review_gate(
     reviewers: Annotated[list[str], Field(description="page/relay: usernames with the reviewer role")] = [],  # noqa: B006
     reviewer_session_ids: Annotated[list[int], Field(description="agent: semantic_reviewer sessions")] = [],  # noqa: B006
     required_verdicts: Annotated[int | None, Field(ge=1, le=20)] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     """Open a blind review gate on a candidate; the session waits (`awaiting_user` for people,
-    `awaiting_external` for agent reviewers) until the verdicts bind."""
+    `awaiting_external` for agent reviewers) until the verdicts bind. Give an `idempotency_key` when
+    this call may be repeated."""
     return await _run(lambda c: c.open_review_gate(
         session_id, candidate_version_id=candidate_version_id, rubric=rubric, route=route,
         reviewers=reviewers or None, reviewer_session_ids=reviewer_session_ids or None,
-        required_verdicts=required_verdicts))
+        required_verdicts=required_verdicts, idempotency_key=idempotency_key))
 
 
 @_tool(_READ)

@@ -211,6 +211,46 @@ def test_the_checkpoint_tool_acts_through_one_client_and_a_retried_or_repeated_c
     assert proxy.connections == 2  # one client for every call; the second connection replaced the dropped one
 
 
+def test_a_host_repeating_a_keyed_start_run_attach_or_hand_off_gets_the_first_answer(
+        mcp_backend: DaphneServer, project: Any) -> None:
+    """The tools that create something take the host's `idempotency_key`: the same call repeated answers
+    what the first wrote (one run, one runtime generation, one handoff); another body with the key is
+    `idempotency_key_reused` and writes nothing."""
+    from novelforge_sessions.control.models import Handoff
+
+    _, token = create_token(project, name="mcp-keys", permissions=["read", "write"])
+
+    async def scenario() -> dict[str, Any]:
+        async with Client(stdio(mcp_backend, token)) as c:
+            s = await tool_ok(c, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
+                              runtime_family="claude-code")
+            run = await tool_ok(c, "start_run", session_id=s["id"], cursor={"step": 1}, idempotency_key="run-1")
+            again = await tool_ok(c, "start_run", session_id=s["id"], cursor={"step": 1}, idempotency_key="run-1")
+            await tool_refused(c, "start_run", "idempotency_key_reused", session_id=s["id"], cursor={"step": 2},
+                               idempotency_key="run-1")
+            job = await tool_ok(c, "hand_off", run_id=run["id"], logical_id="chapter-3", idempotency_key="job-1")
+            job_again = await tool_ok(c, "hand_off", run_id=run["id"], logical_id="chapter-3", idempotency_key="job-1")
+            await tool_refused(c, "hand_off", "idempotency_key_reused", run_id=run["id"], logical_id="chapter-4",
+                               idempotency_key="job-1")
+            other = await tool_ok(c, "open_session", role="writer", memory_policy="bounded", task_mode="drafting",
+                                  runtime_family="claude-code")
+            await tool_ok(c, "close_session", session_id=other["id"])
+            att = await tool_ok(c, "attach_session", session_id=other["id"], runtime_family="codex",
+                                idempotency_key="att-1")
+            att_again = await tool_ok(c, "attach_session", session_id=other["id"], runtime_family="codex",
+                                      idempotency_key="att-1")
+            return {"session": s["id"], "other": other["id"], "runs": (run["id"], again["id"]),
+                    "jobs": (job["id"], job_again["id"]), "runtimes": (att["id"], att_again["id"])}
+
+    out = asyncio.run(scenario())
+    assert out["runs"][0] == out["runs"][1] and out["jobs"][0] == out["jobs"][1]
+    assert out["runtimes"][0] == out["runtimes"][1]
+    assert Run.objects.filter(session_id=out["session"]).count() == 1
+    assert Handoff.objects.filter(run_id=out["runs"][0]).count() == 1
+    assert list(RuntimeAttachment.objects.filter(session_id=out["other"]).order_by("generation")
+                .values_list("generation", "runtime_family")) == [(1, "claude-code"), (2, "codex")]
+
+
 class HttpServer:
     """``novelforge-mcp --transport streamable-http`` in a subprocess on a free port."""
 
