@@ -113,6 +113,7 @@ def test_byte_bounds_are_declared_from_their_constants_and_in_words(schema):
     expected = {
         "SessionIn.provider_metadata": rt.MAX_METADATA_BYTES,
         "RuntimeIn.provider_metadata": rt.MAX_METADATA_BYTES,
+        "AttachIn.provider_metadata": rt.MAX_METADATA_BYTES,
         "RunIn.cursor": rt.MAX_CURSOR_BYTES,
         "RunIn.frozen_inputs": rt.MAX_FROZEN_INPUTS_BYTES,
         "CursorIn.cursor": rt.MAX_CURSOR_BYTES,
