@@ -16,6 +16,19 @@ def server(django_db_setup, django_db_blocker):
     srv.stop()
 
 
+@pytest.fixture(scope="module")
+def graph_server(django_db_setup, django_db_blocker):
+    """A server of the LangGraph checkpointer's own for each test module that asks for it."""
+    srv = DaphneServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def graph_token(project) -> str:
+    return create_token(project, name="graph", permissions=["read", "write"])[1]
+
+
 @pytest.fixture
 def token(project):
     """An agent token: read and write."""

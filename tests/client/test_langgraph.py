@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 
 from datetime import timedelta
 from typing import Any, TypedDict
@@ -28,7 +27,6 @@ from langgraph.types import Command, interrupt
 
 from novelforge_client.errors import Conflict, GraphCheckpointConflict
 from novelforge_client.langgraph import NovelForgeSaver, ThreadSpec, review_gate
-from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.control.models import GraphCheckpoint, GraphWrite, GraphThread
 from novelforge_sessions.models import Artifact, Checkpoint, Run, RuntimeAttachment, Session
 from reviews.models import ReviewGate
@@ -38,17 +36,6 @@ from tests.reviews.factories import CHAPTER, RUBRIC, agent_reviewer, agent_verdi
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-@pytest.fixture(scope="module")
-def graph_server(django_db_setup, django_db_blocker) -> Iterator[DaphneServer]:
-    srv = DaphneServer()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def graph_token(project) -> str:
-    return create_token(project, name="graph", permissions=["read", "write"])[1]
 
 
 def test_langgraph_conformance_reports_all_eight_capabilities_passed(graph_server, graph_token):

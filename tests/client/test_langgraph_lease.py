@@ -34,12 +34,11 @@ from langgraph.graph import END, START, StateGraph
 from novelforge_client.errors import Forbidden, LeaseLost, RuntimeNotLive
 from novelforge_client.langgraph import NovelForgeSaver, ThreadSpec, review_gate
 from novelforge_sessions.actions.runtimes import RUNTIME_LOST, reconcile_expired_runtimes
-from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.control.models import GraphCheckpoint, GraphThread
 from novelforge_sessions.models import Checkpoint, RuntimeAttachment, Session
 from reviews.models import ReviewGate
 from tests.reviews.factories import CHAPTER, RUBRIC, agent_reviewer
-from tests.support.servers import ROOT, DaphneServer
+from tests.support.servers import ROOT
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,17 +47,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 #: 2 s leaves a heartbeat 1.3 s of slack on a busy machine).
 LEASE = 2
 
-
-@pytest.fixture(scope="module")
-def graph_server(django_db_setup, django_db_blocker) -> Iterator[DaphneServer]:
-    srv = DaphneServer()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def graph_token(project) -> str:
-    return create_token(project, name="graph", permissions=["read", "write"])[1]
 
 
 @pytest.fixture
