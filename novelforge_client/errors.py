@@ -6,7 +6,8 @@ code (``tests/client/test_errors.py`` checks every catalog code has one, with th
 status). A code this client does not know (a newer server) becomes the class for its status, or
 :class:`NovelForgeError` itself. Transport failures that outlived the retries are
 :class:`TransportError` (``maybe_committed`` says whether the server may have acted). A runtime
-lease the client held and found no longer live is :class:`LeaseLost`.
+lease the client held and found no longer live is :class:`LeaseLost`; a graph run a manager asked
+to stop is :class:`RunAborted`.
 """
 from __future__ import annotations
 
@@ -56,6 +57,20 @@ class LeaseLost(NovelForgeError):
     def __init__(self, message: str, *, thread_id: str, runtime_id: int, cause: NovelForgeError) -> None:
         super().__init__(message, details={"thread_id": thread_id, "runtime_id": runtime_id, "cause": cause.code})
         self.thread_id, self.runtime_id, self.cause = thread_id, runtime_id, cause
+
+
+class RunAborted(NovelForgeError):
+    """A manager asked the graph thread's run to stop (``POST /sessions/{id}/abort``, the dashboard's
+    abort): the saver learned it from a heartbeat, ended the run with outcome ``aborted`` and
+    raises this from the thread's next put or write instead of sending it. Raised by the client
+    itself, not a code of the service's catalog: ``details`` names ``thread_id`` and ``run_id``.
+    The runtime stays live; to go on, release the thread and resume it (generation N+1, a new run)."""
+
+    code = "run_aborted"
+
+    def __init__(self, message: str, *, thread_id: str, run_id: int) -> None:
+        super().__init__(message, details={"thread_id": thread_id, "run_id": run_id})
+        self.thread_id, self.run_id = thread_id, run_id
 
 
 class BadRequest(NovelForgeError):
@@ -387,12 +402,12 @@ class TooManySubscriptions(BadRequest):
 
 
 #: code → class, for every code of the service's catalog (and the two grouping classes); the
-#: client's own (``TransportError``, ``LeaseLost``) are no answer of the service.
+#: client's own (``TransportError``, ``LeaseLost``, ``RunAborted``) are no answer of the service.
 CODES: dict[str, type[NovelForgeError]] = {
     cls.code: cls
     for cls in list(globals().values())
     if isinstance(cls, type) and issubclass(cls, NovelForgeError)
-    and cls not in (NovelForgeError, TransportError, LeaseLost)
+    and cls not in (NovelForgeError, TransportError, LeaseLost, RunAborted)
 }
 
 _BY_STATUS: dict[int, type[NovelForgeError]] = {

@@ -23,7 +23,8 @@ In LangGraph's terms, and ours:
 * the **runtime** of every thread the saver opened or resumed is heartbeaten in the background
   (one daemon thread, every third of the lease) until the thread is let go or the saver closed;
   a runtime found no longer live raises :class:`~novelforge_client.errors.LeaseLost` from the
-  thread's next put, write or read;
+  thread's next put, write or read; a run a manager asked to stop (a heartbeat says so) is ended
+  ``aborted`` and :class:`~novelforge_client.errors.RunAborted` raised from its next put or write;
 * a graph that calls :func:`review_gate` runs on a thread opened with
   ``ThreadSpec(opens_gates=True)`` (a writer session: only writers and managers open gates).
 
@@ -90,10 +91,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from novelforge_client._core import JSON_CONTENT, NOT_SENT, Call
 from novelforge_client._wire import AsyncWire, Wire, usable
 from novelforge_client.errors import (
-    GraphBlobMissing, LeaseLost, NotFound, NovelForgeError, PayloadTooLarge, RuntimeNotLive, StaleRuntime, error_for,
+    Conflict, GraphBlobMissing, LeaseLost, NotFound, NovelForgeError, PayloadTooLarge, RunAborted, RuntimeNotLive, StaleRuntime,
+    error_for,
 )
 
-__all__ = ["NovelForgeSaver", "ThreadSpec", "review_gate", "REVIEW_GATE_KEY", "LeaseLost"]
+__all__ = ["NovelForgeSaver", "ThreadSpec", "review_gate", "REVIEW_GATE_KEY", "LeaseLost", "RunAborted"]
 
 log = logging.getLogger("novelforge_client.langgraph")
 
@@ -333,6 +335,11 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self._leases: dict[str, _Lease] = {}
         #: thread id → why its runtime is no longer live (raised by the thread's next put, write or read)
         self._lost: dict[str, LeaseLost] = {}
+        #: thread id → its open run a heartbeat said a manager asked to stop (ended at the next put or write)
+        self._aborts: dict[str, int] = {}
+        #: thread id → the run this saver ended aborted: its puts and writes raise RunAborted until resumed
+        self._aborted: dict[str, int] = {}
+        self._ended_aborted: set[int] = set()  # runs this saver ended aborted (a late beat's flag is old news)
         self._lease_lock = threading.Lock()
         self._beater: threading.Thread | None = None
         self._wake = threading.Event()
@@ -702,6 +709,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
         self._raise_if_lost(config)
+        self._stop_if_aborted(config)
         self._continue_if_waiting(config)
         conf = _configurable(config)
         held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
@@ -722,6 +730,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                    task_path: str = "") -> None:
         self._raise_if_lost(config)
+        self._stop_if_aborted(config)
         conf = _configurable(config)
         if self.hold_writes and writes and all(channel not in WRITES_IDX_MAP for channel, _ in writes):
             # Ordinary writes: held for the put that follows (LangGraph's sync durability waits
@@ -864,6 +873,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:
         self._raise_if_lost(config)
+        if self._aborts or self._aborted:
+            await asyncio.to_thread(self._stop_if_aborted, config)
         if str(_configurable(config).get("thread_id")) in self._waiting_on_user:
             await asyncio.to_thread(self._continue_if_waiting, config)
         return self._stored(await self._asend("/graph-threads/checkpoints",
@@ -872,6 +883,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                           task_path: str = "") -> None:
         self._raise_if_lost(config)
+        if self._aborts or self._aborted:
+            await asyncio.to_thread(self._stop_if_aborted, config)
         await self._asend("/graph-threads/writes", self._writes_plan(config, writes, task_id, task_path))
         for channel, value in writes:
             if channel == INTERRUPT:
@@ -1046,6 +1059,9 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         with self._lease_lock:
             self.runtimes[thread_id] = runtime_id
             self._lost.pop(thread_id, None)
+            self._aborts.pop(thread_id, None)
+            self._aborted.pop(thread_id, None)
+            self._aborted.pop(thread_id, None)
             if not self.heartbeats:
                 return
             seconds = self.thread_spec.lease_seconds  # None: the server's default, asked of the server first
@@ -1064,11 +1080,44 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             self.runtimes.pop(thread_id, None)
             self._leases.pop(thread_id, None)
             self._lost.pop(thread_id, None)
+            self._aborts.pop(thread_id, None)
 
     def lease_lost(self, thread_id: str) -> LeaseLost | None:
         """Why the runtime this saver held for the thread is no longer live (None: it is, or the
         saver holds none). The thread's next put, write or read raises it, until :meth:`resume`."""
         return self._lost.get(str(thread_id))
+
+    def abort_requested(self, thread_id: str) -> bool:
+        """A heartbeat said a manager asked the thread's run to stop: its next put or write ends the
+        run ``aborted`` and raises :class:`RunAborted`, as does every one after it until the thread
+        is released or resumed."""
+        thread_id = str(thread_id)
+        return thread_id in self._aborts or thread_id in self._aborted
+
+    def _stop_if_aborted(self, config: RunnableConfig) -> None:
+        """A run a manager asked to stop is ended ``aborted`` (once, as the runtime holding it)
+        before the thread's next put or write, which is not sent: :class:`RunAborted` instead."""
+        thread_id = str(_configurable(config).get("thread_id"))
+        with self._lease_lock:
+            asked = self._aborts.pop(thread_id, None)
+            if asked is not None:
+                self._aborted[thread_id] = asked
+                self._ended_aborted.add(asked)
+            run_id = self._aborted.get(thread_id)
+            runtime_id = self.runtimes.get(thread_id)
+        if run_id is None:
+            return
+        if asked is not None:
+            body: dict[str, Any] = {"outcome": "aborted", "reason": "abort requested"}
+            if runtime_id is not None:
+                body["runtime_id"] = runtime_id
+            try:
+                self._call("POST", f"/runs/{asked}/end", json=body)
+            except Conflict as exc:  # ended meanwhile (closed, failed, ended by hand): nothing left to end
+                log.info("graph thread %r: run %s asked to abort was already over (%s)", thread_id, asked, exc.code)
+            log.warning("graph thread %r: run %s ended aborted, as a manager asked", thread_id, asked)
+        raise RunAborted(f"a manager asked run {run_id} of graph thread {thread_id!r} to stop: it was ended "
+                         "aborted; release and resume the thread to go on", thread_id=thread_id, run_id=run_id)
 
     def beats(self, thread_id: str) -> int:
         """Heartbeats the server acknowledged for the runtime the saver holds for the thread."""
@@ -1109,7 +1158,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                 lease.due = lease.since + lease.interval
                 if lease.due > time.monotonic():
                     return
-            self._call("POST", f"/runtimes/{lease.runtime_id}/heartbeat", json={"lease_seconds": lease.lease_seconds})
+            beat = self._call("POST", f"/runtimes/{lease.runtime_id}/heartbeat",
+                              json={"lease_seconds": lease.lease_seconds})
         except _LOST as exc:
             self._lose(lease, exc)
             return
@@ -1118,7 +1168,18 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                         lease.runtime_id, lease.thread_id, lease.interval, exc)
         else:
             lease.beats += 1
+            if beat.get("abort_requested") and beat.get("open_run_id"):
+                self._abort_asked(lease, int(beat["open_run_id"]))
         lease.due = time.monotonic() + lease.interval
+
+    def _abort_asked(self, lease: _Lease, run_id: int) -> None:
+        with self._lease_lock:
+            if (self.runtimes.get(lease.thread_id) != lease.runtime_id or self._aborts.get(lease.thread_id) == run_id
+                    or run_id in self._ended_aborted):
+                return  # let go meanwhile, already known, or already ended
+            self._aborts[lease.thread_id] = run_id
+        log.warning("graph thread %r: a manager asked run %s to stop; its next put or write ends it aborted "
+                    "and raises RunAborted", lease.thread_id, run_id)
 
     def _lose(self, lease: _Lease, exc: NovelForgeError) -> None:
         with self._lease_lock:

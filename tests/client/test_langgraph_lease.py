@@ -7,6 +7,8 @@ thread opened to open review gates opens them (real daphne + PostgreSQL, real pr
   ``failed / runtime_lost`` once the lease runs out.
 * A lost runtime (the heartbeat refused) is raised as ``LeaseLost`` by the thread's next put,
   write or read, from inside the graph run too, until the thread is resumed.
+* A manager's abort, learned from a heartbeat, ends the thread's run ``aborted`` and is raised as
+  ``RunAborted`` by its next put or write (not sent), until the thread is released and resumed.
 * ``ThreadSpec(opens_gates=True)`` opens the thread as a writer: ``review_gate`` opens its gate;
   the default thread (a specialist) is refused ``forbidden``, and no gate or wait is written.
 """
@@ -351,3 +353,79 @@ def test_the_gate_option_chooses_a_gate_opening_role():
         ThreadSpec(role="specialist", opens_gates=True)
     body = ThreadSpec(opens_gates=True, lease_seconds=LEASE).open_body()
     assert body["role"] == "writer" and body["lease_seconds"] == LEASE and "opens_gates" not in body
+
+
+# ---- a manager's abort ----------------------------------------------------------------------------------
+def test_a_run_a_manager_aborts_is_ended_aborted_and_raised_as_run_aborted_then_the_thread_resumes(
+        saver_for, graph_server, graph_token, caplog):
+    """The dashboard's (or the API's) abort flags the thread's open run; the saver's heartbeat learns
+    it, and the running graph's next put is not sent: the run is ended ``aborted`` (the session
+    idle, its runtime still live) and ``RunAborted`` raised out of ``graph.invoke``. Released and
+    resumed, the thread goes on from its last checkpoint in generation 2."""
+    from novelforge_client import Client
+    from novelforge_client.errors import RunAborted
+    from novelforge_sessions.models import Run, Session
+
+    saver = saver_for(thread_spec=ThreadSpec(lease_seconds=LEASE))
+    thread_id = "aborted-midway"
+    config = {"configurable": {"thread_id": thread_id}}
+    steps_run: list[int] = []
+
+    def step(state: Count) -> Count:  # the first step lasts until the saver learned of the abort
+        steps_run.append(state["n"])
+        if len(steps_run) == 1:
+            wait_until(lambda: saver.abort_requested(thread_id), "the saver to learn of the abort", timeout=10 * LEASE)
+        return {"n": state["n"] + 1}
+
+    builder = StateGraph(Count)
+    builder.add_node("step", step)
+    builder.add_edge(START, "step")
+    builder.add_conditional_edges("step", lambda s: "step" if s["n"] < 3 else END, ["step", END])
+    graph = builder.compile(checkpointer=saver)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            graph.invoke({"n": 0}, config, durability="sync")  # each step waits for its put
+        except BaseException as exc:  # noqa: BLE001 — what the graph raised is the test's subject
+            raised.append(exc)
+
+    caplog.set_level(logging.WARNING, logger="novelforge_client.langgraph")
+    runner = threading.Thread(target=run)
+    runner.start()
+    try:
+        wait_until(lambda: steps_run, "the graph's first step to run", timeout=10 * LEASE)
+        session = Session.objects.get(graph_thread__thread_id=thread_id)
+        run_id = Run.objects.get(session=session, state="open").id
+        stored = GraphCheckpoint.objects.filter(thread__thread_id=thread_id).count()
+        with Client(graph_server.url, graph_token) as nf:
+            nf.abort(session.id, "stop the chapter")
+    finally:
+        runner.join(30)
+    assert not runner.is_alive()
+
+    [exc] = raised
+    assert isinstance(exc, RunAborted), repr(exc)
+    assert (exc.thread_id, exc.run_id) == (thread_id, run_id)
+    assert steps_run == [0]  # the graph stopped at the step's put
+    assert GraphCheckpoint.objects.filter(thread__thread_id=thread_id).count() == stored  # the put was not sent
+    ended = Run.objects.get(id=run_id)
+    assert ended.state == "aborted"
+    session.refresh_from_db()
+    assert session.status == "idle"
+    assert _runtime(thread_id).state == "live" and saver.runtimes[thread_id] == _runtime(thread_id).id
+    assert saver.abort_requested(thread_id)
+    with pytest.raises(RunAborted):  # every next put or write too, until the thread is resumed
+        saver.put_writes({"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": "x"}},
+                         [("n", 5)], "task-1")
+    assert Run.objects.get(id=run_id).state == "aborted" and Run.objects.filter(session=session).count() == 1
+    assert any("RunAborted" in r.getMessage() and str(run_id) in r.getMessage() for r in caplog.records)
+
+    # Released and resumed (generation 2, a new run), the graph goes on from its last checkpoint.
+    saver.release(thread_id)
+    report = saver.resume(thread_id)
+    assert report["ok"] and report["generation"] == 2
+    out = graph.invoke(None, config, durability="sync")
+    assert out["n"] == 3 and steps_run == [0, 0, 1, 2]
+    assert Run.objects.filter(session=session).count() == 2
+    assert not saver.abort_requested(thread_id)
