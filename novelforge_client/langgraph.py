@@ -339,7 +339,6 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self._aborts: dict[str, int] = {}
         #: thread id → the run this saver ended aborted: its puts and writes raise RunAborted until resumed
         self._aborted: dict[str, int] = {}
-        self._ended_aborted: set[int] = set()  # runs this saver ended aborted (a late beat's flag is old news)
         self._lease_lock = threading.Lock()
         self._beater: threading.Thread | None = None
         self._wake = threading.Event()
@@ -1102,7 +1101,6 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             asked = self._aborts.pop(thread_id, None)
             if asked is not None:
                 self._aborted[thread_id] = asked
-                self._ended_aborted.add(asked)
             run_id = self._aborted.get(thread_id)
             runtime_id = self.runtimes.get(thread_id)
         if run_id is None:
@@ -1175,8 +1173,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     def _abort_asked(self, lease: _Lease, run_id: int) -> None:
         with self._lease_lock:
             if (self.runtimes.get(lease.thread_id) != lease.runtime_id or self._aborts.get(lease.thread_id) == run_id
-                    or run_id in self._ended_aborted):
-                return  # let go meanwhile, already known, or already ended
+                    or self._aborted.get(lease.thread_id) == run_id):
+                return  # let go meanwhile, already known, or already ended (a late beat's flag is old news)
             self._aborts[lease.thread_id] = run_id
         log.warning("graph thread %r: a manager asked run %s to stop; its next put or write ends it aborted "
                     "and raises RunAborted", lease.thread_id, run_id)

@@ -83,6 +83,23 @@ def _open(saver: NovelForgeSaver, thread_id: str) -> dict[str, Any]:
                      {"source": "input", "step": -1}, {"n": 1})
 
 
+def _invoke_in_background(graph: Any, config: dict[str, Any], **kwargs: Any
+                          ) -> tuple[threading.Thread, list[BaseException]]:
+    """``graph.invoke({"n": 0}, config)`` on a thread of its own (started); what it raises is
+    collected in the list (the test's subject)."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            graph.invoke({"n": 0}, config, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 — what the graph raised is the test's subject
+            raised.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    return runner, raised
+
+
 def _expire(thread_id: str) -> None:
     """The runtime's lease runs out (in the database) and the reconciler marks it lost."""
     runtime = _runtime(thread_id)
@@ -207,17 +224,8 @@ def test_a_lost_runtime_is_raised_as_lease_lost_by_the_next_saver_call_until_the
     builder.add_edge(START, "step")
     builder.add_edge("step", END)
     graph = builder.compile(checkpointer=saver)
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            graph.invoke({"n": 0}, config)
-        except BaseException as exc:  # noqa: BLE001 — what the graph raised is the test's subject
-            raised.append(exc)
-
     caplog.set_level(logging.WARNING, logger="novelforge_client.langgraph")
-    runner = threading.Thread(target=run)
-    runner.start()
+    runner, raised = _invoke_in_background(graph, config)
     try:
         wait_until(lambda: saver.beats(thread_id) >= 1, "the saver to beat the thread's runtime", timeout=10 * LEASE)
         runtime = _runtime(thread_id)
@@ -382,17 +390,8 @@ def test_a_run_a_manager_aborts_is_ended_aborted_and_raised_as_run_aborted_then_
     builder.add_edge(START, "step")
     builder.add_conditional_edges("step", lambda s: "step" if s["n"] < 3 else END, ["step", END])
     graph = builder.compile(checkpointer=saver)
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            graph.invoke({"n": 0}, config, durability="sync")  # each step waits for its put
-        except BaseException as exc:  # noqa: BLE001 — what the graph raised is the test's subject
-            raised.append(exc)
-
     caplog.set_level(logging.WARNING, logger="novelforge_client.langgraph")
-    runner = threading.Thread(target=run)
-    runner.start()
+    runner, raised = _invoke_in_background(graph, config, durability="sync")  # each step waits for its put
     try:
         wait_until(lambda: steps_run, "the graph's first step to run", timeout=10 * LEASE)
         session = Session.objects.get(graph_thread__thread_id=thread_id)
