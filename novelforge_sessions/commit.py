@@ -14,7 +14,9 @@ commits with it.
 The statement is sent with server-side binding on a prepared statement (psycopg's public
 ``Cursor`` and the connection's ``prepare_threshold``, settings ``DB_PREPARE_THRESHOLD``): a
 write statement that locks, decides and writes in CTEs costs PostgreSQL more to plan than to run,
-and a prepared one is planned once per connection. Django's cursor wrapper still wraps it (its
+and a prepared one is planned once per connection (every connection starts with
+``plan_cache_mode=force_generic_plan``, settings ``SERVER_SETTINGS``: left to choose, PostgreSQL
+planned the statements whose parameters are arrays again on every execution). Django's cursor wrapper still wraps it (its
 error translation, execute wrappers and query logging apply). The ORM's own queries keep Django's
 client-side binding.
 

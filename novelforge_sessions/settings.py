@@ -180,8 +180,20 @@ if _db.get("ENGINE") != "django.db.backends.postgresql":
 _db["CONN_MAX_AGE"] = _strict_int("DB_CONN_MAX_AGE", default=0)
 _db.setdefault("OPTIONS", {})
 _db["OPTIONS"].setdefault("connect_timeout", 5)
-# Start every connection in UTC so Django need not send `SET TIME ZONE` on each new one.
-_db["OPTIONS"].setdefault("options", "-c TimeZone=UTC")
+# Every connection starts with these server settings (libpq's `options`, no round trip), each
+# unless DATABASE_URL's own `options` sets it:
+# - TimeZone=UTC, so Django need not send `SET TIME ZONE` on each new one;
+# - plan_cache_mode=force_generic_plan: a prepared statement (only the one-statement writes of
+#   novelforge_sessions/commit.py are prepared; the ORM's queries never are) is planned once per
+#   connection. Left to choose, PostgreSQL planned the graph routes' resolve and write
+#   statements again on every execution (their parameters are arrays it cannot cost generically),
+#   which was most of their database CPU. Their generic plans are index probes whatever the
+#   values (tests/control/test_graph_write_plans.py checks the generic plans themselves).
+SERVER_SETTINGS = {"TimeZone": "UTC", "plan_cache_mode": "force_generic_plan"}
+_options = _db["OPTIONS"].get("options", "")
+_db["OPTIONS"]["options"] = " ".join(
+    [_options] * bool(_options)
+    + [f"-c {name}={value}" for name, value in SERVER_SETTINGS.items() if f"{name}=" not in _options])
 # The one-statement writes (novelforge_sessions/commit.py) are prepared on a connection after
 # DB_PREPARE_THRESHOLD executions (psycopg's prepare_threshold; 0: on the first): they cost
 # PostgreSQL more to plan than to run. "none" turns preparing off, for a pooler in transaction

@@ -124,6 +124,20 @@ def test_the_proxy_header_is_parsed_into_djangos_pair():
     assert out.strip() == "('HTTP_X_FORWARDED_PROTO', 'https')"
 
 
+@pytest.mark.parametrize("url_options, expected", [
+    ("", "-c TimeZone=UTC -c plan_cache_mode=force_generic_plan"),
+    # the URL's own options stand, and what they leave out is added
+    ("?options=-c%20TimeZone%3DEurope%2FParis", "-c TimeZone=Europe/Paris -c plan_cache_mode=force_generic_plan"),
+    ("?options=-c%20plan_cache_mode%3Dauto", "-c plan_cache_mode=auto -c TimeZone=UTC"),
+])
+def test_every_connection_starts_with_the_server_settings(url_options, expected):
+    code = "from django.conf import settings; print(settings.DATABASES['default']['OPTIONS']['options'])"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="novelforge_sessions.settings",
+               DATABASE_URL="postgres://postgres@127.0.0.1:5432/novelforge" + url_options)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == expected
+
+
 # ------------------------------------------------------------------ HTTPS behind a proxy
 
 PROXIED = dict(SECURE_SSL_REDIRECT=True, SECURE_PROXY_SSL_HEADER=("HTTP_X_FORWARDED_PROTO", "https"),

@@ -12,11 +12,16 @@ A thread with thousands of channel versions and a project with thousands of blob
 set-based, in both states a deployment sees: never analysed (a young database) and analysed.
 The real ``put_checkpoint`` and ``put_writes`` run; every statement they send that reads the
 graph tables is run again under ``EXPLAIN (ANALYZE, FORMAT JSON)`` (in a savepoint rolled back)
-and may touch only a handful of rows of the blob, artifact and write tables.
+and may touch only a handful of rows of the blob, artifact and write tables, planned both ways:
+for its values (a custom plan) and, as the server runs these prepared statements
+(``plan_cache_mode=force_generic_plan``, settings ``SERVER_SETTINGS``), generically, once per
+connection for every value.
 """
 from __future__ import annotations
 
+import base64
 import json
+import re
 from typing import Any
 
 import pytest
@@ -43,13 +48,46 @@ def _walk(node: dict[str, Any]):
         yield from _walk(child)
 
 
-def rows_touched(sql: str, params: Any) -> dict[str, int]:
-    """Rows each watched table's scans returned or discarded, running ``sql`` (rolled back)."""
+def _numbered(sql: str, params: Any) -> tuple[str, list[Any]]:
+    """``sql`` with psycopg's placeholders (``%(name)s`` or ``%s``) made ``$n``, and the values in
+    that order: the text PostgreSQL prepares."""
+    order: list[Any] = []
+    if isinstance(params, dict):
+        names: dict[str, int] = {}
+
+        def number(m: re.Match[str]) -> str:
+            if m.group(1) not in names:
+                names[m.group(1)] = len(names) + 1
+                order.append(params[m.group(1)])
+            return f"${names[m.group(1)]}"
+
+        text = re.sub(r"%\((\w+)\)s", number, sql)
+    else:
+        count = iter(range(1, len(params) + 1))
+        text = re.sub(r"%s", lambda m: f"${next(count)}", sql)
+        order = list(params)
+    return text.replace("%%", "%"), order
+
+
+def rows_touched(sql: str, params: Any, *, generic: bool = False) -> dict[str, int]:
+    """Rows each watched table's scans returned or discarded, running ``sql`` (rolled back):
+    planned for its values, or (``generic``) prepared and run on its generic plan."""
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+            if generic:
+                text, values = _numbered(sql, params)
+                cur.execute("SHOW plan_cache_mode")
+                assert cur.fetchone()[0] == "force_generic_plan"  # as every connection starts
+                cur.execute("PREPARE nf_plan_probe AS " + text)
+                cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE nf_plan_probe("
+                            + ", ".join(["%s"] * len(values)) + ")", values)
+            else:
+                cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
             raw = cur.fetchone()[0]
         transaction.set_rollback(True)
+    if generic:
+        with connection.cursor() as cur:
+            cur.execute("DEALLOCATE nf_plan_probe")
     plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
     touched: dict[str, int] = {}
     for node in _walk(plan):
@@ -116,7 +154,8 @@ def _probe(fn) -> list[dict[str, int]]:
     with connection.execute_wrapper(statements):
         fn()
     assert statements.seen
-    return [rows_touched(sql, params) for sql, params in statements.seen]
+    return [rows_touched(sql, params, generic=generic) for sql, params in statements.seen
+            for generic in (False, True)]
 
 
 def test_a_put_probes_only_what_it_names(long_thread):
@@ -145,3 +184,31 @@ def test_a_tasks_writes_probe_only_what_they_name(long_thread):
         boss, thread_id="long", checkpoint_ns="", checkpoint_id="0000", task_id="task-1", task_path="", writes=writes))
     assert GraphWrite.objects.filter(task_id="task-1").count() == 3
     assert max(max(t.values(), default=0) for t in touched) <= MAX_ROWS, touched
+
+
+def test_the_graph_statements_are_planned_once_per_connection(project):
+    """The prepared statements of a put and of a task's writes run on generic plans: planned once
+    on the connection, never again for each execution's values (PostgreSQL, left to choose,
+    planned the resolve and write statements again every time)."""
+    boss = caller_for(project)
+    for step in range(8):
+        cp = f"{step:04d}"
+        graphs.put_writes(boss, thread_id="t", checkpoint_ns="", checkpoint_id=cp, task_id=f"task-{step}", task_path="",
+                          writes=[graphs.WriteSpec(0, "step", value=graphs.Blob("json", "MQ=="))],
+                          open_spec=graphs.ThreadSpec())
+        graphs.put_checkpoint(
+            boss, thread_id="t", checkpoint_ns="", checkpoint_id=cp, parent_checkpoint_id=f"{step - 1:04d}" if step else None,
+            checkpoint={"v": 1, "id": cp, "ts": "2026-12-01T00:00:00+00:00", "channel_versions": {"step": step + 1},
+                        "versions_seen": {}},
+            metadata={"step": step}, open_spec=graphs.ThreadSpec(),
+            blobs=[graphs.ChannelBlob("step", step + 1, value=graphs.Blob("json", base64.b64encode(str(step).encode()).decode()))],
+        )
+    assert GraphCheckpoint.objects.filter(thread__thread_id="t").count() == 8
+    with connection.cursor() as cur:
+        cur.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+                    " WHERE statement LIKE %s OR statement LIKE %s",
+                    [f"%{GraphBlob._meta.db_table}%", f"%{GraphWrite._meta.db_table}%"])
+        prepared = cur.fetchall()
+    assert len(prepared) >= 2  # the resolve and the writes statements at least
+    assert all(custom == 0 and generic >= 8 for _, generic, custom in prepared), \
+        [(text[:60], generic, custom) for text, generic, custom in prepared]
