@@ -438,9 +438,9 @@ def goals_main(args: argparse.Namespace) -> int:
                                           server=args.server)
         if "error" in counted[name] or "skipped" in counted[name]:
             errors.append(f"{name}: {counted[name].get('error') or counted[name].get('skipped')}")
-    log("sustained load (RSS drift) ...")
+    log("soak: sustained load with websockets and pages (RSS drift) ...")
     drift = [run_goal_scenario("sustained", goals.sustained(args.quick), db_url=urls["ours"], log_file=log_file,
-                               timeout=400, server=args.server)]
+                               timeout=900, server=args.server)]
     if "error" in drift[0]:
         errors.append(f"sustained: {drift[0]['error']}")
     plugins: list[dict[str, Any]] = []

@@ -460,6 +460,66 @@ def _subscribe_main(url: str, token: str, project_id: int, count: int) -> int:
     return 0
 
 
+def _manager_cookie(project_id: int) -> str:
+    """A session cookie of a manager of the project, as a browser holds one after logging in
+    (what Django's test client's ``force_login`` stores), for the page readers of a soak."""
+    from importlib import import_module
+
+    from django.conf import settings
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
+
+    from novelforge_sessions.models import Membership
+
+    user = get_user_model().objects.create_user(f"bench-manager-{uuid.uuid4().hex[:8]}", password=uuid.uuid4().hex)
+    Membership.objects.create(user=user, project_id=project_id, role=Membership.Role.MANAGER)
+    store = import_module(settings.SESSION_ENGINE).SessionStore()
+    store[SESSION_KEY] = str(user.pk)
+    store[BACKEND_SESSION_KEY] = settings.AUTHENTICATION_BACKENDS[0]
+    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    store.save()
+    return f"{settings.SESSION_COOKIE_NAME}={store.session_key}"
+
+
+class PageReader(threading.Thread):
+    """A manager with pages open: every ``interval`` seconds until ``deadline``, loads the
+    dashboard, the page of a session being written to and the project's newest events
+    (``GET /api/v1/events``), over one keep-alive connection, as a browser tab refreshing
+    would. Counts the pages, the ones not answered 200, and their latencies."""
+
+    def __init__(self, url: str, cookie: str, token: str, session_id: int, interval: float, deadline: float) -> None:
+        super().__init__(daemon=True)
+        self.url, self.interval, self.deadline = url, interval, deadline
+        self.requests = [("/", {"Cookie": cookie}), (f"/sessions/{session_id}/", {"Cookie": cookie}),
+                         ("/api/v1/events?limit=50", {"Authorization": f"Bearer {token}"})]
+        self.latencies: list[float] = []
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        import http.client
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        try:
+            while time.perf_counter() < self.deadline:
+                started = time.perf_counter()
+                for path, headers in self.requests:
+                    t0 = time.perf_counter()
+                    try:
+                        conn.request("GET", path, headers=headers)
+                        resp = conn.getresponse()
+                        resp.read()
+                        if resp.status != 200:
+                            self.errors.append(f"{path}: {resp.status}")
+                    except (OSError, http.client.HTTPException) as exc:
+                        self.errors.append(f"{path}: {type(exc).__name__}")
+                        conn.close()
+                    self.latencies.append(time.perf_counter() - t0)
+                time.sleep(max(0.0, self.interval - (time.perf_counter() - started)))
+        finally:
+            conn.close()
+
+
 def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
     """One HTTP goal row: ``--kind`` floor | single | batch against a real server process.
 
@@ -491,6 +551,10 @@ def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
         caller, raw, run_ids = ours_fixture(kind, args.workers + 1)
         project_id = next(iter(caller.project_ids))
         server_kw = {}
+    if args.pages:
+        from novelforge_sessions.models import Run
+
+        cookie, watched_session = _manager_cookie(project_id), Run.objects.get(id=run_ids[0]).session_id
     connection.close()
     headers = {"Content-Type": "application/json"}
     if raw:
@@ -535,6 +599,10 @@ def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
 
             return keepalive_body(api, split(args.steps, args.workers)[index], deadline, hit, step)
 
+        reader = None
+        if args.pages:
+            reader = PageReader(server.url, cookie, raw, watched_session, args.pages, deadline)
+            reader.start()
         rss_start = server.rss_bytes()
         rss_marks: dict[str, int] = {}
         if args.rss_after:  # sustained runs: the start sample after the caches have filled
@@ -544,6 +612,8 @@ def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
         cpu_started = server.cpu_seconds()
         latencies, elapsed, client_cpu_s = run_workers(args.workers, prepare)
         cpu_s = server.cpu_seconds() - cpu_started
+        if reader is not None:
+            reader.join(timeout=60)
         rss_end = server.rss_bytes()
         rss_start = rss_marks.get("start", rss_start)
     finally:
@@ -569,6 +639,9 @@ def run_http(args: argparse.Namespace, counters: Counters) -> dict[str, Any]:
         "rss_start_bytes": rss_start, "rss_end_bytes": rss_end,
         "rss_drift": round((rss_end - rss_start) / rss_start, 4) if rss_start else None,
         "events_received": events_received, "frames_received": frames_received, "events_expected": steps * subscribers, "deadline_hit": hit.is_set(),
+        **({"pages": len(reader.latencies), "page_errors": reader.errors[:20], "page_error_count": len(reader.errors),
+            "page_p99_ms": round(percentile(reader.latencies, 99) * 1000, 1) if reader.latencies else None}
+           if reader is not None else {}),
     }
 
 
@@ -771,6 +844,8 @@ def main() -> int:
     parser.add_argument("--subscribers", type=int, default=0, help="http: websocket subscribers on the project")
     parser.add_argument("--redis-url", default="", help="http: REDIS_URL for the server (channel layer)")
     parser.add_argument("--rss-after", type=float, default=0.0, help="http: take the RSS start sample this far into the window")
+    parser.add_argument("--pages", type=float, default=0.0,
+                        help="http: a manager loads the dashboard, a session page and the events every this many seconds (0: no pages)")
     parser.add_argument("--fast", action="store_true", help="dbos: skip the idle waits that only the counters need")
     parser.add_argument("--log-file", default=str(BENCH_DIR / "results" / "daphne.log"), help="where daphne writes (API scenarios)")
     args = parser.parse_args()
