@@ -650,6 +650,7 @@ class Bar:
     flags: list[Flag] = field(default_factory=list)
     span_rows: int = 0
     hidden_spans: int = 0
+    hidden_ticks: int = 0  # the run's earlier checkpoints, not drawn
 
     @property
     def track_height(self) -> int:
@@ -775,7 +776,9 @@ def build_timeline(session: Session, runs: list[Run], checkpoints: list[Checkpoi
                 "seq": run.seq, "gen": run.generation, "mode": run.task_mode, "state": code_word(run.state)}
             + (f" ({reason_text(run.end_reason)})" if run.end_reason else ""),
         )
-        for cp in by_run.get(run.id, []):
+        drawn = by_run.get(run.id, [])
+        bar.hidden_ticks = max(run.checkpoint_count - len(drawn), 0)
+        for cp in sorted(drawn, key=lambda c: c.seq):
             words = boundary_words(cp.boundary)
             bar.ticks.append(Tick(_pct(cp.created_at, t0, span), words,
                                   _("checkpoint #%(seq)s · %(boundary)s") % {"seq": cp.seq, "boundary": words}

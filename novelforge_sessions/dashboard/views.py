@@ -63,6 +63,9 @@ FEED_SIZE = 25
 SESSION_PANELS = ("identity", "conflicts", "charts", "diagram", "timeline", "handoffs", "checkpoints", "runtimes", "actions", "reviews")
 #: Handoffs drawn on the timeline (the newest of the shown runs); the panel lists the rest.
 TIMELINE_HANDOFFS = 200
+#: Checkpoints drawn on the timeline (the newest of the shown runs): a run of a long graph holds
+#: hundreds of thousands, more than a track has pixels; each bar says how many it leaves out.
+TIMELINE_CHECKPOINTS = 200
 
 
 # ------------------------------------------------------------------------------------
@@ -265,7 +268,10 @@ def _session_context(session: Session) -> dict[str, Any]:
     runs.reverse()
     open_run = next((r for r in runs if r.state == rt.RunState.OPEN), None)
     hidden_runs = max(session.run_count - len(runs), 0)
-    timeline_cps = list(Checkpoint.objects.filter(run__in=runs).only("id", "run_id", "seq", "boundary", "created_at"))
+    timeline_cps = list(  # the newest, from the (session, id) index, however many the runs hold
+        Checkpoint.objects.filter(session=session, run__in=runs).only("id", "run_id", "seq", "boundary", "created_at")
+        .order_by("-id")[:TIMELINE_CHECKPOINTS]
+    )
     timeline_handoffs = list(
         Handoff.objects.filter(run__in=runs).defer("inputs", "params", "result_schema").order_by("-id")[:TIMELINE_HANDOFFS]
     )

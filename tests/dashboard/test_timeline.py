@@ -83,3 +83,26 @@ def test_the_session_page_draws_spans_and_flags(mgr_client, project):
     # The legend is generated from what is drawn, with the drawn elements' own classes.
     assert 'data-legend="tl-span hs-bound"><span class="swatch tl-span hs-bound" aria-hidden="true"></span>handoff bound<' in tl
     assert 'data-legend="tl-flag gate-pending"><span class="swatch tl-flag gate-pending" aria-hidden="true"></span>review gate pending<' in tl
+
+
+def test_a_run_with_more_checkpoints_than_the_track_draws_its_newest_and_counts_the_rest(mgr_client, make_session):
+    """A long graph's run holds more checkpoints than a track has pixels: the page reads and draws
+    the newest ``TIMELINE_CHECKPOINTS`` (from the session's index, however many there are) and
+    says how many earlier ones it left out."""
+    from novelforge_sessions.dashboard.views import TIMELINE_CHECKPOINTS
+    from novelforge_sessions.models import Checkpoint
+
+    session = make_session(run=True)
+    run = Run.objects.get(session=session)
+    total = TIMELINE_CHECKPOINTS + 37
+    Checkpoint.objects.bulk_create(
+        Checkpoint(session=session, run=run, seq=seq, boundary="context_freeze", cursor={"step": seq}, size_bytes=12)
+        for seq in range(1, total + 1))
+    Run.objects.filter(id=run.id).update(checkpoint_count=total)
+
+    html = mgr_client.get(f"/sessions/{session.id}/").content.decode()
+    tl = re.search(r'<section class="card" data-panel="timeline".*?</section>', html, re.S).group(0)
+    ticks = re.findall(r'class="tl-tick" [^>]*title="checkpoint #(\d+) ', tl)
+    assert len(ticks) == TIMELINE_CHECKPOINTS
+    assert {int(t) for t in ticks} == set(range(38, total + 1))  # the newest; seq 1 to 37 are not drawn
+    assert 'data-hidden-checkpoints="37"' in tl and "+37 earlier checkpoints" in tl
