@@ -24,6 +24,7 @@ from django.utils.translation import get_language, gettext, gettext_lazy
 from django.views.decorators.http import require_http_methods, require_POST
 
 from novelforge_sessions.apikit.schemas import loads_json
+from novelforge_sessions.counting import count_up_to
 from novelforge_sessions.errors import MalformedBody, NotFound, ServiceError, ValidationFailed, page_message
 from novelforge_sessions.models import Membership, Project, Session
 from novelforge_sessions.phrases import say
@@ -90,12 +91,13 @@ def _href(request: HttpRequest, param: str, value: int | None) -> str:
 def queue(request: HttpRequest) -> HttpResponse:
     """Two keyset-paged lists: "To review" oldest first (``?after=<packet id>`` of the last row
     shown), "Submitted" newest first (``?before=<packet id>``). Each keeps the other's cursor
-    in its links; the counts are the true totals, not the page's length."""
+    in its links; the counts are the true totals (up to ``COUNT_CAP``), not the page's length."""
     identity = reviewer_for_user(request.user)
     mine = assignments_for(identity)
     waiting = Q(state=ReviewAssignment.State.ASSIGNED, packet__gate__state=ReviewGate.State.PENDING)
     done = Q(state=ReviewAssignment.State.SUBMITTED)
-    totals = mine.aggregate(to_review=Count("id", filter=waiting), submitted=Count("id", filter=done))
+    # Counted up to COUNT_CAP each (the page says "1000+" beyond), not over every assignment.
+    totals = {"to_review": count_up_to(mine.filter(waiting)), "submitted": count_up_to(mine.filter(done))}
 
     to_review = mine.filter(waiting).select_related("packet__gate").order_by("assigned_at", "id")
     after = _anchor(mine, request.GET.get("after"))

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.fields.json import KT
+from django.db.models.functions import Coalesce
 
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import lifecycles as lc
@@ -47,6 +48,11 @@ class HandoffPurpose(models.TextChoices):
 #: The handoffs with inputs: the condition of their partial GIN index (``access.given_to``,
 #: which spells it out, as the core may not import the control plane).
 CITES_INPUTS = ~Q(inputs=[])
+
+
+#: When a handoff finished, as the session page orders its finished ones (newest first, from the
+#: ``handoff_session_finished`` index: the same expression, so the page reads only what it shows).
+HANDOFF_FINISHED_AT = Coalesce("conflict_resolved_at", "bound_at", "cancelled_at", "created_at")
 
 
 class Handoff(models.Model):
@@ -92,6 +98,7 @@ class Handoff(models.Model):
             # The claim query scans a project's claimable handoffs in id order.
             models.Index(fields=["project", "id"], condition=Q(state__in=UNBOUND_STATES), name="handoff_claimable"),
             models.Index(fields=["session", "state"], name="handoff_session_state"),
+            models.Index(F("session"), HANDOFF_FINISHED_AT.desc(), F("id").desc(), name="handoff_session_finished"),
             GinIndex(fields=["inputs"], opclasses=["jsonb_path_ops"], condition=CITES_INPUTS, name="handoff_cites_inputs"),
         ]
         constraints = [

@@ -17,7 +17,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import Count, Prefetch, Q
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import get_language, gettext
 from django.utils.translation import gettext_lazy as _
@@ -34,6 +33,8 @@ from novelforge_sessions.control.resume import NOT_CONTINUED
 from novelforge_sessions.control.waits import Repair
 from novelforge_sessions.errors import CATALOG, page_message
 from novelforge_sessions.phrases import joined, say
+from novelforge_sessions.control.models import HANDOFF_FINISHED_AT
+from novelforge_sessions.counting import count_up_to
 from novelforge_sessions.control.models import (
     Approval,
     ConsumeReceipt,
@@ -1233,18 +1234,20 @@ class SessionHandoffs:
 
 def session_handoffs(session_id: int, now: datetime | None = None) -> SessionHandoffs:
     """The handoffs of a session that still wait (oldest first), and the latest finished
-    ones (most recently finished first). Four indexed queries, whatever the counts."""
+    ones (most recently finished first: the ``handoff_session_finished`` index, in that order).
+    Four indexed queries, whatever the counts."""
     now = now or timezone.now()
     base = Handoff.objects.filter(session_id=session_id).defer("inputs", "params", "result_schema")
     open_qs = base.filter(OPEN_HANDOFF_Q)
     finished_qs = base.exclude(OPEN_HANDOFF_Q)
     open_rows = list(open_qs.order_by("id")[:OPEN_HANDOFFS_SHOWN])
     finished = list(
-        finished_qs.annotate(done_at=Coalesce("conflict_resolved_at", "bound_at", "cancelled_at", "created_at"))
+        finished_qs.annotate(done_at=HANDOFF_FINISHED_AT)
         .order_by("-done_at", "-id")[:FINISHED_HANDOFFS_SHOWN]
     )
-    open_total = len(open_rows) if len(open_rows) < OPEN_HANDOFFS_SHOWN else open_qs.count()
-    finished_total = len(finished) if len(finished) < FINISHED_HANDOFFS_SHOWN else finished_qs.count()
+    # Counted up to COUNT_CAP (the page says "1000+" beyond): a session may hold half a million.
+    open_total = len(open_rows) if len(open_rows) < OPEN_HANDOFFS_SHOWN else count_up_to(open_qs)
+    finished_total = len(finished) if len(finished) < FINISHED_HANDOFFS_SHOWN else count_up_to(finished_qs)
     return SessionHandoffs(
         [HandoffRow(h, now) for h in open_rows], open_total, [HandoffRow(h, now) for h in finished], finished_total,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from django import template
 from django.utils.html import json_script
 
+from novelforge_sessions import counting
 from novelforge_sessions.dashboard import presenters
 
 register = template.Library()
@@ -84,3 +85,9 @@ def memory_policy_words(value: str | None) -> str:
 def event_words(value: str | None) -> str:
     """An event type in words (``presenters.EVENT_WORDS``)."""
     return presenters.event_words(value)
+
+
+@register.filter
+def at_most(count: int) -> str:
+    """A count as a page shows it: "1000+" once it passes ``counting.COUNT_CAP``."""
+    return counting.shown(count)

@@ -164,6 +164,28 @@ def test_the_open_list_is_capped_and_counted(make_session, monkeypatch):
     assert [r.handoff.id for r in listed.open] == made[:2] and listed.open_total == 3
 
 
+def test_the_counts_stop_at_the_cap_and_the_panel_says_more_than(mgr_client, make_session, monkeypatch):
+    """A session with more handoffs than a page should count says "N+" (``counting.COUNT_CAP``)
+    instead of reading them all to say how many."""
+    from novelforge_sessions import counting
+
+    monkeypatch.setattr(presenters, "OPEN_HANDOFFS_SHOWN", 2)
+    monkeypatch.setattr(presenters, "FINISHED_HANDOFFS_SHOWN", 1)
+    monkeypatch.setattr(counting, "COUNT_CAP", 3)
+    session = make_session(run=True)
+    waiting = [handoff(session, f"job-{n}").id for n in range(5)]
+    for n in range(2):
+        deliver(claim(handoff(session, f"done-{n}")), {"ok": True})
+    listed = presenters.session_handoffs(session.id)
+    assert [r.handoff.id for r in listed.open] == waiting[:2]
+    assert (listed.open_total, listed.finished_total) == (4, 2)  # counted up to the cap + 1; 2 finished in all
+
+    html = panel(mgr_client.get(f"/sessions/{session.id}/").content.decode())
+    assert 'data-field="open-handoffs">3+<' in html
+    assert "3+ waiting in all; the oldest 2 are shown." in html
+    assert "(1 of 2)" in html
+
+
 def test_session_page_queries_do_not_grow_with_the_handoffs(mgr_client, make_session):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext

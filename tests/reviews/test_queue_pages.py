@@ -94,6 +94,18 @@ def queue(world, small_pages):
     return {"done": [g.packet.id for g in done], "waiting": [g.packet.id for g in waiting], "bob": bobs.packet.id}
 
 
+def test_the_totals_stop_at_the_cap_and_say_more_than(queue, as_user, monkeypatch):
+    """A reviewer with more assignments than a page should count sees "N+" (``counting.COUNT_CAP``):
+    the page counts up to the cap instead of reading every assignment to say how many."""
+    from novelforge_sessions import counting
+
+    monkeypatch.setattr(counting, "COUNT_CAP", 7)
+    first = as_user("alice").get("/reviews/").content.decode()
+    assert count(first, "to-review") == 6  # under the cap: the true total
+    assert '<span class="count">7+</span>' in section(first, "submitted")  # 9 submitted: past the cap
+    assert len(packet_ids(first, "submitted")) == PAGE
+
+
 def test_both_lists_page_and_every_packet_is_reachable_once(queue, as_user):
     alice = as_user("alice")
     first = alice.get("/reviews/").content.decode()
