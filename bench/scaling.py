@@ -280,6 +280,8 @@ def _grow_handoffs(conn: Any, world: dict[str, Any], target: int) -> None:
     project, the rest spread over the middle sessions. Most are bound (a result consumed); 1 % wait
     for a worker, 0.2 % are claimed, 0.5 % cancelled, 0.1 % conflicted. No deliveries or receipts:
     the lists read the handoff rows (a receipt is an outer join that finds none)."""
+    from novelforge_sessions.lifecycles import HandoffState  # the states by their names, never as literals
+
     have = conn.execute("SELECT count(*) FROM control_handoff").fetchone()[0]
     conn.execute(
         """
@@ -291,24 +293,25 @@ def _grow_handoffs(conn: Any, world: dict[str, Any], target: int) -> None:
                CASE WHEN mod(i, 10) = 0 THEN %(other_run)s::bigint ELSE (%(runs)s::bigint[])[k] END,
                'job-' || i, '[]', '{"task": "summarise the chapter"}', '{"text": "string"}',
                'sha256:' || md5(i::text) || md5((i + 1)::text), '[]', 300, 'job', state,
-               CASE WHEN state = 'pending' THEN 0 ELSE 1 END, CASE WHEN state = 'pending' THEN 0 ELSE 1 END,
-               CASE WHEN state = 'claimed' THEN 'worker-1' ELSE '' END,
-               CASE WHEN state = 'claimed' THEN now() + interval '1 hour' END,
-               CASE WHEN state <> 'pending' THEN at + interval '1 second' END,
-               CASE WHEN state = 'claimed' THEN now() END,
-               CASE WHEN state IN ('bound', 'conflicted') THEN at + interval '1 minute' END, '',
-               CASE WHEN state = 'cancelled' THEN at + interval '1 minute' END,
+               CASE WHEN state = %(h_pending)s::text THEN 0 ELSE 1 END, CASE WHEN state = %(h_pending)s::text THEN 0 ELSE 1 END,
+               CASE WHEN state = %(h_claimed)s::text THEN 'worker-1' ELSE '' END,
+               CASE WHEN state = %(h_claimed)s::text THEN now() + interval '1 hour' END,
+               CASE WHEN state <> %(h_pending)s::text THEN at + interval '1 second' END,
+               CASE WHEN state = %(h_claimed)s::text THEN now() END,
+               CASE WHEN state IN (%(h_bound)s::text, %(h_conflicted)s::text) THEN at + interval '1 minute' END, '',
+               CASE WHEN state = %(h_cancelled)s::text THEN at + interval '1 minute' END,
                'bench', at
         FROM (SELECT i, %(base)s::timestamptz + i * interval '10 milliseconds' AS at,
                      CASE WHEN mod(i, 2) = 1 THEN 2 ELSE 3 + mod(i / 2, %(n_mid)s) END AS k,
-                     CASE WHEN mod(i, 100) = 7 THEN 'pending' WHEN mod(i, 500) = 11 THEN 'claimed'
-                          WHEN mod(i, 200) = 9 THEN 'cancelled' WHEN mod(i, 1000) = 3 THEN 'conflicted'
-                          ELSE 'bound' END AS state
+                     CASE WHEN mod(i, 100) = 7 THEN %(h_pending)s::text WHEN mod(i, 500) = 11 THEN %(h_claimed)s::text
+                          WHEN mod(i, 200) = 9 THEN %(h_cancelled)s::text WHEN mod(i, 1000) = 3 THEN %(h_conflicted)s::text
+                          ELSE %(h_bound)s::text END AS state
               FROM generate_series(%(start)s::bigint, %(stop)s::bigint) AS g(i)) AS rows
         """,
         {"project": world["project"], "other": world["other"], "other_session": world["other_session"],
          "other_run": world["other_run"], "sessions": world["sessions"], "runs": world["runs"], "n_mid": SESSIONS - 3,
-         "base": _base(conn), "start": have + 1, "stop": target})
+         "base": _base(conn), "start": have + 1, "stop": target,
+         **{f"h_{s.value}": s.value for s in HandoffState}})
 
 
 def _grow_reviews(conn: Any, world: dict[str, Any], target: int) -> None:
