@@ -33,9 +33,9 @@ from novelforge_sessions.control.resume import NOT_CONTINUED
 from novelforge_sessions.control.waits import Repair
 from novelforge_sessions.errors import CATALOG, page_message
 from novelforge_sessions.phrases import joined, say
-from novelforge_sessions.control.models import HANDOFF_FINISHED_AT
 from novelforge_sessions.counting import count_up_to
 from novelforge_sessions.control.models import (
+    HANDOFF_FINISHED_AT,
     Approval,
     ConsumeReceipt,
     DeliveryOutcome,
