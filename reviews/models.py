@@ -46,7 +46,9 @@ class ReviewGate(models.Model):
     USER_ROUTES = frozenset({Route.PAGE.value, Route.RELAY.value})
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="review_gates")
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="review_gates")
+    # Indexed by ``review_gate_session`` (session, id) and ``review_gate_session_state``: a plain
+    # one on session alone let the planner read all of a session's gates to sort them by id.
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="review_gates", db_index=False)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="review_gates")
     opened_by = models.CharField(max_length=200)
     candidate = models.ForeignKey(ArtifactVersion, on_delete=models.PROTECT, related_name="review_gates")
@@ -68,7 +70,11 @@ class ReviewGate(models.Model):
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["session", "state"], name="review_gate_session_state")]
+        indexes = [
+            models.Index(fields=["session", "state"], name="review_gate_session_state"),
+            # The session page: its newest gates (the review panel, the timeline's flags) in id order.
+            models.Index(fields=["session", "id"], name="review_gate_session"),
+        ]
         constraints = [
             models.CheckConstraint(condition=_enum("route", ROUTES), name="review_gate_route_enum"),
             models.CheckConstraint(condition=_enum("state", GateState), name="review_gate_state_enum"),
@@ -164,6 +170,12 @@ class ReviewAssignment(models.Model):
         ordering = ["id"]
         indexes = [
             models.Index(fields=["reviewer", "state", "id"], name="review_assignment_queue"),
+            # The reviewer's queue page: "To review" oldest assigned first, "Submitted" newest
+            # first, each read in its order from the index (a reviewer may hold thousands).
+            models.Index(fields=["reviewer", "assigned_at", "id"], condition=Q(state=AssignmentState.ASSIGNED),
+                         name="review_assignment_waiting"),
+            models.Index(fields=["reviewer", "submitted_at", "id"], condition=Q(state=AssignmentState.SUBMITTED),
+                         name="review_assignment_submitted"),
             models.Index(fields=["id"], condition=Q(state=AssignmentState.OPEN), name="review_assignment_open"),
         ]
         constraints = [

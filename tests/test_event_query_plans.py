@@ -32,6 +32,7 @@ from novelforge_sessions.models import Event, Membership
 from novelforge_sessions.session_runtime import SessionStatus as S
 from tests.support.factories import make_project
 from tests.dashboard.conftest import logged_in, make_user
+from tests.support.plans import Reads, analysed_plan, rows_touched
 
 pytestmark = pytest.mark.django_db
 
@@ -107,46 +108,16 @@ def make_session_in():
     return lambda project: create_session(caller_for(project), NewSession(**SESSION))
 
 
-class EventReads:
-    """Records every SELECT this connection sends that reads the event table."""
-
-    def __init__(self) -> None:
-        self.statements: list[tuple[str, Any]] = []
-
-    def __call__(self, execute, sql, params, many, context):
-        if not many and sql.lstrip().upper().startswith("SELECT") and EVENTS in sql:
-            self.statements.append((sql, params))
-        return execute(sql, params, many, context)
-
-
-def _walk(node: dict[str, Any]):
-    yield node
-    for child in node.get("Plans", []):
-        yield from _walk(child)
-
-
 def event_plan_problems(sql: str, params: Any) -> list[str]:
-    with connection.cursor() as cur:
-        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
-        raw = cur.fetchone()[0]
-    plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
-    problems = []
-    touched = 0
-    for node in _walk(plan):
-        if node.get("Relation Name") != EVENTS:
-            continue
-        if node["Node Type"] == "Seq Scan":
-            problems.append("sequential scan of the event table")
-        loops = node.get("Actual Loops", 1)
-        touched += loops * (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
-                            + node.get("Rows Removed by Index Recheck", 0))
-    if touched > MAX_ROWS_TOUCHED:
-        problems.append(f"touches {touched} event rows (more than {MAX_ROWS_TOUCHED})")
+    touched, seq = rows_touched(analysed_plan(sql, params), [EVENTS])
+    problems = ["sequential scan of the event table"] if seq else []
+    if touched[EVENTS] > MAX_ROWS_TOUCHED:
+        problems.append(f"touches {touched[EVENTS]} event rows (more than {MAX_ROWS_TOUCHED})")
     return problems
 
 
 def _reads_of(fetch) -> list[tuple[str, Any]]:
-    reads = EventReads()
+    reads = Reads([EVENTS])
     with connection.execute_wrapper(reads):
         resp = fetch()
     assert resp.status_code == 200, (resp.status_code, resp.content[:300])

@@ -30,6 +30,10 @@ HandoffState = text_choices("HandoffState", lc.HandoffState)
 
 #: Handoffs still waiting for a result (``lifecycles.HANDOFF_WAITING``).
 UNBOUND_STATES = tuple(s.value for s in lc.HANDOFF_WAITING)
+#: Handoffs that still need attention: waiting, or a conflict nobody resolved yet
+#: (``lifecycles.conflict_open``: resolving moves it back to bound). The session page's
+#: "Pending handoffs" panel lists these, from the ``handoff_session_open`` index.
+OPEN_STATES = (*UNBOUND_STATES, lc.HandoffState.CONFLICTED.value)
 
 
 class HandoffPurpose(models.TextChoices):
@@ -95,9 +99,17 @@ class Handoff(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [
-            # The claim query scans a project's claimable handoffs in id order.
-            models.Index(fields=["project", "id"], condition=Q(state__in=UNBOUND_STATES), name="handoff_claimable"),
-            models.Index(fields=["session", "state"], name="handoff_session_state"),
+            # The claim query scans a project's claimable handoffs in id order; the charts count
+            # them and read their creation times from the index alone (``include``).
+            models.Index(fields=["project", "id"], include=["created_at"], condition=Q(state__in=UNBOUND_STATES),
+                         name="handoff_claimable"),
+            # One session's handoffs of one state in id order (``GET /handoffs?session_id=&state=``,
+            # the conflicts panel), without walking the primary key.
+            models.Index(fields=["session", "state", "id"], name="handoff_session_state"),
+            # The session page's open handoffs in id order, counted and charted from the index alone
+            # (a session may hold half a million finished ones).
+            models.Index(fields=["session", "id"], include=["state", "created_at"], condition=Q(state__in=OPEN_STATES),
+                         name="handoff_session_open"),
             models.Index(F("session"), HANDOFF_FINISHED_AT.desc(), F("id").desc(), name="handoff_session_finished"),
             GinIndex(fields=["inputs"], opclasses=["jsonb_path_ops"], condition=CITES_INPUTS, name="handoff_cites_inputs"),
         ]

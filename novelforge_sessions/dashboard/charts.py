@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min, Q, Value
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -206,11 +206,17 @@ def handoffs_waiting_over_time(scope: Scope, cutoff: int, start: datetime,
         scope.events(cutoff).filter(type__in=_HANDOFF_EVENTS[1:]).values_list("created_at", "payload__handoff_id")
     )
     ended_ids = [hid for _, hid in ended if isinstance(hid, int)]
-    # One query, whatever there is: the window's still-waiting handoffs and the ended ones' creation times.
-    rows = list(scope.handoffs().filter((waiting_q & Q(created_at__gte=start)) | Q(id__in=ended_ids))
-                .values_list("id", "state", "created_at"))
-    recent = [c for _, state, c in rows if lc.handoff_waiting(state) and c >= start]
-    created = {hid: c for hid, _, c in rows}
+    # One query, whatever there is, of two index reads: the window's still-waiting handoffs (from
+    # the waiting handoffs' index alone: ``handoff_claimable``, ``handoff_session_open``) and the
+    # ended ones' creation times (by primary key). As one ``OR`` the planner read every waiting
+    # row's heap page; as a ``UNION ALL`` each half takes its own index.
+    rows = list(
+        scope.handoffs().filter(waiting_q, created_at__gte=start).order_by().annotate(waits=Value(True))
+        .values_list("id", "created_at", "waits")
+        .union(scope.handoffs().filter(id__in=ended_ids).order_by().annotate(waits=Value(False))
+               .values_list("id", "created_at", "waits"), all=True))
+    recent = [c for _, c, waits in rows if waits]
+    created = {hid: c for hid, c, waits in rows if not waits}
     out = []
     for t in samples:
         n = agg["n"] - sum(1 for c in recent if c > t)

@@ -36,6 +36,7 @@ from novelforge_sessions.phrases import joined, say
 from novelforge_sessions.counting import count_up_to
 from novelforge_sessions.control.models import (
     HANDOFF_FINISHED_AT,
+    OPEN_STATES,
     Approval,
     ConsumeReceipt,
     DeliveryOutcome,
@@ -1179,7 +1180,7 @@ FINISHED_HANDOFFS_SHOWN = 10
 
 #: Still needs attention: waiting for a worker or a result (``lifecycles.handoff_waiting``), or a
 #: conflict nobody resolved yet (``lifecycles.conflict_open``: resolving moves it back to bound).
-OPEN_HANDOFF_Q = Q(state__in=lc.HANDOFF_WAITING) | Q(state=HandoffState.CONFLICTED)
+OPEN_HANDOFF_Q = Q(state__in=OPEN_STATES)  # one IN: the ``handoff_session_open`` index's own condition
 
 
 @dataclass
@@ -1239,15 +1240,13 @@ def session_handoffs(session_id: int, now: datetime | None = None) -> SessionHan
     now = now or timezone.now()
     base = Handoff.objects.filter(session_id=session_id).defer("inputs", "params", "result_schema")
     open_qs = base.filter(OPEN_HANDOFF_Q)
-    finished_qs = base.exclude(OPEN_HANDOFF_Q)
+    finished_qs = base.exclude(OPEN_HANDOFF_Q).annotate(done_at=HANDOFF_FINISHED_AT)
     open_rows = list(open_qs.order_by("id")[:OPEN_HANDOFFS_SHOWN])
-    finished = list(
-        finished_qs.annotate(done_at=HANDOFF_FINISHED_AT)
-        .order_by("-done_at", "-id")[:FINISHED_HANDOFFS_SHOWN]
-    )
+    finished = list(finished_qs.order_by("-done_at", "-id")[:FINISHED_HANDOFFS_SHOWN])
     # Counted up to COUNT_CAP (the page says "1000+" beyond): a session may hold half a million.
     open_total = len(open_rows) if len(open_rows) < OPEN_HANDOFFS_SHOWN else count_up_to(open_qs)
-    finished_total = len(finished) if len(finished) < FINISHED_HANDOFFS_SHOWN else count_up_to(finished_qs)
+    finished_total = (len(finished) if len(finished) < FINISHED_HANDOFFS_SHOWN
+                      else count_up_to(finished_qs, order=("-done_at", "-id")))
     return SessionHandoffs(
         [HandoffRow(h, now) for h in open_rows], open_total, [HandoffRow(h, now) for h in finished], finished_total,
     )

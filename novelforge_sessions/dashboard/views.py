@@ -66,6 +66,8 @@ TIMELINE_HANDOFFS = 200
 #: Checkpoints drawn on the timeline (the newest of the shown runs): a run of a long graph holds
 #: hundreds of thousands, more than a track has pixels; each bar says how many it leaves out.
 TIMELINE_CHECKPOINTS = 200
+#: Review gates flagged on the timeline (the newest of the shown runs).
+TIMELINE_GATES = 100
 
 
 # ------------------------------------------------------------------------------------
@@ -268,16 +270,20 @@ def _session_context(session: Session) -> dict[str, Any]:
     runs.reverse()
     open_run = next((r for r in runs if r.state == rt.RunState.OPEN), None)
     hidden_runs = max(session.run_count - len(runs), 0)
-    timeline_cps = list(  # the newest, from the (session, id) index, however many the runs hold
-        Checkpoint.objects.filter(session=session, run__in=runs).only("id", "run_id", "seq", "boundary", "created_at")
-        .order_by("-id")[:TIMELINE_CHECKPOINTS]
+    timeline_cps = list(  # the newest, walking the (session, id) index back, however many the runs hold
+        # ``session_id__any`` and ``-session_id`` keep the planner on that walk (``models.AnyId``): with
+        # ``session = x AND run IN (…)`` it guessed a handful of rows and read all the session's.
+        Checkpoint.objects.filter(session_id__any=[session.id], run__in=runs)
+        .only("id", "run_id", "seq", "boundary", "created_at")
+        .order_by("-session_id", "-id")[:TIMELINE_CHECKPOINTS]
     )
     timeline_handoffs = list(
         Handoff.objects.filter(run__in=runs).defer("inputs", "params", "result_schema").order_by("-id")[:TIMELINE_HANDOFFS]
     )
-    timeline_gates = list(
-        ReviewGate.objects.filter(run__in=runs)
+    timeline_gates = list(  # the newest, walking the (session, id) index back, as the checkpoints
+        ReviewGate.objects.filter(session_id__any=[session.id], run__in=runs)
         .only("id", "run_id", "route", "state", "outcome", "bound_verdicts", "required_verdicts", "created_at")
+        .order_by("-session_id", "-id")[:TIMELINE_GATES]
     )
     checkpoints = list(Checkpoint.objects.filter(session=session).select_related("run").order_by("-id")[:20])
     for cp in checkpoints:

@@ -12,6 +12,7 @@ from django import template
 from django.db.models import Prefetch
 from django.utils.translation import gettext, gettext_lazy
 
+from novelforge_sessions.counting import count_up_to
 from reviews.models import ReviewAssignment, ReviewGate, Verdict
 from reviews.packets import DECISION_LABELS, confidence_words
 
@@ -87,12 +88,18 @@ def _reviewer_name(assignment: ReviewAssignment) -> str:
     return assignment.reviewer or gettext("unclaimed")
 
 
+#: Gates the session page's review panel shows, newest first; it counts the rest (up to
+#: ``counting.COUNT_CAP``) and says how many it shows of how many.
+PANEL_GATES = 20
+
+
 @register.inclusion_tag("reviews/_session_panel.html")
 def review_panel(session) -> dict[str, Any]:
-    """The review gates of one session, newest first, for the manager's session page."""
+    """The newest ``PANEL_GATES`` review gates of one session, for the manager's session page
+    (read from the (session, id) index: a session may have opened thousands)."""
+    of_session = ReviewGate.objects.filter(session_id__any=[session.id])
     gates = list(
-        ReviewGate.objects.filter(session=session)
-        .select_related("packet", "candidate__artifact", "run")
+        of_session.select_related("packet", "candidate__artifact", "run")
         .prefetch_related(
             Prefetch(
                 "packet__assignments",
@@ -100,8 +107,9 @@ def review_panel(session) -> dict[str, Any]:
             ),
             Prefetch("packet__verdicts", queryset=Verdict.objects.order_by("id")),
         )
-        .order_by("-id")
+        .order_by("-session_id", "-id")[:PANEL_GATES]
     )
+    total = len(gates) if len(gates) < PANEL_GATES else count_up_to(of_session, order=("-session_id", "-id"))
     items = []
     for gate in gates:
         by_assignment = {v.assignment_id: v for v in gate.packet.verdicts.all()}
@@ -121,4 +129,4 @@ def review_panel(session) -> dict[str, Any]:
                 "live_agents": (gate.routing or {}).get("live_agent_reviewers", []),
             }
         )
-    return {"session": session, "gates": items}
+    return {"session": session, "gates": items, "total": total}
