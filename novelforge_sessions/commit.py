@@ -25,6 +25,7 @@ statement is sent and just after it returns, only when the statement is its own 
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -38,6 +39,26 @@ from novelforge_sessions import faults
 #: ``novelforge_sessions.tracing`` puts its traced subclass here, so these statements have spans
 #: too (they bypass the connection's cursor factory, which the psycopg instrumentation wraps).
 CURSOR: type[psycopg.Cursor] = psycopg.Cursor
+
+
+#: The longest statement text whose parsing psycopg keeps (its ``%(name)s`` placeholders found
+#: once per text): it parses a longer one again on every execution, assuming such texts are
+#: generated and rarely repeated. Hand-written statements over it are sent ``compact``.
+PARSE_CACHED_BYTES = 4096
+
+
+def compact(sql: str) -> str:
+    """``sql`` with every run of whitespace outside its string literals made one space.
+
+    For a long hand-written statement (layout for the reader, not for the wire): compacted, it
+    may fit ``PARSE_CACHED_BYTES``. Refuses text whose meaning could depend on line breaks or
+    on quoting this does not follow (comments, dollar quotes)."""
+    parts = sql.split("'")  # '' inside a literal splits into an empty outside part: parity holds
+    for outside in parts[::2]:
+        if "--" in outside or "/*" in outside or "$" in outside:
+            raise ValueError("compact() takes statements without comments or dollar quotes")
+    parts[::2] = [re.sub(r"\s+", " ", outside) for outside in parts[::2]]
+    return "'".join(parts).strip()
 
 
 def own_transaction(using: str = DEFAULT_DB_ALIAS) -> bool:

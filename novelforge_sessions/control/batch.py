@@ -42,15 +42,16 @@ MAX_BATCH_ITEMS = rt.MAX_BATCH_ITEMS  # declared in the OpenAPI schema as maxIte
 # The items in order (``t``, numbered ``ord``; ``n``: a checkpoint's number within the batch),
 # written from ``w`` (the run when nothing refuses and every ref resolved): the checkpoints
 # numbered after the locked row's count, the run's count and cursor, and one event per item with
-# ids reserved as one consecutive range in item order (``nf_event_ids``).
-_WRITE_SQL = f"""
+# ids reserved as one consecutive range in item order (``nf_event_ids``). Sent compacted: it
+# fits ``commit.PARSE_CACHED_BYTES``, so psycopg parses its text once, not on every batch.
+_WRITE_SQL = commit.compact(f"""
 WITH l AS ({decided_lock_sql("r.seq")}),
 w AS (SELECT * FROM l WHERE l.refusal IS NULL AND %(write)s),
 t AS (
   SELECT i.*, count(*) FILTER (WHERE i.kind = 'checkpoint') OVER (ORDER BY i.ord) AS n
-    FROM unnest(%(kind)s::text[], %(boundary)s::text[], %(cursor)s::jsonb[], %(artifacts)s::jsonb[],
-                %(pending)s::jsonb[], %(approvals)s::jsonb[], %(resume_policy)s::text[], %(size_bytes)s::int[],
-                %(created_at)s::timestamptz[], %(ev_payload)s::jsonb[])
+    FROM ROWS FROM (jsonb_to_recordset(%(items)s::jsonb) AS (kind text, boundary text, cursor jsonb, artifacts jsonb,
+                    pending jsonb, approvals jsonb, resume_policy text, size_bytes int, created_at timestamptz,
+                    ev_payload jsonb))
          WITH ORDINALITY AS i(kind, boundary, cursor, artifacts, pending, approvals, resume_policy, size_bytes,
                               created_at, ev_payload, ord)
 ), c AS (
@@ -82,7 +83,7 @@ t AS (
 SELECT l.*, (SELECT array_agg(ARRAY[c.id, c.seq] ORDER BY c.seq) FROM c),
        (SELECT array_agg(c.created_at ORDER BY c.seq) FROM c), (SELECT array_agg(id ORDER BY id) FROM e)
   FROM l
-"""
+""")
 #: What the statement fills in each event's payload (ids it draws, numbers it counts).
 _CHECKPOINT_FILLED = frozenset({"checkpoint_id", "seq"})
 _CURSOR_FILLED = frozenset({"seq"})
@@ -106,6 +107,11 @@ def _at(index: int, exc: ServiceError) -> ServiceError:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder)
+
+
+def _stored(value: Any) -> Any:
+    """``value`` as the database stored it (its JSON read back); an empty one as it is."""
+    return json.loads(_dumps(value)) if value else value
 
 
 def record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]], *,
@@ -187,15 +193,17 @@ def _record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> t
         if scope is None:
             raise NotFound("run not found", run_id=run_id)
         session_id, project_id = scope
-    cols: dict[str, list[Any]] = {k: [] for k in ("kind", "boundary", "cursor", "artifacts", "pending", "approvals",
-                                                  "resume_policy", "size_bytes", "created_at", "ev_payload")}
+    # The items go as ONE jsonb document (``t`` unpacks it with ``jsonb_to_recordset``): one JSON
+    # encoding of the whole batch instead of one per value and ten array parameters to escape.
+    rows: list[dict[str, Any]] = []
     refs_error: ServiceError | None = None
     run_cursor: dict[str, Any] | None = None
     for index, (kind, spec, body) in enumerate(specs):
         if kind == "cursor":
             run_cursor = spec
-            row = ("cursor", None, _dumps(spec), "[]", "{}", "[]", None, 0, None,
-                   _dumps(ev.RUN_CURSOR_ADVANCED.filled_by_statement(_CURSOR_FILLED, cursor=spec)))
+            rows.append({"kind": "cursor", "cursor": spec, "artifacts": [], "pending": {}, "approvals": [],
+                         "size_bytes": 0,
+                         "ev_payload": ev.RUN_CURSOR_ADVANCED.filled_by_statement(_CURSOR_FILLED, cursor=spec)})
         else:
             artifacts: list[dict[str, Any]] = []
             approvals: list[Any] = []
@@ -209,15 +217,18 @@ def _record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> t
                 except ServiceError as exc:
                     refs_error = _at(index, exc)
             run_cursor = spec.cursor
-            row = ("checkpoint", spec.boundary.value, _dumps(spec.cursor), _dumps(artifacts), _dumps(pending),
-                   _dumps(approvals), spec.resume_policy, spec.size_bytes, timezone.now(),
-                   _dumps(ev.CHECKPOINT_RECORDED.filled_by_statement(
-                       _CHECKPOINT_FILLED, boundary=spec.boundary.value, cursor=spec.cursor)))
-        for name, value in zip(cols, row):
-            cols[name].append(value)
+            rows.append({
+                "kind": "checkpoint", "boundary": spec.boundary.value, "cursor": spec.cursor, "artifacts": artifacts,
+                "pending": pending, "approvals": approvals, "resume_policy": spec.resume_policy,
+                "size_bytes": spec.size_bytes,
+                # isoformat keeps the microseconds (DjangoJSONEncoder would cut them to milliseconds)
+                "created_at": timezone.now().isoformat(),
+                "ev_payload": ev.CHECKPOINT_RECORDED.filled_by_statement(
+                    _CHECKPOINT_FILLED, boundary=spec.boundary.value, cursor=spec.cursor),
+            })
     row = commit.execute_write(_WRITE_SQL, {
-        **lock_params(caller, run_id, stated), **cols, "write": refs_error is None, "checkpoints": len(stated_by),
-        "run_cursor": _dumps(run_cursor), "events": len(specs), "actor": caller.label,
+        **lock_params(caller, run_id, stated), "items": _dumps(rows), "write": refs_error is None,
+        "checkpoints": len(stated_by), "run_cursor": _dumps(run_cursor), "events": len(specs), "actor": caller.label,
         "schema_version": rt.CHECKPOINT_SCHEMA_VERSION, "checkpoint_event": ev.CHECKPOINT_RECORDED.name,
         "cursor_event": ev.RUN_CURSOR_ADVANCED.name,
     })
@@ -239,10 +250,11 @@ def _record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> t
             results.append(ItemResult(kind="cursor", cursor=spec))
             continue
         (checkpoint_id, seq), created_at = next(made)
+        item = rows[index]
         checkpoint = Checkpoint(
-            id=checkpoint_id, session_id=locked.session_id, run_id=run_id, seq=seq, boundary=cols["boundary"][index],
-            cursor=spec.cursor, artifacts=json.loads(cols["artifacts"][index]), authority=locked.current,
-            pending=json.loads(cols["pending"][index]), approvals=json.loads(cols["approvals"][index]),
+            id=checkpoint_id, session_id=locked.session_id, run_id=run_id, seq=seq, boundary=item["boundary"],
+            cursor=spec.cursor, artifacts=_stored(item["artifacts"]), authority=locked.current,
+            pending=_stored(item["pending"]), approvals=_stored(item["approvals"]),
             resume_policy=spec.resume_policy, size_bytes=spec.size_bytes, created_at=created_at,
         )
         checkpoint._state.adding = False

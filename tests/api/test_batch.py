@@ -209,3 +209,46 @@ def test_a_batch_is_one_statement_with_one_event_per_item_in_item_order(owner, n
     assert seqs[0] == 2 and seqs[2:] == [3, 4]  # the cursor event carries the run's seq
     ids = [i["checkpoint"]["id"] for i in resp.json()["items"] if i["checkpoint"]]
     assert [p["checkpoint_id"] for t, p in stored if t == "checkpoint.recorded"] == ids
+
+
+def test_the_answer_is_what_was_stored_field_for_field_with_refs_and_when_replayed(owner, new_session):
+    """Every checkpoint in the batch's answer equals what GET answers for the row it stored
+    (refs resolved, authority, resume policy, text with quotes, backslashes and non-ASCII,
+    numbers as written), and a keyed replay answers the same body. The items travel to the
+    statement as one JSON document; each checkpoint stores its own values."""
+    from novelforge_sessions.api.schemas import BatchOut
+
+    s = new_session(run=True)
+    run_id = s["run"]["id"]
+    art = owner.post("/artifacts", {"name": "ch", "content": "text"}).json()
+    ref = {"artifact_id": art["id"], "fingerprint": art["current_fingerprint"]}
+    cursor = {"step": 2, "text": "quote \" backslash \\ tab \t unicode \u00e9 \U0001f600", "n": [1.5, -0, 10**18]}
+    items = [
+        {"kind": "checkpoint", "checkpoint": {**CP, "artifacts": [ref], "resume_policy": "pinned"}},
+        {"kind": "cursor", "cursor": {"step": "between"}},
+        {"kind": "checkpoint", "checkpoint": {"boundary": "before_long_handoff", "cursor": cursor}},
+    ]
+    resp = owner.post(f"/runs/{run_id}/batch", {"items": items, "idempotency_key": "answer-1"})
+    assert resp.status_code == 201, resp.content
+    body = resp.json()
+    BatchOut.model_validate(body)  # the declared shape
+    written = [i["checkpoint"] for i in body["items"] if i["checkpoint"]]
+    assert [owner.get(f"/checkpoints/{c['id']}").json() for c in written] == written
+    assert written[0]["artifacts"] == [{**ref, "head_version_id": art["current_version_id"]}]
+    assert written[0]["resume_policy"] == "pinned" and written[1]["cursor"] == cursor
+    assert written[0]["created_at"] <= written[1]["created_at"]
+    assert body["items"][1] == {"kind": "cursor", "checkpoint": None, "cursor": {"step": "between"}}
+    replay = owner.post(f"/runs/{run_id}/batch", {"items": items, "idempotency_key": "answer-1"})
+    assert replay.status_code == 201 and replay.json() == body
+
+
+def test_the_statement_fits_psycopgs_parse_cache():
+    """Sent compacted, the batch's statement is parsed by psycopg once, not on every batch."""
+    from novelforge_sessions import commit
+    from novelforge_sessions.control import batch
+
+    assert len(batch._WRITE_SQL.encode()) <= commit.PARSE_CACHED_BYTES
+    assert commit.compact("SELECT  'a  b',\n  'it''s   x'  FROM\tt") == "SELECT 'a  b', 'it''s   x' FROM t"
+    for unsafe in ("SELECT 1 -- why\n, 2", "SELECT /* a */ 1", "SELECT $$a  b$$"):
+        with pytest.raises(ValueError):
+            commit.compact(unsafe)
