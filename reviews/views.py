@@ -96,18 +96,17 @@ def queue(request: HttpRequest) -> HttpResponse:
     mine = assignments_for(identity)
     waiting = Q(state=ReviewAssignment.State.ASSIGNED, packet__gate__state=ReviewGate.State.PENDING)
     done = Q(state=ReviewAssignment.State.SUBMITTED)
-    # Counted up to COUNT_CAP each (the page says "1000+" beyond), not over every assignment.
-    # Unordered: in the lists' order the planner sorted all the reviewer's slots first.
-    to_review_order, submitted_order = ("assigned_at", "id"), ("-submitted_at", "-id")
+    # Counted up to COUNT_CAP each (the page says "1000+" beyond), not over every assignment;
+    # unordered (count_up_to), since in the lists' order the planner sorted all the reviewer's slots first.
     totals = {"to_review": count_up_to(mine.filter(waiting)), "submitted": count_up_to(mine.filter(done))}
 
-    to_review = mine.filter(waiting).select_related("packet__gate").order_by(*to_review_order)
+    to_review = mine.filter(waiting).select_related("packet__gate").order_by("assigned_at", "id")
     after = _anchor(mine, request.GET.get("after"))
     if after is not None and after.assigned_at is not None:
         to_review = to_review.filter(Q(assigned_at__gt=after.assigned_at) | Q(assigned_at=after.assigned_at, id__gt=after.id))
     else:
         after = None
-    submitted = mine.filter(done).select_related("packet__gate").order_by(*submitted_order)
+    submitted = mine.filter(done).select_related("packet__gate").order_by("-submitted_at", "-id")
     before = _anchor(mine, request.GET.get("before"))
     if before is not None and before.submitted_at is not None:
         submitted = submitted.filter(

@@ -28,7 +28,7 @@ from django.test import Client
 from novelforge_sessions.control.models import Handoff, HandoffState
 from novelforge_sessions.counting import COUNT_CAP
 from novelforge_sessions.dashboard.presenters import OPEN_CONFLICTS_SHOWN
-from novelforge_sessions.models import Checkpoint, Session
+from novelforge_sessions.models import Checkpoint, Run, Session
 from reviews.models import ReviewAssignment, ReviewGate, ReviewPacket
 from reviews.templatetags.review_panels import PANEL_GATES
 from tests.reviews.factories import make_world
@@ -94,7 +94,7 @@ def _generate_checkpoints(session, run) -> None:
             """,
             [session.id, run.id, SESSION_CHECKPOINTS],
         )
-        cur.execute(f"UPDATE novelforge_sessions_run SET checkpoint_count = checkpoint_count + %s WHERE id = %s",
+        cur.execute(f"UPDATE {Run._meta.db_table} SET checkpoint_count = checkpoint_count + %s WHERE id = %s",
                     [SESSION_CHECKPOINTS, run.id])
 
 
