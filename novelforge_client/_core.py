@@ -74,6 +74,8 @@ class Call(Generic[T]):
     params: dict[str, Any] = field(default_factory=dict)
     idempotent: bool = False
     then: Callable[[Any], Any] | None = None
+    #: Over the API socket when the client has one (``_wire.Socket``): the checkpoint write.
+    socket: bool = False
     _content: bytes | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:

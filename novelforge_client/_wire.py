@@ -27,11 +27,14 @@ environment (``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``: ``httpx`` honours the
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.client
+import json
 import select
 import socket
 import threading
 import urllib.request
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -50,10 +53,116 @@ def usable(base_url: str) -> bool:
     return scheme not in proxies and "all" not in proxies
 
 
-class Wire:
-    """Keep-alive HTTP/1.1 requests to one origin (``base_url``'s scheme, host and port)."""
+#: Where the API's paths start on the server (a frame names the path as HTTP would, below the root).
+API_PREFIX = "/api/v1"
+
+
+class Socket:
+    """Requests over the service's API socket (``/ws/api/``): one websocket, opened on first use
+    with the client's headers and the server's own Origin, each request a frame and each answer
+    the status and body the same HTTP request gets (the server's ``api/socket.py``).
+
+    Used for the calls that ask for it (``Call(socket=True)``: the checkpoint write, which the
+    server answers there without an HTTP request's cost). :meth:`request` returns ``None`` when
+    the socket cannot take the request and nothing was sent (another thread is using it; the
+    handshake failed): the caller sends it over HTTP instead. A server that refuses the handshake
+    (an older service without the socket, a proxy without websockets) is not asked again by this
+    client. Once a frame is sent, failures are the ``httpx`` exceptions of the same meaning
+    (``ReadError``, ``ReadTimeout``, ``RemoteProtocolError``), so the retry rules apply unchanged.
+    """
 
     def __init__(self, base_url: str, headers: dict[str, str], timeout: float) -> None:
+        parts = urlsplit(base_url)
+        scheme = "wss" if parts.scheme == "https" else "ws"
+        self.url = f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}/ws/api/"
+        self.origin = f"{parts.scheme}://{parts.netloc}"
+        self.headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+        self.timeout = timeout
+        self._ssl = httpx.create_ssl_context() if parts.scheme == "https" else None
+        self._lock = threading.Lock()
+        self._ws: Any = None
+        self._next = 0
+        self.refused = False  # the server refused the handshake: HTTP only from now on
+        self._closed = False
+
+    def _open(self) -> Any:
+        from websockets.exceptions import InvalidHandshake, InvalidStatus
+        from websockets.sync.client import connect
+        from websockets.typing import Origin
+
+        try:
+            ws = connect(self.url, origin=Origin(self.origin), additional_headers=self.headers,
+                         open_timeout=self.timeout, close_timeout=1, ssl=self._ssl, max_size=None,
+                         compression=None, proxy=None)
+        except InvalidStatus as exc:
+            # 4xx: no API socket there (an older service, a proxy without websockets, a token it
+            # refuses: HTTP says which): HTTP from now on. 5xx: this time only.
+            self.refused = exc.response.status_code < 500
+            return None
+        except (InvalidHandshake, OSError, TimeoutError):  # unreachable or cut short now: HTTP this time
+            return None
+        return ws.__enter__()  # held across calls, closed by close(): what a `with` block would do
+
+    def request(self, method: str, target: str, body: bytes | None) -> tuple[int, bytes] | None:
+        """One request (``target``: the path and query under ``/api/v1``); its status and body,
+        or ``None`` when nothing was sent (use HTTP)."""
+        if self.refused or self._closed or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._ws is None:
+                self._ws = self._open()
+                if self._ws is None:
+                    return None
+            self._next += 1
+            frame_id = self._next
+            frame = json.dumps({"id": frame_id, "method": method, "path": API_PREFIX + target,
+                                "body": None if body is None else body.decode()})
+            try:
+                self._ws.send(frame)
+            except Exception as exc:  # closed by the server while idle: nothing reached it
+                self._drop()
+                if isinstance(exc, OSError) or type(exc).__name__.startswith("ConnectionClosed"):
+                    return None
+                raise
+            try:
+                text = self._ws.recv(timeout=self.timeout)
+            except TimeoutError as exc:
+                self._drop()
+                raise httpx.ReadTimeout(f"no answer on the API socket in {self.timeout} s") from exc
+            except Exception as exc:
+                self._drop()
+                raise httpx.ReadError(f"the API socket closed before the answer: {exc}") from exc
+            try:
+                answer = json.loads(text)
+                if answer["id"] != frame_id:
+                    raise ValueError(f"answer {answer['id']!r} to request {frame_id}")
+                return int(answer["status"]), answer["body"].encode()
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                self._drop()
+                raise httpx.RemoteProtocolError(f"the API socket answered out of turn: {exc}") from exc
+        finally:
+            self._lock.release()
+
+    def _drop(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            try:
+                ws.close()
+            except Exception:  # already gone
+                pass
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            self._drop()
+
+
+class Wire:
+    """Keep-alive HTTP/1.1 requests to one origin (``base_url``'s scheme, host and port); with
+    ``socket``, the calls that ask for it over the API socket (:class:`Socket`) first."""
+
+    def __init__(self, base_url: str, headers: dict[str, str], timeout: float, *, socket: Socket | None = None) -> None:
+        self.socket = socket
         parts = urlsplit(base_url)
         self.https = parts.scheme == "https"
         self.host = parts.hostname or "localhost"
@@ -86,10 +195,16 @@ class Wire:
                 return
         conn.close()
 
-    def request(self, method: str, target: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, bytes]:
+    def request(self, method: str, target: str, body: bytes | None, headers: dict[str, str], *,
+                socket: bool = False) -> tuple[int, bytes]:
         """Send one request; the status and body of the answer. ``target`` is the path (and query)
-        under ``base_url``; ``headers`` are sent in addition to the client's own."""
+        under ``base_url``; ``headers`` are sent in addition to the client's own. ``socket``:
+        over the API socket when there is one and it can take it (:class:`Socket`), else HTTP."""
         url = self.prefix + target
+        if socket and self.socket is not None:
+            answer = self.socket.request(method, target, body)
+            if answer is not None:
+                return answer
         conn = self._connection()
         try:
             if conn.sock is None:
@@ -124,6 +239,8 @@ class Wire:
         return response.status, content
 
     def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close()
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
@@ -163,13 +280,13 @@ class AsyncWire:
     machinery, and no HTTP parsing is written here. A request whose caller is cancelled still
     finishes in its thread, as a request already sent would on the server."""
 
-    def __init__(self, base_url: str, headers: dict[str, str], timeout: float) -> None:
-        self._wire = Wire(base_url, headers, timeout)
+    def __init__(self, base_url: str, headers: dict[str, str], timeout: float, *, socket: Socket | None = None) -> None:
+        self._wire = Wire(base_url, headers, timeout, socket=socket)
 
     async def request(self, method: str, target: str, body: bytes | None,
-                      headers: dict[str, str]) -> tuple[int, bytes]:
+                      headers: dict[str, str], *, socket: bool = False) -> tuple[int, bytes]:
         """As :meth:`Wire.request`."""
-        return await asyncio.to_thread(self._wire.request, method, target, body, headers)
+        return await asyncio.to_thread(functools.partial(self._wire.request, socket=socket), method, target, body, headers)
 
     async def aclose(self) -> None:
         self._wire.close()

@@ -28,7 +28,7 @@ from novelforge_client._async_ops import _AsyncOperations
 from novelforge_client._core import (
     JSON_CONTENT, Call, RetryPolicy, body_of, decode_body, should_retry, transport_error,
 )
-from novelforge_client._wire import AsyncWire, Wire, usable
+from novelforge_client._wire import AsyncWire, Socket, Wire, usable
 
 if TYPE_CHECKING:
     from novelforge_client.runtime import AsyncRuntimeLease, RuntimeLease
@@ -254,7 +254,8 @@ class _Operations:
                        artifacts=[_dump(a) for a in artifacts] if artifacts is not None else None,
                        authority=authority, pending=pending, approvals=approvals, resume_policy=resume_policy,
                        idempotency_key=idempotency_key or uuid.uuid4().hex)
-        return self._call(Call("POST", f"/runs/{run_id}/checkpoints", m.CheckpointOut, body, idempotent=True))
+        return self._call(Call("POST", f"/runs/{run_id}/checkpoints", m.CheckpointOut, body, idempotent=True,
+                               socket=True))
 
     def batch(self, run_id: int, items: list[dict[str, Any]], *, idempotency_key: str | None = None) -> m.BatchOut:
         """Several checkpoints and cursor advances of one run in one transaction (all or nothing):
@@ -451,7 +452,8 @@ class Client(_Operations):
         self._wire: Wire | None = None
         self._http: httpx.Client | None = None
         if transport is None and usable(self.base_url):
-            self._wire = Wire(self.base_url + "/api/v1", self._headers(), timeout)
+            self._wire = Wire(self.base_url + "/api/v1", self._headers(), timeout,
+                              socket=Socket(self.base_url, self._headers(), timeout))
         else:
             self._http = httpx.Client(base_url=self.base_url + "/api/v1", headers=self._headers(), timeout=timeout,
                                       transport=transport)
@@ -472,7 +474,7 @@ class Client(_Operations):
         if self._wire is not None:
             content = call.content()
             return self._wire.request(call.method, call.target(), content,
-                                      JSON_CONTENT if content is not None else {})
+                                      JSON_CONTENT if content is not None else {}, socket=call.socket)
         assert self._http is not None
         response = self._http.request(call.method, call.path, **call.request_kwargs())
         return response.status_code, response.content
@@ -582,7 +584,8 @@ class AsyncClient(_AsyncOperations, _Operations):
         self._wire: AsyncWire | None = None
         self._http: httpx.AsyncClient | None = None
         if transport is None and usable(self.base_url):
-            self._wire = AsyncWire(self.base_url + "/api/v1", self._headers(), timeout)
+            self._wire = AsyncWire(self.base_url + "/api/v1", self._headers(), timeout,
+                                   socket=Socket(self.base_url, self._headers(), timeout))
         else:
             self._http = httpx.AsyncClient(base_url=self.base_url + "/api/v1", headers=self._headers(),
                                            timeout=timeout, transport=transport)
@@ -603,7 +606,7 @@ class AsyncClient(_AsyncOperations, _Operations):
         if self._wire is not None:
             content = call.content()
             return await self._wire.request(call.method, call.target(), content,
-                                            JSON_CONTENT if content is not None else {})
+                                            JSON_CONTENT if content is not None else {}, socket=call.socket)
         assert self._http is not None
         response = await self._http.request(call.method, call.path, **call.request_kwargs())
         return response.status_code, response.content

@@ -16,7 +16,9 @@ handshake is refused; ``novelforge_sessions.live.origins``), ``RawSendMiddleware
 server's own ``send`` kept in the scope, so the stream's frames skip the session wrapper of
 ``send``, which acts on HTTP responses only) and ``AuthMiddlewareStack`` (the Django session
 cookie becomes ``scope["user"]``). Agents present a bearer token instead; the consumer checks it
-(``novelforge_sessions.live.consumers``).
+(``novelforge_sessions.live.consumers``). The API socket (``/ws/api/``, ``api/socket.py``: the API's
+requests as frames) is served inside the Origin check and outside the session stack: its
+requests run on the lean path's threads, which HTTP's ``/api/v1/`` uses too.
 
 With ``OTEL_*`` tracing asked for (``novelforge_sessions.tracing``), the whole application is
 wrapped, outermost, in OpenTelemetry's ASGI instrumentation; without it nothing is.
@@ -47,7 +49,12 @@ from novelforge_sessions.live.routing import websocket_urlpatterns  # noqa: E402
 from novelforge_sessions.live import pgnotify  # noqa: E402
 from novelforge_sessions.live.consumers import RawSendMiddleware  # noqa: E402
 from novelforge_sessions.api.asgi import LeanApiApplication  # noqa: E402
+from novelforge_sessions.api import socket as api_socket  # noqa: E402
 from django.conf import settings  # noqa: E402
+
+# The lean path's handler and threads: /api/v1/ over HTTP (with API_LEAN) and the API socket's
+# requests (api/socket.py) both run on them.
+lean_api = LeanApiApplication(django_asgi_app)
 
 # With tracing on (tracing.setup above), everything is wrapped, outermost, in the ASGI
 # instrumentation: one server span per request and per websocket; off, nothing is wrapped.
@@ -58,10 +65,13 @@ application = tracing.asgi(ProtocolTypeRouter(
         # through Django's handler (settings.API_LEAN). The first request starts the process's
         # NOTIFY listener (live/pgnotify.py: a lone server then sends no NOTIFY).
         "http": pgnotify.ListenerStart(
-            bodylimit.BodyLimitMiddleware(LeanApiApplication(django_asgi_app) if settings.API_LEAN else django_asgi_app)
+            bodylimit.BodyLimitMiddleware(lean_api if settings.API_LEAN else django_asgi_app)
         ),
         # RawSendMiddleware: the stream's frames skip the session wrapper of send (live/consumers.py).
-        "websocket": SameOriginValidator(RawSendMiddleware(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
+        # The API socket (api/socket.py) inside the Origin check, its requests on the lean path's threads.
+        "websocket": SameOriginValidator(api_socket.Route(
+            lean_api, RawSendMiddleware(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        )),
     }
 ))
 

@@ -28,6 +28,7 @@ Counted per process: a restarted server counts again from zero (``harness/`` res
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
 import re
@@ -35,7 +36,7 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +125,17 @@ def install(points: list[FaultPoint]) -> None:
 
     _points[:] = points
     connection_created.connect(_watch, dispatch_uid="novelforge_sessions.faults")
+
+
+@contextlib.contextmanager
+def serving(path: str) -> Iterator[None]:
+    """Marks ``path`` as the request being served: what ``FaultMiddleware`` does for a request,
+    for a request served without the middleware (the API socket's fast path, ``api/socket.py``)."""
+    token = _current_path.set(path)
+    try:
+        yield
+    finally:
+        _current_path.reset(token)
 
 
 class FaultMiddleware:

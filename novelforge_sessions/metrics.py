@@ -105,8 +105,14 @@ def route_of(request: HttpRequest) -> str:
 
 
 def observe(request: HttpRequest, status: int, seconds: float) -> None:
-    method = request.method if request.method in METHODS else "other"
-    key = (method, route_of(request), status)
+    observe_route(request.method or "", route_of(request), status, seconds)
+
+
+def observe_route(method: str, route: str, status: int, seconds: float) -> None:
+    """One request answered on ``route`` (a route template, as ``route_of`` gives it): the
+    middleware's, and the API socket's for what it answers without the middleware."""
+    method = method if method in METHODS else "other"
+    key = (method, route, status)
     child = _children.get(key)
     if child is None:
         child = _children.setdefault(key, REQUEST_SECONDS.labels(key[0], key[1], str(status)))

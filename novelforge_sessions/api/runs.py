@@ -7,6 +7,7 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from novelforge_sessions import tracing
+from novelforge_sessions.access import Caller
 from novelforge_sessions.actions import runs as actions
 from novelforge_sessions.control.batch import record_batch
 from novelforge_sessions.control.checkpoints import record_checkpoint
@@ -91,12 +92,21 @@ def end_run(request: HttpRequest, run_id: int, body: RunEndIn):
     ),
 )
 def create_checkpoint(request: HttpRequest, run_id: int, body: CheckpointIn):
-    payload: dict[str, Any] = body.model_dump(exclude_unset=True)
+    return Status(*checkpoint_answer(write_checkpoint(caller(request), run_id, body.model_dump(exclude_unset=True))))
+
+
+def write_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> Checkpoint:
+    """The checkpoint route's action, traced: this route's and the API socket's (``api/socket.py``)."""
     with tracing.span("checkpoint", run_id=run_id) as span:
-        checkpoint = record_checkpoint(caller(request), run_id, payload)
+        checkpoint = record_checkpoint(caller, run_id, payload)
         span.set(session_id=checkpoint.session_id, checkpoint_id=checkpoint.id, seq=checkpoint.seq,
                  outcome="replayed" if checkpoint.replayed else "created")
-    return Status(200 if checkpoint.replayed else 201, checkpoint)
+    return checkpoint
+
+
+def checkpoint_answer(checkpoint: Checkpoint) -> tuple[int, CheckpointOut]:
+    """The checkpoint route's answer: 200 for a replay, else 201, with the checkpoint."""
+    return 200 if checkpoint.replayed else 201, _checkpoint_out(checkpoint)
 
 
 @router.post(

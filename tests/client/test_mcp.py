@@ -176,8 +176,8 @@ def test_refusals_are_tool_errors_with_the_code_and_the_tokens_scope_holds(mcp_b
 
 def test_the_checkpoint_tool_acts_through_one_client_and_a_retried_or_repeated_call_writes_once(
         mcp_backend: DaphneServer, project: Any) -> None:
-    """Every tool call of a stdio server goes through one client (one keep-alive connection, a second
-    only after the proxy dropped one); a checkpoint whose answer was lost is retried by that client
+    """Every tool call of a stdio server goes through one client (one keep-alive connection and one
+    API socket, a second socket only after the proxy dropped one); a checkpoint whose answer was lost is retried by that client
     with the same idempotency key, and a host repeating a whole call with its `idempotency_key`
     gets the first checkpoint back: one row each."""
     _, token = create_token(project, name="mcp-keyed", permissions=["read", "write"])
@@ -208,7 +208,10 @@ def test_the_checkpoint_tool_acts_through_one_client_and_a_retried_or_repeated_c
     assert [cp["seq"] for cp in cps] == [1, 2, 3, 3] and cps[3]["id"] == cps[2]["id"]
     assert list(Checkpoint.objects.filter(run_id=run_id).order_by("seq").values_list("seq", "cursor")) == [
         (1, {"step": 1}), (2, {"step": 2}), (3, {"step": 3})]
-    assert proxy.connections == 2  # one client for every call; the second connection replaced the dropped one
+    # one client for every call: its keep-alive HTTP connection and its API socket (the checkpoints),
+    # and a second socket that replaced the one whose answer was dropped
+    assert proxy.connections == 3
+    assert proxy.forwarded[("GET", "/ws/api/")] == 2
 
 
 def test_a_host_repeating_a_keyed_start_run_attach_or_hand_off_gets_the_first_answer(

@@ -45,11 +45,13 @@ def _running(nf: Client) -> tuple[Any, Any]:
 
 
 def test_calls_share_one_keep_alive_connection(proxy: DroppingProxy, token: str) -> None:
+    """Every HTTP call on one keep-alive connection; the checkpoints on one API socket beside it."""
     with Client(proxy.url, token, retry=FAST) as nf:
         s, run = _running(nf)
         cps = [nf.checkpoint(run.id, boundary="context_freeze", cursor={"step": i}) for i in range(5)]
         assert [c.seq for c in nf.checkpoints(run.id)] == [c.seq for c in cps] == [1, 2, 3, 4, 5]
-    assert proxy.connections == 1
+    assert proxy.connections == 2
+    assert proxy.forwarded[("GET", "/ws/api/")] == 1
     assert proxy.forwarded[("POST", f"/api/v1/runs/{run.id}/checkpoints")] == 5
 
 
@@ -215,13 +217,13 @@ def test_the_async_client_keeps_one_connection_and_replaces_one_closed_while_idl
             run = await nf.start_run(s.id, cursor={"step": "a"})
             for i in range(3):
                 await nf.checkpoint(run.id, boundary="context_freeze", cursor={"step": i})
-            assert proxy.connections == 1
+            assert proxy.connections == 2  # the HTTP connection, and the API socket of the checkpoints
             proxy.close_connections()
             await nf.append_transcript(s.id, "assistant", "after the idle close")
             return s.id, run.id
 
     session_id, run_id = asyncio.run(scenario())
-    assert proxy.connections == 2
+    assert proxy.connections == 3
     assert list(TranscriptEntry.objects.filter(session_id=session_id).values_list("content", flat=True)) == [
         "after the idle close"]
     assert Checkpoint.objects.filter(run_id=run_id).count() == 3

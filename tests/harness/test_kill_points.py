@@ -1,10 +1,11 @@
 """The fault hook (novelforge_sessions/faults.py) in a real daphne serving the lean API path
 (novelforge_sessions/api/asgi.py, the default): a kill point on a heartbeat, a handoff, a
-result, a checkpoint (single, keyed, batch) and a graph path (put, writes) lets the first matching write through (answered, committed) and
+result, a checkpoint (single, keyed, batch, over the API socket) and a graph path (put, writes) lets the first matching write through (answered, committed) and
 kills the server with SIGKILL at the second one. ``before_commit`` leaves nothing of that write
 in the database; ``after_commit`` leaves it written, and the client gets no answer."""
 from __future__ import annotations
 
+import json
 import signal
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,6 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+from websockets.typing import Origin
 
 from novelforge_sessions.actions.tokens import ALL_PERMISSIONS, create_token
 from novelforge_sessions.control.models import ConsumeReceipt, GraphCheckpoint, GraphWrite, Handoff
@@ -151,12 +155,34 @@ def graph_writes(w: World, n: int) -> tuple[str, Callable[[], httpx.Response], C
     return path, lambda: w.post(path, body), lambda: GraphWrite.objects.filter(task_id=task).exists()
 
 
+def socket_checkpoint(w: World, n: int) -> tuple[str, Callable[[], httpx.Response], Callable[[], bool]]:
+    """A keyed checkpoint over the API socket (its fast path: no HTTP request, no middleware)."""
+    path, key = f"/runs/{w.run_id}/checkpoints", uuid.uuid4().hex
+    body = {"boundary": "context_freeze", "cursor": {"step": n, "key": key}, "idempotency_key": key}
+
+    def send() -> httpx.Response:
+        ws = connect(f"{w.server.ws_url}/ws/api/", origin=Origin(w.server.url), proxy=None,
+                     additional_headers={"Authorization": w.http.headers["Authorization"]}).__enter__()
+        try:
+            ws.send(json.dumps({"id": n, "method": "POST", "path": "/api/v1" + path, "body": json.dumps(body)}))
+            try:
+                answer = json.loads(ws.recv(timeout=30))
+            except ConnectionClosed as exc:  # the server died before answering
+                raise httpx.ReadError(str(exc)) from exc
+        finally:
+            ws.close()
+        return httpx.Response(answer["status"], content=answer["body"].encode())
+
+    return path, send, lambda: Checkpoint.objects.filter(idempotency_key=key).exists()
+
+
 CASES = {  # name: (path regex, case, handoffs claimed first)
     "heartbeat": (r"/heartbeat$", heartbeat, 0),
     "handoff": (r"/handoffs$", handoff, 0),
     "result": (r"/results$", result, 2),
     "checkpoint": (r"/runs/\d+/checkpoints$", checkpoint(keyed=False), 0),
     "keyed checkpoint": (r"/runs/\d+/checkpoints$", checkpoint(keyed=True), 0),
+    "checkpoint on the API socket": (r"/runs/\d+/checkpoints$", socket_checkpoint, 0),
     "batch": (r"/batch$", batch, 0),
     "graph put": (r"/graph-threads/checkpoints$", graph_put, 0),
     "graph writes": (r"/graph-threads/writes$", graph_writes, 0),

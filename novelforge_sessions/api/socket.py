@@ -1,0 +1,272 @@
+"""The API over one websocket (``/ws/api/``): an agent's requests without an HTTP request each.
+
+An agent that checkpoints at every step pays, per HTTP request, for the request's parsing,
+Django's request and response objects, the middleware and django-ninja's routing: most of the
+server's CPU for a checkpoint (docs/performance.md). On this socket, opened once with the
+agent's bearer token, each text frame is one request of the API and each answer is the status
+and body that the same HTTP request gets (docs/api.md#the-api-socket):
+
+    → {"id": 7, "method": "POST", "path": "/api/v1/runs/12/checkpoints", "body": "{\\"boundary\\": …}"}
+    ← {"id": 7, "status": 201, "body": "{\\"id\\": …}"}
+
+``body`` is the HTTP body as a string (JSON text), both ways. Requests on one socket are
+answered one at a time, in order.
+
+- **The handshake** passes the websocket stack every socket passes (the full Origin check,
+  ``live/origins.py``), then needs a ``Host`` in ``ALLOWED_HOSTS`` and a valid bearer token in
+  the ``Authorization`` header; anything else is refused at the handshake (HTTP 403), nothing
+  served.
+- **A checkpoint write that succeeds** (``POST /api/v1/runs/{id}/checkpoints``) takes the fast
+  path: the token recalled as the HTTP route recalls it (``apikit/auth.py``), the body parsed
+  by the API's parser rules and validated by the route's schema, the route's own action
+  (``api.runs.write_checkpoint``, which checks the recalled token in its statement), the
+  route's answer (its response schema, rendered as django-ninja renders it).
+- **Everything else** — any other route, and any request the fast path does not answer with a
+  success (an unknown or changed token, a bad body, any refusal of the write: a refusal writes
+  nothing) — is answered by the HTTP route itself, through the lean path's handler
+  (``api/asgi.py``), with the socket's ``Host`` and ``Authorization``: one decider, one error
+  shape, every refusal exactly as HTTP gives it. A body over the route's limit is the same
+  typed 413 (``bodylimit``).
+- **A frame that is no request** (not JSON, no ``id``, a method or path the API does not
+  have) is answered with a typed 400 ``malformed_body`` carrying the frame's ``id`` when it had
+  one; the socket stays open.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from io import BytesIO
+from time import perf_counter
+from typing import Any
+
+from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
+from django.core.signals import request_started
+from django.db import connections
+from ninja.responses import NinjaJSONEncoder
+
+from novelforge_sessions import bodylimit, faults, metrics
+from novelforge_sessions.access import confirming
+from novelforge_sessions.api.asgi import (
+    PREFIX, LeanApiApplication, _drop_dead_connections, _hold_connections, _keep_or_close_connections,
+)
+from novelforge_sessions.apikit.auth import caller_for_token, recalled_caller
+from novelforge_sessions.apikit.base import api
+from novelforge_sessions.apikit.schemas import MAX_BODY_DEPTH, loads_json, nested_deeper_than
+from novelforge_sessions.errors import MalformedBody, ServiceError
+from novelforge_sessions.live.consumers import _bearer
+from novelforge_sessions.live.origins import served_origin
+
+log = logging.getLogger("novelforge.api")
+
+#: The socket's route (mounted by ``novelforge_sessions.asgi``).
+PATH = "ws/api/"
+#: The methods a frame may name (the API's).
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
+#: The longest path (with its query string) a frame may name.
+MAX_PATH_CHARS = 2048
+#: The longest string ``id`` a frame may carry (an integer id is any JSON integer in bigint's range).
+MAX_ID_CHARS = 100
+#: The fast path's route and its template (the metrics' route label, as HTTP labels it).
+_CHECKPOINT_PATH = re.compile(rf"{re.escape(PREFIX)}runs/([0-9]{{1,19}})/checkpoints")
+_CHECKPOINT_ROUTE = f"{PREFIX}runs/<run_id>/checkpoints"
+_UNSAFE_PATH = re.compile(r"[\x00-\x20\x7f]")
+
+
+class FrameRefused(Exception):
+    """A frame that is no request: answered 400 with the frame's ``id`` when it had a valid one."""
+
+    def __init__(self, message: str, frame_id: Any = None) -> None:
+        super().__init__(message)
+        self.frame_id = frame_id
+
+
+def _frame_id(value: Any) -> int | str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+        return value
+    if isinstance(value, str) and len(value) <= MAX_ID_CHARS:
+        return value
+    return None
+
+
+def read_frame(text: str | None) -> tuple[int | str, str, str, bytes]:
+    """A frame's ``(id, method, path, body)``; ``FrameRefused`` for anything that is not a request."""
+    if text is None:
+        raise FrameRefused("frames are JSON text")
+    try:
+        frame = json.loads(text)
+    except (ValueError, RecursionError):
+        raise FrameRefused("the frame is not valid JSON") from None
+    if not isinstance(frame, dict):
+        raise FrameRefused("a frame is a JSON object: id, method, path and body")
+    frame_id = _frame_id(frame.get("id"))
+    if frame_id is None:
+        raise FrameRefused(f"a frame's id is an integer or a string of at most {MAX_ID_CHARS} characters")
+    method, path, body = frame.get("method"), frame.get("path"), frame.get("body")
+    if method not in METHODS:
+        raise FrameRefused(f"a frame's method is one of {sorted(METHODS)}", frame_id)
+    if not isinstance(path, str) or not path.startswith(PREFIX) or len(path) > MAX_PATH_CHARS or _UNSAFE_PATH.search(path):
+        raise FrameRefused(f"a frame's path is a path of the API under {PREFIX}, at most {MAX_PATH_CHARS} characters", frame_id)
+    if body is not None and not isinstance(body, str):
+        raise FrameRefused("a frame's body is the request body as a string (JSON text), or null", frame_id)
+    try:
+        raw = b"" if body is None else body.encode()
+    except UnicodeEncodeError:  # an unpaired surrogate: no UTF-8 form, so no body
+        raise FrameRefused("a frame's body is not valid text", frame_id) from None
+    return frame_id, method, path, raw
+
+
+def _answer(frame_id: int | str | None, status: int, content: bytes) -> str:
+    return json.dumps({"id": frame_id, "status": status, "body": content.decode()})
+
+
+class ApiSocket:
+    """``/ws/api/``: requests of the API as frames (module docstring); one instance per socket.
+
+    A plain ASGI application, not a channels consumer: a consumer's dispatch hops to a thread
+    before every frame (``aclose_old_connections``) and wraps every send for the session
+    cookie; this socket's frames need neither (its requests run on the lean path's threads,
+    which keep their own connections). Mounted by :class:`Route` (``novelforge_sessions.asgi``)."""
+
+    def __init__(self, lean: LeanApiApplication, scope: dict[str, Any]) -> None:
+        self.lean = lean
+        self.scope = scope
+        self.token = ""
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    async def serve(self, receive: Any, send: Any) -> None:
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        if not await self.connect():
+            await send({"type": "websocket.close"})  # before accept: the handshake is refused (403)
+            return
+        await send({"type": "websocket.accept"})
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.receive":
+                await send({"type": "websocket.send", "text": await self.answer(message.get("text"))})
+            elif message["type"] == "websocket.disconnect":
+                return
+
+    async def connect(self) -> bool:
+        token = _bearer(self.scope)
+        if token is None or served_origin(self.scope) is None:
+            log.info("api socket refused: %s", "no bearer token" if token is None else "host not allowed")
+            return False
+        caller = await self.lean.run(self._look_up, token)
+        if caller is None:
+            log.info("api socket refused: the bearer token is not valid")
+            return False
+        self.token = token
+        self.headers = [(name, value) for name, value in self.scope["headers"]
+                        if name.lower() in (b"host", b"authorization", b"x-request-id", b"user-agent")]
+        log.info("api socket open: %s", caller.label)
+        return True
+
+    @staticmethod
+    def _look_up(token: str) -> Any:
+        dbs = connections.all()
+        _drop_dead_connections(dbs)
+        try:
+            caller = caller_for_token(token)
+            _hold_connections(dbs)
+            return caller
+        finally:
+            _keep_or_close_connections(dbs)
+
+    async def answer(self, text: str | None) -> str:
+        """One frame's answer (as text)."""
+        try:
+            frame_id, method, path, body = read_frame(text)
+        except FrameRefused as exc:
+            err = MalformedBody(str(exc))
+            return _answer(exc.frame_id, err.http_status, json.dumps(err.as_dict()).encode())
+        route = path.partition("?")[0]
+        limit = bodylimit.limit_for(route)
+        if len(body) > limit:
+            _, content = bodylimit.refusal(route, size=len(body), limit=limit, declared=True)
+            return _answer(frame_id, 413, content)
+        status, content = await self.lean.run(self._respond, method, path, body)
+        return _answer(frame_id, status, content)
+
+    # ---------------------------------------------------------------- on the lean path's threads
+    def _respond(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        match = _CHECKPOINT_PATH.fullmatch(path) if method == "POST" else None
+        if match is not None:
+            start = perf_counter()
+            request_started.send(sender=type(self), scope=self.scope)
+            dbs = connections.all()
+            _drop_dead_connections(dbs)
+            try:
+                if settings.FAULT_POINTS:  # the harness's hook sees this request as its middleware would
+                    with faults.serving(path):
+                        fast = self._checkpoint(int(match[1]), path, body)
+                else:
+                    fast = self._checkpoint(int(match[1]), path, body)
+                _hold_connections(dbs)  # this thread keeps its connection, as the lean path's requests do
+            finally:
+                _keep_or_close_connections(dbs)
+            if fast is not None:
+                if settings.METRICS_ENABLED:
+                    metrics.observe_route(method, _CHECKPOINT_ROUTE, fast[0], perf_counter() - start)
+                return fast
+        response, content = self.lean.respond(self._http_scope(method, path, body), body)
+        return response.status_code, response.content if content is None else content
+
+    def _checkpoint(self, run_id: int, path: str, body: bytes) -> tuple[int, bytes] | None:
+        """The fast path's answer to a checkpoint write, or None: the HTTP route answers it."""
+        from novelforge_sessions.api.runs import CheckpointIn, checkpoint_answer, write_checkpoint
+
+        caller = recalled_caller(self.token)
+        if caller is None:
+            return None
+        try:
+            data = loads_json(body)
+            if nested_deeper_than(data, MAX_BODY_DEPTH):
+                return None
+            payload = CheckpointIn.model_validate(data).model_dump(exclude_unset=True)
+        except Exception:  # any refusal of the body: the route answers it, in its shape
+            return None
+        with confirming() as confirmed:
+            try:
+                checkpoint = write_checkpoint(caller, run_id, payload)
+            except ServiceError:  # a refusal writes nothing: the route answers it (a fresh token first)
+                return None
+            except Exception as exc:  # the database went away, a bug: answered as the route answers it
+                response = api.on_exception(self._request("POST", path, body), exc)
+                return response.status_code, response.content
+            if caller.recheck is not None and not confirmed():  # as answered_with_a_fresh_token
+                log.error("POST %s: a recalled caller's success its action did not confirm", path)
+                return None
+        status, out = checkpoint_answer(checkpoint)
+        return status, json.dumps(out.model_dump(by_alias=True), cls=NinjaJSONEncoder).encode()
+
+    def _http_scope(self, method: str, path: str, body: bytes) -> dict[str, Any]:
+        route, _, query = path.partition("?")
+        headers = [*self.headers, (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        return {
+            "type": "http", "asgi": self.scope.get("asgi", {}), "http_version": "1.1", "method": method,
+            "scheme": "https" if self.scope.get("scheme") == "wss" else "http", "path": route,
+            "raw_path": route.encode(), "root_path": self.scope.get("root_path", ""), "query_string": query.encode(),
+            "headers": headers, "client": self.scope.get("client"), "server": self.scope.get("server"),
+        }
+
+    def _request(self, method: str, path: str, body: bytes) -> ASGIRequest:
+        return ASGIRequest(self._http_scope(method, path, body), BytesIO(body))
+
+
+class Route:
+    """ASGI: the API socket's path to :class:`ApiSocket`, every other websocket to ``fallback``
+    (the channels stack of the event stream)."""
+
+    def __init__(self, lean: LeanApiApplication, fallback: Any) -> None:
+        self.lean = lean
+        self.fallback = fallback
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket" and scope["path"] == "/" + PATH:
+            await ApiSocket(self.lean, scope).serve(receive, send)
+        else:
+            await self.fallback(scope, receive, send)
