@@ -55,6 +55,9 @@ def usable(base_url: str) -> bool:
 
 #: Where the API's paths start on the server (a frame names the path as HTTP would, below the root).
 API_PREFIX = "/api/v1"
+#: Larger bodies go over HTTP: a big write gains nothing from the socket, and a server's cap on a
+#: websocket message (daphne's: 1 MiB) is then never near.
+SOCKET_MAX_BODY = 64 * 1024
 
 
 class Socket:
@@ -106,6 +109,8 @@ class Socket:
     def request(self, method: str, target: str, body: bytes | None) -> tuple[int, bytes] | None:
         """One request (``target``: the path and query under ``/api/v1``); its status and body,
         or ``None`` when nothing was sent (use HTTP)."""
+        if body is not None and len(body) > SOCKET_MAX_BODY:
+            return None
         if self.refused or self._closed or not self._lock.acquire(blocking=False):
             return None
         try:
@@ -116,7 +121,7 @@ class Socket:
             self._next += 1
             frame_id = self._next
             frame = json.dumps({"id": frame_id, "method": method, "path": API_PREFIX + target,
-                                "body": None if body is None else body.decode()})
+                                "body": None if body is None else body.decode()}, ensure_ascii=False)
             try:
                 self._ws.send(frame)
             except Exception as exc:  # closed by the server while idle: nothing reached it

@@ -89,7 +89,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from novelforge_client._core import JSON_CONTENT, NOT_SENT, Call
-from novelforge_client._wire import AsyncWire, Wire, usable
+from novelforge_client._wire import AsyncWire, Socket, Wire, usable
 from novelforge_client.errors import (
     Conflict, GraphBlobMissing, LeaseLost, NotFound, NovelForgeError, PayloadTooLarge, RunAborted, RuntimeNotLive, StaleRuntime,
     error_for,
@@ -303,8 +303,12 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         # Every graph request is safe to repeat (a put or write retried is stored once), so
         # connection failures are retried (by the transport, on the httpx path).
         direct = usable(self.url)
-        self._wire = Wire(self.url + _API, headers, timeout) if transport is None and direct else None
-        self._awire = AsyncWire(self.url + _API, headers, timeout) if async_transport is None and direct else None
+        # Puts and writes go over the API socket (one websocket, opened on the first; HTTP where the
+        # server has none): the server answers them there without an HTTP request's cost.
+        self._wire = (Wire(self.url + _API, headers, timeout, socket=Socket(self.url, headers, timeout))
+                      if transport is None and direct else None)
+        self._awire = (AsyncWire(self.url + _API, headers, timeout, socket=Socket(self.url, headers, timeout))
+                       if async_transport is None and direct else None)
         self._http = None if self._wire is not None else httpx.Client(
             base_url=self.url + _API, headers=headers, timeout=timeout,
             transport=transport or httpx.HTTPTransport(retries=2))
@@ -354,7 +358,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             self._ahttp[loop] = client
         return client
 
-    def _call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None) -> Any:
+    def _call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+              socket: bool = False) -> Any:
         if self._wire is None:
             assert self._http is not None
             return raise_for_response(self._http.request(method, path, json=json, params=params))
@@ -362,14 +367,16 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         body = call.content()
         for attempt in range(1, _SENDS + 1):
             try:
-                status, content = self._wire.request(method, call.target(), body, JSON_CONTENT if body is not None else {})
+                status, content = self._wire.request(method, call.target(), body, JSON_CONTENT if body is not None else {},
+                                                     socket=socket)
                 return _answer(status, content)
             except NOT_SENT:
                 if attempt == _SENDS:
                     raise
         raise AssertionError("unreachable")
 
-    async def _acall(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None) -> Any:
+    async def _acall(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+                     socket: bool = False) -> Any:
         if self._awire is None:
             return raise_for_response(await self._async_client().request(method, path, json=json, params=params))
         call: Call[Any] = Call(method, path, body=json, params=params or {})
@@ -377,7 +384,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         for attempt in range(1, _SENDS + 1):
             try:
                 status, content = await self._awire.request(method, call.target(), body,
-                                                            JSON_CONTENT if body is not None else {})
+                                                            JSON_CONTENT if body is not None else {}, socket=socket)
                 return _answer(status, content)
             except NOT_SENT:
                 if attempt == _SENDS:
@@ -548,7 +555,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                         for chunk in self._chunks(value):
                             if self._call("POST", "/graph-blobs", json=chunk)["complete"]:
                                 break
-                out = self._call("POST", path, json=plan.body)
+                out = self._call("POST", path, json=plan.body, socket=True)
                 stored = True
                 return out
             except (GraphBlobMissing, PayloadTooLarge) as exc:
@@ -572,7 +579,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                         for chunk in self._chunks(value):
                             if (await self._acall("POST", "/graph-blobs", json=chunk))["complete"]:
                                 break
-                out = await self._acall("POST", path, json=plan.body)
+                out = await self._acall("POST", path, json=plan.body, socket=True)
                 stored = True
                 return out
             except (GraphBlobMissing, PayloadTooLarge) as exc:

@@ -241,3 +241,50 @@ def span(name: str, **attributes: Any) -> Any:
     if not ENABLED:
         return _NO_SPAN
     return _Span(name, attributes)
+
+
+def request_span(method: str, path: str) -> Any:
+    """``with request_span("POST", "/api/v1/runs/7/checkpoints") as s: ...; s.set(status=201)``: the
+    server span of a request that arrives without an HTTP request of its own (a frame of the API
+    socket, ``api/socket.py``), named as the ASGI instrumentation names an HTTP request's span.
+    Each is the root of its own trace (a socket lives for hours: its requests are not one trace),
+    linked to the span of the socket it came on; the write path's spans are its children."""
+    if not ENABLED:
+        return _NO_SPAN
+    return _RequestSpan(method, path)
+
+
+class _RequestSpan:
+    __slots__ = ("name", "path", "method", "span", "_token")
+
+    def __init__(self, method: str, path: str) -> None:
+        self.method, self.path = method, path
+        self.name = f"{method} {_ID_SEGMENT.sub('/{id}', path)}"
+
+    def __enter__(self) -> _RequestSpan:
+        from opentelemetry import context, trace
+
+        socket = trace.get_current_span().get_span_context()
+        self.span = _tracer.start_span(
+            self.name, context=context.Context(), kind=trace.SpanKind.SERVER,
+            links=[trace.Link(socket)] if socket.is_valid else None,
+            attributes={"http.request.method": self.method, "url.path": redact(self.path)},
+        )
+        self._token = context.attach(trace.set_span_in_context(self.span))
+        return self
+
+    def set(self, *, status: int) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        self.span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            self.span.set_status(Status(StatusCode.ERROR))
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        from opentelemetry import context
+
+        context.detach(self._token)
+        if exc is not None:
+            self.span.record_exception(exc)
+        self.span.end()
+        return False

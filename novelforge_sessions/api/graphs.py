@@ -9,6 +9,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 
+from novelforge_sessions.access import Caller
 from novelforge_sessions.apikit.auth import RECALL
 from novelforge_sessions.apikit.common import caller, errors
 from novelforge_sessions import session_runtime as rt
@@ -313,10 +314,16 @@ def _out(items: list[GraphCheckpoint], project_ids) -> list[dict[str, Any]]:
     summary="Put a graph checkpoint (a LangGraph thread is a session; 201 new, 200 an identical retry)",
 )
 def put_checkpoint(request: HttpRequest, body: GraphPutIn):
+    return Status(*put_answer(caller(request), body))
+
+
+def put_answer(who: Caller, body: GraphPutIn) -> tuple[int, dict[str, Any]]:
+    """The put route's action and answer (201 new, 200 an identical retry): this route's and the
+    API socket's (``api/socket.py``)."""
     open_spec = actions.ThreadSpec(**body.open.model_dump()) if body.open is not None else None
     with tracing.span("graph_put", blobs=len(body.blobs), writes=sum(len(t.writes) for t in body.writes)) as span:
         stored = actions.put_checkpoint(
-            caller(request), thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns,
+            who, thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns,
             checkpoint_id=body.checkpoint_id, parent_checkpoint_id=body.parent_checkpoint_id,
             checkpoint=body.checkpoint, metadata=body.metadata,
             blobs=[actions.ChannelBlob(channel=b.channel, version=b.version, value=_blob(b.value),
@@ -330,7 +337,7 @@ def put_checkpoint(request: HttpRequest, body: GraphPutIn):
         span.set(session_id=stored.thread.session_id, checkpoint_id=stored.graph.record_id,
                  outcome="created" if stored.created else "replayed")
     g = stored.graph
-    return Status(201 if stored.created else 200, {
+    return (201 if stored.created else 200, {
         "thread_id": stored.thread.thread_id, "checkpoint_ns": g.checkpoint_ns, "checkpoint_id": g.checkpoint_id,
         "session_id": stored.thread.session_id, "run_id": g.record.run_id, "record_id": g.record_id,
         "created": stored.created, "runtime_id": stored.runtime_id,
@@ -343,16 +350,21 @@ def put_checkpoint(request: HttpRequest, body: GraphPutIn):
     summary="Store a task's pending writes against a graph checkpoint id (a repeated (task, idx) is stored once)",
 )
 def put_writes(request: HttpRequest, body: GraphWritesIn):
+    return writes_answer(caller(request), body)[1]
+
+
+def writes_answer(who: Caller, body: GraphWritesIn) -> tuple[int, dict[str, Any]]:
+    """The writes route's action and answer: this route's and the API socket's (``api/socket.py``)."""
     with tracing.span("graph_writes", writes=len(body.writes)) as span:
         stored = actions.put_writes(
-            caller(request), thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns,
+            who, thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns,
             checkpoint_id=body.checkpoint_id, task_id=body.task_id, task_path=body.task_path,
             writes=[actions.WriteSpec(idx=w.idx, channel=w.channel, value=_blob(w.value), fingerprint=w.fingerprint)
                     for w in body.writes],
             open_spec=actions.ThreadSpec(**body.open.model_dump()) if body.open is not None else None,
         )
         span.set(stored=stored)
-    return {"stored": stored}
+    return 200, {"stored": stored}
 
 
 @router.post(

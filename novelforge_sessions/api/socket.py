@@ -16,11 +16,12 @@ answered one at a time, in order.
   ``live/origins.py``), then needs a ``Host`` in ``ALLOWED_HOSTS`` and a valid bearer token in
   the ``Authorization`` header; anything else is refused at the handshake (HTTP 403), nothing
   served.
-- **A checkpoint write that succeeds** (``POST /api/v1/runs/{id}/checkpoints``) takes the fast
-  path: the token recalled as the HTTP route recalls it (``apikit/auth.py``), the body parsed
-  by the API's parser rules and validated by the route's schema, the route's own action
-  (``api.runs.write_checkpoint``, which checks the recalled token in its statement), the
-  route's answer (its response schema, rendered as django-ninja renders it).
+- **An agent's hot write that succeeds** (``fast_routes``: a checkpoint, a LangGraph put, a
+  task's graph writes) takes the fast path: the token recalled as the HTTP route recalls it
+  (``apikit/auth.py``), the body parsed by the API's parser rules and validated by the route's
+  schema, the route's own action and answer (shared with its view: ``api.runs.write_checkpoint``,
+  ``api.graphs.put_answer``, …, each of which checks the recalled token in its statement),
+  rendered through the route's response schema as django-ninja renders it.
 - **Everything else** — any other route, and any request the fast path does not answer with a
   success (an unknown or changed token, a bad body, any refusal of the write: a refusal writes
   nothing) — is answered by the HTTP route itself, through the lean path's handler
@@ -33,9 +34,12 @@ answered one at a time, in order.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from io import BytesIO
 from time import perf_counter
 from typing import Any
@@ -45,9 +49,10 @@ from django.core.handlers.asgi import ASGIRequest
 from django.core.signals import request_started
 from django.db import connections
 from ninja.responses import NinjaJSONEncoder
+from pydantic import BaseModel
 
-from novelforge_sessions import bodylimit, faults, metrics
-from novelforge_sessions.access import confirming
+from novelforge_sessions import bodylimit, faults, metrics, tracing
+from novelforge_sessions.access import Caller, confirming
 from novelforge_sessions.api.asgi import (
     PREFIX, LeanApiApplication, _drop_dead_connections, _hold_connections, _keep_or_close_connections,
 )
@@ -68,10 +73,46 @@ METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 MAX_PATH_CHARS = 2048
 #: The longest string ``id`` a frame may carry (an integer id is any JSON integer in bigint's range).
 MAX_ID_CHARS = 100
-#: The fast path's route and its template (the metrics' route label, as HTTP labels it).
-_CHECKPOINT_PATH = re.compile(rf"{re.escape(PREFIX)}runs/([0-9]{{1,19}})/checkpoints")
-_CHECKPOINT_ROUTE = f"{PREFIX}runs/<run_id>/checkpoints"
 _UNSAFE_PATH = re.compile(r"[\x00-\x20\x7f]")
+
+
+@dataclass(frozen=True)
+class FastRoute:
+    """A write the socket answers itself when it succeeds: the route's path (a ``POST``), its
+    template (the metrics' route label, as HTTP labels it), its body's schema, its action and
+    answer (shared with the route's view: ``(status, data)``) and its response schema."""
+
+    path: re.Pattern[str]
+    label: str
+    body: type[BaseModel]
+    answer: Callable[[Caller, Any, re.Match[str]], tuple[int, Any]]
+    out: type[BaseModel]
+
+
+@functools.cache
+def fast_routes() -> tuple[FastRoute, ...]:
+    """The agents' hot writes: a checkpoint, a graph put, a task's graph writes."""
+    from novelforge_sessions.api import graphs, runs
+
+    return (
+        FastRoute(re.compile(rf"{re.escape(PREFIX)}runs/([0-9]{{1,19}})/checkpoints"), f"{PREFIX}runs/<run_id>/checkpoints",
+                  runs.CheckpointIn, lambda who, body, match: runs.checkpoint_answer(
+                      runs.write_checkpoint(who, int(match[1]), body.model_dump(exclude_unset=True))), runs.CheckpointOut),
+        FastRoute(re.compile(rf"{re.escape(PREFIX)}graph-threads/checkpoints"), f"{PREFIX}graph-threads/checkpoints",
+                  graphs.GraphPutIn, lambda who, body, match: graphs.put_answer(who, body), graphs.GraphPutOut),
+        FastRoute(re.compile(rf"{re.escape(PREFIX)}graph-threads/writes"), f"{PREFIX}graph-threads/writes",
+                  graphs.GraphWritesIn, lambda who, body, match: graphs.writes_answer(who, body), graphs.GraphWritesOut),
+    )
+
+
+def _fast_route(method: str, path: str) -> tuple[FastRoute, re.Match[str]] | None:
+    if method != "POST":
+        return None
+    for route in fast_routes():
+        match = route.path.fullmatch(path)
+        if match is not None:
+            return route, match
+    return None
 
 
 class FrameRefused(Exception):
@@ -115,6 +156,15 @@ def read_frame(text: str | None) -> tuple[int | str, str, str, bytes]:
     except UnicodeEncodeError:  # an unpaired surrogate: no UTF-8 form, so no body
         raise FrameRefused("a frame's body is not valid text", frame_id) from None
     return frame_id, method, path, raw
+
+
+def max_frame_chars() -> int:
+    """The longest frame read at all: four characters for each byte of the API's body limit (a
+    body's JSON text escaped in a string, non-ASCII text as ``\\u`` escapes), and the rest of the
+    frame. A frame the route's limit refuses but this allows is parsed, then refused by the limit
+    (413, with its ``id``). The server's own cap on a message comes first where it is lower
+    (daphne: 1 MiB, then it drops the connection; uvicorn: 16 MiB)."""
+    return 4 * settings.API_MAX_BODY_BYTES + MAX_PATH_CHARS + 1024
 
 
 def _answer(frame_id: int | str | None, status: int, content: bytes) -> str:
@@ -178,6 +228,9 @@ class ApiSocket:
 
     async def answer(self, text: str | None) -> str:
         """One frame's answer (as text)."""
+        if text is not None and len(text) > max_frame_chars():  # not even parsed: no body it carries is allowed
+            _, content = bodylimit.refusal(PREFIX, size=len(text), limit=settings.API_MAX_BODY_BYTES, declared=True)
+            return _answer(None, 413, content)
         try:
             frame_id, method, path, body = read_frame(text)
         except FrameRefused as exc:
@@ -188,13 +241,15 @@ class ApiSocket:
         if len(body) > limit:
             _, content = bodylimit.refusal(route, size=len(body), limit=limit, declared=True)
             return _answer(frame_id, 413, content)
-        status, content = await self.lean.run(self._respond, method, path, body)
+        with tracing.request_span(method, route) as span:
+            status, content = await self.lean.run(self._respond, method, path, body)
+            span.set(status=status)
         return _answer(frame_id, status, content)
 
     # ---------------------------------------------------------------- on the lean path's threads
     def _respond(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        match = _CHECKPOINT_PATH.fullmatch(path) if method == "POST" else None
-        if match is not None:
+        found = _fast_route(method, path)
+        if found is not None:
             start = perf_counter()
             request_started.send(sender=type(self), scope=self.scope)
             dbs = connections.all()
@@ -202,23 +257,21 @@ class ApiSocket:
             try:
                 if settings.FAULT_POINTS:  # the harness's hook sees this request as its middleware would
                     with faults.serving(path):
-                        fast = self._checkpoint(int(match[1]), path, body)
+                        fast = self._fast(*found, path, body)
                 else:
-                    fast = self._checkpoint(int(match[1]), path, body)
+                    fast = self._fast(*found, path, body)
                 _hold_connections(dbs)  # this thread keeps its connection, as the lean path's requests do
             finally:
                 _keep_or_close_connections(dbs)
             if fast is not None:
                 if settings.METRICS_ENABLED:
-                    metrics.observe_route(method, _CHECKPOINT_ROUTE, fast[0], perf_counter() - start)
+                    metrics.observe_route(method, found[0].label, fast[0], perf_counter() - start)
                 return fast
         response, content = self.lean.respond(self._http_scope(method, path, body), body)
         return response.status_code, response.content if content is None else content
 
-    def _checkpoint(self, run_id: int, path: str, body: bytes) -> tuple[int, bytes] | None:
-        """The fast path's answer to a checkpoint write, or None: the HTTP route answers it."""
-        from novelforge_sessions.api.runs import CheckpointIn, checkpoint_answer, write_checkpoint
-
+    def _fast(self, route: FastRoute, match: re.Match[str], path: str, body: bytes) -> tuple[int, bytes] | None:
+        """The fast path's answer to a write that succeeds, or None: the HTTP route answers it."""
         caller = recalled_caller(self.token)
         if caller is None:
             return None
@@ -226,12 +279,12 @@ class ApiSocket:
             data = loads_json(body)
             if nested_deeper_than(data, MAX_BODY_DEPTH):
                 return None
-            payload = CheckpointIn.model_validate(data).model_dump(exclude_unset=True)
+            parsed = route.body.model_validate(data)
         except Exception:  # any refusal of the body: the route answers it, in its shape
             return None
         with confirming() as confirmed:
             try:
-                checkpoint = write_checkpoint(caller, run_id, payload)
+                status, out = route.answer(caller, parsed, match)
             except ServiceError:  # a refusal writes nothing: the route answers it (a fresh token first)
                 return None
             except Exception as exc:  # the database went away, a bug: answered as the route answers it
@@ -240,8 +293,9 @@ class ApiSocket:
             if caller.recheck is not None and not confirmed():  # as answered_with_a_fresh_token
                 log.error("POST %s: a recalled caller's success its action did not confirm", path)
                 return None
-        status, out = checkpoint_answer(checkpoint)
-        return status, json.dumps(out.model_dump(by_alias=True), cls=NinjaJSONEncoder).encode()
+        # As django-ninja answers: the data through the response schema, dumped, its JSON encoder.
+        model = out if isinstance(out, route.out) else route.out.model_validate(out)
+        return status, json.dumps(model.model_dump(), cls=NinjaJSONEncoder).encode()
 
     def _http_scope(self, method: str, path: str, body: bytes) -> dict[str, Any]:
         route, _, query = path.partition("?")

@@ -110,6 +110,35 @@ def test_a_checkpoint_on_the_socket_is_the_route_s_answer(live: DaphneServer, to
     sock.ws.close()
 
 
+def test_a_graph_put_and_its_writes_on_the_socket_are_the_routes_answers(live: DaphneServer, token: str) -> None:
+    from novelforge_sessions.control.models import GraphCheckpoint, GraphWrite
+
+    sock = Socket(open_socket(live, token))
+    thread = f"socket-{live.server}"
+    put = {"thread_id": thread, "checkpoint_id": "0001", "open": {"task_mode": "drafting"},
+           "checkpoint": {"v": 1, "id": "0001", "channel_versions": {"step": 1}},
+           "blobs": [{"channel": "step", "version": 1, "value": {"serde": "json", "data": "MQ=="}}]}
+    status, first = sock.call("POST", "/api/v1/graph-threads/checkpoints", put)
+    assert status == 201 and first["created"] is True and first["runtime_id"] is not None
+    # an identical retry, over HTTP and over the socket: the same 200
+    again = http(live, token, "POST", "/api/v1/graph-threads/checkpoints", {k: v for k, v in put.items() if k != "open"})
+    assert again[0] == 200 and again[1]["created"] is False
+    assert sock.call("POST", "/api/v1/graph-threads/checkpoints", {k: v for k, v in put.items() if k != "open"}) == again
+    writes = {"thread_id": thread, "checkpoint_id": "0001", "task_id": "t1",
+              "writes": [{"idx": 0, "channel": "step", "value": {"serde": "json", "data": "Mg=="}}]}
+    assert sock.call("POST", "/api/v1/graph-threads/writes", writes) == (200, {"stored": 1})
+    assert http(live, token, "POST", "/api/v1/graph-threads/writes", writes) == (200, {"stored": 0})
+    assert sock.call("POST", "/api/v1/graph-threads/writes", writes) == (200, {"stored": 0})
+    # a refusal is the route's, and writes nothing: another checkpoint under the same id
+    conflict = {**put, "checkpoint": {"v": 1, "id": "0001", "channel_versions": {"step": 2}}}
+    refused = sock.call("POST", "/api/v1/graph-threads/checkpoints", conflict)
+    assert refused == http(live, token, "POST", "/api/v1/graph-threads/checkpoints", conflict)
+    assert refused[0] == 409 and refused[1]["error"]["code"] == "graph_checkpoint_conflict"
+    assert GraphCheckpoint.objects.filter(thread__thread_id=thread).count() == 1
+    assert GraphWrite.objects.filter(thread__thread_id=thread).count() == 1
+    sock.ws.close()
+
+
 REFUSED = {
     "a body the schema refuses": ({"boundary": "nowhere", "cursor": {}}, None, 422),
     "a non-finite number": (None, '{"boundary": "context_freeze", "cursor": {"x": NaN}}', 422),
@@ -205,17 +234,31 @@ def test_frames_that_are_no_request_get_a_typed_400_and_the_socket_goes_on(serve
     ws.close()
 
 
-def test_a_body_over_the_route_s_limit_is_413_and_writes_nothing(server: DaphneServer, token: str) -> None:
+def test_a_body_over_the_route_s_limit_is_413_and_writes_nothing(live: DaphneServer, token: str) -> None:
     from django.conf import settings
 
-    s, run = running(server, token)
+    s, run = running(live, token)
     path = f"/api/v1/runs/{run.id}/checkpoints"
-    sock = Socket(open_socket(server, token))
+    sock = Socket(open_socket(live, token))
     big = json.dumps({"boundary": "context_freeze", "cursor": {"pad": "x" * settings.API_MAX_BODY_BYTES}})
     status, error = sock.call("POST", path, raw=big)
     assert status == 413 and error["error"]["code"] == "payload_too_large"
-    assert http(server, token, "POST", path, raw=big)[0] == 413
+    assert http(live, token, "POST", path, raw=big)[0] == 413
     assert Checkpoint.objects.filter(run_id=run.id).count() == 0
+    sock.ws.close()
+
+
+def test_a_frame_longer_than_any_body_is_refused_before_it_is_read(uvicorn_server: DaphneServer, token: str) -> None:
+    """(uvicorn: its cap on a message is 16 MiB; daphne's, 1 MiB, drops the connection first.)"""
+    from novelforge_sessions.api.socket import max_frame_chars
+
+    s, run = running(uvicorn_server, token)
+    sock = Socket(open_socket(uvicorn_server, token))
+    sock.ws.send("[" * (max_frame_chars() + 1))
+    answer = json.loads(sock.ws.recv(timeout=30))
+    assert answer["id"] is None and answer["status"] == 413
+    assert json.loads(answer["body"])["error"]["code"] == "payload_too_large"
+    assert sock.call("GET", f"/api/v1/runs/{run.id}/checkpoints")[0] == 200  # and the socket goes on
     sock.ws.close()
 
 
@@ -290,9 +333,12 @@ def test_the_client_falls_back_to_http_where_the_server_has_no_socket(server: Da
         proxy.close()
 
 
-def test_the_socket_s_metrics_route_is_the_http_route_s() -> None:
+def test_the_fast_routes_metrics_labels_are_the_http_routes() -> None:
     from django.urls import resolve
 
     from novelforge_sessions.api import socket
 
-    assert "/" + resolve("/api/v1/runs/12/checkpoints").route == socket._CHECKPOINT_ROUTE
+    for route, path in zip(socket.fast_routes(), ["/api/v1/runs/12/checkpoints", "/api/v1/graph-threads/checkpoints",
+                                                  "/api/v1/graph-threads/writes"]):
+        assert route.path.fullmatch(path)
+        assert "/" + resolve(path).route == route.label
