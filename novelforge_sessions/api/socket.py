@@ -59,7 +59,7 @@ from novelforge_sessions.api.asgi import (
 from novelforge_sessions.apikit.auth import caller_for_token, recalled_caller
 from novelforge_sessions.apikit.base import api
 from novelforge_sessions.apikit.schemas import MAX_BODY_DEPTH, loads_json, nested_deeper_than
-from novelforge_sessions.errors import MalformedBody, ServiceError
+from novelforge_sessions.errors import InternalError, MalformedBody, ServiceError
 from novelforge_sessions.live.consumers import _bearer
 from novelforge_sessions.live.origins import served_origin
 
@@ -205,7 +205,11 @@ class ApiSocket:
         if token is None or served_origin(self.scope) is None:
             log.info("api socket refused: %s", "no bearer token" if token is None else "host not allowed")
             return False
-        caller = await self.lean.run(self._look_up, token)
+        try:
+            caller = await self.lean.run(self._look_up, token)
+        except Exception as exc:  # the database is unavailable: refused, said in one line
+            log.warning("api socket refused: the token could not be looked up (%s)", type(exc).__name__)
+            return False
         if caller is None:
             log.info("api socket refused: the bearer token is not valid")
             return False
@@ -242,7 +246,12 @@ class ApiSocket:
             _, content = bodylimit.refusal(route, size=len(body), limit=limit, declared=True)
             return _answer(frame_id, 413, content)
         with tracing.request_span(method, route) as span:
-            status, content = await self.lean.run(self._respond, method, path, body)
+            try:
+                status, content = await self.lean.run(self._respond, method, path, body)
+            except Exception:  # a bug: a typed 500, logged, and the socket goes on (as HTTP answers one)
+                log.exception("api socket: %s %s failed", method, route)
+                err = InternalError("internal error; it has been logged")
+                status, content = err.http_status, json.dumps(err.as_dict()).encode()
             span.set(status=status)
         return _answer(frame_id, status, content)
 

@@ -342,3 +342,42 @@ def test_the_fast_routes_metrics_labels_are_the_http_routes() -> None:
                                                   "/api/v1/graph-threads/writes"]):
         assert route.path.fullmatch(path)
         assert "/" + resolve(path).route == route.label
+
+
+def test_a_failure_inside_the_socket_is_a_typed_500_and_the_socket_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process (channels' communicator, the real application): a request whose handling raises
+    is answered 500 ``internal_error`` with its id, and the next request on the socket is served."""
+    import asyncio
+
+    from channels.testing import WebsocketCommunicator
+
+    from novelforge_sessions.actions.tokens import ALL_PERMISSIONS
+    from novelforge_sessions.api import socket as api_socket
+    from novelforge_sessions.asgi import application
+    from tests.support.factories import make_project
+
+    raw = create_token(make_project("socket-bug"), name="agent", permissions=ALL_PERMISSIONS)[1]
+    real = api_socket.ApiSocket._respond
+
+    def failing(self: Any, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        if path.endswith("/boom"):
+            raise RuntimeError("a bug")
+        return real(self, method, path, body)
+
+    monkeypatch.setattr(api_socket.ApiSocket, "_respond", failing)
+
+    async def scenario() -> list[dict[str, Any]]:
+        ws = WebsocketCommunicator(application, "/ws/api/", headers=[
+            (b"host", b"127.0.0.1:8000"), (b"origin", b"http://127.0.0.1:8000"), (b"authorization", f"Bearer {raw}".encode())])
+        connected, _ = await ws.connect()
+        assert connected
+        answers = []
+        for frame_id, path in [(1, "/api/v1/boom"), (2, "/api/v1/sessions")]:
+            await ws.send_to(text_data=json.dumps({"id": frame_id, "method": "GET", "path": path, "body": None}))
+            answers.append(json.loads(await ws.receive_from(timeout=30)))
+        await ws.disconnect()
+        return answers
+
+    boom, sessions = asyncio.run(scenario())
+    assert (boom["id"], boom["status"], json.loads(boom["body"])["error"]["code"]) == (1, 500, "internal_error")
+    assert (sessions["id"], sessions["status"]) == (2, 200)
