@@ -1,7 +1,9 @@
 """The clients' default transports: keep-alive HTTP/1.1 connections to the service, over the
 standard library's :mod:`http.client` (:class:`Wire`, for :class:`~novelforge_client.Client`; and,
 one worker thread per request in flight, :class:`AsyncWire` for :class:`~novelforge_client.AsyncClient`).
-The standard library reads and writes HTTP; nothing here parses it.
+The standard library reads and writes HTTP; nothing here parses it. Beside them, :class:`Socket`
+carries the calls that ask for it (the checkpoint write; the LangGraph saver's puts and writes)
+over the service's API socket, one websocket (``websockets`` reads and writes its frames).
 
 Why not ``httpx`` for every call: an agent checkpoints at every boundary, on the same machine as
 the service and its database, so the client's CPU per call is taken from the server. Through
@@ -65,8 +67,8 @@ class Socket:
     with the client's headers and the server's own Origin, each request a frame and each answer
     the status and body the same HTTP request gets (the server's ``api/socket.py``).
 
-    Used for the calls that ask for it (``Call(socket=True)``: the checkpoint write, which the
-    server answers there without an HTTP request's cost). :meth:`request` returns ``None`` when
+    Used for the calls that ask for it (``Call(socket=True)``: the client's checkpoint write; the
+    LangGraph saver's puts and writes), which the server answers there without an HTTP request's cost. :meth:`request` returns ``None`` when
     the socket cannot take the request and nothing was sent (another thread is using it; the
     handshake failed): the caller sends it over HTTP instead. A server that refuses the handshake
     (an older service without the socket, a proxy without websockets) is not asked again by this
@@ -113,6 +115,8 @@ class Socket:
             return None
         if self.refused or self._closed or not self._lock.acquire(blocking=False):
             return None
+        from websockets.exceptions import ConnectionClosed
+
         try:
             if self._ws is None:
                 self._ws = self._open()
@@ -124,10 +128,11 @@ class Socket:
                                 "body": None if body is None else body.decode()}, ensure_ascii=False)
             try:
                 self._ws.send(frame)
-            except Exception as exc:  # closed by the server while idle: nothing reached it
+            except (ConnectionClosed, OSError):  # closed by the server while idle: nothing reached it
                 self._drop()
-                if isinstance(exc, OSError) or type(exc).__name__.startswith("ConnectionClosed"):
-                    return None
+                return None
+            except BaseException:
+                self._drop()
                 raise
             try:
                 text = self._ws.recv(timeout=self.timeout)

@@ -146,8 +146,5 @@ class FaultMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: Any) -> Any:
-        token = _current_path.set(request.path)
-        try:
+        with serving(request.path):
             return self.get_response(request)
-        finally:
-            _current_path.reset(token)

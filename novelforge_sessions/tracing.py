@@ -259,7 +259,7 @@ class _RequestSpan:
 
     def __init__(self, method: str, path: str) -> None:
         self.method, self.path = method, path
-        self.name = f"{method} {_ID_SEGMENT.sub('/{id}', path)}"
+        self.name = _span_details({"method": method, "path": path})[0]  # as an HTTP request's span is named
 
     def __enter__(self) -> _RequestSpan:
         from opentelemetry import context, trace

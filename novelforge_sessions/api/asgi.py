@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import functools
 import logging
 import queue
 import select
 import threading
 from io import BytesIO
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from asyncio import iscoroutine, iscoroutinefunction
@@ -222,6 +224,25 @@ def _keep_or_close_connections(dbs: list[Any]) -> None:
                 conn.close()
 
 
+@contextlib.contextmanager
+def request_connections(sender: Any, scope: dict[str, Any]) -> Iterator[Callable[[], None]]:
+    """One request's database connections on a lean-path thread, as Django's handler has them
+    around a request: ``request_started`` first (``close_old_connections``: obsolete or broken
+    ones go), a held connection the server ended while idle handed back; afterwards broken or
+    mid-transaction ones closed. It yields ``hold``, to call once the answer is built (before
+    ``request_finished``): this thread then keeps its healthy connections past the request.
+    Used by :meth:`LeanApiApplication.respond` and the API socket (``api/socket.py``)."""
+    request_started.send(sender=sender, scope=scope)
+    # This thread's connection wrappers, looked up once per request: each ``connections[alias]``
+    # is a thread-local lookup through asgiref's Local (two exceptions raised and caught).
+    dbs = connections.all()
+    _drop_dead_connections(dbs)
+    try:
+        yield functools.partial(_hold_connections, dbs)
+    finally:
+        _keep_or_close_connections(dbs)
+
+
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
     """On the loop: hand a worker's outcome to the request waiting for it (unless it left)."""
     if future.cancelled():
@@ -304,21 +325,13 @@ class LeanApiApplication:
         refused = refused_host(request)
         if refused is not None:  # nothing runs for a Host outside ALLOWED_HOSTS: no signal, no view
             return api_refusal(request, refused), None
-        # As Django's handler: request_started (close_old_connections: obsolete or broken ones go).
-        request_started.send(sender=type(self), scope=scope)
-        # This thread's connection wrappers, looked up once per request: each ``connections[alias]``
-        # is a thread-local lookup through asgiref's Local (two exceptions raised and caught).
-        dbs = connections.all()
-        _drop_dead_connections(dbs)
-        try:
+        with request_connections(type(self), scope) as hold:
             response = self.handler.get_response(request)
             content = b"".join(response) if response.streaming else response.content
-            _hold_connections(dbs)
+            hold()
             response.close()  # request_finished, as Django's handler has it sent
             request.close()
             return response, content
-        finally:
-            _keep_or_close_connections(dbs)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(PREFIX):

@@ -95,10 +95,10 @@ def create_checkpoint(request: HttpRequest, run_id: int, body: CheckpointIn):
     return Status(*checkpoint_answer(write_checkpoint(caller(request), run_id, body.model_dump(exclude_unset=True))))
 
 
-def write_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any]) -> Checkpoint:
+def write_checkpoint(who: Caller, run_id: int, payload: dict[str, Any]) -> Checkpoint:
     """The checkpoint route's action, traced: this route's and the API socket's (``api/socket.py``)."""
     with tracing.span("checkpoint", run_id=run_id) as span:
-        checkpoint = record_checkpoint(caller, run_id, payload)
+        checkpoint = record_checkpoint(who, run_id, payload)
         span.set(session_id=checkpoint.session_id, checkpoint_id=checkpoint.id, seq=checkpoint.seq,
                  outcome="replayed" if checkpoint.replayed else "created")
     return checkpoint
@@ -140,7 +140,8 @@ _CHECKPOINT_OUT_FIELDS = tuple(CheckpointOut.model_fields)
 
 
 def _checkpoint_out(checkpoint: Checkpoint) -> CheckpointOut:
-    """The batch's answer for one checkpoint, built from the row it wrote (or, replayed, read):
+    """A checkpoint as the API answers it (the single write's, the socket's and each of a batch's),
+    built from the row it wrote (or, replayed, read):
     already the declared types, so it is not validated again (ninja validates a returned dict
     attribute by attribute through its ``DjangoGetter``, most of a batch's answer; a returned
     instance of the response schema is only dumped). ``tests/api/test_batch.py`` holds it equal

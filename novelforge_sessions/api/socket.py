@@ -34,6 +34,7 @@ answered one at a time, in order.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -46,16 +47,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
-from django.core.signals import request_started
-from django.db import connections
 from ninja.responses import NinjaJSONEncoder
 from pydantic import BaseModel
 
 from novelforge_sessions import bodylimit, faults, metrics, tracing
 from novelforge_sessions.access import Caller, confirming
-from novelforge_sessions.api.asgi import (
-    PREFIX, LeanApiApplication, _drop_dead_connections, _hold_connections, _keep_or_close_connections,
-)
+from novelforge_sessions.api.asgi import PREFIX, LeanApiApplication, request_connections
 from novelforge_sessions.apikit.auth import caller_for_token, recalled_caller
 from novelforge_sessions.apikit.base import api
 from novelforge_sessions.apikit.schemas import MAX_BODY_DEPTH, loads_json, nested_deeper_than
@@ -219,16 +216,11 @@ class ApiSocket:
         log.info("api socket open: %s", caller.label)
         return True
 
-    @staticmethod
-    def _look_up(token: str) -> Any:
-        dbs = connections.all()
-        _drop_dead_connections(dbs)
-        try:
+    def _look_up(self, token: str) -> Any:
+        with request_connections(type(self), self.scope) as hold:
             caller = caller_for_token(token)
-            _hold_connections(dbs)
+            hold()
             return caller
-        finally:
-            _keep_or_close_connections(dbs)
 
     async def answer(self, text: str | None) -> str:
         """One frame's answer (as text)."""
@@ -260,18 +252,11 @@ class ApiSocket:
         found = _fast_route(method, path)
         if found is not None:
             start = perf_counter()
-            request_started.send(sender=type(self), scope=self.scope)
-            dbs = connections.all()
-            _drop_dead_connections(dbs)
-            try:
-                if settings.FAULT_POINTS:  # the harness's hook sees this request as its middleware would
-                    with faults.serving(path):
-                        fast = self._fast(*found, path, body)
-                else:
-                    fast = self._fast(*found, path, body)
-                _hold_connections(dbs)  # this thread keeps its connection, as the lean path's requests do
-            finally:
-                _keep_or_close_connections(dbs)
+            # The harness's fault hook sees this request as its middleware would.
+            marked = faults.serving(path) if settings.FAULT_POINTS else contextlib.nullcontext()
+            with request_connections(type(self), self.scope) as hold, marked:
+                fast = self._fast(*found, path, body)
+                hold()
             if fast is not None:
                 if settings.METRICS_ENABLED:
                     metrics.observe_route(method, found[0].label, fast[0], perf_counter() - start)

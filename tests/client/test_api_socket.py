@@ -23,6 +23,7 @@ from novelforge_sessions.actions.tokens import create_token
 from novelforge_sessions.models import ApiToken, Checkpoint, Event
 
 from tests.client.proxy import DroppingProxy
+from tests.support.factories import make_project
 from tests.support.servers import DaphneServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -168,8 +169,7 @@ def test_refusals_of_the_write_are_the_route_s_and_write_nothing(server: DaphneS
     sock = Socket(open_socket(server, token))
     body = {"boundary": "context_freeze", "cursor": {"step": 1}}
     # a run of another project: not found, as over HTTP
-    _, other_token = create_token(project.__class__.objects.create(
-        slug="elsewhere", name="Elsewhere", lock_fingerprint="sha256:" + "b" * 64), name="other", permissions=["read", "write"])
+    _, other_token = create_token(make_project("elsewhere"), name="other", permissions=["read", "write"])
     other = Socket(open_socket(server, other_token))
     assert other.call("POST", f"/api/v1/runs/{run.id}/checkpoints", body) == http(
         server, other_token, "POST", f"/api/v1/runs/{run.id}/checkpoints", body)
@@ -354,7 +354,6 @@ def test_a_failure_inside_the_socket_is_a_typed_500_and_the_socket_goes_on(monke
     from novelforge_sessions.actions.tokens import ALL_PERMISSIONS
     from novelforge_sessions.api import socket as api_socket
     from novelforge_sessions.asgi import application
-    from tests.support.factories import make_project
 
     raw = create_token(make_project("socket-bug"), name="agent", permissions=ALL_PERMISSIONS)[1]
     real = api_socket.ApiSocket._respond
