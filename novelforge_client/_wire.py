@@ -3,7 +3,7 @@ standard library's :mod:`http.client` (:class:`Wire`, for :class:`~novelforge_cl
 one worker thread per request in flight, :class:`AsyncWire` for :class:`~novelforge_client.AsyncClient`).
 The standard library reads and writes HTTP; nothing here parses it. Beside them, :class:`Socket`
 carries the calls that ask for it (the checkpoint write; the LangGraph saver's puts and writes)
-over the service's API socket, one websocket (``websockets`` reads and writes its frames).
+over the service's API socket, one websocket (``websockets``' sans-I/O protocol reads and writes its frames).
 
 Why not ``httpx`` for every call: an agent checkpoints at every boundary, on the same machine as
 the service and its database, so the client's CPU per call is taken from the server. Through
@@ -85,20 +85,16 @@ class Socket:
         self.timeout = timeout
         self._ssl = httpx.create_ssl_context() if parts.scheme == "https" else None
         self._lock = threading.Lock()
-        self._ws: Any = None
+        self._ws: _Frames | None = None
         self._next = 0
         self.refused = False  # the server refused the handshake: HTTP only from now on
         self._closed = False
 
-    def _open(self) -> Any:
+    def _open(self) -> _Frames | None:
         from websockets.exceptions import InvalidHandshake, InvalidStatus
-        from websockets.sync.client import connect
-        from websockets.typing import Origin
 
         try:
-            ws = connect(self.url, origin=Origin(self.origin), additional_headers=self.headers,
-                         open_timeout=self.timeout, close_timeout=1, ssl=self._ssl, max_size=None,
-                         compression=None, proxy=None)
+            return _Frames(self.url, self.origin, self.headers, self.timeout, self._ssl)
         except InvalidStatus as exc:
             # 4xx: no API socket there (an older service, a proxy without websockets, a token it
             # refuses: HTTP says which): HTTP from now on. 5xx: this time only.
@@ -106,7 +102,6 @@ class Socket:
             return None
         except (InvalidHandshake, OSError, TimeoutError):  # unreachable or cut short now: HTTP this time
             return None
-        return ws.__enter__()  # held across calls, closed by close(): what a `with` block would do
 
     def request(self, method: str, target: str, body: bytes | None) -> tuple[int, bytes] | None:
         """One request (``target``: the path and query under ``/api/v1``); its status and body,
@@ -115,9 +110,9 @@ class Socket:
             return None
         if self.refused or self._closed or not self._lock.acquire(blocking=False):
             return None
-        from websockets.exceptions import ConnectionClosed
-
         try:
+            if self._ws is not None and not self._ws.settle():
+                self._drop()  # closed by the server while idle: nothing was sent on it, open another
             if self._ws is None:
                 self._ws = self._open()
                 if self._ws is None:
@@ -128,14 +123,14 @@ class Socket:
                                 "body": None if body is None else body.decode()}, ensure_ascii=False)
             try:
                 self._ws.send(frame)
-            except (ConnectionClosed, OSError):  # closed by the server while idle: nothing reached it
+            except OSError:  # closed by the server while idle: nothing reached it
                 self._drop()
                 return None
             except BaseException:
                 self._drop()
                 raise
             try:
-                text = self._ws.recv(timeout=self.timeout)
+                text = self._ws.recv()
             except TimeoutError as exc:
                 self._drop()
                 raise httpx.ReadTimeout(f"no answer on the API socket in {self.timeout} s") from exc
@@ -156,15 +151,126 @@ class Socket:
     def _drop(self) -> None:
         ws, self._ws = self._ws, None
         if ws is not None:
-            try:
-                ws.close()
-            except Exception:  # already gone
-                pass
+            ws.close()
 
     def close(self) -> None:
         self._closed = True
         with self._lock:
             self._drop()
+
+
+class _Frames:
+    """One websocket on a blocking socket, driven by the thread that calls it through
+    ``websockets``' sans-I/O :class:`~websockets.client.ClientProtocol` (its public interface for
+    bringing your own I/O): the protocol writes and parses the handshake and the frames, answers
+    pings and closes; this class only moves bytes. Unlike ``websockets.sync``'s connection it has
+    no reader thread, so an answer reaches the caller without a hand-off between threads (one
+    wake-up less per request, on machines where the agent shares its cores with the server).
+    What the server sent while the socket was idle (its keep-alive pings, a close) is read
+    before the next request (:meth:`settle`): a ping is answered then, a closed socket is
+    replaced before anything is sent on it.
+
+    ``timeout`` bounds the connect, the handshake and each read; failures are ``OSError``
+    (``TimeoutError`` for a timeout), or ``websockets``' handshake exceptions while opening.
+    """
+
+    def __init__(self, url: str, origin: str, headers: dict[str, str], timeout: float, ssl_context: Any) -> None:
+        from websockets.client import ClientProtocol
+        from websockets.http11 import USER_AGENT
+        from websockets.protocol import State
+        from websockets.typing import Origin
+        from websockets.uri import parse_uri
+
+        uri = parse_uri(url)
+        self._open_state = State.OPEN
+        self.protocol = ClientProtocol(uri, origin=Origin(origin), max_size=None)  # no extension: no compression
+        self.sock = socket.create_connection((uri.host, uri.port), timeout=timeout)
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if uri.secure:
+                self.sock = ssl_context.wrap_socket(self.sock, server_hostname=uri.host)
+            request = self.protocol.connect()
+            request.headers.update(headers)
+            request.headers.setdefault("User-Agent", USER_AGENT)
+            self.protocol.send_request(request)
+            self._flush()
+            while self.protocol.state is State.CONNECTING and self.protocol.handshake_exc is None:
+                self._read()
+            if self.protocol.handshake_exc is not None:
+                raise self.protocol.handshake_exc
+            self.protocol.events_received()  # the handshake's response
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def _flush(self) -> None:
+        for data in self.protocol.data_to_send():
+            if data:
+                self.sock.sendall(data)
+            # b"": the protocol has nothing more to say (after a close): the peer sees EOF next
+
+    def _read(self) -> None:
+        data = self.sock.recv(65536)
+        if data:
+            self.protocol.receive_data(data)
+        else:
+            self.protocol.receive_eof()
+        self._flush()  # pongs, a close's answer
+        if not data and self.protocol.state is not self._open_state and self.protocol.handshake_exc is None:
+            raise ConnectionResetError("the API socket was closed")
+
+    def settle(self) -> bool:
+        """Take in what the server sent while this socket was idle (pings are answered, a close is
+        seen); whether the socket is still open for a request."""
+        try:
+            while self._waiting():
+                self._read()
+        except OSError:
+            return False
+        self.protocol.events_received()  # nothing is waited for between requests: pings and pongs
+        return self.protocol.state is self._open_state
+
+    def _waiting(self) -> bool:
+        pending = getattr(self.sock, "pending", None)  # TLS: bytes already decrypted
+        return bool(pending and pending()) or bool(select.select([self.sock], [], [], 0)[0])
+
+    def send(self, text: str) -> None:
+        if self.protocol.state is not self._open_state:
+            raise ConnectionResetError("the API socket was closed")
+        self.protocol.send_text(text.encode())
+        self._flush()
+
+    def recv(self) -> str:
+        """The next text message (pings answered, binary messages skipped)."""
+        from websockets.frames import Frame, Opcode
+
+        parts: list[bytes] = []
+        text = False
+        while True:
+            for event in self.protocol.events_received():
+                if not isinstance(event, Frame):
+                    continue
+                if event.opcode is Opcode.TEXT or event.opcode is Opcode.BINARY:
+                    text, parts = event.opcode is Opcode.TEXT, [event.data]
+                elif event.opcode is Opcode.CONT:
+                    parts.append(event.data)
+                else:
+                    continue  # ping (answered by the protocol), pong, close (seen by the state below)
+                if event.fin and text:
+                    return b"".join(parts).decode()
+            if self.protocol.state is not self._open_state:
+                raise ConnectionResetError("the API socket was closed")
+            self._read()
+
+    def close(self) -> None:
+        try:
+            if self.protocol.state is self._open_state:
+                self.protocol.send_close()
+                self._flush()
+        except OSError:  # already gone
+            pass
+        finally:
+            self.sock.close()
 
 
 class Wire:
