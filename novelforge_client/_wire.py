@@ -216,7 +216,7 @@ class _Frames:
         else:
             self.protocol.receive_eof()
         self._flush()  # pongs, a close's answer
-        if not data and self.protocol.state is not self._open_state and self.protocol.handshake_exc is None:
+        if not data and self.protocol.handshake_exc is None:  # at EOF: closed (a refused handshake says why itself)
             raise ConnectionResetError("the API socket was closed")
 
     def settle(self) -> bool:
@@ -234,9 +234,12 @@ class _Frames:
         pending = getattr(self.sock, "pending", None)  # TLS: bytes already decrypted
         return bool(pending and pending()) or bool(select.select([self.sock], [], [], 0)[0])
 
-    def send(self, text: str) -> None:
+    def _require_open(self) -> None:
         if self.protocol.state is not self._open_state:
             raise ConnectionResetError("the API socket was closed")
+
+    def send(self, text: str) -> None:
+        self._require_open()
         self.protocol.send_text(text.encode())
         self._flush()
 
@@ -258,8 +261,7 @@ class _Frames:
                     continue  # ping (answered by the protocol), pong, close (seen by the state below)
                 if event.fin and text:
                     return b"".join(parts).decode()
-            if self.protocol.state is not self._open_state:
-                raise ConnectionResetError("the API socket was closed")
+            self._require_open()  # a close received: no answer will come
             self._read()
 
     def close(self) -> None:

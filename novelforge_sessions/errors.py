@@ -257,6 +257,10 @@ class InternalError(ServiceError):
     words = gettext_noop("Something went wrong on the server; try again.")
 
 
+#: The message of an :class:`InternalError` answered for an unexpected exception (which is logged).
+LOGGED = "internal error; it has been logged"
+
+
 class DatabaseUnavailable(ServiceError):
     """PostgreSQL went away under the request (a restart, a terminated backend, no connection
     within the pool's timeout): nothing the request wrote survives unless it had committed, so

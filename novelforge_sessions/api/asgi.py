@@ -34,8 +34,8 @@ import logging
 import queue
 import select
 import threading
-from io import BytesIO
 from collections.abc import Iterator
+from io import BytesIO
 from typing import Any, Callable
 
 from asyncio import iscoroutine, iscoroutinefunction

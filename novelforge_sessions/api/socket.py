@@ -56,7 +56,7 @@ from novelforge_sessions.api.asgi import PREFIX, LeanApiApplication, request_con
 from novelforge_sessions.apikit.auth import caller_for_token, recalled_caller
 from novelforge_sessions.apikit.base import api
 from novelforge_sessions.apikit.schemas import MAX_BODY_DEPTH, loads_json, nested_deeper_than
-from novelforge_sessions.errors import InternalError, MalformedBody, ServiceError
+from novelforge_sessions.errors import LOGGED, InternalError, MalformedBody, ServiceError
 from novelforge_sessions.live.consumers import _bearer
 from novelforge_sessions.live.origins import served_origin
 
@@ -168,6 +168,11 @@ def _answer(frame_id: int | str | None, status: int, content: bytes) -> str:
     return json.dumps({"id": frame_id, "status": status, "body": content.decode()})
 
 
+def _error_body(err: ServiceError) -> tuple[int, bytes]:
+    """A refusal's status and body, in the API's one error shape."""
+    return err.http_status, json.dumps(err.as_dict()).encode()
+
+
 class ApiSocket:
     """``/ws/api/``: requests of the API as frames (module docstring); one instance per socket.
 
@@ -230,8 +235,7 @@ class ApiSocket:
         try:
             frame_id, method, path, body = read_frame(text)
         except FrameRefused as exc:
-            err = MalformedBody(str(exc))
-            return _answer(exc.frame_id, err.http_status, json.dumps(err.as_dict()).encode())
+            return _answer(exc.frame_id, *_error_body(MalformedBody(str(exc))))
         route = path.partition("?")[0]
         limit = bodylimit.limit_for(route)
         if len(body) > limit:
@@ -242,8 +246,7 @@ class ApiSocket:
                 status, content = await self.lean.run(self._respond, method, path, body)
             except Exception:  # a bug: a typed 500, logged, and the socket goes on (as HTTP answers one)
                 log.exception("api socket: %s %s failed", method, route)
-                err = InternalError("internal error; it has been logged")
-                status, content = err.http_status, json.dumps(err.as_dict()).encode()
+                status, content = _error_body(InternalError(LOGGED))
             span.set(status=status)
         return _answer(frame_id, status, content)
 

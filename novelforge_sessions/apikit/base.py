@@ -31,6 +31,7 @@ from novelforge_sessions.apikit.auth import FRESH_TOKEN_ATTR, TokenAuth
 from novelforge_sessions.apikit.common import require_json_media_type
 from novelforge_sessions.apikit.schemas import MAX_BODY_DEPTH, loads_json, nested_deeper_than, refuse_unstorable_text
 from novelforge_sessions.errors import (
+    LOGGED,
     DatabaseUnavailable,
     InternalError,
     MalformedBody,
@@ -110,7 +111,7 @@ def answered_with_a_fresh_token(
     if status < 400:
         log.error("%s %s: a recalled caller's success its action did not confirm (TokenAuth(recall=True) on a route "
                   "whose action does not check the token)", request.method, request.path)
-        return _render(request, InternalError("internal error; it has been logged"))
+        return _render(request, InternalError(LOGGED))
     return response
 
 
@@ -308,4 +309,4 @@ def _database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
 @api.exception_handler(Exception)
 def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     log.exception("unexpected error on %s %s", request.method, request.path)
-    return _render(request, InternalError("internal error; it has been logged"))
+    return _render(request, InternalError(LOGGED))
