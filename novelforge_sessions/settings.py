@@ -25,7 +25,20 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 _PACKAGED_SITE = Path(__file__).resolve().parent / "_site"
 SITE_DIR = _PACKAGED_SITE if _PACKAGED_SITE.is_dir() else BASE_DIR
 
-env = environ.Env()
+class _LiteralEnv(environ.Env):
+    """``environ.Env`` with every value taken as written. django-environ reads a value that starts
+    with ``$`` as the name of another variable (and, that one unset, the default): a generated
+    ``SECRET_KEY`` starts with ``$`` once in 50, and a password or token may too, so such a value
+    is parsed here as it stands (``Env.parse_value``), never looked up."""
+
+    def get_value(self, var, cast=None, default=environ.Env.NOTSET, parse_default=False):
+        raw = self.ENVIRON.get(f"{self.prefix}{var}")
+        if isinstance(raw, str) and raw.startswith("$"):
+            return raw if cast is None else self.parse_value(raw, cast)
+        return super().get_value(var, cast=cast, default=default, parse_default=parse_default)
+
+
+env = _LiteralEnv()
 
 
 def _strict_bool(name: str, default: bool) -> bool:

@@ -54,6 +54,20 @@ def test_good_settings_load():
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
+def test_a_value_starting_with_a_dollar_sign_is_taken_as_written():
+    """django-environ alone reads ``$NAME`` as another variable's name: a generated SECRET_KEY that
+    starts with ``$`` (one in 50) was replaced by the development default, so REQUIRE_SECRET_KEY
+    refused it as unset. Each value is taken as written, whatever variable its tail names."""
+    key = "$HOME" + "x7#k!q(2)-z_=+9" * 4
+    code = ("import django; from django.conf import settings; django.setup(); "
+            "print(settings.SECRET_KEY); print(settings.METRICS_TOKEN); print(settings.ALLOWED_HOSTS)")
+    full = {**os.environ, "SECRET_KEY": key, "REQUIRE_SECRET_KEY": "true", "DEBUG": "false",
+            "METRICS_TOKEN": "$PATH-and-sixteen-more", "ALLOWED_HOSTS": "$HOME,example.org"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [key, "$PATH-and-sixteen-more", "['$HOME', 'example.org']"]
+
+
 def test_the_served_application_is_built_then_frozen_out_of_the_collectors_reach():
     """``novelforge_sessions.asgi`` ends with ``gc.freeze()``: a full collection in a server then
     scans what requests allocate, not the start-up heap."""
