@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from io import BytesIO
 from time import perf_counter
 from typing import Any
+from urllib.parse import unquote
 
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
@@ -144,7 +145,8 @@ def read_frame(text: str | None) -> tuple[int | str, str, str, bytes]:
     method, path, body = frame.get("method"), frame.get("path"), frame.get("body")
     if method not in METHODS:
         raise FrameRefused(f"a frame's method is one of {sorted(METHODS)}", frame_id)
-    if not isinstance(path, str) or not path.startswith(PREFIX) or len(path) > MAX_PATH_CHARS or _UNSAFE_PATH.search(path):
+    if (not isinstance(path, str) or len(path) > MAX_PATH_CHARS or _UNSAFE_PATH.search(path)
+            or not route_of(path).startswith(PREFIX) or _UNSAFE_PATH.search(route_of(path))):
         raise FrameRefused(f"a frame's path is a path of the API under {PREFIX}, at most {MAX_PATH_CHARS} characters", frame_id)
     if body is not None and not isinstance(body, str):
         raise FrameRefused("a frame's body is the request body as a string (JSON text), or null", frame_id)
@@ -153,6 +155,12 @@ def read_frame(text: str | None) -> tuple[int | str, str, str, bytes]:
     except UnicodeEncodeError:  # an unpaired surrogate: no UTF-8 form, so no body
         raise FrameRefused("a frame's body is not valid text", frame_id) from None
     return frame_id, method, path, raw
+
+
+def route_of(path: str) -> str:
+    """The route a frame's path names: without its query string, percent-decoded, as an HTTP
+    server decodes a request's path (ASGI's ``path``; ``raw_path`` keeps the text as sent)."""
+    return unquote(path.partition("?")[0])
 
 
 def max_frame_chars() -> int:
@@ -236,7 +244,7 @@ class ApiSocket:
             frame_id, method, path, body = read_frame(text)
         except FrameRefused as exc:
             return _answer(exc.frame_id, *_error_body(MalformedBody(str(exc))))
-        route = path.partition("?")[0]
+        route = route_of(path)
         limit = bodylimit.limit_for(route)
         if len(body) > limit:
             _, content = bodylimit.refusal(route, size=len(body), limit=limit, declared=True)
@@ -295,12 +303,12 @@ class ApiSocket:
         return status, json.dumps(model.model_dump(), cls=NinjaJSONEncoder).encode()
 
     def _http_scope(self, method: str, path: str, body: bytes) -> dict[str, Any]:
-        route, _, query = path.partition("?")
+        raw, _, query = path.partition("?")
         headers = [*self.headers, (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         return {
             "type": "http", "asgi": self.scope.get("asgi", {}), "http_version": "1.1", "method": method,
-            "scheme": "https" if self.scope.get("scheme") == "wss" else "http", "path": route,
-            "raw_path": route.encode(), "root_path": self.scope.get("root_path", ""), "query_string": query.encode(),
+            "scheme": "https" if self.scope.get("scheme") == "wss" else "http", "path": unquote(raw),
+            "raw_path": raw.encode(), "root_path": self.scope.get("root_path", ""), "query_string": query.encode(),
             "headers": headers, "client": self.scope.get("client"), "server": self.scope.get("server"),
         }
 

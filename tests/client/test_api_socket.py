@@ -223,6 +223,7 @@ def test_frames_that_are_no_request_get_a_typed_400_and_the_socket_goes_on(serve
         ('{"id": 5, "method": "TRACE", "path": "/api/v1/sessions"}', 5),
         ('{"id": 6, "method": "GET", "path": "/admin/"}', 6),
         ('{"id": 7, "method": "GET", "path": "/api/v1/sessions\\r\\nX: y"}', 7),
+        ('{"id": 9, "method": "GET", "path": "/api/v1/sessions%0D%0AX:%20y"}', 9),  # the same, percent-encoded
         ('{"id": "eight", "method": "POST", "path": "/api/v1/sessions", "body": {"not": "a string"}}', "eight"),
     ]:
         ws.send(frame)
@@ -232,6 +233,20 @@ def test_frames_that_are_no_request_get_a_typed_400_and_the_socket_goes_on(serve
     assert Socket(ws).call("POST", f"/api/v1/runs/{run.id}/checkpoints",
                            {"boundary": "context_freeze", "cursor": {"step": 1}})[0] == 201
     ws.close()
+
+
+def test_a_percent_encoded_path_names_the_route_http_decodes_it_to(server: DaphneServer, token: str) -> None:
+    """A frame's path is decoded as an HTTP server decodes a request's (ASGI ``path``): the same
+    answer as over HTTP, for a route named with escapes, and for a query string left as sent."""
+    s, run = running(server, token)
+    ws = Socket(open_socket(server, token))
+    escaped = f"/api/v1/run%73/%3{str(run.id)[0]}{str(run.id)[1:]}"  # "runs/<id>", two characters escaped
+    over_socket, over_http = ws.call("GET", escaped), http(server, token, "GET", escaped)
+    assert over_socket == over_http and over_socket[0] == 200 and over_socket[1]["id"] == run.id, over_socket
+    listed = ws.call("GET", f"/api/v1/sessions/{s.id}/runs?limit=%31")  # limit=1
+    assert listed == http(server, token, "GET", f"/api/v1/sessions/{s.id}/runs?limit=%31")
+    assert listed[0] == 200 and [r["id"] for r in listed[1]["items"]] == [run.id]
+    ws.ws.close()
 
 
 def test_a_body_over_the_route_s_limit_is_413_and_writes_nothing(live: DaphneServer, token: str) -> None:
