@@ -737,18 +737,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                    task_path: str = "") -> None:
         self._raise_if_lost(config)
         self._stop_if_aborted(config)
-        conf = _configurable(config)
-        if self.hold_writes and writes and all(channel not in WRITES_IDX_MAP for channel, _ in writes):
-            # Ordinary writes: held for the put that follows (LangGraph's sync durability waits
-            # for that put, which stores them first, in its own transaction).
-            item = _Held(time.monotonic(), str(conf["thread_id"]), conf.get("checkpoint_ns", ""),
-                         conf["checkpoint_id"], task_id, task_path, self._write_entries(writes))
-            with self._held_lock:
-                self._held.setdefault((item.thread_id, item.checkpoint_ns), []).append(item)
-                if self._flusher is None:
-                    self._flusher = threading.Thread(target=self._flush_late, name="novelforge-saver-writes",
-                                                     daemon=True)
-                    self._flusher.start()
+        if self._held_for_the_put(config, writes, task_id, task_path):
             return
         self._flush_held()  # what was held first reaches the server first
         self._send("/graph-threads/writes", self._writes_plan(config, writes, task_id, task_path))
@@ -757,6 +746,24 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                 self._on_interrupt(config, value)
 
     # ---- held writes ---------------------------------------------------------------------------------
+    def _held_for_the_put(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                          task_path: str) -> bool:
+        """Hold a task's ordinary writes (no special channel) for the put that follows them
+        (LangGraph's sync durability waits for that put, which stores them first, in its own
+        transaction); False when they go now (``put_writes``/``aput_writes`` send them)."""
+        if not (self.hold_writes and writes and all(channel not in WRITES_IDX_MAP for channel, _ in writes)):
+            return False
+        conf = _configurable(config)
+        item = _Held(time.monotonic(), str(conf["thread_id"]), conf.get("checkpoint_ns", ""),
+                     conf["checkpoint_id"], task_id, task_path, self._write_entries(writes))
+        with self._held_lock:
+            self._held.setdefault((item.thread_id, item.checkpoint_ns), []).append(item)
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_late, name="novelforge-saver-writes",
+                                                 daemon=True)
+                self._flusher.start()
+        return True
+
     def _take_held(self, key: tuple[str, str]) -> builtins.list[_Held]:  # `list` is a method here
         with self._held_lock:
             return self._held.pop(key, [])
@@ -767,8 +774,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             self._send("/graph-threads/writes", self._task_writes_plan(
                 item.thread_id, item.checkpoint_ns, item.checkpoint_id, item.task_id, item.task_path, item.entries))
 
-    def _flush_held(self, older_than: float | None = None) -> None:
-        """Send every held write (``older_than``: only those held before that monotonic time)."""
+    def _take_due(self, older_than: float | None = None) -> builtins.list[_Held]:  # `list` is a method here
+        """Every held write taken out (``older_than``: only those held before that monotonic time)."""
         with self._held_lock:
             taken: list[_Held] = []
             for key, items in list(self._held.items()):
@@ -778,8 +785,30 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                     self._held[key] = keep
                 else:
                     del self._held[key]
+        return taken
+
+    def _flush_held(self, older_than: float | None = None) -> None:
+        """Send every held write (``older_than``: only those held before that monotonic time)."""
+        taken = self._take_due(older_than)
         try:
             self._send_held(taken)
+        except BaseException:
+            self._hold_again(taken)  # a write stored twice is stored once: the next put, read or close resends
+            raise
+
+    async def _asend_held(self, held: Sequence[_Held]) -> None:
+        """:meth:`_send_held` on the async client."""
+        for item in held:
+            await self._asend("/graph-threads/writes", self._task_writes_plan(
+                item.thread_id, item.checkpoint_ns, item.checkpoint_id, item.task_id, item.task_path, item.entries))
+
+    async def _aflush_held(self) -> None:
+        """:meth:`_flush_held` on the async client: every held write sent, or held again."""
+        if not self._held:
+            return
+        taken = self._take_due()
+        try:
+            await self._asend_held(taken)
         except BaseException:
             self._hold_again(taken)  # a write stored twice is stored once: the next put, read or close resends
             raise
@@ -850,8 +879,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     # ---- BaseCheckpointSaver: async ------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         self._raise_if_lost(config)
-        if self._held:  # held by the sync put_writes (the async one sends at once)
-            await asyncio.to_thread(self._flush_held)
+        await self._aflush_held()  # a read sees every write this saver was given
         items = (await self._acall("GET", "/graph-threads/checkpoints", params=self._get_params(config)))["items"]
         return self._tuple(items[0]) if items else None
 
@@ -859,8 +887,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                     before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
         if limit is not None and limit <= 0:
             return  # nothing asked for (the server refuses a page size below 1)
-        if self._held:
-            await asyncio.to_thread(self._flush_held)
+        await self._aflush_held()
         params = self._list_params(config, filter=filter, before=before, limit=limit)
         remaining = limit
         while True:
@@ -883,14 +910,31 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             await asyncio.to_thread(self._stop_if_aborted, config)
         if str(_configurable(config).get("thread_id")) in self._waiting_on_user:
             await asyncio.to_thread(self._continue_if_waiting, config)
-        return self._stored(await self._asend("/graph-threads/checkpoints",
-                                              self._put_plan(config, checkpoint, metadata, new_versions)))
+        conf = _configurable(config)
+        held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
+        try:
+            out = await self._asend("/graph-threads/checkpoints",
+                                    self._put_plan(config, checkpoint, metadata, new_versions, held))
+        except asyncio.CancelledError:
+            self._hold_again(held)  # nothing more is awaited once cancelled: the next put, read or close sends them
+            raise
+        except BaseException:
+            # As put: the writes it carried are stored on their own, then its error stands.
+            try:
+                await self._asend_held(held)
+            except Exception:  # noqa: BLE001 — the put's own error is the one to raise
+                self._hold_again(held)
+            raise
+        return self._stored(out)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                           task_path: str = "") -> None:
         self._raise_if_lost(config)
         if self._aborts or self._aborted:
             await asyncio.to_thread(self._stop_if_aborted, config)
+        if self._held_for_the_put(config, writes, task_id, task_path):
+            return
+        await self._aflush_held()  # what was held first reaches the server first
         await self._asend("/graph-threads/writes", self._writes_plan(config, writes, task_id, task_path))
         for channel, value in writes:
             if channel == INTERRUPT:
@@ -898,26 +942,22 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                 await asyncio.to_thread(self._on_interrupt, config, value)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        if self._held:
-            await asyncio.to_thread(self._flush_held)
+        await self._aflush_held()
         await self._acall("DELETE", "/graph-threads", params={"thread_id": str(thread_id)})
         self._let_go(str(thread_id))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        if self._held:
-            await asyncio.to_thread(self._flush_held)
+        await self._aflush_held()
         self._copied(await self._acall("POST", "/graph-threads/copy",
                                        json=self._copy_body(source_thread_id, target_thread_id)))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        if self._held:
-            await asyncio.to_thread(self._flush_held)
+        await self._aflush_held()
         for body in self._prune_bodies(thread_ids, strategy):
             await self._acall("POST", "/graph-threads/prune", json=body)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        if self._held:
-            await asyncio.to_thread(self._flush_held)
+        await self._aflush_held()
         for body in self._runs_bodies(run_ids):
             await self._acall("POST", "/graph-threads/delete-for-runs", json=body)
 

@@ -416,7 +416,8 @@ def test_the_async_saver_uploads_a_large_value_in_chunks_and_reads_it_back(graph
     from langgraph.checkpoint.base import empty_checkpoint
 
     wire = AsyncRecording()
-    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, async_transport=wire)
+    # hold_seconds: the held write waits for the read however slow this machine is
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, async_transport=wire, hold_seconds=600)
     large = os.urandom(400 * 1024).hex()  # 800 KiB of text: several chunks
     checkpoint = empty_checkpoint()
     checkpoint["channel_values"], checkpoint["channel_versions"] = {"draft": large}, {"draft": 1}
@@ -424,7 +425,7 @@ def test_the_async_saver_uploads_a_large_value_in_chunks_and_reads_it_back(graph
 
     async def roundtrip() -> Any:
         stored = await saver.aput(config, checkpoint, {"source": "input", "step": -1}, {"draft": 1})
-        await saver.aput_writes(stored, [("draft", large)], "task-1")  # held now: named, not sent
+        await saver.aput_writes(stored, [("draft", large)], "task-1")  # held; then sent before the read, named
         found = await saver.aget_tuple(stored)
         await saver.aclose()
         return found
@@ -438,6 +439,76 @@ def test_the_async_saver_uploads_a_large_value_in_chunks_and_reads_it_back(graph
     assert max(size for _, p, size in wire.sent if p.startswith("/graph-threads")) < 16 * 1024  # named, never inline
     fingerprint = GraphCheckpoint.objects.get(thread__thread_id="async-large").document["blobs"]["draft"]
     assert Artifact.objects.filter(name="blob:" + fingerprint).count() == 1
+
+
+def test_an_async_graph_s_superstep_costs_one_request_too(graph_server, graph_token):
+    """``ainvoke`` as ``invoke``: each task's writes are held by ``aput_writes`` and ride in the
+    body of the ``aput`` that follows (one request per superstep), and every write is stored."""
+
+    class Count(TypedDict):
+        count: int
+
+    steps = 5
+    builder = StateGraph(Count)
+    builder.add_node("count", lambda s: {"count": s["count"] + 1})
+    builder.add_edge(START, "count")
+    builder.add_conditional_edges("count", lambda s: "count" if s["count"] < steps else END, ["count", END])
+    wire = AsyncRecording()
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, async_transport=wire, hold_seconds=600,
+                            heartbeat=False)
+    graph = builder.compile(checkpointer=saver)
+
+    async def run() -> Any:
+        out = await graph.ainvoke({"count": 0}, {"configurable": {"thread_id": "async-count"}}, durability="sync")
+        await saver.aclose()
+        return out
+
+    assert asyncio.run(run())["count"] == steps
+    calls = [f"{m} {p}" for m, p, _ in wire.sent]
+    # the input's checkpoint, then each superstep's one checkpoint carrying its task's writes; one read first
+    supersteps = steps + 1  # the input's, then `count` until it reaches `steps`
+    assert calls.count("POST /graph-threads/checkpoints") == supersteps + 1
+    assert calls.count("POST /graph-threads/writes") == 0 and len(calls) == supersteps + 2, calls
+    assert GraphWrite.objects.filter(thread__thread_id="async-count").values("task_id").distinct().count() == supersteps
+
+
+def test_the_async_saver_sends_held_writes_before_a_read_on_close_and_when_no_put_comes(graph_server, graph_token):
+    """What ``aput_writes`` holds goes out on its own before the next read, on ``aclose``, or once
+    ``hold_seconds`` have passed without a put; and a refused put's carried writes are stored on
+    their own. (Each step its own ``asyncio.run``: the database is read between them, in this thread.)"""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, hold_seconds=600, heartbeat=False)
+    stored = _input_checkpoint(saver, "async-held")
+
+    def held(task_id: str) -> bool:
+        return not GraphWrite.objects.filter(thread__thread_id="async-held", task_id=task_id).exists()
+
+    asyncio.run(saver.aput_writes(stored, [("notes", "read right after")], "task-1"))
+    assert held("task-1")
+    found = asyncio.run(saver.aget_tuple(stored))  # the read sends what is held first
+    assert ("task-1", "notes", "read right after") in found.pending_writes and not held("task-1")
+
+    brief = NovelForgeSaver(url=graph_server.url, token=graph_token, hold_seconds=0.2, heartbeat=False)
+    asyncio.run(brief.aput_writes(stored, [("notes", "no put came")], "task-2"))
+    wait_until(lambda: not held("task-2"), "the held write sent on its own", timeout=20)
+    brief.close()
+
+    asyncio.run(saver.aput_writes(stored, [("notes", "carried by a refused put")], "task-3"))
+    thread = GraphThread.objects.get(thread_id="async-held")
+    run = Run.objects.get(session_id=thread.session_id, state="open")
+    with httpx.Client(base_url=graph_server.url + "/api/v1", headers={"Authorization": f"Bearer {graph_token}"}) as http:
+        assert http.post(f"/runs/{run.id}/end", json={"outcome": "completed"}).status_code == 200
+    following = empty_checkpoint()
+    following["channel_values"], following["channel_versions"] = {"notes": "x"}, {"notes": 2}
+    with pytest.raises(Conflict) as refused:
+        asyncio.run(saver.aput(stored, following, {"source": "loop", "step": 0}, {"notes": 2}))
+    assert refused.value.code == "no_open_run" and not held("task-3")
+
+    asyncio.run(saver.aput_writes(stored, [("notes", "closed right after")], "task-4"))
+    assert held("task-4")
+    asyncio.run(saver.aclose())  # and close sends it
+    assert not held("task-4")
 
 
 def test_a_server_with_a_smaller_body_limit_teaches_the_saver_its_limit(graph_token):
