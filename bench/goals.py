@@ -34,13 +34,16 @@ PLUGINS = ("stream", "scaling", "fleet")
 CLIENTS = 8  # the "8 clients"
 #: The workloads of one round, in this order (reversed every other round). Pairs that a goal
 #: compares sit near each other where they can.
-WORKLOADS = ("client", "langgraph_pg", "dbos", "langgraph_ours", "batch", "raw", "stream_on", "mcp", "floor")
+WORKLOADS = ("client", "langgraph_pg", "dbos", "langgraph_ours", "langgraph_ours_async", "langgraph_pg_async",
+             "batch", "raw", "stream_on", "mcp", "floor")
 #: Which database each workload uses (the others use ours).
-DATABASE_OF = {"langgraph_pg": "langgraph", "dbos": "dbos"}
+DATABASE_OF = {"langgraph_pg": "langgraph", "langgraph_pg_async": "langgraph", "dbos": "dbos"}
 WHAT = {
     "client": "novelforge_client.Client.checkpoint() as shipped (fresh idempotency key per call)",
     "langgraph_ours": "LangGraph loop graph on NovelForgeSaver, durability=sync (per superstep)",
     "langgraph_pg": "LangGraph loop graph on PostgresSaver, durability=sync (per superstep)",
+    "langgraph_ours_async": "the same graph with ainvoke, on NovelForgeSaver's async methods (per superstep)",
+    "langgraph_pg_async": "the same graph with ainvoke, on AsyncPostgresSaver (per superstep)",
     "dbos": "DBOS workflow looping over @DBOS.step() (per step)",
     "raw": "raw POST /runs/{id}/checkpoints, no idempotency key, http.client (reference)",
     "batch": "POST /runs/{id}/batch of 10 checkpoints (reference; per checkpoint)",
@@ -143,6 +146,8 @@ def _ratio_rows(rounds: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]
             informational=True),
         row("shipped client vs raw POST (informational)", "client", "raw", 0.0, informational=True),
         row("MCP checkpoint tool vs shipped client (informational)", "mcp", "client", 0.0, informational=True),
+        row("LangGraph ainvoke on NovelForgeSaver vs on AsyncPostgresSaver (informational)", "langgraph_ours_async",
+            "langgraph_pg_async", 0.0, informational=True),
     ]
     got = per_round(rounds, lambda r: r["stream_on"]["events_received"] / r["stream_on"]["events_expected"])
     if got:

@@ -19,6 +19,8 @@ Workloads (bench/README.md says why each is what a user runs):
   that launches its own ``python -m novelforge_client.mcp_server`` over stdio, as a host does;
 - ``langgraph_ours`` / ``langgraph_pg``: one LangGraph graph (one node looping on itself, one
   superstep = one step), ``durability="sync"``, on ``NovelForgeSaver`` / ``PostgresSaver``;
+- ``langgraph_ours_async`` / ``langgraph_pg_async``: the same graph run with ``ainvoke``, on
+  ``NovelForgeSaver``'s async methods / ``AsyncPostgresSaver``;
 - ``dbos``: a DBOS workflow looping over a ``@DBOS.step()``;
 - ``floor``: ``bench/floorapp``'s one-insert django-ninja endpoint, served exactly as ours.
 
@@ -56,8 +58,9 @@ P2_TRIES = 7
 READY_TIMEOUT_S = 180.0
 #: The environment our server runs with: `make run`'s (DB_POOL_MAX_SIZE=10, the lean API path).
 SERVER_ENV = {"DB_POOL_MAX_SIZE": "10", "API_LEAN": "true", "LIVE_SWEEP_SECONDS": "60"}
-WORKLOADS = ("client", "raw", "batch", "mcp", "langgraph_ours", "langgraph_pg", "dbos", "floor", "stream_on")
-ON_OUR_SERVER = {"client", "raw", "batch", "mcp", "langgraph_ours", "stream_on"}
+WORKLOADS = ("client", "raw", "batch", "mcp", "langgraph_ours", "langgraph_pg", "langgraph_ours_async",
+             "langgraph_pg_async", "dbos", "floor", "stream_on")
+ON_OUR_SERVER = {"client", "raw", "batch", "mcp", "langgraph_ours", "langgraph_ours_async", "stream_on"}
 #: stream_on: `raw` with this many websocket subscribers on the project (P5), in a process of their own.
 SUBSCRIBERS = 10
 
@@ -270,6 +273,36 @@ def w_langgraph_pg(p: dict[str, Any], index: int, clock: Clock) -> None:
         _invoke(saver, index, clock)
 
 
+async def _ainvoke(saver: Any, index: int, clock: Clock) -> None:
+    graph = _loop_graph(saver, clock)
+    config = {"configurable": {"thread_id": f"bench-w{index}-{uuid.uuid4().hex}"}, "recursion_limit": 10**9}
+    clock.restart()
+    await graph.ainvoke({"step": 0, "worker": index}, config, durability="sync")
+
+
+def w_langgraph_ours_async(p: dict[str, Any], index: int, clock: Clock) -> None:
+    from novelforge_client.langgraph import NovelForgeSaver
+
+    async def main() -> None:
+        saver = NovelForgeSaver(url=p["url"], token=p["token"])
+        try:
+            await _ainvoke(saver, index, clock)
+        finally:
+            await saver.aclose()
+
+    asyncio.run(main())
+
+
+def w_langgraph_pg_async(p: dict[str, Any], index: int, clock: Clock) -> None:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    async def main() -> None:
+        async with AsyncPostgresSaver.from_conn_string(p["db_url"]) as saver:
+            await _ainvoke(saver, index, clock)
+
+    asyncio.run(main())
+
+
 _dbos_clock: list[Clock] = []
 
 
@@ -322,11 +355,13 @@ def prime_dbos(db_url: str) -> None:
     DBOS.destroy(destroy_registry=True)
 
 
-PRIME: dict[str, Callable[[str], None]] = {"langgraph_pg": prime_langgraph_pg, "dbos": prime_dbos}
+PRIME: dict[str, Callable[[str], None]] = {"langgraph_pg": prime_langgraph_pg, "langgraph_pg_async": prime_langgraph_pg,
+                                           "dbos": prime_dbos}
 
 CLIENTS: dict[str, Callable[[dict[str, Any], int, Clock], None]] = {
     "client": w_client, "raw": w_raw, "batch": w_batch, "mcp": w_mcp, "langgraph_ours": w_langgraph_ours,
-    "langgraph_pg": w_langgraph_pg, "dbos": w_dbos, "floor": w_floor, "stream_on": w_raw,
+    "langgraph_pg": w_langgraph_pg, "langgraph_ours_async": w_langgraph_ours_async,
+    "langgraph_pg_async": w_langgraph_pg_async, "dbos": w_dbos, "floor": w_floor, "stream_on": w_raw,
 }
 
 
