@@ -207,13 +207,13 @@ def plugin_rows(quick: bool, server_url: str) -> list[dict[str, Any]]:
 
 
 def print_workloads(rows: list[dict[str, Any]]) -> None:
-    head = (f"{'workload':<15}{'steps/s':>20}{'machine CPU ms/step':>24}{'own CPU ms/step*':>24}{'server CPU ms/step*':>24}"
+    head = (f"{'workload':<21}{'steps/s':>14}{'machine CPU ms/step':>24}{'own CPU ms/step*':>24}{'server CPU ms/step*':>24}"
             f"{'p50 ms':>20}  what")
     print()
     print(head)
     print("-" * (len(head) + 40))
     for r in rows:
-        print(f"{r['workload']:<15}{r['steps_per_s']:>20}{r['machine_cpu_ms_per_step']:>24}{r['own_cpu_ms_per_step']:>24}"
+        print(f"{r['workload']:<21}{r['steps_per_s']:>14}{r['machine_cpu_ms_per_step']:>24}{r['own_cpu_ms_per_step']:>24}"
               f"{r['server_cpu_ms_per_step']:>24}{r['p50_ms']:>20}  {r['what']}")
     print("* diagnostics only, never a verdict: own = the workload's processes (clients, server, MCP servers) and its")
     print("  database's PostgreSQL backends, which other tenants of the machine do not inflate; server = the server process alone.")
