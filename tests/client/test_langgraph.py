@@ -370,6 +370,24 @@ def _input_checkpoint(saver: NovelForgeSaver, thread_id: str) -> RunnableConfig:
                      {"source": "input", "step": -1}, {"notes": 1})
 
 
+def _end_the_open_run(server: DaphneServer, token: str, thread_id: str) -> GraphThread:
+    """End the thread's open run (as an operator would), and a checkpoint to put after it: its put
+    is then refused ``no_open_run``."""
+    thread = GraphThread.objects.get(thread_id=thread_id)
+    run = Run.objects.get(session_id=thread.session_id, state="open")
+    with httpx.Client(base_url=server.url + "/api/v1", headers={"Authorization": f"Bearer {token}"}) as http:
+        assert http.post(f"/runs/{run.id}/end", json={"outcome": "completed"}).status_code == 200
+    return thread
+
+
+def _following_checkpoint() -> Any:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    following = empty_checkpoint()
+    following["channel_values"], following["channel_versions"] = {"notes": "kept"}, {"notes": 2}
+    return following
+
+
 def test_writes_no_put_comes_for_are_sent_on_their_own_and_before_any_read(graph_server, graph_token):
     """A task's ordinary writes wait for the put that follows them for at most ``hold_seconds``:
     then (or at the next read, or on close) they are sent on their own, and stored."""
@@ -396,16 +414,9 @@ def test_a_refused_put_still_stores_the_writes_it_carried(graph_server, graph_to
     saver = NovelForgeSaver(url=graph_server.url, token=graph_token, transport=wire, hold_seconds=600)
     stored = _input_checkpoint(saver, "refused")
     saver.put_writes(stored, [("notes", "kept")], "task-1")
-    thread = GraphThread.objects.get(thread_id="refused")
-    run = Run.objects.get(session_id=thread.session_id, state="open")
-    with httpx.Client(base_url=graph_server.url + "/api/v1", headers={"Authorization": f"Bearer {graph_token}"}) as http:
-        assert http.post(f"/runs/{run.id}/end", json={"outcome": "completed"}).status_code == 200
-    from langgraph.checkpoint.base import empty_checkpoint
-
-    following = empty_checkpoint()
-    following["channel_values"], following["channel_versions"] = {"notes": "kept"}, {"notes": 2}
+    thread = _end_the_open_run(graph_server, graph_token, "refused")
     with pytest.raises(Conflict) as refused:
-        saver.put(stored, following, {"source": "loop", "step": 0}, {"notes": 2})
+        saver.put(stored, _following_checkpoint(), {"source": "loop", "step": 0}, {"notes": 2})
     assert refused.value.code == "no_open_run"
     assert wire.paths()[-2:] == ["POST /graph-threads/checkpoints", "POST /graph-threads/writes"]
     assert GraphWrite.objects.filter(thread=thread, task_id="task-1").count() == 1
@@ -476,8 +487,6 @@ def test_the_async_saver_sends_held_writes_before_a_read_on_close_and_when_no_pu
     """What ``aput_writes`` holds goes out on its own before the next read, on ``aclose``, or once
     ``hold_seconds`` have passed without a put; and a refused put's carried writes are stored on
     their own. (Each step its own ``asyncio.run``: the database is read between them, in this thread.)"""
-    from langgraph.checkpoint.base import empty_checkpoint
-
     saver = NovelForgeSaver(url=graph_server.url, token=graph_token, hold_seconds=600, heartbeat=False)
     stored = _input_checkpoint(saver, "async-held")
 
@@ -495,14 +504,9 @@ def test_the_async_saver_sends_held_writes_before_a_read_on_close_and_when_no_pu
     brief.close()
 
     asyncio.run(saver.aput_writes(stored, [("notes", "carried by a refused put")], "task-3"))
-    thread = GraphThread.objects.get(thread_id="async-held")
-    run = Run.objects.get(session_id=thread.session_id, state="open")
-    with httpx.Client(base_url=graph_server.url + "/api/v1", headers={"Authorization": f"Bearer {graph_token}"}) as http:
-        assert http.post(f"/runs/{run.id}/end", json={"outcome": "completed"}).status_code == 200
-    following = empty_checkpoint()
-    following["channel_values"], following["channel_versions"] = {"notes": "x"}, {"notes": 2}
+    _end_the_open_run(graph_server, graph_token, "async-held")
     with pytest.raises(Conflict) as refused:
-        asyncio.run(saver.aput(stored, following, {"source": "loop", "step": 0}, {"notes": 2}))
+        asyncio.run(saver.aput(stored, _following_checkpoint(), {"source": "loop", "step": 0}, {"notes": 2}))
     assert refused.value.code == "no_open_run" and not held("task-3")
 
     asyncio.run(saver.aput_writes(stored, [("notes", "closed right after")], "task-4"))
