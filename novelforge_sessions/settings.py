@@ -25,6 +25,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 _PACKAGED_SITE = Path(__file__).resolve().parent / "_site"
 SITE_DIR = _PACKAGED_SITE if _PACKAGED_SITE.is_dir() else BASE_DIR
 
+
 class _LiteralEnv(environ.Env):
     """``environ.Env`` with every value taken as written. django-environ reads a value that starts
     with ``$`` as the name of another variable (and, that one unset, the default): a generated

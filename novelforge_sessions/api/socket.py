@@ -72,6 +72,7 @@ MAX_PATH_CHARS = 2048
 #: The longest string ``id`` a frame may carry (an integer id is any JSON integer in bigint's range).
 MAX_ID_CHARS = 100
 _UNSAFE_PATH = re.compile(r"[\x00-\x20\x7f]")
+_NOT_AN_API_PATH = f"a frame's path is a path of the API under {PREFIX}, at most {MAX_PATH_CHARS} characters"
 
 
 @dataclass(frozen=True)
@@ -145,9 +146,11 @@ def read_frame(text: str | None) -> tuple[int | str, str, str, bytes]:
     method, path, body = frame.get("method"), frame.get("path"), frame.get("body")
     if method not in METHODS:
         raise FrameRefused(f"a frame's method is one of {sorted(METHODS)}", frame_id)
-    if (not isinstance(path, str) or len(path) > MAX_PATH_CHARS or _UNSAFE_PATH.search(path)
-            or not route_of(path).startswith(PREFIX) or _UNSAFE_PATH.search(route_of(path))):
-        raise FrameRefused(f"a frame's path is a path of the API under {PREFIX}, at most {MAX_PATH_CHARS} characters", frame_id)
+    if not isinstance(path, str) or len(path) > MAX_PATH_CHARS or _UNSAFE_PATH.search(path):
+        raise FrameRefused(_NOT_AN_API_PATH, frame_id)
+    route = route_of(path)  # refused as the text sent would be, escapes decoded
+    if not route.startswith(PREFIX) or _UNSAFE_PATH.search(route):
+        raise FrameRefused(_NOT_AN_API_PATH, frame_id)
     if body is not None and not isinstance(body, str):
         raise FrameRefused("a frame's body is the request body as a string (JSON text), or null", frame_id)
     try:
