@@ -45,9 +45,10 @@ when a ``transport``/``async_transport`` is given or the environment sets a prox
 Values travel once: each is named by its fingerprint (the sha256 of its content, as the server
 computes it). A value the server holds (this saver sent it, or the server said so) is sent by
 fingerprint only; a new small one rides inline in the put or write itself; a value too large for
-one request body is uploaded first in chunks (``POST /graph-blobs``), then named. A superstep
-therefore costs LangGraph's own calls (one request per ``put_writes``, one per ``put``) and no
-more, unless a value is larger than what fits inline.
+one request body is uploaded first in chunks (``POST /graph-blobs``), then named. A task's
+ordinary writes are held for the put that follows them and ride in its body (``hold_writes``,
+sync and async alike), so a superstep costs one request, unless a value is larger than what fits
+inline.
 """
 from __future__ import annotations
 
