@@ -249,11 +249,17 @@ def _loop_graph(saver: Any, clock: Clock) -> Any:
     return builder.compile(checkpointer=saver)
 
 
-def _invoke(saver: Any, index: int, clock: Clock) -> None:
+def _started(saver: Any, index: int, clock: Clock) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The loop graph on ``saver``, its input and a new thread's config; the clock restarted."""
     graph = _loop_graph(saver, clock)
     config = {"configurable": {"thread_id": f"bench-w{index}-{uuid.uuid4().hex}"}, "recursion_limit": 10**9}
     clock.restart()
-    graph.invoke({"step": 0, "worker": index}, config, durability="sync")
+    return graph, {"step": 0, "worker": index}, config
+
+
+def _invoke(saver: Any, index: int, clock: Clock) -> None:
+    graph, inputs, config = _started(saver, index, clock)
+    graph.invoke(inputs, config, durability="sync")
 
 
 def w_langgraph_ours(p: dict[str, Any], index: int, clock: Clock) -> None:
@@ -274,10 +280,8 @@ def w_langgraph_pg(p: dict[str, Any], index: int, clock: Clock) -> None:
 
 
 async def _ainvoke(saver: Any, index: int, clock: Clock) -> None:
-    graph = _loop_graph(saver, clock)
-    config = {"configurable": {"thread_id": f"bench-w{index}-{uuid.uuid4().hex}"}, "recursion_limit": 10**9}
-    clock.restart()
-    await graph.ainvoke({"step": 0, "worker": index}, config, durability="sync")
+    graph, inputs, config = _started(saver, index, clock)
+    await graph.ainvoke(inputs, config, durability="sync")
 
 
 def w_langgraph_ours_async(p: dict[str, Any], index: int, clock: Clock) -> None:

@@ -909,9 +909,9 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self._raise_if_lost(config)
         if self._aborts or self._aborted:
             await asyncio.to_thread(self._stop_if_aborted, config)
-        if str(_configurable(config).get("thread_id")) in self._waiting_on_user:
-            await asyncio.to_thread(self._continue_if_waiting, config)
         conf = _configurable(config)
+        if str(conf.get("thread_id")) in self._waiting_on_user:
+            await asyncio.to_thread(self._continue_if_waiting, config)
         held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
         try:
             out = await self._asend("/graph-threads/checkpoints",

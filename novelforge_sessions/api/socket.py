@@ -130,8 +130,9 @@ def _frame_id(value: Any) -> int | str | None:
     return None
 
 
-def read_frame(text: str | None) -> tuple[int | str, str, str, bytes]:
-    """A frame's ``(id, method, path, body)``; ``FrameRefused`` for anything that is not a request."""
+def read_frame(text: str | None) -> tuple[int | str, str, str, str, bytes]:
+    """A frame's ``(id, method, path, route, body)`` (``route``: :func:`decoded_route` of the path);
+    ``FrameRefused`` for anything that is not a request."""
     if text is None:
         raise FrameRefused("frames are JSON text")
     try:
@@ -148,7 +149,7 @@ def read_frame(text: str | None) -> tuple[int | str, str, str, bytes]:
         raise FrameRefused(f"a frame's method is one of {sorted(METHODS)}", frame_id)
     if not isinstance(path, str) or len(path) > MAX_PATH_CHARS or _UNSAFE_PATH.search(path):
         raise FrameRefused(_NOT_AN_API_PATH, frame_id)
-    route = route_of(path)  # refused as the text sent would be, escapes decoded
+    route = decoded_route(path)  # refused as the text sent would be, escapes decoded
     if not route.startswith(PREFIX) or _UNSAFE_PATH.search(route):
         raise FrameRefused(_NOT_AN_API_PATH, frame_id)
     if body is not None and not isinstance(body, str):
@@ -157,10 +158,10 @@ def read_frame(text: str | None) -> tuple[int | str, str, str, bytes]:
         raw = b"" if body is None else body.encode()
     except UnicodeEncodeError:  # an unpaired surrogate: no UTF-8 form, so no body
         raise FrameRefused("a frame's body is not valid text", frame_id) from None
-    return frame_id, method, path, raw
+    return frame_id, method, path, route, raw
 
 
-def route_of(path: str) -> str:
+def decoded_route(path: str) -> str:
     """The route a frame's path names: without its query string, percent-decoded, as an HTTP
     server decodes a request's path (ASGI's ``path``; ``raw_path`` keeps the text as sent)."""
     return unquote(path.partition("?")[0])
@@ -244,10 +245,9 @@ class ApiSocket:
             _, content = bodylimit.refusal(PREFIX, size=len(text), limit=settings.API_MAX_BODY_BYTES, declared=True)
             return _answer(None, 413, content)
         try:
-            frame_id, method, path, body = read_frame(text)
+            frame_id, method, path, route, body = read_frame(text)
         except FrameRefused as exc:
             return _answer(exc.frame_id, *_error_body(MalformedBody(str(exc))))
-        route = route_of(path)
         limit = bodylimit.limit_for(route)
         if len(body) > limit:
             _, content = bodylimit.refusal(route, size=len(body), limit=limit, declared=True)
@@ -306,11 +306,11 @@ class ApiSocket:
         return status, json.dumps(model.model_dump(), cls=NinjaJSONEncoder).encode()
 
     def _http_scope(self, method: str, path: str, body: bytes) -> dict[str, Any]:
-        raw, _, query = path.partition("?")
+        raw, _, query = path.partition("?")  # raw_path and query_string as sent
         headers = [*self.headers, (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         return {
             "type": "http", "asgi": self.scope.get("asgi", {}), "http_version": "1.1", "method": method,
-            "scheme": "https" if self.scope.get("scheme") == "wss" else "http", "path": unquote(raw),
+            "scheme": "https" if self.scope.get("scheme") == "wss" else "http", "path": decoded_route(path),
             "raw_path": raw.encode(), "root_path": self.scope.get("root_path", ""), "query_string": query.encode(),
             "headers": headers, "client": self.scope.get("client"), "server": self.scope.get("server"),
         }
