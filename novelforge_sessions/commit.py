@@ -29,6 +29,9 @@ import re
 from typing import Any
 
 import psycopg
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.adapt import Dumper, PyFormat
+from psycopg.types.array import ListDumper
 from psycopg.types.numeric import Int8Dumper
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
@@ -102,4 +105,75 @@ def _prepared_cursor(using: str) -> Any:
     # statement is prepared once per set of parameter types (a run id or a size growing past
     # 32767 would prepare it again).
     raw.adapters.register_dumper(int, Int8Dumper)
+    raw.adapters.register_dumper(list, FlatListDumper)
     return db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw)
+
+
+_INT8_ARRAY_OID = psycopg.adapters.types["int8"].array_oid
+
+
+class FlatListDumper(Dumper):
+    """A flat list of ``str`` or of ``int`` as psycopg's own ``ListDumper`` sends it (the same
+    text, the same parameter type: ``int`` elements a ``bigint[]``, ``str`` ones of unknown type,
+    which the statement's cast names), built in one pass.
+
+    psycopg's dumper finds each list's element type and dumps each element through its own
+    dumper on every execution: for the graph statements' dozen short arrays that was most of the
+    cost of sending their parameters. Anything else (an empty list, ``None`` or nested elements,
+    mixed or other types, a NUL character, a connection not in UTF-8) is left to ``ListDumper``
+    unchanged. Public adaptation API only (``Dumper.get_key``/``upgrade``); the output is pinned
+    against ``ListDumper``'s by ``tests/control/test_commit.py``."""
+
+    def __init__(self, cls: type, context: AdaptContext | None = None):
+        super().__init__(cls, context)
+        self.context = context
+
+    def get_key(self, obj: list[Any], format: PyFormat) -> Any:
+        kind = _flat_kind(obj)
+        if kind is None:
+            return self._fallback(obj, format).get_key(obj, format)
+        return (list, kind)
+
+    def upgrade(self, obj: list[Any], format: PyFormat) -> Dumper:
+        kind = _flat_kind(obj)
+        if kind is None or (self.connection is not None and self.connection.info.encoding != "utf-8"):
+            return self._fallback(obj, format).upgrade(obj, format)
+        return _IntArrayDumper(list, self.context) if kind is int else _StrArrayDumper(list, self.context)
+
+    def _fallback(self, obj: list[Any], format: PyFormat) -> ListDumper:
+        return ListDumper(list, self.context)
+
+    def dump(self, obj: list[Any]) -> Buffer | None:
+        # Reached with the key ListDumper gives a list it cannot type (empty, or only None): as it dumps it.
+        return self._fallback(obj, PyFormat.TEXT).dump(obj)
+
+
+def _flat_kind(obj: list[Any]) -> type | None:
+    """``str`` or ``int`` when every element of ``obj`` (one at least) is exactly that type."""
+    if not obj:
+        return None
+    kind = type(obj[0])
+    if kind is not str and kind is not int:
+        return None
+    for item in obj:
+        if type(item) is not kind:
+            return None
+    if kind is str and any("\x00" in item for item in obj):
+        return None
+    return kind
+
+
+class _IntArrayDumper(Dumper):
+    oid = _INT8_ARRAY_OID
+
+    def dump(self, obj: list[int]) -> bytes:
+        return ("{" + ",".join(map(str, obj)) + "}").encode()
+
+
+class _StrArrayDumper(Dumper):
+    # Unknown, as ListDumper sends a list of str: the statement's cast (``::text[]``) types it.
+
+    def dump(self, obj: list[str]) -> bytes:
+        # Every element quoted; a backslash and a double quote escaped (PostgreSQL's array syntax).
+        return ("{" + ",".join('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in obj)
+                + "}").encode()

@@ -1,0 +1,86 @@
+"""The one-statement writes' cursor (``novelforge_sessions/commit.py``) sends a list parameter as
+psycopg's own ``ListDumper`` would: the same text, the same parameter type, the same refusals."""
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import DatabaseError, connection
+from psycopg.adapt import PyFormat
+from psycopg.types.numeric import Int8Dumper
+
+from novelforge_sessions import commit
+
+pytestmark = pytest.mark.django_db
+
+LISTS = [
+    ["a", "b"],
+    ['a "quote"', "back\\slash", "com,ma", "{braces}", " spaced ", "", "NULL", "é☃", "line\nbreak", "\t", "'single'"],
+    [1, 2, 3],
+    [2**40, -5, 0],
+    [],
+    [None],
+    [None, "a"],
+    [None, 1],
+    ["a", 1],
+    [[1, 2], [3, 4]],
+    [True, False],
+    [1.5, 2.5],
+    ["nul\x00"],
+    [2**70],
+]
+#: Typed by a cast (as every graph statement types its arrays), by ANY against a bigint, and untyped.
+STATEMENTS = [
+    "SELECT pg_typeof(%(x)s::text[])::text, (%(x)s::text[])::text, (SELECT array_agg(u) FROM unnest(%(x)s::text[]) u)",
+    "SELECT 2::bigint = ANY(%(x)s), pg_typeof(%(x)s)::text",
+    "SELECT pg_typeof(%(x)s)::text, (%(x)s)::text",
+]
+
+
+def _outcome(run: Any) -> Any:
+    try:
+        return run()
+    except (psycopg.Error, DatabaseError) as exc:
+        return type(exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ else exc).__name__
+
+
+def _as_list_dumper_sends_it(sql: str, value: list[Any]) -> Any:
+    def run() -> Any:
+        raw = psycopg.Cursor(connection.connection)
+        raw.adapters.register_dumper(int, Int8Dumper)
+        with transaction_savepoint():
+            raw.execute(sql, {"x": value}, prepare=True)
+            return raw.fetchall()
+    return _outcome(run)
+
+
+class transaction_savepoint:
+    """A savepoint around one statement, so a refused one leaves the test's transaction usable."""
+
+    def __enter__(self) -> None:
+        from django.db import transaction
+        self.atomic = transaction.atomic()
+        self.atomic.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.atomic.__exit__(*exc)
+
+
+@pytest.mark.parametrize("sql", STATEMENTS)
+@pytest.mark.parametrize("value", LISTS, ids=repr)
+def test_a_list_is_sent_as_psycopgs_list_dumper_sends_it(sql: str, value: list[Any]) -> None:
+    connection.ensure_connection()
+    expected = _as_list_dumper_sends_it(sql, value)
+
+    def ours() -> Any:
+        with transaction_savepoint():
+            return commit.fetch_prepared(sql, {"x": value})
+    assert _outcome(ours) == expected
+    if sql == STATEMENTS[0] and value and all(type(v) is str for v in value) and "\x00" not in "".join(value):
+        assert expected[0][2] == value  # the elements arrive as sent
+
+
+def test_the_prepared_cursor_sends_lists_with_the_flat_dumper() -> None:
+    with commit._prepared_cursor("default") as cursor:
+        assert cursor.cursor.adapters.get_dumper(list, PyFormat.AUTO) is commit.FlatListDumper
