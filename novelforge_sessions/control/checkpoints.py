@@ -155,9 +155,14 @@ def lock_params(caller: Caller, run_id: int, stated: list[dict[str, Any] | None]
 #      for, so the count is the committed one); a same-key writer that committed while this
 #      statement waited for the lock is not in k's snapshot, but its row is in the unique
 #      index, so the insert does nothing (ON CONFLICT) and ``record_checkpoint`` reads it;
-#   u  the run's count and cursor; e  the checkpoint's event, from w and c.
+#   u  the run's count and cursor; e  the checkpoint's event, from w and c;
+#   b  (``Beside``, a caller's) a row that goes with the checkpoint, from c.
 # A refusal writes nothing: every write selects from w.
-_WRITE_SQL = f"""
+def _write_sql(beside: str | None) -> str:
+    """The single checkpoint's statement; with ``beside``, its ``b`` CTE too and b's id last."""
+    b_cte = f", b AS (\n  {beside}\n)" if beside else ""
+    b_column = ", (SELECT id FROM b)" if beside else ""
+    return f"""
 WITH l AS ({decided_lock_sql(f"nextval(pg_get_serial_sequence('{Checkpoint._meta.db_table}', 'id'))")}),
 k AS (
   SELECT x.id, x.request_digest FROM {Checkpoint._meta.db_table} AS x
@@ -182,9 +187,28 @@ k AS (
          %(ev_payload)s::jsonb || jsonb_build_object('checkpoint_id', c.id, 'seq', c.seq), %(ev_actor)s, now()
     FROM w, c
   RETURNING id
-)
-SELECT l.*, (SELECT id FROM k), (SELECT request_digest FROM k), (SELECT id FROM e) FROM l
+){b_cte}
+SELECT l.*, (SELECT id FROM k), (SELECT request_digest FROM k), (SELECT id FROM e){b_column} FROM l
 """
+
+
+_WRITE_SQL = _write_sql(None)
+#: The statement for each ``Beside.insert`` met (a handful of constant texts).
+_WRITE_BESIDE_SQL: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Beside:
+    """A row written with a checkpoint, in its statement: one round trip for both, and the row
+    only when the checkpoint is (a refusal or a replay writes neither). ``insert`` is an
+    ``INSERT … SELECT … FROM c … RETURNING id`` where ``c`` is the checkpoint inserted (its ``id``
+    and ``seq``); ``%(created_at)s`` is the checkpoint's time. Its id comes back as the
+    checkpoint's ``beside_id``. A graph put's graph row goes so (``control/graphs.py``)."""
+
+    insert: str
+    params: Mapping[str, Any]
+
+
 #: The event payload's fields the statement fills (it draws the id and counts the seq).
 _FILLED = frozenset({"checkpoint_id", "seq"})
 
@@ -226,7 +250,7 @@ class ResolvedRefs:
 
 
 def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
-                      resolved: ResolvedRefs | None = None) -> Checkpoint:
+                      resolved: ResolvedRefs | None = None, beside: Beside | None = None) -> Checkpoint:
     """Validate (pure) then write checkpoint N+1 of an open run: ONE statement (``_WRITE_SQL``),
     its own transaction, whether or not it carries an idempotency key or refs.
 
@@ -253,6 +277,9 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
     normalized (``_resolve_approvals``, the wait kinds of ``control/waits.py``): a ref that does
     not resolve is a 422 naming its field, and nothing is written. A checkpoint without refs runs
     no query for them.
+
+    ``beside``: a row the statement inserts with the checkpoint (:class:`Beside`); its id is the
+    returned checkpoint's ``beside_id``.
     """
     caller.require("write")
     spec = check(
@@ -290,15 +317,22 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
         type=ev.CHECKPOINT_RECORDED, filled=_FILLED, actor=caller.label,
         payload={"boundary": spec.boundary.value, "cursor": spec.cursor},
     )
-    row = commit.execute_write(_WRITE_SQL, {
+    sql = _WRITE_SQL
+    if beside is not None:
+        sql = _WRITE_BESIDE_SQL.get(beside.insert) or _WRITE_BESIDE_SQL.setdefault(beside.insert,
+                                                                                  _write_sql(beside.insert))
+    row = commit.execute_write(sql, {
         **lock_params(caller, run_id, [spec.authority]), "key": key, "digest": digest, "write": refs_error is None,
         "boundary": spec.boundary.value, "cursor": _dumps(spec.cursor), "artifacts": _dumps(artifacts),
         "pending": _dumps(pending), "approvals": _dumps(approvals), "resume_policy": spec.resume_policy,
         "schema_version": rt.CHECKPOINT_SCHEMA_VERSION, "size_bytes": spec.size_bytes, "created_at": created_at,
-        **event,
+        **event, **(beside.params if beside is not None else {}),
     })
     if row is None:
         raise NotFound("run not found", run_id=run_id)
+    beside_id = row[-1] if beside is not None else None
+    if beside is not None:
+        row = row[:-1]
     locked = Locked.of(row[:-3])
     replay_id, replay_digest, event_id = row[-3:]
     if locked.refusal == "token_changed":  # before the replay: a changed token is answered afresh (apikit/auth.py)
@@ -327,6 +361,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
     )
     checkpoint._state.adding = False
     checkpoint.replayed = False
+    checkpoint.beside_id = beside_id
     return checkpoint
 
 

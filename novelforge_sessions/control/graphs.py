@@ -47,7 +47,6 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q, QuerySet
-from django.utils import timezone
 
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import TOKEN_STILL_VALID_SQL, Caller, recheck_params, token_confirmed
@@ -57,7 +56,7 @@ from novelforge_sessions import commit, events
 from novelforge_sessions import event_types as ev
 from novelforge_sessions.actions.lifecycle import Outbox, check, live_runtime, lock_session
 from novelforge_sessions.actions.runtimes import MAX_LEASE_SECONDS, RuntimeSpec
-from novelforge_sessions.control.checkpoints import ResolvedRefs, record_checkpoint
+from novelforge_sessions.control.checkpoints import Beside, ResolvedRefs, record_checkpoint
 from novelforge_sessions.control.models import GraphBlob, GraphBlobChunk, GraphCheckpoint, GraphThread, GraphWrite
 from novelforge_sessions.errors import (
     GraphBlobMismatch, GraphBlobMissing, GraphCheckpointConflict, GraphThreadExists, NoOpenRun, NotFound, ServiceError,
@@ -578,12 +577,14 @@ SELECT 'run', NULL, NULL, r.id, NULL FROM {_RUN} r WHERE r.session_id = %(sessio
 """
 
 
-#: The graph row of a new checkpoint (prepared: the ORM's insert costs more CPU to build than to run).
-_INSERT_GRAPH_CHECKPOINT_SQL = f"""
-INSERT INTO {_GC} (thread_id, record_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, metadata, document, created_at)
-VALUES (%(thread)s, %(record)s, %(ns)s, %(cp)s, %(parent)s, %(metadata)s::jsonb, %(document)s::jsonb, %(created_at)s)
-RETURNING id, created_at
-"""
+#: The graph row of a new checkpoint, inserted by the checkpoint's own statement (``Beside``: ``c``
+#: is the bounded checkpoint inserted; one round trip for both, and no graph row when it is refused).
+_GRAPH_ROW_BESIDE = f"""INSERT INTO {_GC}
+    (thread_id, record_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, metadata, document, created_at)
+  SELECT %(g_thread)s, c.id, %(g_ns)s, %(g_cp)s, %(g_parent)s, %(g_metadata)s::jsonb, %(g_document)s::jsonb,
+         %(created_at)s
+    FROM c
+  RETURNING id"""
 
 
 def put_checkpoint(
@@ -694,15 +695,14 @@ def put_checkpoint(
         record = record_checkpoint(caller, open_run_id, {
             "boundary": rt.CheckpointBoundary.CONTEXT_FREEZE.value, "cursor": cursor_doc,
             "artifacts": [{"artifact_id": a, "fingerprint": fp} for a, fp in refs],
-        }, resolved=ResolvedRefs(session.id, session.project_id, heads))
+        }, resolved=ResolvedRefs(session.id, session.project_id, heads), beside=Beside(_GRAPH_ROW_BESIDE, {
+            "g_thread": thread.id, "g_ns": checkpoint_ns, "g_cp": checkpoint_id, "g_parent": parent,
+            "g_metadata": json.dumps(meta), "g_document": json.dumps(document),
+        }))
         graph = GraphCheckpoint(
-            thread=thread, record=record, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id,
-            parent_checkpoint_id=parent, metadata=meta, document=document,
+            id=record.beside_id, thread=thread, record=record, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id,
+            parent_checkpoint_id=parent, metadata=meta, document=document, created_at=record.created_at,
         )
-        [(graph.id, graph.created_at)] = commit.fetch_prepared(_INSERT_GRAPH_CHECKPOINT_SQL, {
-            "thread": thread.id, "record": record.id, "ns": checkpoint_ns, "cp": checkpoint_id, "parent": parent,
-            "metadata": json.dumps(meta), "document": json.dumps(document), "created_at": timezone.now(),
-        })
         graph._state.adding = False
         graph._state.db = connection.alias
         return graph, True

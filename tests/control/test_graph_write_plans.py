@@ -105,7 +105,12 @@ class GraphStatements:
 
     def __call__(self, execute, sql, params, many, context):
         if not many and any(t in sql for t in (GraphBlob._meta.db_table, GraphWrite._meta.db_table, "FOR UPDATE")):
-            self.seen.append((sql, params))
+            probed = params
+            if isinstance(params, dict) and "g_cp" in params:
+                # The checkpoint's statement, which inserts the graph row too: probed with another
+                # graph checkpoint id, as the one it wrote is taken when the probe runs it again.
+                probed = {**params, "g_cp": params["g_cp"] + "-probe"}
+            self.seen.append((sql, probed))
         return execute(sql, params, many, context)
 
 
