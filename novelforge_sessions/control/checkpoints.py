@@ -343,7 +343,9 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
         # (then the insert found its key taken, or a refusal hid it: replays win over refusals).
         first = _first_with_key(run_id, key) if replay_id is None else (replay_id, replay_digest)
         if first is not None:
-            return _replay(run_id, key, digest, *first)
+            replayed = _replay(run_id, key, digest, *first)
+            replayed.beside_id = None  # a replay writes nothing, beside rows included
+            return replayed
     refused = refusal(locked, [spec.authority])
     if refused is not None:
         raise refused

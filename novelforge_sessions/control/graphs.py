@@ -597,7 +597,7 @@ def put_checkpoint(
     A fixed set of statements whatever the number of blobs: lock the thread's session (with its
     open run and the checkpoint this id already names: ``lock_thread``), insert the new inline
     blobs, resolve (and upsert) the channel blobs with their artifacts' heads, the checkpoint
-    (``record_checkpoint``, given the refs resolved here), the graph row.
+    (``record_checkpoint``, given the refs resolved here) with the graph row in its statement.
 
     Refusals, writing nothing: invalid ids, blobs or bookkeeping (422) → the thread is unknown
     and ``open_spec`` is None (404) → the session has no open run (409 ``no_open_run``: resume

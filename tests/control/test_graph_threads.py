@@ -15,9 +15,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from novelforge_sessions.control import graphs
+from novelforge_sessions.control.checkpoints import Beside, record_checkpoint
 from novelforge_sessions.control.models import GraphBlobChunk, GraphCheckpoint, GraphThread, GraphWrite
+from novelforge_sessions.errors import RunNotOpen
 from novelforge_sessions.models import Artifact, Checkpoint, Run, Session
-from tests.support.factories import Api
+from tests.support.factories import Api, caller_for
 from tests.control.conftest import token_api
 from tests.support.races import oks, race
 from tests.support.responses import assert_refused, ok, refused
@@ -853,3 +855,27 @@ def test_prunes_racing_a_thread_s_puts_leave_its_latest_checkpoint_loadable(proj
     [latest] = get(Api(api_token), thread_id="busy")[:1]
     assert latest["checkpoint_id"] == "0008" and texts(latest) == {"draft": "d8", "notes": "n"}
     assert Checkpoint.objects.filter(id=latest["record_id"]).exists()
+
+
+def test_a_row_beside_a_checkpoint_is_written_with_it_in_its_statement_and_never_without_it(writer, project):
+    """A put's graph row rides in the bounded checkpoint's statement (``checkpoints.Beside``): it
+    is written with the checkpoint, and a refusal the statement decides writes neither."""
+    out = ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"a": "v1"})), 201)
+    boss = caller_for(project)
+    thread = GraphThread.objects.get()
+
+    def beside(cp: str) -> Beside:
+        return Beside(graphs._GRAPH_ROW_BESIDE, {"g_thread": thread.id, "g_ns": "", "g_cp": cp, "g_parent": "0001",
+                                                 "g_metadata": "{}", "g_document": "{}"})
+
+    with CaptureQueriesContext(connection) as queries:
+        record = record_checkpoint(boss, out["run_id"], {"boundary": "context_freeze", "cursor": {"step": 2}},
+                                   beside=beside("0002"))
+    assert len(queries) == 1  # the checkpoint and its graph row: one statement
+    row = GraphCheckpoint.objects.get(checkpoint_id="0002")
+    assert (record.beside_id, row.record_id, row.created_at) == (row.id, record.id, record.created_at)
+    Run.objects.filter(id=out["run_id"]).update(state="completed")
+    before = snapshot()
+    with pytest.raises(RunNotOpen):
+        record_checkpoint(boss, out["run_id"], {"boundary": "context_freeze", "cursor": {"step": 2}}, beside=beside("0003"))
+    assert snapshot() == before
