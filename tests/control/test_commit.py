@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from psycopg.adapt import PyFormat
 from psycopg.types.numeric import Int8Dumper
 
@@ -49,22 +49,10 @@ def _as_list_dumper_sends_it(sql: str, value: list[Any]) -> Any:
     def run() -> Any:
         raw = psycopg.Cursor(connection.connection)
         raw.adapters.register_dumper(int, Int8Dumper)
-        with transaction_savepoint():
+        with transaction.atomic():  # a refused statement leaves the test's transaction usable
             raw.execute(sql, {"x": value}, prepare=True)
             return raw.fetchall()
     return _outcome(run)
-
-
-class transaction_savepoint:
-    """A savepoint around one statement, so a refused one leaves the test's transaction usable."""
-
-    def __enter__(self) -> None:
-        from django.db import transaction
-        self.atomic = transaction.atomic()
-        self.atomic.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.atomic.__exit__(*exc)
 
 
 @pytest.mark.parametrize("sql", STATEMENTS)
@@ -74,7 +62,7 @@ def test_a_list_is_sent_as_psycopgs_list_dumper_sends_it(sql: str, value: list[A
     expected = _as_list_dumper_sends_it(sql, value)
 
     def ours() -> Any:
-        with transaction_savepoint():
+        with transaction.atomic():  # a refused statement leaves the test's transaction usable
             return commit.fetch_prepared(sql, {"x": value})
     assert _outcome(ours) == expected
     if sql == STATEMENTS[0] and value and all(type(v) is str for v in value) and "\x00" not in "".join(value):
