@@ -25,6 +25,7 @@ statement is sent and just after it returns, only when the statement is its own 
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -128,24 +129,26 @@ class FlatListDumper(Dumper):
         super().__init__(cls, context)
         self.context = context
 
+    @functools.cached_property
+    def _fallback(self) -> ListDumper:
+        # One per cursor, as psycopg keeps one ListDumper per cursor: not one per list dumped.
+        return ListDumper(list, self.context)
+
     def get_key(self, obj: list[Any], format: PyFormat) -> Any:
         kind = _flat_kind(obj)
         if kind is None:
-            return self._fallback().get_key(obj, format)
+            return self._fallback.get_key(obj, format)
         return (list, kind)
 
     def upgrade(self, obj: list[Any], format: PyFormat) -> Dumper:
         kind = _flat_kind(obj)
         if kind is None or (self.connection is not None and self.connection.info.encoding != "utf-8"):
-            return self._fallback().upgrade(obj, format)
+            return self._fallback.upgrade(obj, format)
         return _IntArrayDumper(list, self.context) if kind is int else _StrArrayDumper(list, self.context)
-
-    def _fallback(self) -> ListDumper:
-        return ListDumper(list, self.context)
 
     def dump(self, obj: list[Any]) -> Buffer | None:
         # Reached with the key ListDumper gives a list it cannot type (empty, or only None): as it dumps it.
-        return self._fallback().dump(obj)
+        return self._fallback.dump(obj)
 
 
 def _flat_kind(obj: list[Any]) -> type | None:

@@ -1,6 +1,7 @@
 """Checkpoints: bounded resume state at the boundaries of docs/model.md#checkpoints. Immutable once written."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -158,8 +159,10 @@ def lock_params(caller: Caller, run_id: int, stated: list[dict[str, Any] | None]
 #   u  the run's count and cursor; e  the checkpoint's event, from w and c;
 #   b  (``Beside``, a caller's) a row that goes with the checkpoint, from c.
 # A refusal writes nothing: every write selects from w.
+@functools.cache
 def _write_sql(beside: str | None) -> str:
-    """The single checkpoint's statement; with ``beside``, its ``b`` CTE too and b's id last."""
+    """The single checkpoint's statement; with ``beside``, its ``b`` CTE too and b's id last
+    (built once per text: a handful of constants)."""
     b_cte = f", b AS (\n  {beside}\n)" if beside else ""
     b_column = ", (SELECT id FROM b)" if beside else ""
     return f"""
@@ -193,8 +196,6 @@ SELECT l.*, (SELECT id FROM k), (SELECT request_digest FROM k), (SELECT id FROM 
 
 
 _WRITE_SQL = _write_sql(None)
-#: The statement for each ``Beside.insert`` met (a handful of constant texts).
-_WRITE_BESIDE_SQL: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -317,11 +318,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
         type=ev.CHECKPOINT_RECORDED, filled=_FILLED, actor=caller.label,
         payload={"boundary": spec.boundary.value, "cursor": spec.cursor},
     )
-    sql = _WRITE_SQL
-    if beside is not None:
-        sql = _WRITE_BESIDE_SQL.get(beside.insert) or _WRITE_BESIDE_SQL.setdefault(beside.insert,
-                                                                                  _write_sql(beside.insert))
-    row = commit.execute_write(sql, {
+    row = commit.execute_write(_write_sql(beside.insert if beside is not None else None), {
         **lock_params(caller, run_id, [spec.authority]), "key": key, "digest": digest, "write": refs_error is None,
         "boundary": spec.boundary.value, "cursor": _dumps(spec.cursor), "artifacts": _dumps(artifacts),
         "pending": _dumps(pending), "approvals": _dumps(approvals), "resume_policy": spec.resume_policy,
@@ -330,9 +327,9 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
     })
     if row is None:
         raise NotFound("run not found", run_id=run_id)
-    beside_id = row[-1] if beside is not None else None
+    beside_id = None
     if beside is not None:
-        row = row[:-1]
+        row, beside_id = row[:-1], row[-1]
     locked = Locked.of(row[:-3])
     replay_id, replay_digest, event_id = row[-3:]
     if locked.refusal == "token_changed":  # before the replay: a changed token is answered afresh (apikit/auth.py)
