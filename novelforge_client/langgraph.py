@@ -131,6 +131,53 @@ HEARTBEAT_FRACTION = 1 / 3
 #: reads them the same way): the lease ran out and the reconciler marked it lost, the session was
 #: closed, failed or forgotten, or a newer generation took over.
 _LOST = (RuntimeNotLive, StaleRuntime, NotFound)
+#: A channel value put inline, in the checkpoint itself, instead of as a blob (as LangGraph's own
+#: PostgreSQL saver keeps primitive values in its checkpoint row): ``None``, a ``bool``, an ``int``
+#: of at most 2**53 in magnitude or a ``str`` of at most 256 characters that PostgreSQL can store
+#: (``control/graphs.MAX_INLINE_*``), and at most ``_INLINE_BYTES`` of them per put. Exact types
+#: only: a subclass (an enum, say) goes through the serializer, which keeps its type.
+_INLINE_INT = 2**53
+_INLINE_CHARS = 256
+_INLINE_BYTES = 16 * 1024 - 512
+#: Channels named like a conversation or private reasoning are always blobs (the server keeps
+#: them out of its checkpoint rows: ``session_runtime.TRANSCRIPT_KEYS``, compared lowercased).
+_CONVERSATION_CHANNELS = frozenset({
+    "transcript", "messages", "chat", "chat_history", "history", "conversation", "dialogue", "turns", "reasoning",
+    "private_reasoning", "chain_of_thought", "thoughts", "scratchpad",
+})
+
+
+def _inlined(value: Any) -> bool:
+    """Whether a channel's value travels inline (:data:`_INLINE_CHARS` …) rather than as a blob."""
+    kind = type(value)
+    if value is None or kind is bool:
+        return True
+    if kind is int:
+        return -_INLINE_INT <= value <= _INLINE_INT
+    if kind is str and len(value) <= _INLINE_CHARS and "\x00" not in value:
+        if value.isascii():
+            return True
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # an unpaired surrogate: PostgreSQL cannot store it as text
+            return False
+        return True
+    return False
+
+
+def _inline_values(values: Mapping[str, Any], versions: Mapping[str, Any]) -> dict[str, Any]:
+    """The channel values a put sends inline: each with a version, :func:`_inlined`, in all
+    at most :data:`_INLINE_BYTES` of compact JSON (the rest go as blobs)."""
+    inline: dict[str, Any] = {}
+    size = 2
+    for channel, value in values.items():
+        if channel in versions and channel.lower() not in _CONVERSATION_CHANNELS and _inlined(value):
+            more = len(json.dumps({channel: value}, separators=(",", ":"), ensure_ascii=False).encode())
+            if size + more > _INLINE_BYTES:
+                continue
+            inline[channel] = value
+            size += more
+    return inline
 
 
 @dataclass(frozen=True)
@@ -594,11 +641,19 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         conf = _configurable(config)
         document: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = document.pop("channel_values", {}) or {}
+        versions = document.get("channel_versions") or {}
+        inline = _inline_values(values, versions)
+        sent = [(channel, version) for channel, version in new_versions.items() if channel not in inline]
+        # An unchanged value that could be inline but found no room in this put goes as a blob:
+        # an earlier put may have carried it inline, and the server keeps no version row of those.
+        sent += [(channel, versions[channel]) for channel, value in values.items()
+                 if channel not in inline and channel not in new_versions and channel in versions
+                 and channel.lower() not in _CONVERSATION_CHANNELS and _inlined(value)]
         # Serialized once, planned on each attempt (what the server holds may change between them).
         entries = [
             ({"channel": channel, "version": version},
              self._value(values[channel]) if channel in values else _value_of("empty", ""))
-            for channel, version in new_versions.items()
+            for channel, version in sent
         ]
         body = {
             "thread_id": str(conf["thread_id"]), "checkpoint_ns": conf.get("checkpoint_ns", ""),
@@ -607,6 +662,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             "metadata": _jsonable(get_serializable_checkpoint_metadata(config, metadata), "checkpoint metadata"),
             "open": self.thread_spec.open_body(),
         }
+        if inline:
+            body["values"] = inline
         if not held:
             return lambda wait: self._plan(body, "blobs", entries, wait=wait)
         tasks = [{"checkpoint_id": h.checkpoint_id, "task_id": h.task_id, "task_path": h.task_path} for h in held]
@@ -643,8 +700,10 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     def _tuple(self, item: Mapping[str, Any]) -> CheckpointTuple:
         document = {k: v for k, v in item["checkpoint"].items() if k != "blobs"}
+        # The values put inline (the checkpoint's own ``channel_values``), then the blobs.
         document["channel_values"] = {
-            channel: self._load(blob) for channel, blob in item["blobs"].items() if blob["serde"] != "empty"
+            **(document.get("channel_values") or {}),
+            **{channel: self._load(blob) for channel, blob in item["blobs"].items() if blob["serde"] != "empty"},
         }
         writes = sorted(item["pending_writes"], key=lambda w: writes_sort_key(w["task_path"], w["task_id"], w["idx"]))
         config: RunnableConfig = {"configurable": {"thread_id": item["thread_id"], "checkpoint_ns": item["checkpoint_ns"],

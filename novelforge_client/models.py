@@ -464,7 +464,7 @@ class GraphCheckpointOut(ResponseModel):
     run_id: int
     record_id: int
     metadata: dict[str, Any]
-    checkpoint: dict[str, Any] = Field(description='as put (without values); `blobs` maps channel → fingerprint')
+    checkpoint: dict[str, Any] = Field(description='as put; `channel_values` holds the values put inline (`values`), `blobs` maps each other channel → its fingerprint')
     blobs: dict[str, GraphBlobOut]
     pending_writes: list[GraphPendingWriteOut]
     created_at: datetime
@@ -532,6 +532,7 @@ class GraphPutIn(RequestModel):
     checkpoint: dict[str, StorableJson] = Field(description='the graph checkpoint without `channel_values` (versions, versions seen, ts, …); `channel_versions` maps channel names (1–200 characters) to versions: a number from -9223372036854775808 to 9223372036854775807 (kept as sent: `7.0` is not `7`), or a string of at most 98 printable ASCII characters other than `"` and `\\`; at most 65536 bytes as UTF-8 (`x-max-bytes`; a string\'s own bytes, any other value\'s compact JSON): over it, 422 naming the field')
     metadata: dict[str, StorableJson] | None = Field(default=None, description="the graph's checkpoint metadata (filterable); at most 16384 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     blobs: list[GraphChannelBlobIn] | None = Field(default=None, description='the channels that changed: their values at their new versions, stored as content-addressed artifacts; unchanged channels are found at the versions `checkpoint.channel_versions` names')
+    values: dict[str, int | str | bool | None] | None = Field(default=None, description="channels whose values are small JSON scalars (`null`, a boolean, an integer of at most 2**53 in magnitude, a string of at most 256 characters), kept in the checkpoint itself as LangGraph's own PostgreSQL saver keeps them: no blob. Each names a channel of `checkpoint.channel_versions` that `blobs` does not carry; unchanged ones are sent again with each put. Read back as the checkpoint's `channel_values`; at most 16384 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; without it an unknown thread is 404. Opening creates a session: a token bound to a session may not (403 `forbidden`, nothing written), whether the id is unused or another session's thread")
     writes: list[GraphTaskWritesIn] | None = Field(default=None, description="tasks' pending writes that came before this checkpoint (as `POST /graph-threads/writes` would store them), stored first in the same transaction: one request per superstep. A value inline here may be named by fingerprint in `blobs`. Refused or rolled back with the put")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.conf import settings
 from django.http import HttpRequest
@@ -72,6 +72,11 @@ class GraphChannelBlobIn(Strict):
     fingerprint: str | None = Field(None, description=FINGERPRINT_DOC, json_schema_extra=FINGERPRINT)
 
 
+#: A channel value put inline (``values``): a small JSON scalar (``control/graphs.MAX_INLINE_*``).
+InlineValue = (Annotated[int, Field(ge=-actions.MAX_INLINE_INT, le=actions.MAX_INLINE_INT)]
+               | Annotated[str, Field(max_length=actions.MAX_INLINE_CHARS)] | bool | None)
+
+
 class GraphThreadSpecIn(Strict):
     role: GraphRole = Field("specialist", description="the session's role (`other` needs an extension: not offered here)")
     memory_policy: Memory = "checkpoint_only"
@@ -105,6 +110,16 @@ class GraphPutIn(Strict):
         default_factory=list, max_length=500,
         description="the channels that changed: their values at their new versions, stored as content-addressed "
         "artifacts; unchanged channels are found at the versions `checkpoint.channel_versions` names")
+    values: dict[str, InlineValue] = Field(
+        default_factory=dict, max_length=500,
+        description="channels whose values are small JSON scalars (`null`, a boolean, an integer of at most 2**53 in "
+        f"magnitude, a string of at most {actions.MAX_INLINE_CHARS} characters), kept in the checkpoint itself as "
+        "LangGraph's own PostgreSQL saver keeps them: no blob. Each names a channel of `checkpoint.channel_versions` "
+        "that `blobs` does not carry; unchanged ones are sent again with each put. Read back as the checkpoint's "
+        "`channel_values`",
+        json_schema_extra={**max_bytes(actions.MAX_INLINE_VALUES_BYTES),
+                           "propertyNames": {"minLength": 1, "maxLength": actions.MAX_NAME_LENGTH,
+                                             "pattern": STORABLE_TEXT}})
     open: GraphThreadSpecIn | None = Field(
         None, description="open the thread's session (runtime generation 1, run 1) if the thread is new; "
         "without it an unknown thread is 404. Opening creates a session: a token bound to a session may not (403 "
@@ -215,7 +230,8 @@ class GraphCheckpointOut(Schema):
     run_id: int
     record_id: int
     metadata: dict[str, Any]
-    checkpoint: dict[str, Any] = Field(..., description="as put (without values); `blobs` maps channel → fingerprint")
+    checkpoint: dict[str, Any] = Field(..., description="as put; `channel_values` holds the values put inline (`values`), `blobs` maps each "
+                                          "other channel → its fingerprint")
     blobs: dict[str, GraphBlobOut]
     pending_writes: list[GraphPendingWriteOut]
     created_at: datetime
@@ -328,7 +344,7 @@ def put_answer(who: Caller, body: GraphPutIn) -> tuple[int, dict[str, Any]]:
             checkpoint=body.checkpoint, metadata=body.metadata,
             blobs=[actions.ChannelBlob(channel=b.channel, version=b.version, value=_blob(b.value),
                                        fingerprint=b.fingerprint) for b in body.blobs],
-            open_spec=open_spec,
+            open_spec=open_spec, values=body.values,
             writes=[actions.TaskWrites(checkpoint_id=t.checkpoint_id, task_id=t.task_id, task_path=t.task_path,
                                        writes=[actions.WriteSpec(idx=w.idx, channel=w.channel, value=_blob(w.value),
                                                                  fingerprint=w.fingerprint) for w in t.writes])

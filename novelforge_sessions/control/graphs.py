@@ -99,6 +99,14 @@ MAX_CHUNKS = math.ceil(MAX_BLOB_DATA_CHARS / MAX_CHUNK_CHARS)
 STALE_CHUNK_SECONDS = 24 * 3600
 #: How many fingerprints one ``POST /graph-blobs/missing`` asks about.
 MAX_ASKED_FINGERPRINTS = 500
+#: A channel whose value is a small JSON scalar (``null``, a boolean, an integer of at most
+#: 2**53 in magnitude, a string of at most MAX_INLINE_CHARS characters) may be put inline, in the
+#: checkpoint itself (``put_checkpoint(values=…)``), as LangGraph's own PostgreSQL saver keeps
+#: primitive values in its checkpoint row: no blob, no channel version row, no artifact ref. At
+#: most MAX_INLINE_VALUES_BYTES of them per put (their compact JSON, ``json_size``).
+MAX_INLINE_INT = 2**53
+MAX_INLINE_CHARS = 256
+MAX_INLINE_VALUES_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -323,6 +331,37 @@ def _check_open(spec: ThreadSpec | None) -> None:
         details = dict(exc.details)
         details["field"] = f"open.{details['field']}" if details.get("field") else "open"
         raise type(exc)(exc.message, **details) from None
+
+
+def _inline_values(values: Mapping[str, Any] | None, versions: Mapping[str, Any]) -> dict[str, Any]:
+    """The channel values a put carries inline (``MAX_INLINE_*``), checked: each names a channel
+    the checkpoint has a version for and is a small JSON scalar (422 naming ``values.<channel>``)."""
+    if not values:
+        return {}
+    if not isinstance(values, Mapping):
+        raise ValidationFailed("values must be a JSON object", field="values")
+    for channel, value in values.items():
+        where = f"values.{channel}"
+        _name(channel, where)
+        if channel not in versions:
+            raise ValidationFailed("a value inline names a channel the checkpoint has a version for", field=where)
+        if channel.lower() in rt.TRANSCRIPT_KEYS:
+            raise ValidationFailed("a channel named like a conversation (messages, history, …) is a blob, never inline",
+                                   field=where)
+        if type(value) is int:
+            if abs(value) > MAX_INLINE_INT:
+                raise ValidationFailed("an integer inline is at most 2**53 in magnitude: send it as a blob",
+                                       field=where, limit=MAX_INLINE_INT)
+        elif type(value) is str:
+            if len(value) > MAX_INLINE_CHARS:
+                raise ValidationFailed(f"a string inline is at most {MAX_INLINE_CHARS} characters: send it as a blob",
+                                       field=where, limit=MAX_INLINE_CHARS)
+        elif value is not None and type(value) is not bool:
+            raise ValidationFailed("a value inline is null, a boolean, an integer or a string: send others as blobs",
+                                   field=where)
+    inline = dict(sorted(values.items()))
+    check(rt.validate_metadata, inline, "values", MAX_INLINE_VALUES_BYTES)
+    return inline
 
 
 def _document(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
@@ -590,7 +629,7 @@ _GRAPH_ROW_BESIDE = f"""INSERT INTO {_GC}
 def put_checkpoint(
     caller: Caller, *, thread_id: str, checkpoint_ns: str, checkpoint_id: str, parent_checkpoint_id: str | None,
     checkpoint: Mapping[str, Any], metadata: Mapping[str, Any] | None, blobs: list[ChannelBlob],
-    open_spec: ThreadSpec | None, writes: list[TaskWrites] | None = None,
+    open_spec: ThreadSpec | None, writes: list[TaskWrites] | None = None, values: Mapping[str, Any] | None = None,
 ) -> Stored:
     """Record one graph checkpoint as a bounded checkpoint of the thread's open run.
 
@@ -608,6 +647,11 @@ def put_checkpoint(
     ``writes``: tasks' pending writes carried by this put (the saver holds a task's writes until
     the put that follows them): stored first, in the put's transaction, as ``put_writes`` stores
     them; refused or rolled back with it.
+
+    ``values``: channels whose values are small JSON scalars (``MAX_INLINE_*``), kept in the
+    checkpoint's document (``channel_values``) instead of as blobs; a channel is inline or a blob
+    in one put, not both (422). A channel a put neither carries nor names inline is found at the
+    version ``channel_versions`` names, as before.
     """
     caller.require("write")
     _name(thread_id, "thread_id")
@@ -624,6 +668,10 @@ def put_checkpoint(
             inline[fp] = b.value.content()
         put[(b.channel, key)] = fp
     document = _document(checkpoint)
+    scalars = _inline_values(values, document.get("channel_versions") or {})
+    both = sorted({ch for ch, _ in put} & set(scalars))
+    if both:
+        raise ValidationFailed("a channel is put inline or as a blob, not both", field=f"values.{both[0]}")
     meta = check(rt.validate_metadata, dict(metadata or {}), "metadata", MAX_METADATA_BYTES)
     if writes and len(writes) > MAX_PUT_TASK_WRITES:
         raise ValidationFailed(f"a put carries the writes of at most {MAX_PUT_TASK_WRITES} tasks", field="writes",
@@ -640,7 +688,7 @@ def put_checkpoint(
                 raise NotFound("graph thread not found", thread_id=thread_id)
         _insert_blobs(session.project_id, inline, caller.label)
         versions = {ch: json.dumps(v) for ch, v in sorted((document.get("channel_versions") or {}).items())}
-        old = [(ch, v) for ch, v in versions.items() if (ch, v) not in put]
+        old = [(ch, v) for ch, v in versions.items() if (ch, v) not in put and ch not in scalars]
         named = sorted(set(put.values()))
         params = {
             "thread": thread.id, "ns": checkpoint_ns, "project": session.project_id,
@@ -675,6 +723,8 @@ def put_checkpoint(
             elif ch in stored:
                 fps[ch] = stored[ch]
         document["blobs"] = fps
+        if scalars:
+            document["channel_values"] = scalars
         if existing_id is not None:
             existing = GraphCheckpoint.objects.get(id=existing_id)
             if (existing.parent_checkpoint_id, existing.document, existing.metadata) != (parent, document, meta):

@@ -7,6 +7,7 @@ a verdict through the API, and the graph resumes through the session's resume re
 from __future__ import annotations
 
 import asyncio
+import enum
 import os
 
 from datetime import timedelta
@@ -280,6 +281,115 @@ def test_a_thread_whose_state_holds_8_mb_of_messages_is_saved_and_reloaded(graph
     assert [m.content for m in messages] == ["Tell it all.", *contents]
     assert sum(len(m.content) for m in messages) >= 8 * 1024 * 1024
     assert state.next == ()  # the graph ended; its last checkpoint is the one reloaded
+    reloaded.close()
+
+
+class Mood(enum.StrEnum):
+    CALM = "calm"
+
+
+def test_which_values_travel_inline_is_decided_by_exact_type_and_size():
+    from novelforge_client.langgraph import _inlined
+
+    for value in (None, True, False, 0, 2**53, -(2**53), "", "ü" * 256, "plain text"):
+        assert _inlined(value), value
+    for value in (1.0, float("nan"), 2**53 + 1, -(2**53) - 1, "x" * 257, "a\x00b", "\ud800", Mood.CALM, [1], {"a": 1},
+                  b"bytes", (1,)):
+        assert not _inlined(value), value
+
+
+def test_the_saver_never_inlines_a_channel_the_server_keeps_out_of_its_rows():
+    from novelforge_client.langgraph import _CONVERSATION_CHANNELS, _inline_values
+    from novelforge_sessions import session_runtime as rt
+
+    assert _CONVERSATION_CHANNELS == rt.TRANSCRIPT_KEYS
+    versions = {"Messages": 1, "history": 1, "step": 1}
+    assert _inline_values({"Messages": "hi", "history": "", "step": 1}, versions) == {"step": 1}
+
+
+def test_small_scalars_travel_inline_and_come_back_as_they_were(graph_server, graph_token):
+    """Small JSON scalars (None, a bool, an int up to 2**53, text up to 256 characters) ride in the
+    checkpoint itself, as LangGraph's PostgreSQL saver keeps primitive values: no blob, no channel
+    version row. Anything else (a float, a larger int, longer text, a str subclass, a list) is a
+    blob; a fresh saver reloads every value with its type."""
+    from novelforge_sessions.control.models import GraphBlob
+
+    class State(TypedDict, total=False):
+        n: int
+        flag: bool
+        nothing: None
+        name: str
+        ratio: float
+        big: int
+        long: str
+        mood: Mood
+        items: list[int]
+        turn: int
+
+    values = {"n": 2**53, "flag": True, "nothing": None, "name": "ü" * 256, "ratio": 1.0, "big": 2**53 + 1,
+              "long": "x" * 257, "mood": Mood.CALM, "items": [1, 2]}
+
+    def first(state: State) -> State:
+        return {**values, "turn": 1}
+
+    def again(state: State) -> State:
+        return {"turn": state["turn"] + 1}
+
+    builder = StateGraph(State)
+    builder.add_node("first", first)
+    builder.add_node("again", again)
+    builder.add_edge(START, "first")
+    builder.add_edge("first", "again")
+    builder.add_conditional_edges("again", lambda s: "again" if s["turn"] < 3 else END, ["again", END])
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token)
+    config = {"configurable": {"thread_id": "scalars"}}
+    builder.compile(checkpointer=saver).invoke({}, config, durability="sync")
+    saver.close()
+
+    latest = GraphCheckpoint.objects.filter(thread__thread_id="scalars").order_by("-checkpoint_id").first()
+    inline = latest.document["channel_values"]
+    assert {k: inline[k] for k in ("n", "flag", "nothing", "name", "turn")} == {
+        "n": 2**53, "flag": True, "nothing": None, "name": "ü" * 256, "turn": 3}
+    assert not {"ratio", "big", "long", "mood", "items"} & set(inline)
+    assert {"ratio", "big", "long", "mood", "items"} <= set(latest.document["blobs"])
+    stored = set(GraphBlob.objects.filter(thread__thread_id="scalars").values_list("channel", flat=True))
+    assert not {"n", "flag", "nothing", "name", "turn"} & stored
+    reloaded = NovelForgeSaver(url=graph_server.url, token=graph_token)
+    state = builder.compile(checkpointer=reloaded).get_state(config).values
+    reloaded.close()
+    assert state == {**values, "turn": 3}
+    assert {k: type(v) for k, v in state.items()} == {k: type(v) for k, v in {**values, "turn": 3}.items()}
+
+
+def test_scalars_past_one_put_s_inline_room_go_as_blobs_and_every_value_reloads(graph_server, graph_token):
+    """80 texts of 250 characters are more than one put carries inline (16 KiB): the rest go as
+    blobs, again on each put while unchanged, and a fresh saver reloads all of them."""
+    names = [f"s{i:02d}" for i in range(80)]
+    State = TypedDict("State", {**{name: str for name in names}, "turn": int}, total=False)  # type: ignore[misc]
+    texts = {name: (name * 84)[:250] for name in names}
+
+    def first(state: Any) -> Any:
+        return {**texts, "turn": 1}
+
+    def again(state: Any) -> Any:
+        return {"turn": state["turn"] + 1}
+
+    builder = StateGraph(State)
+    builder.add_node("first", first)
+    builder.add_node("again", again)
+    builder.add_edge(START, "first")
+    builder.add_edge("first", "again")
+    builder.add_conditional_edges("again", lambda s: "again" if s["turn"] < 3 else END, ["again", END])
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token)
+    config = {"configurable": {"thread_id": "many-scalars"}}
+    builder.compile(checkpointer=saver).invoke({}, config, durability="sync")
+    saver.close()
+
+    latest = GraphCheckpoint.objects.filter(thread__thread_id="many-scalars").order_by("-checkpoint_id").first()
+    inline, blobs = set(latest.document["channel_values"]) & set(names), set(latest.document["blobs"]) & set(names)
+    assert inline and blobs and inline | blobs == set(names) and not inline & blobs
+    reloaded = NovelForgeSaver(url=graph_server.url, token=graph_token)
+    assert builder.compile(checkpointer=reloaded).get_state(config).values == {**texts, "turn": 3}
     reloaded.close()
 
 

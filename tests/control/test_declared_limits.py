@@ -221,6 +221,20 @@ def _case_graph_checkpoint(owner, new_session, limit):
         {**GRAPH_PUT, "checkpoint": sized(limit, {"v": 1, "channel_versions": {}})}, "checkpoint"
 
 
+def _case_graph_values(owner, new_session, limit):
+    # Strings of at most 256 characters (each value's own bound) filling exactly `limit` bytes.
+    values: dict[str, str] = {}
+    while rt.json_size({**values, f"c{len(values):03d}": "x" * 256}) <= limit:
+        values[f"c{len(values):03d}"] = "x" * 256
+    last = f"c{len(values):03d}"
+    values[last] = ""
+    values[last] = "x" * (limit - rt.json_size(values))
+    assert rt.json_size(values) == limit and len(values[last]) <= 256
+    return "GraphPutIn", "/graph-threads/checkpoints", {
+        **GRAPH_PUT, "checkpoint": {"v": 1, "channel_versions": {channel: 1 for channel in values}}, "values": values,
+    }, "values"
+
+
 GRAPH_PUT = {"thread_id": "t-1", "checkpoint_id": "0001", "checkpoint": {"v": 1}, "open": {"task_mode": "drafting"}}
 
 #: x-max-bytes bound → how to send a value of exactly n bytes there (component, path, body, field named).
@@ -239,6 +253,7 @@ BYTE_CASES = {
     "ResultIn.result": _case_result,
     "GraphPutIn.metadata": _case_graph_metadata,
     "GraphPutIn.checkpoint": _case_graph_checkpoint,
+    "GraphPutIn.values": _case_graph_values,
 }
 #: Bounds proven elsewhere, each at and over its limit.
 BYTE_BOUNDS_TESTED_ELSEWHERE = {

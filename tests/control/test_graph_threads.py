@@ -108,6 +108,68 @@ def test_invalid_puts_are_422_naming_the_field_and_write_nothing(writer, change,
     assert snapshot() == before
 
 
+def test_small_scalars_put_inline_live_in_the_checkpoint_with_no_blob_version_row_or_ref(writer):
+    from novelforge_sessions.control.models import GraphBlob
+
+    scalars = {"step": 2**53, "done": False, "note": "é" * 256, "empty": None, "neg": -(2**53)}
+    versions = {**{ch: 1 for ch in scalars}, "messages": 1}
+    ok(writer.post("/graph-threads/checkpoints", put_body(versions=versions, blobs={"messages": "a long chat"},
+                                                          values=scalars)), 201)
+    [item] = get(writer, thread_id="t-1")
+    assert item["checkpoint"]["channel_values"] == scalars
+    assert set(item["blobs"]) == {"messages"}
+    assert list(GraphBlob.objects.values_list("channel", flat=True)) == ["messages"]
+    record = Checkpoint.objects.get(id=item["record_id"])
+    assert [r["fingerprint"] for r in record.artifacts] == [item["blobs"]["messages"]["fingerprint"]]
+    # the next put sends the unchanged scalars again and changes one; the blob is found at its version
+    ok(writer.post("/graph-threads/checkpoints", put_body("t-1", "0002", "0001", versions={**versions, "step": 2},
+                                                          values={**scalars, "step": 3})), 201)
+    newest, _ = get(writer, thread_id="t-1")
+    assert newest["checkpoint"]["channel_values"] == {**scalars, "step": 3}
+    assert base64.b64decode(newest["blobs"]["messages"]["data"]).decode() == "a long chat"
+    assert Checkpoint.objects.get(id=newest["record_id"]).artifacts == record.artifacts
+    # a retry of the same put is the same checkpoint; other values under its id are a conflict
+    ok(writer.post("/graph-threads/checkpoints", put_body("t-1", "0002", "0001", versions={**versions, "step": 2},
+                                                          values={**scalars, "step": 3})), 200)
+    refused(writer.post("/graph-threads/checkpoints", put_body("t-1", "0002", "0001", versions={**versions, "step": 2},
+                                                               values={**scalars, "step": 4})), 409,
+            "graph_checkpoint_conflict")
+
+
+@pytest.mark.parametrize(("values", "blobs", "field"), [
+    ({"a": 1.5}, {}, "values.a"),
+    ({"a": [1]}, {}, "values.a"),
+    ({"a": {"b": 1}}, {}, "values.a"),
+    ({"a": 2**53 + 1}, {}, "values.a"),
+    ({"a": "x" * 257}, {}, "values.a"),
+    ({"a": 1, "unversioned": 1}, {}, "values.unversioned"),
+    ({"a": 1}, {"a": "as a blob too"}, "values.a"),
+    ({"Messages": "hi"}, {}, "values.Messages"),
+])
+def test_a_value_put_inline_that_is_not_a_small_scalar_of_a_versioned_channel_is_422_and_writes_nothing(
+        writer, values, blobs, field):
+    before = snapshot()
+    err = refused(writer.post("/graph-threads/checkpoints", put_body(versions={"a": 1, "Messages": 1}, blobs=blobs,
+                                                                     values=values)),
+                  422, "validation_error")
+    assert field in str(err["details"]) or field in err["message"], err
+    assert snapshot() == before
+
+
+def test_inline_values_are_checked_by_the_action_as_the_schema_declares_them(project):
+    """The action's own checks (a caller past the API schema) refuse as the schema does."""
+    from novelforge_sessions.errors import ValidationFailed
+
+    who = caller_for(project)
+    for values, field in (({"a": 1.0}, "values.a"), ({"a": True, "b": 1}, "values.b"), ({"a": "x" * 257}, "values.a")):
+        with pytest.raises(ValidationFailed) as refusal:
+            graphs.put_checkpoint(who, thread_id="t-1", checkpoint_ns="", checkpoint_id="0001",
+                                  parent_checkpoint_id=None, checkpoint={"v": 1, "channel_versions": {"a": 1}},
+                                  metadata={}, blobs=[], open_spec=graphs.ThreadSpec(), values=values)
+        assert refusal.value.details["field"] == field
+    assert not GraphCheckpoint.objects.exists() and not Session.objects.exists()
+
+
 def test_an_unknown_thread_without_open_is_404_and_a_reader_is_403(writer, reader):
     before = snapshot()
     refused(writer.post("/graph-threads/checkpoints", put_body(open_=False)), 404, "not_found")
