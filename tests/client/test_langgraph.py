@@ -307,6 +307,27 @@ def test_the_saver_never_inlines_a_channel_the_server_keeps_out_of_its_rows():
     assert _inline_values({"Messages": "hi", "history": "", "step": 1}, versions) == {"step": 1}
 
 
+def _set_then_count(state: Any, values: dict[str, Any], server: Any, token: str, thread: str) -> tuple[Any, Any]:
+    """A graph that sets ``values`` with turn 1, then counts turns to 3 (the values unchanged), run
+    on a saver to its end: its builder, and the thread's latest stored graph checkpoint."""
+    def first(current: Any) -> Any:
+        return {**values, "turn": 1}
+
+    def again(current: Any) -> Any:
+        return {"turn": current["turn"] + 1}
+
+    builder = StateGraph(state)
+    builder.add_node("first", first)
+    builder.add_node("again", again)
+    builder.add_edge(START, "first")
+    builder.add_edge("first", "again")
+    builder.add_conditional_edges("again", lambda s: "again" if s["turn"] < 3 else END, ["again", END])
+    saver = NovelForgeSaver(url=server.url, token=token)
+    builder.compile(checkpointer=saver).invoke({}, {"configurable": {"thread_id": thread}}, durability="sync")
+    saver.close()
+    return builder, GraphCheckpoint.objects.filter(thread__thread_id=thread).order_by("-checkpoint_id").first()
+
+
 def test_small_scalars_travel_inline_and_come_back_as_they_were(graph_server, graph_token):
     """Small JSON scalars (None, a bool, an int up to 2**53, text up to 256 characters) ride in the
     checkpoint itself, as LangGraph's PostgreSQL saver keeps primitive values: no blob, no channel
@@ -328,25 +349,7 @@ def test_small_scalars_travel_inline_and_come_back_as_they_were(graph_server, gr
 
     values = {"n": 2**53, "flag": True, "nothing": None, "name": "ü" * 256, "ratio": 1.0, "big": 2**53 + 1,
               "long": "x" * 257, "mood": Mood.CALM, "items": [1, 2]}
-
-    def first(state: State) -> State:
-        return {**values, "turn": 1}
-
-    def again(state: State) -> State:
-        return {"turn": state["turn"] + 1}
-
-    builder = StateGraph(State)
-    builder.add_node("first", first)
-    builder.add_node("again", again)
-    builder.add_edge(START, "first")
-    builder.add_edge("first", "again")
-    builder.add_conditional_edges("again", lambda s: "again" if s["turn"] < 3 else END, ["again", END])
-    saver = NovelForgeSaver(url=graph_server.url, token=graph_token)
-    config = {"configurable": {"thread_id": "scalars"}}
-    builder.compile(checkpointer=saver).invoke({}, config, durability="sync")
-    saver.close()
-
-    latest = GraphCheckpoint.objects.filter(thread__thread_id="scalars").order_by("-checkpoint_id").first()
+    builder, latest = _set_then_count(State, values, graph_server, graph_token, "scalars")
     inline = latest.document["channel_values"]
     assert {k: inline[k] for k in ("n", "flag", "nothing", "name", "turn")} == {
         "n": 2**53, "flag": True, "nothing": None, "name": "ü" * 256, "turn": 3}
@@ -355,7 +358,7 @@ def test_small_scalars_travel_inline_and_come_back_as_they_were(graph_server, gr
     stored = set(GraphBlob.objects.filter(thread__thread_id="scalars").values_list("channel", flat=True))
     assert not {"n", "flag", "nothing", "name", "turn"} & stored
     reloaded = NovelForgeSaver(url=graph_server.url, token=graph_token)
-    state = builder.compile(checkpointer=reloaded).get_state(config).values
+    state = builder.compile(checkpointer=reloaded).get_state({"configurable": {"thread_id": "scalars"}}).values
     reloaded.close()
     assert state == {**values, "turn": 3}
     assert {k: type(v) for k, v in state.items()} == {k: type(v) for k, v in {**values, "turn": 3}.items()}
@@ -367,28 +370,11 @@ def test_scalars_past_one_put_s_inline_room_go_as_blobs_and_every_value_reloads(
     names = [f"s{i:02d}" for i in range(80)]
     State = TypedDict("State", {**{name: str for name in names}, "turn": int}, total=False)  # type: ignore[misc]
     texts = {name: (name * 84)[:250] for name in names}
-
-    def first(state: Any) -> Any:
-        return {**texts, "turn": 1}
-
-    def again(state: Any) -> Any:
-        return {"turn": state["turn"] + 1}
-
-    builder = StateGraph(State)
-    builder.add_node("first", first)
-    builder.add_node("again", again)
-    builder.add_edge(START, "first")
-    builder.add_edge("first", "again")
-    builder.add_conditional_edges("again", lambda s: "again" if s["turn"] < 3 else END, ["again", END])
-    saver = NovelForgeSaver(url=graph_server.url, token=graph_token)
-    config = {"configurable": {"thread_id": "many-scalars"}}
-    builder.compile(checkpointer=saver).invoke({}, config, durability="sync")
-    saver.close()
-
-    latest = GraphCheckpoint.objects.filter(thread__thread_id="many-scalars").order_by("-checkpoint_id").first()
+    builder, latest = _set_then_count(State, texts, graph_server, graph_token, "many-scalars")
     inline, blobs = set(latest.document["channel_values"]) & set(names), set(latest.document["blobs"]) & set(names)
     assert inline and blobs and inline | blobs == set(names) and not inline & blobs
     reloaded = NovelForgeSaver(url=graph_server.url, token=graph_token)
+    config = {"configurable": {"thread_id": "many-scalars"}}
     assert builder.compile(checkpointer=reloaded).get_state(config).values == {**texts, "turn": 3}
     reloaded.close()
 
