@@ -127,6 +127,7 @@ def test_byte_bounds_are_declared_from_their_constants_and_in_words(schema):
         "WriteIntentIn.params": intents.MAX_PARAMS_BYTES,
         "GraphPutIn.checkpoint": settings.CHECKPOINT_MAX_BYTES,
         "GraphPutIn.metadata": graphs.MAX_METADATA_BYTES,
+        "GraphPutIn.values": graphs.MAX_INLINE_VALUES_BYTES,
         "EvidenceIn.content": packets.MAX_EVIDENCE_BYTES,
     }
     assert dict(byte_bounds()) == expected

@@ -60,14 +60,20 @@ def test_langgraph_conformance_reports_all_eight_capabilities_passed(graph_serve
         assert result.detected and result.passed, (capability, result)
         assert result.tests_passed > 0 and result.tests_failed == 0, (capability, result)
     assert report.passed_all_base() and report.passed_all()
-    # Every thread the suite opened is a session; its checkpoints are bounded ones citing blobs.
+    # Every thread the suite opened is a session; its checkpoints are bounded ones citing blobs,
+    # with small scalars only inline (never a conversation's channel).
+    from novelforge_client.langgraph import _inlined
+    from novelforge_sessions import session_runtime as rt
+
     graphs = GraphCheckpoint.objects.select_related("record", "thread__session")
     assert graphs.exists()
     for g in graphs:
         assert g.record.session_id == g.thread.session_id
         assert g.record.cursor["graph"]["checkpoint_id"] == g.checkpoint_id
         assert sorted(r["fingerprint"] for r in g.record.artifacts) == sorted(set(g.document["blobs"].values()))
-        assert "channel_values" not in g.document
+        inline = g.document.get("channel_values", {})
+        assert all(_inlined(v) for v in inline.values()) and not {c.lower() for c in inline} & rt.TRANSCRIPT_KEYS
+        assert not set(inline) & set(g.document["blobs"])
     assert Artifact.objects.filter(kind="graph-blob").exists()
 
 
