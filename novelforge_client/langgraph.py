@@ -165,13 +165,19 @@ def _inlined(value: Any) -> bool:
     return False
 
 
+def _inlinable(channel: str, value: Any, versions: Mapping[str, Any]) -> bool:
+    """Whether a channel's value may go inline: it has a version, its name is not a
+    conversation's, and the value is :func:`_inlined` (what the server accepts inline)."""
+    return channel in versions and channel.lower() not in _CONVERSATION_CHANNELS and _inlined(value)
+
+
 def _inline_values(values: Mapping[str, Any], versions: Mapping[str, Any]) -> dict[str, Any]:
-    """The channel values a put sends inline: each with a version, :func:`_inlined`, in all
-    at most :data:`_INLINE_BYTES` of compact JSON (the rest go as blobs)."""
+    """The channel values a put sends inline: each :func:`_inlinable`, in all at most
+    :data:`_INLINE_BYTES` of compact JSON (the rest go as blobs)."""
     inline: dict[str, Any] = {}
     size = 2
     for channel, value in values.items():
-        if channel in versions and channel.lower() not in _CONVERSATION_CHANNELS and _inlined(value):
+        if _inlinable(channel, value, versions):
             more = len(json.dumps({channel: value}, separators=(",", ":"), ensure_ascii=False).encode())
             if size + more > _INLINE_BYTES:
                 continue
@@ -647,8 +653,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         # An unchanged value that could be inline but found no room in this put goes as a blob:
         # an earlier put may have carried it inline, and the server keeps no version row of those.
         sent += [(channel, versions[channel]) for channel, value in values.items()
-                 if channel not in inline and channel not in new_versions and channel in versions
-                 and channel.lower() not in _CONVERSATION_CHANNELS and _inlined(value)]
+                 if channel not in inline and channel not in new_versions and _inlinable(channel, value, versions)]
         # Serialized once, planned on each attempt (what the server holds may change between them).
         entries = [
             ({"channel": channel, "version": version},
