@@ -56,6 +56,10 @@ WARMUP_STEPS = 5
 BATCH_SIZE = 10
 P2_TRIES = 7
 READY_TIMEOUT_S = 180.0
+#: Clients keep stepping this long after the window closes (their steps then are not counted), so
+#: that the window's last CPU samples see the whole load, every client's PostgreSQL backend still
+#: connected: a backend that exits before it is sampled takes its CPU out of "own CPU".
+TAIL_S = 0.5
 #: The environment our server runs with: `make run`'s (DB_POOL_MAX_SIZE=10, the lean API path).
 SERVER_ENV = {"DB_POOL_MAX_SIZE": "10", "API_LEAN": "true", "LIVE_SWEEP_SECONDS": "60"}
 WORKLOADS = ("client", "raw", "batch", "mcp", "langgraph_ours", "langgraph_pg", "langgraph_ours_async",
@@ -103,7 +107,7 @@ def own_cpu_ticks(db_url: str) -> dict[int, int]:
 # ---------------------------------------------------------------- one client's clock
 class Clock:
     """Counts one client's steps inside the shared window (``window[0]`` start, ``window[1]`` end,
-    0 until the parent opens it) and says when to stop."""
+    0 until the parent opens it) and says when to stop (``TAIL_S`` after the window's end)."""
 
     def __init__(self, window: Any, ready: Any, index: int) -> None:
         self.window, self.ready, self.index = window, ready, index
@@ -128,7 +132,7 @@ class Clock:
 
     def running(self) -> bool:
         end = self.window[1]
-        return not end or time.monotonic() < end
+        return not end or time.monotonic() < end + TAIL_S
 
     def restart(self) -> None:
         """The next step's latency starts now (after a client's own set-up between steps)."""
