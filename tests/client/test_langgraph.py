@@ -304,6 +304,17 @@ def test_which_values_travel_inline_is_decided_by_exact_type_and_size():
         assert not _inlined(value), value
 
 
+def test_the_savers_inline_bounds_are_the_servers():
+    # The client package cannot import the server: its copies of the bounds are pinned here, so
+    # that a bound changed on one side only fails this test, not every put with a value past it.
+    from novelforge_client import langgraph as saver
+    from novelforge_sessions.control import graphs
+
+    assert saver._INLINE_INT == graphs.MAX_INLINE_INT
+    assert saver._INLINE_CHARS == graphs.MAX_INLINE_CHARS
+    assert 0 < saver._INLINE_BYTES < graphs.MAX_INLINE_VALUES_BYTES  # a margin under the server's limit
+
+
 def test_the_saver_never_inlines_a_channel_the_server_keeps_out_of_its_rows():
     from novelforge_client.langgraph import _CONVERSATION_CHANNELS, _inline_values
     from novelforge_sessions import session_runtime as rt
