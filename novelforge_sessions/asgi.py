@@ -23,10 +23,12 @@ requests run on the lean path's threads, which HTTP's ``/api/v1/`` uses too.
 With ``OTEL_*`` tracing asked for (``novelforge_sessions.tracing``), the whole application is
 wrapped, outermost, in OpenTelemetry's ASGI instrumentation; without it nothing is.
 
-Last, everything built so far is frozen out of the garbage collector's reach (``gc.freeze``).
+Last, the URLconf and the API socket's routes are built (not left to the first request), and
+everything built so far is frozen out of the garbage collector's reach (``gc.freeze``).
 """
 import gc
 import os
+from importlib import import_module
 
 from django.core.asgi import get_asgi_application
 
@@ -74,6 +76,12 @@ application = tracing.asgi(ProtocolTypeRouter(
         )),
     }
 ))
+
+# The URLconf (and through it every API route and its schemas) and the API socket's fast routes are
+# built now rather than by the first request, which would wait for them (about half a second on a
+# 2-core machine) and leave them outside the freeze below.
+import_module(settings.ROOT_URLCONF)
+api_socket.fast_routes()
 
 # Everything imported and built up to here (Django, the apps, the URLconf, the API's schemas:
 # a large heap) lives as long as the process. Left to the collector, every full collection would
