@@ -72,3 +72,31 @@ def test_a_list_is_sent_as_psycopgs_list_dumper_sends_it(sql: str, value: list[A
 def test_the_prepared_cursor_sends_lists_with_the_flat_dumper() -> None:
     with commit._prepared_cursor("default") as cursor:
         assert cursor.cursor.adapters.get_dumper(list, PyFormat.AUTO) is commit.FlatListDumper
+
+
+@pytest.mark.parametrize("value", [[1, 2], ["a", "b"], [], [None, "a"]], ids=repr)
+def test_a_cursor_that_sent_a_list_is_freed_at_once_not_left_to_the_garbage_collector(value: list[Any]) -> None:
+    """The flat dumper kept the cursor's adaptation context: every cursor that sent a list became
+    a reference cycle (some fifty objects per statement) that only a garbage collection freed, and
+    in a busy server those collections stopped it for tens of milliseconds. Its lists sent, with
+    the collector off, the cursor's adapters are gone as soon as the cursor is."""
+    import gc
+    import weakref
+
+    connection.ensure_connection()
+    gc.collect()
+    gc.disable()
+    try:
+        raw = psycopg.Cursor(connection.connection)
+        raw.adapters.register_dumper(int, Int8Dumper)
+        raw.adapters.register_dumper(list, commit.FlatListDumper)
+        with transaction.atomic():
+            raw.execute("SELECT %(x)s::text[], %(y)s::bigint[]", {"x": value, "y": [3, 4]}, prepare=True)
+            assert raw.fetchone() is not None
+        assert raw.adapters.get_dumper(list, PyFormat.AUTO) is commit.FlatListDumper
+        adapters = weakref.ref(raw.adapters)
+        raw.close()
+        del raw
+        assert adapters() is None
+    finally:
+        gc.enable()
