@@ -232,7 +232,7 @@ class _Frames:
 
     def _waiting(self) -> bool:
         pending = getattr(self.sock, "pending", None)  # TLS: bytes already decrypted
-        return bool(pending and pending()) or bool(select.select([self.sock], [], [], 0)[0])
+        return bool(pending and pending()) or _readable(self.sock)  # any descriptor number
 
     def _require_open(self) -> None:
         if self.protocol.state is not self._open_state:
@@ -368,7 +368,9 @@ class Wire:
 
 def _readable(sock: socket.socket | None) -> bool:
     """An idle keep-alive socket is readable only when the server closed it (or sent something
-    unasked): either way the next request must not be written to it."""
+    unasked): either way the next request must not be written to it. (The API socket asks the
+    same of its websocket between requests: pings to answer, a close.) A socket already closed
+    is readable: reading it says so."""
     if sock is None:
         return True
     try:

@@ -206,7 +206,7 @@ def _drop_dead_connections(dbs: list[Any]) -> None:
         if raw is None:
             continue
         try:
-            readable = bool(select.select([raw.fileno()], [], [], 0)[0])
+            readable = has_input(raw.fileno())
         except Exception:  # a closed or unusable connection (no descriptor)
             readable = True
         if readable or raw.closed:
@@ -215,6 +215,19 @@ def _drop_dead_connections(dbs: list[Any]) -> None:
             # request_started marked it unchecked; the select() above was this request's check,
             # so its first query makes no round trip of CONN_HEALTH_CHECKS' own.
             conn.health_check_done = True
+
+
+def has_input(fd: int) -> bool:
+    """Whether descriptor ``fd`` has something to read (or is closed) now, without waiting.
+
+    ``poll()``, which takes any descriptor number: ``select()`` refuses one past FD_SETSIZE
+    (1,024), which a server holding that many sockets gives every connection it opens later (so
+    each of them was taken for dead and dropped before every request)."""
+    if not hasattr(select, "poll"):  # no poll() (Windows): select(), below FD_SETSIZE
+        return bool(select.select([fd], [], [], 0)[0])
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _keep_or_close_connections(dbs: list[Any]) -> None:

@@ -194,3 +194,41 @@ def test_an_answer_cut_short_is_a_read_error_and_the_next_request_opens_a_new_so
     finally:
         sock.close()
     assert peer.connections == 2
+
+
+def test_a_socket_whose_descriptor_is_past_fd_setsize_is_used_as_any_other(peers: list[Peer]) -> None:
+    """An agent process holding more than 1,024 descriptors (an orchestrator of many agents, a
+    process with many files open) gets sockets numbered past FD_SETSIZE, which ``select()``
+    refuses: the check for what the server sent while the socket was idle made every request
+    after the first a ``ValueError``. It polls: the second request is answered."""
+    import os
+    import resource
+    import socket as sockets
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    high = 1500
+    if soft <= high:
+        if hard != resource.RLIM_INFINITY and hard <= high:
+            pytest.fail(f"this machine allows {hard} descriptors: the test needs more than {high}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (high + 1, hard))
+
+    def handler(conn: ServerConnection) -> None:
+        peer.answer(conn)
+        peer.answer(conn)
+
+    peer = Peer(handler)
+    peers.append(peer)
+    sock = socket_to(peer)
+    try:
+        assert sock.request("POST", "/a", b"{}") == (200, b"{}")
+        frames = sock._ws
+        old = frames.sock
+        frames.sock = sockets.socket(fileno=os.dup2(old.fileno(), high))  # the same connection, renumbered
+        frames.sock.settimeout(old.gettimeout())
+        old.close()
+        assert frames.sock.fileno() == high
+        assert sock.request("POST", "/b", b"{}") == (200, b"{}")
+    finally:
+        sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert [f["path"] for f in peer.seen] == ["/api/v1/a", "/api/v1/b"] and peer.connections == 1
