@@ -7,8 +7,9 @@ its own, each on its own session (with a live runtime) and open run: a checkpoin
 heartbeat every 10 s (their first ones spread over the period, after one unmeasured heartbeat that
 opens each client's connection), in ``AGENT_PROCESSES`` processes;
 plus ``--dashboards`` websockets subscribed to the project as the dashboard is (batched frames),
-in a process of their own. Our server is daphne as ``make run`` serves it
-(``bench/users.py``'s ``SERVER_ENV``), everything on this machine. A level of N **holds** when,
+in a process of their own. Our server is the goals table's (``--server``, from ``run.py``'s
+``--server`` through ``NFBENCH_SERVER``): uvicorn as production serves it, or daphne as ``make run``
+does, with ``bench/users.py``'s ``SERVER_ENV``; everything on this machine. A level of N **holds** when,
 over ``--hold`` seconds, every request succeeded, the p99 of every request's latency is ≤ 50 ms,
 and every dashboard received every event the project committed meanwhile (no gap). The ladder
 stops at the first level that does not hold; the row is the largest N that held.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -62,6 +64,12 @@ def agents_main(url: str, token: str, spec_path: str, hold: float) -> int:
                 await c.heartbeat(runtime_id)
             ready[0] += 1
             if ready[0] == len(agents):
+                # Every client's connection is open: what is alive now lives for the whole hold.
+                # Frozen out of the collector's reach, so that this process (hundreds of agents,
+                # where each real one runs on its own) does not stop them all for a full
+                # collection of every client's objects in the middle of the measurement.
+                gc.collect()
+                gc.freeze()
                 span[:] = [time.monotonic(), time.monotonic() + hold]
                 begin.set()
             await begin.wait()
@@ -188,7 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     setup_django(args.db_url)
     token, _, project_id = ours_fixture("fleet", 0)
-    server = Daphne(args.db_url, Path(args.log_file), extra_env=SERVER_ENV)
+    server = Daphne(args.db_url, Path(args.log_file), extra_env=SERVER_ENV, server=args.server)
     levels = []
     try:
         for n in args.ladder:
@@ -201,7 +209,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         server.stop()
     held = [lv["agents"] for lv in levels if lv["held"]]
-    return {"largest_held": max(held) if held else 0, "levels": levels, "hold_s": args.hold, "dashboards": args.dashboards}
+    return {"largest_held": max(held) if held else 0, "levels": levels, "hold_s": args.hold, "dashboards": args.dashboards,
+            "server": args.server}
 
 
 # ---------------------------------------------------------------- plug-in
@@ -228,7 +237,8 @@ def goals(quick: bool, server_url: str, argv: list[str] | None = None) -> list[d
     env = {**os.environ, "DATABASE_URL": db_url, "LOG_LEVEL": "WARNING"}
     with open(log_file, "ab") as err:
         subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, stdout=err, stderr=err, check=True)
-        proc = subprocess.run([sys.executable, __file__, "--db-url", db_url, "--log-file", str(log_file), *(argv or [])], cwd=ROOT,
+        proc = subprocess.run([sys.executable, __file__, "--db-url", db_url, "--log-file", str(log_file),
+                               "--server", os.environ.get("NFBENCH_SERVER", "uvicorn"), *(argv or [])], cwd=ROOT,
                               env={**os.environ, "LOG_LEVEL": "WARNING"}, stdout=subprocess.PIPE, stderr=err, text=True,
                               timeout=3600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -238,7 +248,7 @@ def goals(quick: bool, server_url: str, argv: list[str] | None = None) -> list[d
     detail = "; ".join(f"{lv['agents']}: p99 {lv['p99_ms']} ms, {lv['errors']} errors, {lv['stream_gaps']} gaps"
                        f"{'' if lv['held'] else ' (not held)'}" for lv in r["levels"])
     return [{"goal": goal, "measured": f"{r['largest_held']} agents", "target": target, "met": None,
-             "detail": f"largest N held (informational); ladder {detail}"}]
+             "detail": f"largest N held (informational, {r['server']}); ladder {detail}"}]
 
 
 def main() -> int:
@@ -250,6 +260,8 @@ def main() -> int:
     parser.add_argument("--hold", type=float, default=120.0)
     parser.add_argument("--ladder", type=lambda s: [int(x) for x in s.split(",")], default=[100, 200, 400, 800, 1600])
     parser.add_argument("--dashboards", type=int, default=50)
+    parser.add_argument("--server", choices=["uvicorn", "daphne"], default="uvicorn",
+                        help="uvicorn as production serves it (python -m novelforge_sessions.serve), or daphne as make run")
     parser.add_argument("--log-file", default=str(BENCH_DIR / "results" / "fleet.log"))
     args = parser.parse_args()
     print("RESULT " + json.dumps(run(args)), flush=True)

@@ -447,6 +447,7 @@ def goals_main(args: argparse.Namespace) -> int:
     if not args.no_plugins:
         log("plug-in modules ...")
         os.environ["NFBENCH_DB_PREFIX"] = args.db_prefix
+        os.environ["NFBENCH_SERVER"] = args.server  # the fleet's server: the goals table's
         plugins = goals.plugin_rows(args.quick, server)
     rows = goals.summarise(rounds, [d for d in drift if "error" not in d], plugins, counted["p2"], counted["p3"])
     workloads = goals.workload_rows(rounds)
