@@ -68,6 +68,14 @@ def test_a_value_starting_with_a_dollar_sign_is_taken_as_written():
     assert result.stdout.splitlines() == [key, "$PATH-and-sixteen-more", "['$HOME', 'example.org']"]
 
 
+def _served_process_says(probe: str) -> list[str]:
+    """The lines ``probe`` prints, run in a fresh interpreter (as a server process starts)."""
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=dict(os.environ),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
 def test_the_served_application_is_built_then_frozen_out_of_the_collectors_reach():
     """``novelforge_sessions.asgi`` ends with ``gc.freeze()``: a full collection in a server then
     scans what requests allocate, not the start-up heap."""
@@ -75,10 +83,7 @@ def test_the_served_application_is_built_then_frozen_out_of_the_collectors_reach
         "import gc; before = gc.get_freeze_count(); default = gc.get_threshold(); import novelforge_sessions.asgi; "
         "print(before, gc.get_freeze_count(), len(gc.get_objects())); print(default, gc.get_threshold())"
     )
-    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=dict(os.environ),
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    counts, thresholds = result.stdout.splitlines()
+    counts, thresholds = _served_process_says(probe)
     before, frozen, tracked = map(int, counts.split())
     assert before == 0
     assert frozen > 50_000  # Django, the apps, channels and the URLconf
@@ -102,10 +107,7 @@ def test_the_urlconf_and_the_api_socket_routes_are_built_before_the_freeze_not_b
         "print(urls is not None, built, id(urls.urlpatterns) in tracked, id(socket.fast_routes()) in tracked); "
         "resolve('/api/v1/runs/1/checkpoints'); print(sorted(set(sys.modules) - loaded))"
     )
-    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=dict(os.environ),
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    imported, new_modules = result.stdout.splitlines()
+    imported, new_modules = _served_process_says(probe)
     assert imported == "True 1 False False"  # imported, built, and neither left to the collector
     assert new_modules == "[]"
 
