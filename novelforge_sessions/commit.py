@@ -25,7 +25,6 @@ statement is sent and just after it returns, only when the statement is its own 
 """
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any
 
