@@ -124,10 +124,11 @@ class FlatListDumper(Dumper):
     unchanged. Public adaptation API only (``Dumper.get_key``/``upgrade``); the output is pinned
     against ``ListDumper``'s by ``tests/control/test_commit.py``.
 
-    It keeps no reference to the cursor's adaptation context of its own (only psycopg's
-    ``ListDumper`` does, as psycopg's cursors have it): kept here, it tied every cursor that sent a
-    list into a reference cycle, some fifty objects a statement left for the garbage collector
-    instead of freed at once (the collections it brought stopped a busy server for tens of ms)."""
+    It keeps no reference to the cursor's adaptation context (the fallback ``ListDumper``, built
+    with it, takes what it needs into a transformer of its own, as it does in psycopg's cursors):
+    kept here, the context tied every cursor that sent a list into a reference cycle, some fifty
+    objects a statement left for the garbage collector instead of freed at once (the collections
+    it brought stopped a busy server for tens of ms)."""
 
     def __init__(self, cls: type, context: AdaptContext | None = None):
         super().__init__(cls, context)

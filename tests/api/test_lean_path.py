@@ -185,36 +185,26 @@ def test_a_held_connection_numbered_past_fd_setsize_is_kept_not_taken_for_dead()
     gives each database connection it opens later a descriptor past FD_SETSIZE, which
     ``select()`` refuses: the idle check took every such connection for dead and dropped it
     before every request. Polled, a live one is kept, and one the server ended is still dropped."""
-    import os
-    import resource
-
     import psycopg
     from django.db import connections
 
     from novelforge_sessions.api import asgi
+    from tests.support.descriptors import FD_SETSIZE, descriptors_up_to
     from tests.support.servers import database_url
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft <= 1300:
-        if hard != resource.RLIM_INFINITY and hard <= 1300:
-            pytest.fail(f"this machine allows {hard} descriptors: the test needs more than 1,300")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (1301, hard))
-    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the next descriptors are past 1,024
-    conn = connections.create_connection("default")
-    try:
-        conn.ensure_connection()
-        held = conn.connection
-        assert held.fileno() > 1024
-        asgi._drop_dead_connections([conn])
-        assert conn.connection is held  # alive: kept
-        assert asgi.has_input(held.fileno()) is False
-        with psycopg.connect(database_url(), autocommit=True) as other:
-            other.execute("SELECT pg_terminate_backend(%s, 10000)", [held.info.backend_pid])
-        assert asgi.has_input(held.fileno()) is True  # the server's FATAL and its close
-        asgi._drop_dead_connections([conn])
-        assert conn.connection is None  # ended: dropped
-    finally:
-        conn.close()
-        for fd in filler:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with descriptors_up_to(1300, taken=1100):  # the next descriptors are past 1,024
+        conn = connections.create_connection("default")
+        try:
+            conn.ensure_connection()
+            held = conn.connection
+            assert held.fileno() > FD_SETSIZE
+            asgi._drop_dead_connections([conn])
+            assert conn.connection is held  # alive: kept
+            assert asgi.has_input(held.fileno()) is False
+            with psycopg.connect(database_url(), autocommit=True) as other:
+                other.execute("SELECT pg_terminate_backend(%s, 10000)", [held.info.backend_pid])
+            assert asgi.has_input(held.fileno()) is True  # the server's FATAL and its close
+            asgi._drop_dead_connections([conn])
+            assert conn.connection is None  # ended: dropped
+        finally:
+            conn.close()

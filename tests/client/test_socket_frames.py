@@ -202,15 +202,11 @@ def test_a_socket_whose_descriptor_is_past_fd_setsize_is_used_as_any_other(peers
     refuses: the check for what the server sent while the socket was idle made every request
     after the first a ``ValueError``. It polls: the second request is answered."""
     import os
-    import resource
     import socket as sockets
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    from tests.support.descriptors import descriptors_up_to
+
     high = 1500
-    if soft <= high:
-        if hard != resource.RLIM_INFINITY and hard <= high:
-            pytest.fail(f"this machine allows {hard} descriptors: the test needs more than {high}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (high + 1, hard))
 
     def handler(conn: ServerConnection) -> None:
         peer.answer(conn)
@@ -218,17 +214,17 @@ def test_a_socket_whose_descriptor_is_past_fd_setsize_is_used_as_any_other(peers
 
     peer = Peer(handler)
     peers.append(peer)
-    sock = socket_to(peer)
-    try:
-        assert sock.request("POST", "/a", b"{}") == (200, b"{}")
-        frames = sock._ws
-        old = frames.sock
-        frames.sock = sockets.socket(fileno=os.dup2(old.fileno(), high))  # the same connection, renumbered
-        frames.sock.settimeout(old.gettimeout())
-        old.close()
-        assert frames.sock.fileno() == high
-        assert sock.request("POST", "/b", b"{}") == (200, b"{}")
-    finally:
-        sock.close()
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with descriptors_up_to(high):
+        sock = socket_to(peer)
+        try:
+            assert sock.request("POST", "/a", b"{}") == (200, b"{}")
+            frames = sock._ws
+            old = frames.sock
+            frames.sock = sockets.socket(fileno=os.dup2(old.fileno(), high))  # the same connection, renumbered
+            frames.sock.settimeout(old.gettimeout())
+            old.close()
+            assert frames.sock.fileno() == high
+            assert sock.request("POST", "/b", b"{}") == (200, b"{}")
+        finally:
+            sock.close()
     assert [f["path"] for f in peer.seen] == ["/api/v1/a", "/api/v1/b"] and peer.connections == 1
