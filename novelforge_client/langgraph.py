@@ -45,7 +45,9 @@ when a ``transport``/``async_transport`` is given or the environment sets a prox
 Values travel once: each is named by its fingerprint (the sha256 of its content, as the server
 computes it). A value the server holds (this saver sent it, or the server said so) is sent by
 fingerprint only; a new small one rides inline in the put or write itself; a value too large for
-one request body is uploaded first in chunks (``POST /graph-blobs``), then named. A task's
+one request body is uploaded first in chunks (``POST /graph-blobs``), then named. A small scalar
+(``None``, a bool, a small int, a short str) needs no blob: a put carries its channels' ones in the
+checkpoint itself (``values``), a task's write in its own row (``scalar``). A task's
 ordinary writes are held for the put that follows them and ride in its body (``hold_writes``,
 sync and async alike), so a superstep costs one request, unless a value is larger than what fits
 inline.
@@ -139,6 +141,10 @@ _LOST = (RuntimeNotLive, StaleRuntime, NotFound)
 _INLINE_INT = 2**53
 _INLINE_CHARS = 256
 _INLINE_BYTES = 16 * 1024 - 512
+#: A task's write whose value is such a scalar is kept in the write's own row (``scalar``: no
+#: blob to serialize, send, store or lock), up to this many bytes of them per task (the rest go
+#: as blobs), so a put carrying held tasks' writes stays far under the body limit.
+_WRITE_SCALAR_BYTES = 2 * 1024
 #: Channels named like a conversation or private reasoning are always blobs (the server keeps
 #: them out of its checkpoint rows: ``session_runtime.TRANSCRIPT_KEYS``, compared lowercased).
 _CONVERSATION_CHANNELS = frozenset({
@@ -232,7 +238,7 @@ class _Held:
     checkpoint_id: str
     task_id: str
     task_path: str
-    entries: list[tuple[dict[str, Any], _Value]]
+    entries: list[tuple[dict[str, Any], _Value | None]]
 
 
 @dataclass
@@ -499,16 +505,16 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             for fp in fingerprints:
                 self._known.pop(fp, None)
 
-    def _plan(self, body: dict[str, Any], key: str, entries: list[tuple[dict[str, Any], _Value]], *,
+    def _plan(self, body: dict[str, Any], key: str, entries: list[tuple[dict[str, Any], _Value | None]], *,
               wait: bool) -> _Plan:
         return self._plan_lists(body, [entries], lambda items: {**body, key: items[0]}, wait=wait)
 
-    def _plan_lists(self, body: dict[str, Any], lists: list[list[tuple[dict[str, Any], _Value]]],
+    def _plan_lists(self, body: dict[str, Any], lists: list[list[tuple[dict[str, Any], _Value | None]]],
                     build: Callable[[list[list[dict[str, Any]]]], dict[str, Any]], *, wait: bool) -> _Plan:
         """:meth:`_plan` of a body holding several lists of entries (a put carrying tasks' writes:
         ``build`` makes the body from the lists' items). A value travels once per body, in the
-        first list that holds it (the writes, which the server stores first)."""
-        entries = [e for group in lists for e in group]
+        first list that holds it (the writes, which the server stores first). An entry without a
+        value (a write's ``scalar``) is sent as it is."""
         """Fill ``body[key]`` with the entries, each value by fingerprint when the server holds it,
         inline while the body stays under the limit (smallest first), else by fingerprint after
         a chunked upload.
@@ -518,13 +524,14 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         request of this saver is carrying is waited for (``wait``) and then named, not sent twice.
         Requests are planned one at a time and wait only for requests planned before them, so no
         two wait for each other."""
-        fixed = len(json.dumps(body)) + sum(len(json.dumps(e)) + 100 for e, _ in entries)
+        fixed = len(json.dumps(body)) + sum(len(json.dumps(e)) + 100 for group in lists for e, _ in group)
+        entries = [(e, v) for group in lists for e, v in group if v is not None]
         budget = self.max_body_bytes - _BODY_MARGIN - fixed
         inline: set[str] = set()
         uploads: dict[str, _Value] = {}
         plan = _Plan({}, [], [], sorted({v.fingerprint for _, v in entries}))
         with self._known_lock:
-            for _, v in sorted(entries, key=lambda e: e[1].size):
+            for v in sorted((v for _, v in entries), key=lambda v: v.size):
                 fp = v.fingerprint
                 if fp in inline or fp in uploads:
                     continue
@@ -546,12 +553,14 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         lists_items: list[list[dict[str, Any]]] = []
         for group in lists:
             items = []
-            for entry, v in group:
-                if v.fingerprint in inline:
-                    items.append({**entry, "value": {"serde": v.serde, "data": v.data}})
-                    inline.discard(v.fingerprint)  # a value repeated in one body travels once
+            for entry, value in group:
+                if value is None:
+                    items.append(entry)
+                elif value.fingerprint in inline:
+                    items.append({**entry, "value": {"serde": value.serde, "data": value.data}})
+                    inline.discard(value.fingerprint)  # a value repeated in one body travels once
                 else:
-                    items.append({**entry, "fingerprint": v.fingerprint})
+                    items.append({**entry, "fingerprint": value.fingerprint})
             lists_items.append(items)
         plan.body = build(lists_items)
         plan.uploads = list(uploads.values())
@@ -655,7 +664,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         sent += [(channel, versions[channel]) for channel, value in values.items()
                  if channel not in inline and channel not in new_versions and _inlinable(channel, value, versions)]
         # Serialized once, planned on each attempt (what the server holds may change between them).
-        entries = [
+        entries: list[tuple[dict[str, Any], _Value | None]] = [
             ({"channel": channel, "version": version},
              self._value(values[channel]) if channel in values else _value_of("empty", ""))
             for channel, version in sent
@@ -692,12 +701,24 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         return self._task_writes_plan(str(conf["thread_id"]), conf.get("checkpoint_ns", ""), conf["checkpoint_id"],
                                       task_id, task_path, self._write_entries(writes))
 
-    def _write_entries(self, writes: Sequence[tuple[str, Any]]) -> list[tuple[dict[str, Any], _Value]]:
-        return [({"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel}, self._value(value))
-                for i, (channel, value) in enumerate(writes)]
+    def _write_entries(self, writes: Sequence[tuple[str, Any]]) -> list[tuple[dict[str, Any], _Value | None]]:
+        """A task's writes as entries: a small scalar in the entry itself (``scalar``, up to
+        :data:`_WRITE_SCALAR_BYTES` of them), any other value serialized, to be planned."""
+        entries: list[tuple[dict[str, Any], _Value | None]] = []
+        size = 0
+        for i, (channel, value) in enumerate(writes):
+            entry = {"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel}
+            if channel.lower() not in _CONVERSATION_CHANNELS and _inlined(value):
+                more = len(json.dumps(value, ensure_ascii=False).encode())
+                if size + more <= _WRITE_SCALAR_BYTES:
+                    size += more
+                    entries.append(({**entry, "scalar": value}, None))
+                    continue
+            entries.append((entry, self._value(value)))
+        return entries
 
     def _task_writes_plan(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, task_id: str, task_path: str,
-                          entries: list[tuple[dict[str, Any], _Value]]) -> Callable[[bool], _Plan]:
+                          entries: list[tuple[dict[str, Any], _Value | None]]) -> Callable[[bool], _Plan]:
         """A ``POST /graph-threads/writes`` of one task's writes (sent now, or held ones sent on their own)."""
         body = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id,
                 "task_id": task_id, "task_path": task_path, "open": self.thread_spec.open_body()}
@@ -720,7 +741,9 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         return CheckpointTuple(
             # the server answers the checkpoint's own fields (its blobs loaded above)
             config=config, checkpoint=cast("Checkpoint", document), metadata=item["metadata"], parent_config=parent,
-            pending_writes=[(w["task_id"], w["channel"], self._load(w)) for w in writes],
+            # a write kept as a scalar has no blob (``fingerprint`` null)
+            pending_writes=[(w["task_id"], w["channel"], w.get("scalar") if w.get("fingerprint") is None else self._load(w))
+                            for w in writes],
         )
 
     @staticmethod

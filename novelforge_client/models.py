@@ -510,9 +510,10 @@ class GraphPendingWriteOut(ResponseModel):
     task_path: str
     idx: int
     channel: str
-    fingerprint: str
-    serde: str
-    data: str
+    fingerprint: str | None = Field(description="the value's blob (`serde`, `data`); null when it was written as a `scalar`")
+    serde: str | None
+    data: str | None
+    scalar: int | str | bool | None = Field(default=None, description='the value written as a scalar (when `fingerprint` is null)')
 
 
 class GraphPruneIn(RequestModel):
@@ -606,8 +607,9 @@ class GraphWriteIn(RequestModel):
 
     idx: int = Field(description="the write's index in the task (LangGraph's special channels use negative ones)")
     channel: str
-    value: GraphBlobIn | None = Field(default=None, description='the value inline (or `fingerprint`)')
+    value: GraphBlobIn | None = Field(default=None, description='the value inline (or `fingerprint`, or `scalar`)')
     fingerprint: str | None = Field(default=None, description='the fingerprint of a blob the project holds: `sha256:` and the hex sha256 of the compact JSON `{"data":<base64>,"serde":<tag>}` (keys sorted, no spaces); unknown: 409 `graph_blob_missing`')
+    scalar: int | str | bool | None = Field(default=None, description="the value itself, kept in the write's row with no blob, when it is a small JSON scalar: `null` (present), a boolean, an integer of at most 2**53 in magnitude or a string of at most 256 characters, on a channel not named like a conversation (`messages`, `history`, …)")
 
 
 class GraphWritesIn(RequestModel):

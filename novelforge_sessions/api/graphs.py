@@ -46,8 +46,9 @@ class GraphBlobIn(Strict):
 #: (keys sorted, no spaces), as ``control/graphs.blob_content`` builds it.
 FINGERPRINT_DOC = ('the fingerprint of a blob the project holds: `sha256:` and the hex sha256 of the compact JSON '
                    '`{"data":<base64>,"serde":<tag>}` (keys sorted, no spaces); unknown: 409 `graph_blob_missing`')
-#: Exactly one of the value and the fingerprint.
+#: Exactly one of the value and the fingerprint (a write: or its scalar).
 ONE_OF_VALUE = {"oneOf": [{"required": ["value"]}, {"required": ["fingerprint"]}]}
+ONE_OF_WRITE_VALUE = {"oneOf": [{"required": ["value"]}, {"required": ["fingerprint"]}, {"required": ["scalar"]}]}
 
 
 #: A channel version as ``control/graphs.py`` measures it (``_version_key``).
@@ -143,13 +144,17 @@ class GraphPutOut(Schema):
 
 
 class GraphWriteIn(Strict):
-    model_config = {"json_schema_extra": ONE_OF_VALUE}
+    model_config = {"json_schema_extra": ONE_OF_WRITE_VALUE}
 
     idx: int = Field(..., ge=-(2**31), le=2**31 - 1, description="the write's index in the task (LangGraph's special "
                      "channels use negative ones)")
     channel: str = Field(..., min_length=1, max_length=200)
-    value: GraphBlobIn | None = Field(None, description="the value inline (or `fingerprint`)")
+    value: GraphBlobIn | None = Field(None, description="the value inline (or `fingerprint`, or `scalar`)")
     fingerprint: str | None = Field(None, description=FINGERPRINT_DOC, json_schema_extra=FINGERPRINT)
+    scalar: InlineValue = Field(
+        None, description=f"the value itself, kept in the write's row with no blob, when it is a small JSON scalar: "
+        f"`null` (present), a boolean, an integer of at most 2**53 in magnitude or a string of at most "
+        f"{actions.MAX_INLINE_CHARS} characters, on a channel not named like a conversation (`messages`, `history`, …)")
 
 
 class GraphTaskWritesIn(Strict):
@@ -216,9 +221,11 @@ class GraphPendingWriteOut(Schema):
     task_path: str
     idx: int
     channel: str
-    fingerprint: str
-    serde: str
-    data: str
+    fingerprint: str | None = Field(..., description="the value's blob (`serde`, `data`); null when it was written "
+                                    "as a `scalar`")
+    serde: str | None
+    data: str | None
+    scalar: InlineValue = Field(None, description="the value written as a scalar (when `fingerprint` is null)")
 
 
 class GraphCheckpointOut(Schema):
@@ -302,6 +309,12 @@ def _blob(b: GraphBlobIn | None) -> actions.Blob | None:
     return actions.Blob(serde=b.serde, data=b.data) if b is not None else None
 
 
+def _write(w: GraphWriteIn) -> actions.WriteSpec:
+    """A write as sent; its ``scalar`` counts when present, ``null`` included."""
+    return actions.WriteSpec(idx=w.idx, channel=w.channel, value=_blob(w.value), fingerprint=w.fingerprint,
+                             scalar=actions.Scalar(w.scalar) if "scalar" in w.model_fields_set else None)
+
+
 def _out(items: list[GraphCheckpoint], project_ids) -> list[dict[str, Any]]:
     contents = actions.blob_contents(project_ids, {fp for g in items for fp in g.document.get("blobs", {}).values()})
     pending = actions.writes_of(items)
@@ -312,9 +325,12 @@ def _out(items: list[GraphCheckpoint], project_ids) -> list[dict[str, Any]]:
             blobs[channel] = {"fingerprint": fp, **contents[fp]}
         writes = []
         for w in pending.get((g.thread_id, g.checkpoint_ns, g.checkpoint_id), []):
-            stored = json.loads(w.value.content)
-            writes.append({"task_id": w.task_id, "task_path": w.task_path, "idx": w.idx, "channel": w.channel,
-                           "fingerprint": w.value.fingerprint, **stored})
+            write = {"task_id": w.task_id, "task_path": w.task_path, "idx": w.idx, "channel": w.channel}
+            if w.value is None:
+                write.update(fingerprint=None, serde=None, data=None, scalar=json.loads(w.scalar))
+            else:
+                write.update(fingerprint=w.value.fingerprint, **json.loads(w.value.content))
+            writes.append(write)
         out.append({
             "thread_id": g.thread.thread_id, "checkpoint_ns": g.checkpoint_ns, "checkpoint_id": g.checkpoint_id,
             "parent_checkpoint_id": g.parent_checkpoint_id or None, "session_id": g.thread.session_id,
@@ -346,8 +362,7 @@ def put_answer(who: Caller, body: GraphPutIn) -> tuple[int, dict[str, Any]]:
                                        fingerprint=b.fingerprint) for b in body.blobs],
             open_spec=open_spec, values=body.values,
             writes=[actions.TaskWrites(checkpoint_id=t.checkpoint_id, task_id=t.task_id, task_path=t.task_path,
-                                       writes=[actions.WriteSpec(idx=w.idx, channel=w.channel, value=_blob(w.value),
-                                                                 fingerprint=w.fingerprint) for w in t.writes])
+                                       writes=[_write(w) for w in t.writes])
                     for t in body.writes],
         )
         span.set(session_id=stored.thread.session_id, checkpoint_id=stored.graph.record_id,
@@ -375,8 +390,7 @@ def writes_answer(who: Caller, body: GraphWritesIn) -> tuple[int, dict[str, Any]
         stored = actions.put_writes(
             who, thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns,
             checkpoint_id=body.checkpoint_id, task_id=body.task_id, task_path=body.task_path,
-            writes=[actions.WriteSpec(idx=w.idx, channel=w.channel, value=_blob(w.value), fingerprint=w.fingerprint)
-                    for w in body.writes],
+            writes=[_write(w) for w in body.writes],
             open_spec=actions.ThreadSpec(**body.open.model_dump()) if body.open is not None else None,
         )
         span.set(stored=stored)

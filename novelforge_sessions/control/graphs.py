@@ -12,8 +12,8 @@ Built for LangGraph's checkpointer interface (``novelforge_client.langgraph``), 
   value is stored once per project, and the checkpoint stays bounded however large the state;
 * a **pending write** (``put_writes``) is a :class:`GraphWrite` beside the immutable checkpoint
   (keyed by the graph checkpoint id: it may arrive before the checkpoint has landed),
-  its value a blob too; ``(task_id, idx)`` is stored once (LangGraph's special channels, negative
-  ``idx``, keep their latest value);
+  its value a blob too, or a small scalar kept in its own row; ``(task_id, idx)`` is stored once
+  (LangGraph's special channels, negative ``idx``, keep their latest value);
 * **deleting a thread** closes the session's live runtime and forgets the session (its runs,
   checkpoints and graph rows); its blobs stay until garbage collection finds nothing citing them
   (``control/graph_gc.py``, a step of every reconciler pass);
@@ -152,13 +152,22 @@ class ChannelBlob:
 
 
 @dataclass(frozen=True)
+class Scalar:
+    """A write's value kept in its row: a small JSON scalar (``MAX_INLINE_*``), ``None`` included."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
 class WriteSpec:
-    """A pending write: its value inline, or the fingerprint of a blob the project holds."""
+    """A pending write: its value inline as a blob, the fingerprint of a blob the project holds,
+    or a small scalar kept in the write's own row (exactly one of the three)."""
 
     idx: int
     channel: str
     value: Blob | None = None
     fingerprint: str | None = None
+    scalar: Scalar | None = None
 
 
 @dataclass(frozen=True)
@@ -333,6 +342,26 @@ def _check_open(spec: ThreadSpec | None) -> None:
         raise type(exc)(exc.message, **details) from None
 
 
+def _check_scalar(channel: str, value: Any, where: str) -> None:
+    """A value kept inline (a put's ``values``, a write's ``scalar``) is a small JSON scalar
+    (``MAX_INLINE_*``) of a channel not named like a conversation (422 naming ``where``)."""
+    if channel.lower() in rt.TRANSCRIPT_KEYS:
+        raise ValidationFailed("a channel named like a conversation (messages, history, …) is a blob, never inline",
+                               field=where)
+    if type(value) is int:
+        if abs(value) > MAX_INLINE_INT:
+            raise ValidationFailed("an integer inline is at most 2**53 in magnitude: send it as a blob",
+                                   field=where, limit=MAX_INLINE_INT)
+    elif type(value) is str:
+        if len(value) > MAX_INLINE_CHARS:
+            raise ValidationFailed(f"a string inline is at most {MAX_INLINE_CHARS} characters: send it as a blob",
+                                   field=where, limit=MAX_INLINE_CHARS)
+        check(rt.check_storable_text, value, where)
+    elif value is not None and type(value) is not bool:
+        raise ValidationFailed("a value inline is null, a boolean, an integer or a string: send others as blobs",
+                               field=where)
+
+
 def _inline_values(values: Mapping[str, Any] | None, versions: Mapping[str, Any]) -> dict[str, Any]:
     """The channel values a put carries inline (``MAX_INLINE_*``), checked: each names a channel
     the checkpoint has a version for and is a small JSON scalar (422 naming ``values.<channel>``)."""
@@ -344,20 +373,7 @@ def _inline_values(values: Mapping[str, Any] | None, versions: Mapping[str, Any]
         where = f"values.{channel}"
         if channel not in versions:  # the checkpoint's own channel names are checked (_document)
             raise ValidationFailed("a value inline names a channel the checkpoint has a version for", field=where)
-        if channel.lower() in rt.TRANSCRIPT_KEYS:
-            raise ValidationFailed("a channel named like a conversation (messages, history, …) is a blob, never inline",
-                                   field=where)
-        if type(value) is int:
-            if abs(value) > MAX_INLINE_INT:
-                raise ValidationFailed("an integer inline is at most 2**53 in magnitude: send it as a blob",
-                                       field=where, limit=MAX_INLINE_INT)
-        elif type(value) is str:
-            if len(value) > MAX_INLINE_CHARS:
-                raise ValidationFailed(f"a string inline is at most {MAX_INLINE_CHARS} characters: send it as a blob",
-                                       field=where, limit=MAX_INLINE_CHARS)
-        elif value is not None and type(value) is not bool:
-            raise ValidationFailed("a value inline is null, a boolean, an integer or a string: send others as blobs",
-                                   field=where)
+        _check_scalar(channel, value, where)
     inline = dict(sorted(values.items()))
     check(rt.validate_metadata, inline, "values", MAX_INLINE_VALUES_BYTES)
     return inline
@@ -767,12 +783,14 @@ def put_checkpoint(
 #: blobs' artifacts locked FOR KEY SHARE (garbage collection waits for the commit; one it
 #: collected meanwhile is not held: stored again when inline, else ``missing``); the new
 #: inline blobs inserted (skipped when a value names a blob the project does not hold:
-#: ``missing``); the values resolved to the blobs' versions; writes with a non-negative index
+#: ``missing``); the values resolved to the blobs' versions (a scalar write keeps its JSON text in
+#: its own row: no blob to look up, lock or insert); writes with a non-negative index
 #: stored once (a repeated (task, idx) is the same write delivered again), LangGraph's special
 #: channels (negative index: error, interrupt, resume…) keep the latest value. A content another
 #: writer committed while this statement ran is skipped by the insert and not in its snapshot
-#: (``unresolved``): then no write is stored and the statement is sent again.
-_PUT_WRITES_SQL = f"""
+#: (``unresolved``): then no write is stored and the statement is sent again. Sent ``compact``, so
+#: that psycopg keeps its parsing (``commit.PARSE_CACHED_BYTES``).
+_PUT_WRITES_SQL = commit.compact(f"""
 WITH reach AS MATERIALIZED (
     SELECT t.id, t.project_id FROM {_GT} t JOIN {Session._meta.db_table} s ON s.id = t.session_id
      WHERE t.thread_id = %(thread_id)s AND t.project_id = ANY(%(projects)s)
@@ -787,7 +805,7 @@ WITH reach AS MATERIALIZED (
          WHERE a.project_id = (SELECT o.project_id FROM ok o) AND a.name = '{BLOB_PREFIX}' || n.fp
            FOR KEY SHARE OF a
     ) AS value_id
-    FROM (SELECT DISTINCT u.fp FROM unnest(%(fps)s::text[]) AS u(fp)) n
+    FROM (SELECT DISTINCT u.fp FROM unnest(%(fps)s::text[]) AS u(fp) WHERE u.fp IS NOT NULL) n
 ), missing AS MATERIALIZED (
     SELECT array_agg(h.fp ORDER BY h.fp) AS fps FROM held h
      WHERE h.value_id IS NULL AND h.fp <> ALL(%(blob_fps)s::text[])
@@ -807,29 +825,34 @@ WITH reach AS MATERIALIZED (
     FROM created c JOIN input i ON c.name = '{BLOB_PREFIX}' || i.fp
     RETURNING id, fingerprint
 ), vals AS MATERIALIZED (
-    SELECT w.idx, w.channel, w.fp,
-           COALESCE(h.value_id, (SELECT v.id FROM versions v WHERE v.fingerprint = w.fp)) AS value_id
-    FROM unnest(%(idx)s::int[], %(channels)s::text[], %(fps)s::text[]) AS w(idx, channel, fp)
-    JOIN held h ON h.fp = w.fp
+    SELECT w.idx, w.channel, w.fp, w.scalar,
+           CASE WHEN w.fp IS NOT NULL
+                THEN COALESCE(h.value_id, (SELECT v.id FROM versions v WHERE v.fingerprint = w.fp)) END AS value_id
+    FROM unnest(%(idx)s::int[], %(channels)s::text[], %(fps)s::text[], %(scalars)s::text[])
+         AS w(idx, channel, fp, scalar)
+    LEFT JOIN held h ON h.fp = w.fp
 ), unresolved AS MATERIALIZED (
-    SELECT array_agg(DISTINCT fp ORDER BY fp) AS fps FROM vals WHERE value_id IS NULL
+    SELECT array_agg(DISTINCT fp ORDER BY fp) AS fps FROM vals WHERE fp IS NOT NULL AND value_id IS NULL
 ), kept AS (
-    INSERT INTO {_GW} (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value_id, created_at)
-    SELECT (SELECT o.id FROM ok o), %(ns)s, %(cp)s, %(task)s, %(path)s, idx, channel, value_id, now() FROM vals
+    INSERT INTO {_GW} (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value_id, scalar,
+                       created_at)
+    SELECT (SELECT o.id FROM ok o), %(ns)s, %(cp)s, %(task)s, %(path)s, idx, channel, value_id, scalar, now() FROM vals
     WHERE idx >= 0 AND EXISTS (SELECT 1 FROM ok) AND (SELECT u.fps FROM unresolved u) IS NULL
     ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
     RETURNING 1
 ), latest AS (
-    INSERT INTO {_GW} (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value_id, created_at)
-    SELECT (SELECT o.id FROM ok o), %(ns)s, %(cp)s, %(task)s, %(path)s, idx, channel, value_id, now() FROM vals
+    INSERT INTO {_GW} (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value_id, scalar,
+                       created_at)
+    SELECT (SELECT o.id FROM ok o), %(ns)s, %(cp)s, %(task)s, %(path)s, idx, channel, value_id, scalar, now() FROM vals
     WHERE idx < 0 AND EXISTS (SELECT 1 FROM ok) AND (SELECT u.fps FROM unresolved u) IS NULL
     ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE
-    SET channel = EXCLUDED.channel, value_id = EXCLUDED.value_id, task_path = EXCLUDED.task_path
+    SET channel = EXCLUDED.channel, value_id = EXCLUDED.value_id, scalar = EXCLUDED.scalar,
+        task_path = EXCLUDED.task_path
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM reach), EXISTS (SELECT 1 FROM ok), (SELECT m.fps FROM missing m),
        (SELECT u.fps FROM unresolved u), (SELECT count(*) FROM kept) + (SELECT count(*) FROM latest)
-"""
+""")
 
 
 @dataclass(frozen=True)
@@ -853,22 +876,32 @@ def _writes_params(caller: Caller, *, thread_id: str, checkpoint_ns: str, checkp
     _name(checkpoint_id, f"{where}checkpoint_id", max_length=MAX_ID_LENGTH)
     _name(task_id, f"{where}task_id", max_length=MAX_ID_LENGTH)
     _name(task_path, f"{where}task_path", empty=True)
-    rows: dict[int, tuple[str, str]] = {}  # idx → (channel, fingerprint)
+    rows: dict[int, tuple[str, str | None, str | None]] = {}  # idx → (channel, fingerprint, scalar's JSON)
     inline: dict[str, str] = {}
     for i, w in enumerate(writes):
         _name(w.channel, f"{where}writes[{i}].channel")
-        fp = _value_fingerprint(w.value, w.fingerprint, f"{where}writes[{i}]", f"{where}writes[{i}].value")
-        if w.value is not None:
-            inline[fp] = w.value.content()
+        fp: str | None = None
+        scalar: str | None = None
+        if w.scalar is not None:
+            if w.value is not None or w.fingerprint is not None:
+                raise ValidationFailed(f"{where}writes[{i}] carries one of its value, its fingerprint or its scalar",
+                                       field=f"{where}writes[{i}]")
+            _check_scalar(w.channel, w.scalar.value, f"{where}writes[{i}].scalar")
+            scalar = json.dumps(w.scalar.value, separators=(",", ":"), ensure_ascii=False)
+        else:
+            fp = _value_fingerprint(w.value, w.fingerprint, f"{where}writes[{i}]", f"{where}writes[{i}].value")
+            if w.value is not None:
+                inline[fp] = w.value.content()
         if w.idx < 0 or w.idx not in rows:
             # a repeated (task, idx) in one call: the first stands, as stored ones do; a special
             # channel's latest value stands
-            rows[w.idx] = (w.channel, fp)
+            rows[w.idx] = (w.channel, fp, scalar)
     blob_fps = sorted(inline)  # inserted in this order by every writer: two never wait on each other in a cycle
     return {
         "thread_id": thread_id, "projects": list(caller.project_ids), "bound": caller.session_id,
         **recheck_params(caller),
-        "idx": list(rows), "channels": [ch for ch, _ in rows.values()], "fps": [fp for _, fp in rows.values()],
+        "idx": list(rows), "channels": [ch for ch, _, _ in rows.values()], "fps": [fp for _, fp, _ in rows.values()],
+        "scalars": [scalar for _, _, scalar in rows.values()],
         "blob_fps": blob_fps, "blob_contents": [inline[fp] for fp in blob_fps], "actor": caller.label,
         "ns": checkpoint_ns, "cp": checkpoint_id, "task": task_id, "path": task_path,
     }
@@ -1046,8 +1079,10 @@ WITH src AS MATERIALIZED (
     SELECT %(target)s, b.checkpoint_ns, b.channel, b.version, b.fingerprint FROM {_GB} b WHERE b.thread_id = %(source)s
     RETURNING 1
 ), writes AS (
-    INSERT INTO {_GW} (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value_id, created_at)
-    SELECT %(target)s, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.task_path, w.idx, w.channel, w.value_id, now()
+    INSERT INTO {_GW} (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, value_id, scalar,
+                       created_at)
+    SELECT %(target)s, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.task_path, w.idx, w.channel, w.value_id,
+           w.scalar, now()
       FROM {_GW} w WHERE w.thread_id = %(source)s
     RETURNING 1
 ), run AS (

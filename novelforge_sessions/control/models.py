@@ -430,8 +430,10 @@ class GraphWrite(models.Model):
 
     Checkpoints are immutable, so pending writes live beside them, keyed by the graph checkpoint
     id (a graph may store a task's writes before the checkpoint they follow has landed); the value
-    is a content-addressed blob artifact like the state. ``(checkpoint, task_id, idx)`` is unique:
-    a repeated write is stored once.
+    is a content-addressed blob artifact like the state, or, when it is a small JSON scalar
+    (``control/graphs.MAX_INLINE_*``: ``None``, a boolean, a small integer, a short string), its
+    JSON text in the row itself (``scalar``): no blob to store, look up or lock. Exactly one of the
+    two. ``(checkpoint, task_id, idx)`` is unique: a repeated write is stored once.
     """
 
     # No index of its own: ``graph_write_unique_idx`` (thread, …) serves it.
@@ -442,7 +444,9 @@ class GraphWrite(models.Model):
     task_path = models.CharField(max_length=200, blank=True, default="")
     idx = models.IntegerField()
     channel = models.CharField(max_length=200)
-    value = models.ForeignKey(ArtifactVersion, on_delete=models.PROTECT, related_name="+")
+    value = models.ForeignKey(ArtifactVersion, on_delete=models.PROTECT, related_name="+", null=True)
+    #: the value's compact JSON text when it is stored inline (then ``value`` is NULL)
+    scalar = models.TextField(null=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -450,6 +454,8 @@ class GraphWrite(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["thread", "checkpoint_ns", "checkpoint_id", "task_id", "idx"],
                                     name="graph_write_unique_idx"),
+            models.CheckConstraint(condition=Q(value__isnull=True) ^ Q(scalar__isnull=True),
+                                   name="graph_write_blob_or_scalar"),
         ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import os
 
 from datetime import timedelta
@@ -517,6 +518,37 @@ def test_writes_no_put_comes_for_are_sent_on_their_own_and_before_any_read(graph
     patient.put_writes(stored, [("notes", "closed right after")], "task-3")
     patient.close()  # and so does close
     assert GraphWrite.objects.filter(task_id="task-3").exists()
+    saver.close()
+
+
+def test_a_task_s_small_scalar_writes_are_kept_in_their_rows_and_come_back_as_they_were(graph_server, graph_token):
+    """A task's write of a small scalar (None, a bool, an int up to 2**53, text up to 256
+    characters, on a channel not named like a conversation) is sent as its ``scalar`` and kept in
+    the write's row, no blob; anything else is a blob, as are the scalars past a task's 2 KiB of
+    them. Every value reloads with its type, whether held for a put or sent on its own."""
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, hold_seconds=600)
+    stored = _input_checkpoint(saver, "scalar-writes")
+    small = [("a", None), ("b", True), ("c", 2**53), ("d", "ü" * 256), ("e", 0), ("f", "")]
+    other = [("g", 1.5), ("h", 2**53 + 1), ("messages", "hi"), ("i", Mood.CALM), ("j", "x" * 257), ("k", [1])]
+    texts = [(f"t{i}", "y" * 250) for i in range(10)]
+    saver.put_writes(stored, small + other, "task-1")  # held for a put
+    found = saver.get_tuple(stored)  # which sends it first
+    assert found.pending_writes == [("task-1", ch, v) for ch, v in small + other]
+    assert [type(v) for _, _, v in found.pending_writes] == [type(v) for _, v in small + other]
+    rows = {w.channel: w for w in GraphWrite.objects.filter(task_id="task-1")}
+    assert {ch for ch, w in rows.items() if w.value_id is None} == {ch for ch, _ in small}
+    assert all(w.scalar is None for ch, w in rows.items() if ch not in dict(small))
+    put = saver.put(stored, _following_checkpoint(), {"source": "loop", "step": 0}, {"notes": 2})
+    saver.put_writes(put, texts, "task-2")
+    following = saver.put(put, {**_following_checkpoint(), "id": "1ef-third"}, {"source": "loop", "step": 1},
+                          {"notes": 3})  # carries task-2's held writes
+    assert following["configurable"]["checkpoint_id"] == "1ef-third"
+    rows2 = GraphWrite.objects.filter(task_id="task-2")
+    assert 0 < rows2.filter(value=None).count() < len(texts) and rows2.count() == len(texts)
+    assert rows2.filter(value=None).count() == 2048 // len(json.dumps("y" * 250))
+    reloaded = NovelForgeSaver(url=graph_server.url, token=graph_token)
+    assert reloaded.get_tuple(put).pending_writes == [("task-2", ch, v) for ch, v in texts]
+    reloaded.close()
     saver.close()
 
 

@@ -230,6 +230,102 @@ def test_writes_may_arrive_before_their_checkpoint_lands(writer):
     assert first["pending_writes"] == []
 
 
+def test_small_scalar_writes_live_in_their_rows_with_no_blob_and_come_back_as_written(writer):
+    """A write whose value is a small JSON scalar keeps it in its own row (``scalar``): no blob
+    artifact, no version to cite; ``null`` written is ``null`` read, told apart from a blob by
+    its missing fingerprint. A special channel's latest value replaces a blob by a scalar and back."""
+    ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
+    scalars = [None, True, False, 0, 2**53, -(2**53), "é" * 256, ""]
+    body = {"thread_id": "t-1", "checkpoint_id": "0001", "task_id": "task-a",
+            "writes": [*({"idx": i, "channel": f"c{i}", "scalar": v} for i, v in enumerate(scalars)),
+                       {"idx": len(scalars), "channel": "doc", "value": blob("a blob")},
+                       {"idx": -3, "channel": "__interrupt__", "value": blob("first")}]}
+    assert ok(writer.post("/graph-threads/writes", body))["stored"] == len(scalars) + 2
+    assert Artifact.objects.filter(kind="graph-blob").count() == 2  # "a blob" and "first" only
+    rows = GraphWrite.objects.filter(task_id="task-a", idx__gte=0, idx__lt=len(scalars))
+    assert rows.count() == len(scalars) and not rows.filter(value__isnull=False).exists()
+    [item] = get(writer, thread_id="t-1")
+    written = {w["channel"]: w for w in item["pending_writes"]}
+    for i, v in enumerate(scalars):
+        w = written[f"c{i}"]
+        assert (w["fingerprint"], w["serde"], w["data"], w["scalar"]) == (None, None, None, v)
+        assert type(w["scalar"]) is type(v)
+    assert base64.b64decode(written["doc"]["data"]).decode() == "a blob" and written["doc"]["scalar"] is None
+    # the special channel's latest value: a scalar now, then a blob again
+    body["writes"][-1] = {"idx": -3, "channel": "__interrupt__", "scalar": "second"}
+    assert ok(writer.post("/graph-threads/writes", body))["stored"] == 1
+    [item] = get(writer, thread_id="t-1")
+    assert [(w["fingerprint"], w["scalar"]) for w in item["pending_writes"] if w["idx"] == -3] == [(None, "second")]
+    body["writes"][-1] = {"idx": -3, "channel": "__interrupt__", "value": blob("third")}
+    assert ok(writer.post("/graph-threads/writes", body))["stored"] == 1
+    [item] = get(writer, thread_id="t-1")
+    [special] = [w for w in item["pending_writes"] if w["idx"] == -3]
+    assert base64.b64decode(special["data"]).decode() == "third" and special["scalar"] is None
+    # a put carrying a task's scalar writes stores them the same way, in its transaction
+    carried = put_body(cp="0002", parent="0001", writes=[{"checkpoint_id": "0001", "task_id": "task-b",
+                                                          "writes": [{"idx": 0, "channel": "step", "scalar": 7}]}])
+    ok(writer.post("/graph-threads/checkpoints", carried), 201)
+    [row] = GraphWrite.objects.filter(task_id="task-b")
+    assert (row.value_id, row.scalar) == (None, "7")
+    # a copy of the thread holds the same writes, read back the same
+    ok(writer.post("/graph-threads/copy", {"source_thread_id": "t-1", "target_thread_id": "t-copy"}), 201)
+    assert [i["pending_writes"] for i in get(writer, thread_id="t-copy")] == [
+        i["pending_writes"] for i in get(writer, thread_id="t-1")]
+    assert GraphWrite.objects.filter(thread__thread_id="t-copy", value=None).count() == len(scalars) + 1
+
+
+@pytest.mark.parametrize(("write", "field"), [
+    ({"scalar": 1, "value": blob("both")}, "writes[0]"),
+    ({"scalar": None, "fingerprint": "sha256:" + "0" * 64}, "writes[0]"),
+    ({"scalar": 1.5}, "writes.0.scalar"),
+    ({"scalar": [1]}, "writes.0.scalar"),
+    ({"scalar": 2**53 + 1}, "writes.0.scalar"),
+    ({"scalar": "x" * 257}, "writes.0.scalar"),
+    ({"scalar": "hi", "channel": "Messages"}, "writes[0].scalar"),
+])
+def test_a_scalar_write_that_is_not_a_small_scalar_or_not_alone_is_422_and_writes_nothing(writer, write, field):
+    ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
+    before = snapshot()
+    body = {"thread_id": "t-1", "checkpoint_id": "0001", "task_id": "t", "writes": [{"idx": 0, "channel": "ch", **write}]}
+    err = refused(writer.post("/graph-threads/writes", body), 422, "validation_error")
+    assert field in str(err["details"]) or field in err["message"], err
+    assert snapshot() == before
+
+
+def test_scalar_writes_are_checked_by_the_action_as_the_schema_declares_them(project):
+    """The action's own checks (a caller past the API schema) refuse as the schema does."""
+    from novelforge_sessions.errors import ValidationFailed
+
+    who = caller_for(project)
+    for write, field in ((graphs.WriteSpec(0, "a", scalar=graphs.Scalar(1.0)), "writes[0].scalar"),
+                         (graphs.WriteSpec(0, "a", scalar=graphs.Scalar("x" * 257)), "writes[0].scalar"),
+                         (graphs.WriteSpec(0, "a", scalar=graphs.Scalar("a\x00b")), "writes[0].scalar"),
+                         (graphs.WriteSpec(0, "history", scalar=graphs.Scalar(1)), "writes[0].scalar"),
+                         (graphs.WriteSpec(0, "a", value=graphs.Blob("json", "MQ=="), scalar=graphs.Scalar(1)),
+                          "writes[0]")):
+        with pytest.raises(ValidationFailed) as refusal:
+            graphs.put_writes(who, thread_id="t-1", checkpoint_ns="", checkpoint_id="0001", task_id="t", task_path="",
+                              writes=[write], open_spec=graphs.ThreadSpec())
+        assert refusal.value.details["field"] == field
+    assert not GraphWrite.objects.exists() and not Session.objects.exists()
+
+
+def test_the_database_keeps_a_write_a_blob_or_a_scalar_never_both_nor_neither(writer):
+    ok(writer.post("/graph-threads/checkpoints", put_body()), 201)
+    ok(writer.post("/graph-threads/writes", {"thread_id": "t-1", "checkpoint_id": "0001", "task_id": "t",
+                                             "writes": [{"idx": 0, "channel": "a", "value": blob("v")},
+                                                        {"idx": 1, "channel": "b", "scalar": 1}]}))
+    from django.db import IntegrityError, transaction
+
+    for change in ({"scalar": "1"}, {"value": None}):  # the blob write given a scalar too; then neither
+        with pytest.raises(IntegrityError, match="graph_write_blob_or_scalar"), transaction.atomic():
+            GraphWrite.objects.filter(idx=0).update(**change)
+    with pytest.raises(IntegrityError, match="graph_write_blob_or_scalar"), transaction.atomic():
+        GraphWrite.objects.filter(idx=1).update(scalar=None)
+    assert GraphWrite.objects.filter(idx=0, value__isnull=False, scalar=None).exists()
+    assert GraphWrite.objects.filter(idx=1, value=None, scalar="1").exists()
+
+
 def test_list_filters_by_namespace_metadata_before_and_limit(writer):
     for i, (ns, source) in enumerate([("", "input"), ("", "loop"), ("child:1", "loop"), ("", "loop")]):
         body = put_body(cp=f"000{i}")
@@ -419,6 +515,30 @@ def test_a_put_and_a_write_run_the_same_statements_for_one_blob_and_for_twenty(w
     [newest] = get(writer, thread_id="t-1", checkpoint_id="put-20")
     assert len(newest["blobs"]) == 20 and len(newest["pending_writes"]) == 20
     assert base64.b64decode(newest["blobs"]["c19"]["data"]).decode() == "value 19 of 20"
+
+
+def test_every_statement_of_a_put_and_of_a_write_is_short_enough_for_psycopg_to_keep_its_parsing(writer):
+    """psycopg parses a statement's text again on every execution when it is longer than
+    ``commit.PARSE_CACHED_BYTES`` (it takes such texts for generated ones): every statement a put
+    carrying writes, and a task's writes sent alone, run (blobs and scalars alike) fits."""
+    from novelforge_sessions import commit
+
+    seen: list[str] = []
+
+    def spy(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    ok(writer.post("/graph-threads/checkpoints", put_body(blobs={"seed": "x"})), 201)
+    writes = [{"idx": 0, "channel": "doc", "value": blob("a blob")}, {"idx": 1, "channel": "step", "scalar": 2}]
+    with connection.execute_wrapper(spy):
+        ok(writer.post("/graph-threads/checkpoints", put_body(
+            "t-1", "0002", "0001", versions={"seed": 1, "doc": 2}, blobs={"doc": "new"},
+            writes=[{"checkpoint_id": "0001", "task_id": "a", "writes": writes}])), 201)
+        ok(writer.post("/graph-threads/writes", {"thread_id": "t-1", "checkpoint_id": "0002", "task_id": "b",
+                                                 "writes": writes}))
+    assert any("INSERT INTO control_graphwrite" in sql for sql in seen), seen
+    assert [len(sql.encode()) for sql in seen if len(sql.encode()) > commit.PARSE_CACHED_BYTES] == []
 
 
 # ---- blobs by fingerprint, and uploaded in chunks --------------------------------------------------------
