@@ -324,6 +324,9 @@ def test_the_database_keeps_a_write_a_blob_or_a_scalar_never_both_nor_neither(wr
         GraphWrite.objects.filter(idx=1).update(scalar=None)
     assert GraphWrite.objects.filter(idx=0, value__isnull=False, scalar=None).exists()
     assert GraphWrite.objects.filter(idx=1, value=None, scalar="1").exists()
+    with connection.cursor() as cursor:  # added NOT VALID by its migration (writes go on), then validated
+        cursor.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'graph_write_blob_or_scalar'")
+        assert cursor.fetchall() == [(True,)]
 
 
 def test_list_filters_by_namespace_metadata_before_and_limit(writer):
