@@ -142,9 +142,13 @@ _INLINE_INT = 2**53
 _INLINE_CHARS = 256
 _INLINE_BYTES = 16 * 1024 - 512
 #: A task's write whose value is such a scalar is kept in the write's own row (``scalar``: no
-#: blob to serialize, send, store or lock), up to this many bytes of them per task (the rest go
-#: as blobs), so a put carrying held tasks' writes stays far under the body limit.
-_WRITE_SCALAR_BYTES = 2 * 1024
+#: blob to serialize, send, store or lock), up to this share of the request body limit of them
+#: per task (a 128th: 2 KiB of the default 256 KiB; the rest go as blobs), so a put carrying the
+#: writes of as many held tasks as it may (:data:`_PUT_TASKS`) stays under the limit.
+_WRITE_SCALAR_SHARE = 128
+#: How many tasks' held writes one put carries (``control/graphs.MAX_PUT_TASK_WRITES``): a
+#: superstep of more tasks (a fan-out through ``Send``) stores the others on their own first.
+_PUT_TASKS = 64
 #: Channels named like a conversation or private reasoning are always blobs (the server keeps
 #: them out of its checkpoint rows: ``session_runtime.TRANSCRIPT_KEYS``, compared lowercased).
 _CONVERSATION_CHANNELS = frozenset({
@@ -703,14 +707,14 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     def _write_entries(self, writes: Sequence[tuple[str, Any]]) -> list[tuple[dict[str, Any], _Value | None]]:
         """A task's writes as entries: a small scalar in the entry itself (``scalar``, up to
-        :data:`_WRITE_SCALAR_BYTES` of them), any other value serialized, to be planned."""
+        :data:`_WRITE_SCALAR_SHARE` of the body limit), any other value serialized, to be planned."""
         entries: list[tuple[dict[str, Any], _Value | None]] = []
-        size = 0
+        size, room = 0, self.max_body_bytes // _WRITE_SCALAR_SHARE
         for i, (channel, value) in enumerate(writes):
             entry = {"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel}
             if channel.lower() not in _CONVERSATION_CHANNELS and _inlined(value):
                 more = len(json.dumps(value, ensure_ascii=False).encode())
-                if size + more <= _WRITE_SCALAR_BYTES:
+                if size + more <= room:
                     size += more
                     entries.append(({**entry, "scalar": value}, None))
                     continue
@@ -807,6 +811,13 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self._continue_if_waiting(config)
         conf = _configurable(config)
         held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
+        if len(held) > _PUT_TASKS:  # more tasks than a put carries: the first ones go on their own, first
+            alone, held = held[:-_PUT_TASKS], held[-_PUT_TASKS:]
+            try:
+                self._send_held(alone)
+            except BaseException:
+                self._hold_again([*alone, *held])  # a write sent twice is stored once
+                raise
         try:
             out = self._send("/graph-threads/checkpoints",
                              self._put_plan(config, checkpoint, metadata, new_versions, held))
@@ -1000,6 +1011,13 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         if str(conf.get("thread_id")) in self._waiting_on_user:
             await asyncio.to_thread(self._continue_if_waiting, config)
         held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
+        if len(held) > _PUT_TASKS:  # as put: the first ones on their own, first
+            alone, held = held[:-_PUT_TASKS], held[-_PUT_TASKS:]
+            try:
+                await self._asend_held(alone)
+            except BaseException:
+                self._hold_again([*alone, *held])
+                raise
         try:
             out = await self._asend("/graph-threads/checkpoints",
                                     self._put_plan(config, checkpoint, metadata, new_versions, held))

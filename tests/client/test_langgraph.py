@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import operator
 import os
 
 from datetime import timedelta
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import httpx
 import pytest
@@ -25,7 +26,7 @@ from django.conf import settings
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langchain_core.runnables import RunnableConfig
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, Send, interrupt
 
 from novelforge_client.errors import Conflict, GraphCheckpointConflict
 from novelforge_client.langgraph import NovelForgeSaver, ThreadSpec, review_gate
@@ -314,6 +315,7 @@ def test_the_savers_inline_bounds_are_the_servers():
     assert saver._INLINE_INT == graphs.MAX_INLINE_INT
     assert saver._INLINE_CHARS == graphs.MAX_INLINE_CHARS
     assert 0 < saver._INLINE_BYTES < graphs.MAX_INLINE_VALUES_BYTES  # a margin under the server's limit
+    assert saver._PUT_TASKS == graphs.MAX_PUT_TASK_WRITES
 
 
 def test_the_saver_never_inlines_a_channel_the_server_keeps_out_of_its_rows():
@@ -524,8 +526,9 @@ def test_writes_no_put_comes_for_are_sent_on_their_own_and_before_any_read(graph
 def test_a_task_s_small_scalar_writes_are_kept_in_their_rows_and_come_back_as_they_were(graph_server, graph_token):
     """A task's write of a small scalar (None, a bool, an int up to 2**53, text up to 256
     characters, on a channel not named like a conversation) is sent as its ``scalar`` and kept in
-    the write's row, no blob; anything else is a blob, as are the scalars past a task's 2 KiB of
-    them. Every value reloads with its type, whether held for a put or sent on its own."""
+    the write's row, no blob; anything else is a blob, as are the scalars past a task's share of
+    the body limit (a 128th: 2 KiB of the default 256 KiB). Every value reloads with its type,
+    whether held for a put or sent on its own."""
     saver = NovelForgeSaver(url=graph_server.url, token=graph_token, hold_seconds=600)
     stored = _input_checkpoint(saver, "scalar-writes")
     small = [("a", None), ("b", True), ("c", 2**53), ("d", "ü" * 256), ("e", 0), ("f", "")]
@@ -548,7 +551,49 @@ def test_a_task_s_small_scalar_writes_are_kept_in_their_rows_and_come_back_as_th
     assert rows2.filter(value=None).count() == 2048 // len(json.dumps("y" * 250))
     reloaded = NovelForgeSaver(url=graph_server.url, token=graph_token)
     assert reloaded.get_tuple(put).pending_writes == [("task-2", ch, v) for ch, v in texts]
+    # a saver planning for a smaller body limit gives a task's scalars a 128th of it
+    small = NovelForgeSaver(url=graph_server.url, token=graph_token, max_body_bytes=64 * 1024, hold_writes=False)
+    small.put_writes(put, texts, "task-3")
+    rows3 = GraphWrite.objects.filter(task_id="task-3")
+    assert rows3.count() == len(texts) and rows3.filter(value=None).count() == 512 // len(json.dumps("y" * 250))
+    assert reloaded.get_tuple(put).pending_writes == [(t, ch, v) for t in ("task-2", "task-3") for ch, v in texts]
+    small.close()
     reloaded.close()
+    saver.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_superstep_of_more_tasks_than_a_put_carries_is_saved_whole(graph_server, graph_token, mode):
+    """A fan-out superstep (100 tasks through ``Send``) holds more tasks' writes than one put may
+    carry (64): the put carries 64 and the others are stored on their own first; the graph runs to
+    its end on either API and every task's write is stored."""
+    class Fan(TypedDict, total=False):
+        n: int
+        done: Annotated[list[int], operator.add]
+
+    builder = StateGraph(Fan)
+    builder.add_node("work", lambda state: {"done": [state["n"]]})
+    builder.add_conditional_edges(START, lambda state: [Send("work", {"n": i}) for i in range(100)], ["work"])
+    builder.add_edge("work", END)
+    wire: Recording | AsyncRecording = Recording() if mode == "sync" else AsyncRecording()
+    transport = {"transport": wire} if mode == "sync" else {"async_transport": wire}
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, hold_seconds=600, heartbeat=False, **transport)
+    graph = builder.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": f"fan-out-{mode}"}}
+    if mode == "sync":
+        out = graph.invoke({}, config, durability="sync")
+    else:
+        async def run() -> Any:
+            try:
+                return await graph.ainvoke({}, config, durability="sync")
+            finally:
+                await saver.aclose()
+        out = asyncio.run(run())
+    assert sorted(out["done"]) == list(range(100))
+    thread = GraphThread.objects.get(thread_id=f"fan-out-{mode}")
+    assert GraphWrite.objects.filter(thread=thread, channel="done").values("task_id").distinct().count() == 100
+    calls = [f"{method} {path}" for method, path, _ in wire.sent]
+    assert calls.count("POST /graph-threads/writes") == 100 - 64  # the tasks no put carried
     saver.close()
 
 
