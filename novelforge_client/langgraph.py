@@ -518,8 +518,9 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         """:meth:`_plan` of a body holding several lists of entries (a put carrying tasks' writes:
         ``build`` makes the body from the lists' items). A value travels once per body, in the
         first list that holds it (the writes, which the server stores first). An entry without a
-        value (a write's ``scalar``) is sent as it is."""
-        """Fill ``body[key]`` with the entries, each value by fingerprint when the server holds it,
+        value (a write's ``scalar``) is sent as it is.
+
+        Fill ``body[key]`` with the entries, each value by fingerprint when the server holds it,
         inline while the body stays under the limit (smallest first), else by fingerprint after
         a chunked upload.
 
