@@ -175,10 +175,16 @@ def _inlined(value: Any) -> bool:
     return False
 
 
+def _kept_inline(channel: str, value: Any) -> bool:
+    """Whether a channel's value may be kept without a blob (a put's ``values``, a task's write's
+    ``scalar``): its name is not a conversation's and the value is :func:`_inlined` (what the
+    server accepts inline)."""
+    return channel.lower() not in _CONVERSATION_CHANNELS and _inlined(value)
+
+
 def _inlinable(channel: str, value: Any, versions: Mapping[str, Any]) -> bool:
-    """Whether a channel's value may go inline: it has a version, its name is not a
-    conversation's, and the value is :func:`_inlined` (what the server accepts inline)."""
-    return channel in versions and channel.lower() not in _CONVERSATION_CHANNELS and _inlined(value)
+    """Whether a channel's value may go inline in a put: it has a version and is :func:`_kept_inline`."""
+    return channel in versions and _kept_inline(channel, value)
 
 
 def _inline_values(values: Mapping[str, Any], versions: Mapping[str, Any]) -> dict[str, Any]:
@@ -482,6 +488,10 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
     def _load(self, blob: Mapping[str, str]) -> Any:
         return self.serde.loads_typed((blob["serde"], base64.b64decode(blob["data"])))
 
+    def _load_write(self, write: Mapping[str, Any]) -> Any:
+        """A pending write's value: its ``scalar`` when it has no blob (``fingerprint`` null)."""
+        return write.get("scalar") if write.get("fingerprint") is None else self._load(write)
+
     # ---- values: inline, by fingerprint, or uploaded in chunks ---------------------------------------
     def _limit_body(self, max_body_bytes: int) -> None:
         self.max_body_bytes = max_body_bytes
@@ -713,7 +723,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         size, room = 0, self.max_body_bytes // _WRITE_SCALAR_SHARE
         for i, (channel, value) in enumerate(writes):
             entry = {"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel}
-            if channel.lower() not in _CONVERSATION_CHANNELS and _inlined(value):
+            if _kept_inline(channel, value):
                 more = len(json.dumps(value, ensure_ascii=False).encode())
                 if size + more <= room:
                     size += more
@@ -746,9 +756,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         return CheckpointTuple(
             # the server answers the checkpoint's own fields (its blobs loaded above)
             config=config, checkpoint=cast("Checkpoint", document), metadata=item["metadata"], parent_config=parent,
-            # a write kept as a scalar has no blob (``fingerprint`` null)
-            pending_writes=[(w["task_id"], w["channel"], w.get("scalar") if w.get("fingerprint") is None else self._load(w))
-                            for w in writes],
+            pending_writes=[(w["task_id"], w["channel"], self._load_write(w)) for w in writes],
         )
 
     @staticmethod

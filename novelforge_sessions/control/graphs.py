@@ -57,6 +57,7 @@ from novelforge_sessions import event_types as ev
 from novelforge_sessions.actions.lifecycle import Outbox, check, live_runtime, lock_session
 from novelforge_sessions.actions.runtimes import MAX_LEASE_SECONDS, RuntimeSpec
 from novelforge_sessions.control.checkpoints import Beside, ResolvedRefs, record_checkpoint
+from novelforge_sessions.control.fingerprints import canonical_json
 from novelforge_sessions.control.models import GraphBlob, GraphBlobChunk, GraphCheckpoint, GraphThread, GraphWrite
 from novelforge_sessions.errors import (
     GraphBlobMismatch, GraphBlobMissing, GraphCheckpointConflict, GraphThreadExists, NoOpenRun, NotFound, ServiceError,
@@ -887,7 +888,7 @@ def _writes_params(caller: Caller, *, thread_id: str, checkpoint_ns: str, checkp
                 raise ValidationFailed(f"{where}writes[{i}] carries one of its value, its fingerprint or its scalar",
                                        field=f"{where}writes[{i}]")
             _check_scalar(w.channel, w.scalar.value, f"{where}writes[{i}].scalar")
-            scalar = json.dumps(w.scalar.value, separators=(",", ":"), ensure_ascii=False)
+            scalar = canonical_json(w.scalar.value).decode()
         else:
             fp = _value_fingerprint(w.value, w.fingerprint, f"{where}writes[{i}]", f"{where}writes[{i}].value")
             if w.value is not None:
