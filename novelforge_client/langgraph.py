@@ -143,12 +143,20 @@ _INLINE_CHARS = 256
 _INLINE_BYTES = 16 * 1024 - 512
 #: A task's write whose value is such a scalar is kept in the write's own row (``scalar``: no
 #: blob to serialize, send, store or lock), up to this share of the request body limit of them
-#: per task (a 128th: 2 KiB of the default 256 KiB; the rest go as blobs), so a put carrying the
-#: writes of as many held tasks as it may (:data:`_PUT_TASKS`) stays under the limit.
+#: per task (a 128th: 2 KiB of the default 256 KiB; the rest go as blobs), so a put carries the
+#: writes of many held tasks (:data:`_PUT_TASKS`, within :data:`_PUT_WRITES_SHARE` of the limit).
 _WRITE_SCALAR_SHARE = 128
 #: How many tasks' held writes one put carries (``control/graphs.MAX_PUT_TASK_WRITES``): a
 #: superstep of more tasks (a fan-out through ``Send``) stores the others on their own first.
 _PUT_TASKS = 64
+#: How many of a task's writes one request carries (the server's limit per task and request): a
+#: task writing more (a node fanning out to hundreds of ``Send`` s) is sent in parts, under the same
+#: task id, each write at its own index.
+_TASK_WRITES = 200
+#: The part of the request body limit a put gives to the held writes it carries (their entries:
+#: channel, index, fingerprint); held tasks past it are stored on their own first. The rest is for
+#: the checkpoint and the values.
+_PUT_WRITES_SHARE = 2
 #: Channels named like a conversation or private reasoning are always blobs (the server keeps
 #: them out of its checkpoint rows: ``session_runtime.TRANSCRIPT_KEYS``, compared lowercased).
 _CONVERSATION_CHANNELS = frozenset({
@@ -240,15 +248,22 @@ class _Plan:
 
 @dataclass(frozen=True)
 class _Held:
-    """A task's ordinary writes held for the put that follows them."""
+    """A task's writes (at most :data:`_TASK_WRITES` of them: a part of a task writing more), held
+    for the put that follows them or sent now."""
 
-    at: float  # time.monotonic() when held
+    at: float  # time.monotonic() when made
     thread_id: str
     checkpoint_ns: str
     checkpoint_id: str
     task_id: str
     task_path: str
     entries: list[tuple[dict[str, Any], _Value | None]]
+    #: the bytes its entries take in a body, values not counted (as :meth:`NovelForgeSaver._plan_lists` counts them)
+    size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        ids = len(json.dumps([self.checkpoint_id, self.task_id, self.task_path])) + 100
+        object.__setattr__(self, "size", ids + sum(len(json.dumps(e)) + 100 for e, _ in self.entries))
 
 
 @dataclass
@@ -710,12 +725,6 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         return {"configurable": {"thread_id": out["thread_id"], "checkpoint_ns": out["checkpoint_ns"],
                                  "checkpoint_id": out["checkpoint_id"]}}
 
-    def _writes_plan(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
-                     task_path: str) -> Callable[[bool], _Plan]:
-        conf = _configurable(config)
-        return self._task_writes_plan(str(conf["thread_id"]), conf.get("checkpoint_ns", ""), conf["checkpoint_id"],
-                                      task_id, task_path, self._write_entries(writes))
-
     def _write_entries(self, writes: Sequence[tuple[str, Any]]) -> list[tuple[dict[str, Any], _Value | None]]:
         """A task's writes as entries: a small scalar in the entry itself (``scalar``, up to
         :data:`_WRITE_SCALAR_SHARE` of the body limit), any other value serialized, to be planned."""
@@ -820,8 +829,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self._continue_if_waiting(config)
         conf = _configurable(config)
         held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
-        if len(held) > _PUT_TASKS:  # more tasks than a put carries: the first ones go on their own, first
-            alone, held = held[:-_PUT_TASKS], held[-_PUT_TASKS:]
+        alone, held = self._carried(held)
+        if alone:  # more than a put carries: the first ones go on their own, first
             try:
                 self._send_held(alone)
             except BaseException:
@@ -845,27 +854,33 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                    task_path: str = "") -> None:
         self._raise_if_lost(config)
         self._stop_if_aborted(config)
-        if self._held_for_the_put(config, writes, task_id, task_path):
+        parts = self._task_parts(config, writes, task_id, task_path)
+        if self._held_for_the_put(parts, writes):
             return
         self._flush_held()  # what was held first reaches the server first
-        self._send("/graph-threads/writes", self._writes_plan(config, writes, task_id, task_path))
+        self._send_held(parts)
         for channel, value in writes:
             if channel == INTERRUPT:
                 self._on_interrupt(config, value)
 
     # ---- held writes ---------------------------------------------------------------------------------
-    def _held_for_the_put(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
-                          task_path: str) -> bool:
+    def _task_parts(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                    task_path: str) -> builtins.list[_Held]:  # `list` is a method here
+        """A task's writes in parts of at most :data:`_TASK_WRITES` (one part when it has none)."""
+        conf = _configurable(config)
+        entries, now = self._write_entries(writes), time.monotonic()
+        return [_Held(now, str(conf["thread_id"]), conf.get("checkpoint_ns", ""), conf["checkpoint_id"], task_id,
+                      task_path, entries[i:i + _TASK_WRITES]) for i in range(0, max(len(entries), 1), _TASK_WRITES)]
+
+    def _held_for_the_put(self, parts: Sequence[_Held], writes: Sequence[tuple[str, Any]]) -> bool:
         """Hold a task's ordinary writes (no special channel) for the put that follows them
         (LangGraph's sync durability waits for that put, which stores them first, in its own
         transaction); False when they go now (``put_writes``/``aput_writes`` send them)."""
         if not (self.hold_writes and writes and all(channel not in WRITES_IDX_MAP for channel, _ in writes)):
             return False
-        conf = _configurable(config)
-        item = _Held(time.monotonic(), str(conf["thread_id"]), conf.get("checkpoint_ns", ""),
-                     conf["checkpoint_id"], task_id, task_path, self._write_entries(writes))
         with self._held_lock:
-            self._held.setdefault((item.thread_id, item.checkpoint_ns), []).append(item)
+            for item in parts:
+                self._held.setdefault((item.thread_id, item.checkpoint_ns), []).append(item)
             if self._flusher is None:
                 self._flusher = threading.Thread(target=self._flush_late, name="novelforge-saver-writes",
                                                  daemon=True)
@@ -876,8 +891,19 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         with self._held_lock:
             return self._held.pop(key, [])
 
+    def _carried(self, held: builtins.list[_Held]) -> tuple[builtins.list[_Held], builtins.list[_Held]]:
+        """The held writes a put sends on their own first, and those it carries: the latest, at
+        most :data:`_PUT_TASKS` of them, within a :data:`_PUT_WRITES_SHARE` of the body limit."""
+        room, n = self.max_body_bytes // _PUT_WRITES_SHARE, 0
+        for item in reversed(held):
+            if n == _PUT_TASKS or item.size > room:
+                break
+            room -= item.size
+            n += 1
+        return held[:len(held) - n], held[len(held) - n:]
+
     def _send_held(self, held: Sequence[_Held]) -> None:
-        """Held writes on their own, one request per task, in the order they were held."""
+        """Held writes on their own, one request per task (or part of one), in the order they were held."""
         for item in held:
             self._send("/graph-threads/writes", self._task_writes_plan(
                 item.thread_id, item.checkpoint_ns, item.checkpoint_id, item.task_id, item.task_path, item.entries))
@@ -1020,8 +1046,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         if str(conf.get("thread_id")) in self._waiting_on_user:
             await asyncio.to_thread(self._continue_if_waiting, config)
         held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
-        if len(held) > _PUT_TASKS:  # as put: the first ones on their own, first
-            alone, held = held[:-_PUT_TASKS], held[-_PUT_TASKS:]
+        alone, held = self._carried(held)
+        if alone:  # as put: the first ones on their own, first
             try:
                 await self._asend_held(alone)
             except BaseException:
@@ -1047,10 +1073,11 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self._raise_if_lost(config)
         if self._aborts or self._aborted:
             await asyncio.to_thread(self._stop_if_aborted, config)
-        if self._held_for_the_put(config, writes, task_id, task_path):
+        parts = self._task_parts(config, writes, task_id, task_path)
+        if self._held_for_the_put(parts, writes):
             return
         await self._aflush_held()  # what was held first reaches the server first
-        await self._asend("/graph-threads/writes", self._writes_plan(config, writes, task_id, task_path))
+        await self._asend_held(parts)
         for channel, value in writes:
             if channel == INTERRUPT:
                 # The wait's requests are few and rare: run them off the loop with the sync client.

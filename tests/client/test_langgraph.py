@@ -597,6 +597,67 @@ def test_a_superstep_of_more_tasks_than_a_put_carries_is_saved_whole(graph_serve
     assert calls.count("POST /graph-threads/writes") == 100 - 64  # the tasks no put carried
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_task_writing_more_than_a_request_holds_is_saved_whole(graph_server, graph_token, mode):
+    """A node fanning out to 250 ``Send`` s writes 250 values in one task, more than one request may
+    carry for a task (200): its writes go in two parts under the same task, and the graph runs to
+    its end with every write stored once."""
+    class Fan(TypedDict, total=False):
+        n: int
+        done: Annotated[list[int], operator.add]
+
+    builder = StateGraph(Fan)
+    builder.add_node("plan", lambda state: {})
+    builder.add_node("work", lambda state: {"done": [state["n"]]})
+    builder.add_edge(START, "plan")
+    builder.add_conditional_edges("plan", lambda state: [Send("work", {"n": i}) for i in range(250)], ["work"])
+    builder.add_edge("work", END)
+    wire: Recording | AsyncRecording = Recording() if mode == "sync" else AsyncRecording()
+    transport = {"transport": wire} if mode == "sync" else {"async_transport": wire}
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, hold_seconds=600, heartbeat=False, **transport)
+    graph = builder.compile(checkpointer=saver)
+    thread_id = f"wide-fan-out-{mode}"
+    config = {"configurable": {"thread_id": thread_id}}
+    if mode == "sync":
+        out = graph.invoke({}, config, durability="sync")
+        saver.close()
+    else:
+        async def run() -> Any:
+            try:
+                return await graph.ainvoke({}, config, durability="sync")
+            finally:
+                await saver.aclose()
+        out = asyncio.run(run())
+    assert sorted(out["done"]) == list(range(250))
+    thread = GraphThread.objects.get(thread_id=thread_id)
+    sends = GraphWrite.objects.filter(thread=thread, channel="__pregel_tasks")
+    assert sends.count() == 250 and sends.values("task_id").distinct().count() == 1
+    assert sorted(sends.values_list("idx", flat=True)) == list(range(250))
+    assert GraphWrite.objects.filter(thread=thread, channel="done").values("task_id").distinct().count() == 250
+
+
+def test_held_writes_larger_than_a_body_are_carried_in_part(graph_server, graph_token):
+    """Held tasks whose writes alone would make the put's body larger than the limit: the put
+    carries the latest that fit in half of it, the others are stored on their own first, and the
+    put is stored (before, the put was refused 413 and nothing was saved)."""
+    wire = Recording()
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, transport=wire, hold_seconds=600,
+                            heartbeat=False)
+    stored = _input_checkpoint(saver, "wide-writes")
+    value = {"same": "value"}  # one blob, named by fingerprint in every write after the first
+    for task in range(40):  # 40 tasks × 150 writes × about 100 bytes each: 600 KB of entries
+        saver.put_writes(stored, [(f"channel-{i}", value) for i in range(150)], f"task-{task}")
+    saver.put(stored, _following_checkpoint(), {"source": "loop", "step": 0}, {"notes": 2})
+    thread = GraphThread.objects.get(thread_id="wide-writes")
+    assert GraphWrite.objects.filter(thread=thread).count() == 40 * 150
+    assert GraphCheckpoint.objects.filter(thread=thread).count() == 2
+    calls = wire.paths()
+    assert calls.count("POST /graph-threads/checkpoints") == 2
+    assert 0 < calls.count("POST /graph-threads/writes") < 40  # the put carried the others
+    assert max(size for _, _, size in wire.sent) < saver.max_body_bytes
+    saver.close()
+
+
 def test_a_refused_put_still_stores_the_writes_it_carried(graph_server, graph_token):
     """The put carrying held writes is refused (the thread's run ended): the writes are sent on
     their own (stored, as they would have been without holding), and the put's refusal stands."""
