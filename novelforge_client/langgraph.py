@@ -141,6 +141,8 @@ _LOST = (RuntimeNotLive, StaleRuntime, NotFound)
 _INLINE_INT = 2**53
 _INLINE_CHARS = 256
 _INLINE_BYTES = 16 * 1024 - 512
+#: At most this many channels inline in one put (the server's limit on ``values``; the rest go as blobs).
+_INLINE_MAX = 500
 #: A task's write whose value is such a scalar is kept in the write's own row (``scalar``: no
 #: blob to serialize, send, store or lock), up to this share of the request body limit of them
 #: per task (a 128th: 2 KiB of the default 256 KiB; the rest go as blobs), so a put carries the
@@ -197,10 +199,12 @@ def _inlinable(channel: str, value: Any, versions: Mapping[str, Any]) -> bool:
 
 def _inline_values(values: Mapping[str, Any], versions: Mapping[str, Any]) -> dict[str, Any]:
     """The channel values a put sends inline: each :func:`_inlinable`, in all at most
-    :data:`_INLINE_BYTES` of compact JSON (the rest go as blobs)."""
+    :data:`_INLINE_BYTES` of compact JSON and :data:`_INLINE_MAX` channels (the rest go as blobs)."""
     inline: dict[str, Any] = {}
     size = 2
     for channel, value in values.items():
+        if len(inline) == _INLINE_MAX:
+            break
         if _inlinable(channel, value, versions):
             more = len(json.dumps({channel: value}, separators=(",", ":"), ensure_ascii=False).encode())
             if size + more > _INLINE_BYTES:

@@ -3,7 +3,9 @@ each an API client that speaks JSON with a bearer token, and sessions built thro
 The builders themselves are in ``tests/support/factories.py``. Everything runs on real PostgreSQL."""
 from __future__ import annotations
 
+import gc
 import os
+import sys
 from typing import Any
 
 # The event log's ordering rule is verified on every write of the suite (novelforge_sessions.events:
@@ -27,6 +29,21 @@ def _compiled_catalogs():
     from django.core.management import call_command
 
     call_command("compilemessages", ignore_patterns=["*"], verbosity=0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _connections_closed(django_db_setup):
+    """The lean API's threads of the application served in this process (``novelforge_sessions.asgi``,
+    imported by the tests that serve it in-process) keep their database connections for their life:
+    they are stopped, their connections closed, before the test database is dropped (else the drop
+    finds the database in use). A thread of a test that ended with a connection open left it to the
+    collector (a connection is in reference cycles), whose thresholds ``novelforge_sessions.asgi``
+    raises: collected now too."""
+    yield
+    served = sys.modules.get("novelforge_sessions.asgi")
+    if served is not None:
+        served.lean_api.pool.shutdown()
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)

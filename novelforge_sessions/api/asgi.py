@@ -298,7 +298,8 @@ class ApiThreads:
         take = self.jobs.get
         while True:
             item = take()
-            if item is None:
+            if item is None:  # stopped: the connections this thread kept are closed, not left to the exit
+                connections.close_all()
                 return
             loop, future, fn, args = item
             if future.cancelled():
@@ -320,7 +321,8 @@ class ApiThreads:
         return future
 
     def shutdown(self) -> None:
-        """Let each thread finish its queued work and stop; wait for them."""
+        """Let each thread finish its queued work, close its database connections and stop; wait
+        for them."""
         for _ in self.threads:
             self.jobs.put(None)
         for thread in self.threads:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import httpx
 import pytest
@@ -176,6 +177,43 @@ def test_api_threads_hand_back_results_and_errors_and_skip_requests_whose_client
     finally:
         pool.shutdown()
     assert ran == []  # the cancelled request never ran
+    assert all(not t.is_alive() for t in pool.threads)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stopped_api_threads_close_the_connections_they_kept():
+    """A pool thread keeps its database connection across requests; stopped (``shutdown``), it
+    closes it: the backend is gone, not left for the process's exit."""
+    import asyncio
+
+    from django.db import connection, connections
+
+    from novelforge_sessions.api.asgi import ApiThreads
+    from tests.support.waits import wait_until
+
+    def backend() -> tuple[int, Any]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            return cursor.fetchone()[0], connections["default"]  # the thread's own
+
+    async def ask(pool: ApiThreads) -> tuple[int, Any]:
+        return await pool.run(backend)
+
+    pool = ApiThreads(1, "nf-api-closing")
+    pid, kept = asyncio.run(ask(pool))
+    assert asyncio.run(ask(pool))[0] == pid  # kept between requests
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+        assert cursor.fetchone()[0] == 1
+    pool.shutdown()
+    assert kept.connection is None  # closed by its thread, not left for the exit (or the collector)
+
+    def gone() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+            return cursor.fetchone()[0] == 0
+
+    wait_until(gone, f"backend {pid} gone once the pool stopped")  # its exit follows the client's close
     assert all(not t.is_alive() for t in pool.threads)
 
 

@@ -316,6 +316,10 @@ def test_the_savers_inline_bounds_are_the_servers():
     assert saver._INLINE_CHARS == graphs.MAX_INLINE_CHARS
     assert 0 < saver._INLINE_BYTES < graphs.MAX_INLINE_VALUES_BYTES  # a margin under the server's limit
     assert saver._PUT_TASKS == graphs.MAX_PUT_TASK_WRITES
+    from novelforge_sessions.api.graphs import GraphPutIn, GraphWritesIn
+
+    assert saver._INLINE_MAX == GraphPutIn.model_fields["values"].metadata[0].max_length
+    assert saver._TASK_WRITES == GraphWritesIn.model_fields["writes"].metadata[0].max_length
 
 
 def test_the_saver_never_inlines_a_channel_the_server_keeps_out_of_its_rows():
@@ -396,6 +400,22 @@ def test_scalars_past_one_put_s_inline_room_go_as_blobs_and_every_value_reloads(
     reloaded = NovelForgeSaver(url=graph_server.url, token=graph_token)
     config = {"configurable": {"thread_id": "many-scalars"}}
     assert builder.compile(checkpointer=reloaded).get_state(config).values == {**texts, "turn": 3}
+    reloaded.close()
+
+
+def test_more_scalar_channels_than_one_put_carries_inline_go_as_blobs(graph_server, graph_token):
+    """600 channels of small integers: a put carries at most 500 inline (the server's limit on
+    ``values``), the others as blobs; the node writing all 600 is sent in parts (200 writes a
+    request), and a fresh saver reloads every value. Before, the put was refused 422."""
+    names = [f"n{i:03d}" for i in range(600)]
+    State = TypedDict("State", {**{name: int for name in names}, "turn": int}, total=False)  # type: ignore[misc]
+    numbers = {name: i for i, name in enumerate(names)}
+    builder, latest = _set_then_count(State, numbers, graph_server, graph_token, "many-channels")
+    inline, blobs = set(latest.document["channel_values"]) & set(names), set(latest.document["blobs"]) & set(names)
+    assert len(latest.document["channel_values"]) == 500 and inline | blobs == set(names) and not inline & blobs
+    reloaded = NovelForgeSaver(url=graph_server.url, token=graph_token)
+    config = {"configurable": {"thread_id": "many-channels"}}
+    assert builder.compile(checkpointer=reloaded).get_state(config).values == {**numbers, "turn": 3}
     reloaded.close()
 
 
