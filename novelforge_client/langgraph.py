@@ -159,12 +159,39 @@ _TASK_WRITES = 200
 #: channel, index, fingerprint); held tasks past it are stored on their own first. The rest is for
 #: the checkpoint and the values.
 _PUT_WRITES_SHARE = 2
+#: The most a checkpoint's metadata may take (``control/graphs.MAX_METADATA_BYTES``, UTF-8 bytes of
+#: its compact JSON). LangGraph copies every string and number of a run's ``configurable`` (and
+#: ``metadata``) into each checkpoint's metadata; copied values past it are left out, longest first.
+_METADATA_BYTES = 16 * 1024
 #: Channels named like a conversation or private reasoning are always blobs (the server keeps
 #: them out of its checkpoint rows: ``session_runtime.TRANSCRIPT_KEYS``, compared lowercased).
 _CONVERSATION_CHANNELS = frozenset({
     "transcript", "messages", "chat", "chat_history", "history", "conversation", "dialogue", "turns", "reasoning",
     "private_reasoning", "chain_of_thought", "thoughts", "scratchpad",
 })
+
+
+def _json_bytes(value: Any) -> int:
+    """UTF-8 bytes of ``value``'s compact JSON, as the server measures its bounds."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _fitted_metadata(metadata: dict[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint's metadata within :data:`_METADATA_BYTES`: the values copied from the run's
+    config (not in LangGraph's ``own`` metadata) left out, longest first, until it fits (logged
+    once per put, naming them). What LangGraph set itself is kept whatever its size."""
+    size = _json_bytes(metadata)
+    if size <= _METADATA_BYTES:
+        return metadata
+    fitted, left_out = dict(metadata), []
+    for key in sorted((k for k in metadata if k not in own), key=lambda k: -_json_bytes({k: metadata[k]})):
+        del fitted[key]
+        left_out.append(key)
+        if _json_bytes(fitted) <= _METADATA_BYTES:
+            break
+    log.warning("checkpoint metadata past %d bytes: left out the config values %s (LangGraph copies a run's "
+                "configurable strings and numbers into each checkpoint's metadata)", _METADATA_BYTES, left_out)
+    return fitted
 
 
 def _inlined(value: Any) -> bool:
@@ -707,7 +734,8 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
             "thread_id": str(conf["thread_id"]), "checkpoint_ns": conf.get("checkpoint_ns", ""),
             "checkpoint_id": checkpoint["id"], "parent_checkpoint_id": conf.get("checkpoint_id"),
             "checkpoint": _jsonable(document, "the checkpoint"),
-            "metadata": _jsonable(get_serializable_checkpoint_metadata(config, metadata), "checkpoint metadata"),
+            "metadata": _fitted_metadata(
+                _jsonable(get_serializable_checkpoint_metadata(config, metadata), "checkpoint metadata"), metadata),
             "open": self.thread_spec.open_body(),
         }
         if inline:

@@ -250,7 +250,10 @@ def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespons
         loc = [str(p) for p in err.get("loc", []) if p not in ("body", "payload", "query", "path")]
         fields.append({"field": ".".join(loc) or "body", "message": err.get("msg", "invalid")})
     first = fields[0]["field"] if fields else "body"
-    return _render(request, ValidationFailed(f"invalid value for {first}", field=first, errors=fields))
+    # The first rule broken, in the message too (pydantic's words: "String should have at most 64
+    # characters"; never the value itself), so that a reader of the message alone can act on it.
+    message = f"invalid value for {first}: {fields[0]['message']}" if fields else "invalid value for body"
+    return _render(request, ValidationFailed(message, field=first, errors=fields))
 
 
 @api.exception_handler(AuthenticationError)

@@ -40,6 +40,14 @@ def test_validation_errors_name_the_field(owner, body, field):
     assert Session.objects.count() == 0
 
 
+def test_a_schema_refusal_says_what_the_value_broke_in_its_message(owner):
+    """The message names the field and the rule, in words a reader can act on (not only in details)."""
+    err = refused(owner.post("/sessions", {**SESSION, "task_mode": "t" * 65}), 422, "validation_error")
+    assert err["message"] == f"invalid value for task_mode: {err['details']['errors'][0]['message']}"
+    assert "at most 64 characters" in err["message"]
+    assert Session.objects.count() == 0
+
+
 def test_wrong_types_in_path_and_query_are_422(owner):
     refused(owner.get("/sessions/abc"), 422, "validation_error")
     refused(owner.get("/sessions", limit="many"), 422, "validation_error")

@@ -316,6 +316,7 @@ def test_the_savers_inline_bounds_are_the_servers():
     assert saver._INLINE_CHARS == graphs.MAX_INLINE_CHARS
     assert 0 < saver._INLINE_BYTES < graphs.MAX_INLINE_VALUES_BYTES  # a margin under the server's limit
     assert saver._PUT_TASKS == graphs.MAX_PUT_TASK_WRITES
+    assert saver._METADATA_BYTES == graphs.MAX_METADATA_BYTES
     from novelforge_sessions.api.graphs import GraphPutIn, GraphWritesIn
 
     assert saver._INLINE_MAX == GraphPutIn.model_fields["values"].metadata[0].max_length
@@ -675,6 +676,33 @@ def test_held_writes_larger_than_a_body_are_carried_in_part(graph_server, graph_
     assert calls.count("POST /graph-threads/checkpoints") == 2
     assert 0 < calls.count("POST /graph-threads/writes") < 40  # the put carried the others
     assert max(size for _, _, size in wire.sent) < saver.max_body_bytes
+    saver.close()
+
+
+def test_long_config_values_past_the_metadata_limit_are_left_out_of_the_checkpoint_metadata(
+        graph_server, graph_token, caplog):
+    """LangGraph copies every string of a run's ``configurable`` into each checkpoint's metadata: a
+    long one (a 20 KB prompt) would make it larger than the server keeps (16 KiB) and every put a
+    422. The saver leaves the longest copied values out until it fits, says so in its log, and
+    the graph runs; what LangGraph set itself, and the short values, are kept and filterable."""
+    class Count(TypedDict):
+        n: int
+
+    builder = StateGraph(Count)
+    builder.add_node("add", lambda state: {"n": state["n"] + 1})
+    builder.add_edge(START, "add")
+    builder.add_edge("add", END)
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, heartbeat=False)
+    config = {"configurable": {"thread_id": "long-config", "prompt": "p" * 20_000, "user": "ada"}}
+    with caplog.at_level("WARNING", logger="novelforge_client.langgraph"):
+        assert builder.compile(checkpointer=saver).invoke({"n": 1}, config, durability="sync") == {"n": 2}
+    stored = GraphCheckpoint.objects.filter(thread__thread_id="long-config")
+    assert stored.count() == 3
+    for item in stored:
+        assert item.metadata["user"] == "ada" and "prompt" not in item.metadata and "step" in item.metadata
+    assert [r for r in caplog.records if "prompt" in r.getMessage() and "metadata" in r.getMessage()]
+    found = list(saver.list({"configurable": {"thread_id": "long-config"}}, filter={"user": "ada"}))
+    assert len(found) == 3
     saver.close()
 
 
