@@ -583,6 +583,30 @@ def test_a_task_s_small_scalar_writes_are_kept_in_their_rows_and_come_back_as_th
     saver.close()
 
 
+def _run_to_its_end(builder: StateGraph, server: Any, token: str, thread_id: str,
+                    mode: str) -> tuple[Any, Recording | AsyncRecording]:
+    """The graph run from an empty input with ``invoke`` (``mode`` sync) or ``ainvoke`` (async) on
+    a recorded saver holding writes for 600 s, closed at the end (a task whose write came after the
+    put took the held ones is sent then): its output, and what the saver sent."""
+    wire: Recording | AsyncRecording = Recording() if mode == "sync" else AsyncRecording()
+    transport = {"transport": wire} if mode == "sync" else {"async_transport": wire}
+    saver = NovelForgeSaver(url=server.url, token=token, hold_seconds=600, heartbeat=False, **transport)
+    graph = builder.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": thread_id}}
+    if mode == "sync":
+        try:
+            return graph.invoke({}, config, durability="sync"), wire
+        finally:
+            saver.close()
+
+    async def run() -> Any:
+        try:
+            return await graph.ainvoke({}, config, durability="sync")
+        finally:
+            await saver.aclose()
+    return asyncio.run(run()), wire
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_superstep_of_more_tasks_than_a_put_carries_is_saved_whole(graph_server, graph_token, mode):
     """A fan-out superstep (100 tasks through ``Send``) holds more tasks' writes than one put may
@@ -596,21 +620,7 @@ def test_a_superstep_of_more_tasks_than_a_put_carries_is_saved_whole(graph_serve
     builder.add_node("work", lambda state: {"done": [state["n"]]})
     builder.add_conditional_edges(START, lambda state: [Send("work", {"n": i}) for i in range(100)], ["work"])
     builder.add_edge("work", END)
-    wire: Recording | AsyncRecording = Recording() if mode == "sync" else AsyncRecording()
-    transport = {"transport": wire} if mode == "sync" else {"async_transport": wire}
-    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, hold_seconds=600, heartbeat=False, **transport)
-    graph = builder.compile(checkpointer=saver)
-    config = {"configurable": {"thread_id": f"fan-out-{mode}"}}
-    if mode == "sync":
-        out = graph.invoke({}, config, durability="sync")
-        saver.close()  # a task whose write came after the put took the held ones: sent now
-    else:
-        async def run() -> Any:
-            try:
-                return await graph.ainvoke({}, config, durability="sync")
-            finally:
-                await saver.aclose()
-        out = asyncio.run(run())
+    out, wire = _run_to_its_end(builder, graph_server, graph_token, f"fan-out-{mode}", mode)
     assert sorted(out["done"]) == list(range(100))
     thread = GraphThread.objects.get(thread_id=f"fan-out-{mode}")
     assert GraphWrite.objects.filter(thread=thread, channel="done").values("task_id").distinct().count() == 100
@@ -633,22 +643,8 @@ def test_a_task_writing_more_than_a_request_holds_is_saved_whole(graph_server, g
     builder.add_edge(START, "plan")
     builder.add_conditional_edges("plan", lambda state: [Send("work", {"n": i}) for i in range(250)], ["work"])
     builder.add_edge("work", END)
-    wire: Recording | AsyncRecording = Recording() if mode == "sync" else AsyncRecording()
-    transport = {"transport": wire} if mode == "sync" else {"async_transport": wire}
-    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, hold_seconds=600, heartbeat=False, **transport)
-    graph = builder.compile(checkpointer=saver)
     thread_id = f"wide-fan-out-{mode}"
-    config = {"configurable": {"thread_id": thread_id}}
-    if mode == "sync":
-        out = graph.invoke({}, config, durability="sync")
-        saver.close()
-    else:
-        async def run() -> Any:
-            try:
-                return await graph.ainvoke({}, config, durability="sync")
-            finally:
-                await saver.aclose()
-        out = asyncio.run(run())
+    out, _ = _run_to_its_end(builder, graph_server, graph_token, thread_id, mode)
     assert sorted(out["done"]) == list(range(250))
     thread = GraphThread.objects.get(thread_id=thread_id)
     sends = GraphWrite.objects.filter(thread=thread, channel="__pregel_tasks")
