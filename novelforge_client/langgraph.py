@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
+import functools
 import hashlib
 import json
 import logging
@@ -179,9 +180,8 @@ def _json_bytes(value: Any) -> int:
 def _fitted_metadata(metadata: dict[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
     """A checkpoint's metadata within :data:`_METADATA_BYTES`: the values copied from the run's
     config (not in LangGraph's ``own`` metadata) left out, longest first, until it fits (logged
-    once per put, naming them). What LangGraph set itself is kept whatever its size."""
-    size = _json_bytes(metadata)
-    if size <= _METADATA_BYTES:
+    once, naming them: :func:`_left_out`). What LangGraph set itself is kept whatever its size."""
+    if _json_bytes(metadata) <= _METADATA_BYTES:
         return metadata
     fitted, left_out = dict(metadata), []
     for key in sorted((k for k in metadata if k not in own), key=lambda k: -_json_bytes({k: metadata[k]})):
@@ -189,9 +189,16 @@ def _fitted_metadata(metadata: dict[str, Any], own: Mapping[str, Any]) -> dict[s
         left_out.append(key)
         if _json_bytes(fitted) <= _METADATA_BYTES:
             break
-    log.warning("checkpoint metadata past %d bytes: left out the config values %s (LangGraph copies a run's "
-                "configurable strings and numbers into each checkpoint's metadata)", _METADATA_BYTES, left_out)
+    _left_out(tuple(left_out))
     return fitted
+
+
+@functools.lru_cache(maxsize=64)
+def _left_out(keys: tuple[str, ...]) -> None:
+    """Say once (per process and set of keys, not on every put of a long run) which config values
+    :func:`_fitted_metadata` left out."""
+    log.warning("checkpoint metadata past %d bytes: left out the config values %s (LangGraph copies a run's "
+                "configurable strings and numbers into each checkpoint's metadata)", _METADATA_BYTES, list(keys))
 
 
 def _inlined(value: Any) -> bool:

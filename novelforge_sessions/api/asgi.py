@@ -299,7 +299,8 @@ class ApiThreads:
         while True:
             item = take()
             if item is None:  # stopped: the connections this thread kept are closed, not left to the exit
-                connections.close_all()
+                with contextlib.suppress(Exception):  # a connection that fails to close is gone with the process
+                    connections.close_all()
                 return
             loop, future, fn, args = item
             if future.cancelled():
