@@ -177,6 +177,12 @@ def _json_bytes(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
+def _entry_bytes(entry: Mapping[str, Any]) -> int:
+    """The room a list entry takes in a body, its value not counted (:meth:`NovelForgeSaver._plan_lists`
+    plans for it): its JSON, and 100 bytes for the fingerprint or the value's wrapping."""
+    return len(json.dumps(entry)) + 100
+
+
 def _fitted_metadata(metadata: dict[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
     """A checkpoint's metadata within :data:`_METADATA_BYTES`: the values copied from the run's
     config (not in LangGraph's ``own`` metadata) left out, longest first, until it fits (logged
@@ -240,7 +246,7 @@ def _inline_values(values: Mapping[str, Any], versions: Mapping[str, Any]) -> di
         if len(inline) == _INLINE_MAX:
             break
         if _inlinable(channel, value, versions):
-            more = len(json.dumps({channel: value}, separators=(",", ":"), ensure_ascii=False).encode())
+            more = _json_bytes({channel: value})
             if size + more > _INLINE_BYTES:
                 continue
             inline[channel] = value
@@ -296,12 +302,12 @@ class _Held:
     task_id: str
     task_path: str
     entries: list[tuple[dict[str, Any], _Value | None]]
-    #: the bytes its entries take in a body, values not counted (as :meth:`NovelForgeSaver._plan_lists` counts them)
+    #: the bytes it takes in a put's body, values not counted (:func:`_entry_bytes`, and its ids)
     size: int = field(init=False)
 
     def __post_init__(self) -> None:
-        ids = len(json.dumps([self.checkpoint_id, self.task_id, self.task_path])) + 100
-        object.__setattr__(self, "size", ids + sum(len(json.dumps(e)) + 100 for e, _ in self.entries))
+        ids = _entry_bytes({"checkpoint_id": self.checkpoint_id, "task_id": self.task_id, "task_path": self.task_path})
+        object.__setattr__(self, "size", ids + sum(_entry_bytes(e) for e, _ in self.entries))
 
 
 @dataclass
@@ -592,7 +598,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         request of this saver is carrying is waited for (``wait``) and then named, not sent twice.
         Requests are planned one at a time and wait only for requests planned before them, so no
         two wait for each other."""
-        fixed = len(json.dumps(body)) + sum(len(json.dumps(e)) + 100 for group in lists for e, _ in group)
+        fixed = len(json.dumps(body)) + sum(_entry_bytes(e) for group in lists for e, _ in group)
         entries = [(e, v) for group in lists for e, v in group if v is not None]
         budget = self.max_body_bytes - _BODY_MARGIN - fixed
         inline: set[str] = set()
@@ -772,7 +778,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         for i, (channel, value) in enumerate(writes):
             entry = {"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel}
             if _kept_inline(channel, value):
-                more = len(json.dumps(value, ensure_ascii=False).encode())
+                more = _json_bytes(value)
                 if size + more <= room:
                     size += more
                     entries.append(({**entry, "scalar": value}, None))
@@ -867,8 +873,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         self._stop_if_aborted(config)
         self._continue_if_waiting(config)
         conf = _configurable(config)
-        held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
-        alone, held = self._carried(held)
+        alone, held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
         if alone:  # more than a put carries: the first ones go on their own, first
             try:
                 self._send_held(alone)
@@ -926,13 +931,12 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
                 self._flusher.start()
         return True
 
-    def _take_held(self, key: tuple[str, str]) -> builtins.list[_Held]:  # `list` is a method here
+    def _take_held(self, key: tuple[str, str]) -> tuple[builtins.list[_Held], builtins.list[_Held]]:
+        """The writes held for a put of thread ``key``, taken: those it sends on their own first,
+        and those it carries (the latest, at most :data:`_PUT_TASKS` of them, within a
+        :data:`_PUT_WRITES_SHARE` of the body limit)."""
         with self._held_lock:
-            return self._held.pop(key, [])
-
-    def _carried(self, held: builtins.list[_Held]) -> tuple[builtins.list[_Held], builtins.list[_Held]]:
-        """The held writes a put sends on their own first, and those it carries: the latest, at
-        most :data:`_PUT_TASKS` of them, within a :data:`_PUT_WRITES_SHARE` of the body limit."""
+            held = self._held.pop(key, [])
         room, n = self.max_body_bytes // _PUT_WRITES_SHARE, 0
         for item in reversed(held):
             if n == _PUT_TASKS or item.size > room:
@@ -1084,8 +1088,7 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         conf = _configurable(config)
         if str(conf.get("thread_id")) in self._waiting_on_user:
             await asyncio.to_thread(self._continue_if_waiting, config)
-        held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
-        alone, held = self._carried(held)
+        alone, held = self._take_held((str(conf["thread_id"]), conf.get("checkpoint_ns", "")))
         if alone:  # as put: the first ones on their own, first
             try:
                 await self._asend_held(alone)
