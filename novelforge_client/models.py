@@ -473,8 +473,8 @@ class GraphCheckpointOut(ResponseModel):
 class GraphCopyIn(RequestModel):
     """GraphCopyIn"""
 
-    source_thread_id: str = Field(description='the thread whose history is copied')
-    target_thread_id: str = Field(description="the new thread's id (a thread of the project already: 409 `graph_thread_exists`)")
+    source_thread_id: str = Field(description="the thread whose history is copied; at most 1000 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
+    target_thread_id: str = Field(description="the new thread's id (a thread of the project already: 409 `graph_thread_exists`); at most 1000 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
 
 
 class GraphCopyOut(ResponseModel):
@@ -526,8 +526,8 @@ class GraphPruneIn(RequestModel):
 class GraphPutIn(RequestModel):
     """GraphPutIn"""
 
-    thread_id: str
-    checkpoint_ns: str = Field(default='')
+    thread_id: str = Field(description="at most 1000 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
+    checkpoint_ns: str = Field(default='', description="LangGraph's namespace of a subgraph (its parents' node names and task ids); empty at the top; at most 1000 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     checkpoint_id: str
     parent_checkpoint_id: str | None = Field(default=None)
     checkpoint: dict[str, StorableJson] = Field(description='the graph checkpoint without `channel_values` (versions, versions seen, ts, …); `channel_versions` maps channel names (1–200 characters) to versions: a number from -9223372036854775808 to 9223372036854775807 (kept as sent: `7.0` is not `7`), or a string of at most 98 printable ASCII characters other than `"` and `\\`; at most 65536 bytes as UTF-8 (`x-max-bytes`; a string\'s own bytes, any other value\'s compact JSON): over it, 422 naming the field')
@@ -579,7 +579,7 @@ class GraphTaskWritesIn(RequestModel):
 
     checkpoint_id: str = Field(description="the checkpoint the writes belong to (the task ran from it: usually the put's parent)")
     task_id: str
-    task_path: str = Field(default='')
+    task_path: str = Field(default='', description="at most 1000 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     writes: list[GraphWriteIn]
 
 
@@ -615,11 +615,11 @@ class GraphWriteIn(RequestModel):
 class GraphWritesIn(RequestModel):
     """GraphWritesIn"""
 
-    thread_id: str
-    checkpoint_ns: str = Field(default='')
+    thread_id: str = Field(description="at most 1000 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
+    checkpoint_ns: str = Field(default='', description="LangGraph's namespace of a subgraph (its parents' node names and task ids); empty at the top; at most 1000 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     checkpoint_id: str
     task_id: str
-    task_path: str = Field(default='')
+    task_path: str = Field(default='', description="at most 1000 bytes as UTF-8 (`x-max-bytes`; a string's own bytes, any other value's compact JSON): over it, 422 naming the field")
     writes: list[GraphWriteIn]
     open: GraphThreadSpecIn | None = Field(default=None, description="open the thread's session if the thread is new (as for a put; a token bound to a session may not: 403 `forbidden`)")
 

@@ -32,6 +32,9 @@ GraphRole = Literal[tuple(r.value for r in rt.SessionRole if r is not rt.Session
 
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 FINGERPRINT = {"pattern": rt.FINGERPRINT_PATTERN}
+#: A thread id, a checkpoint namespace or a task path: as many characters as bytes (``actions.MAX_PATH_LENGTH``).
+PATH = max_bytes(actions.MAX_PATH_LENGTH)
+PATH_DOC = "LangGraph's namespace of a subgraph (its parents' node names and task ids); empty at the top"
 
 
 class GraphBlobIn(Strict):
@@ -88,8 +91,8 @@ class GraphThreadSpecIn(Strict):
 
 
 class GraphPutIn(Strict):
-    thread_id: str = Field(..., min_length=1, max_length=200)
-    checkpoint_ns: str = Field("", max_length=200)
+    thread_id: str = Field(..., min_length=1, max_length=actions.MAX_PATH_LENGTH, json_schema_extra=PATH)
+    checkpoint_ns: str = Field("", max_length=actions.MAX_PATH_LENGTH, description=PATH_DOC, json_schema_extra=PATH)
     checkpoint_id: str = Field(..., min_length=1, max_length=64)
     parent_checkpoint_id: str | None = Field(None, max_length=64)
     checkpoint: dict[str, Any] = Field(
@@ -161,7 +164,7 @@ class GraphTaskWritesIn(Strict):
     checkpoint_id: str = Field(..., min_length=1, max_length=64, description="the checkpoint the writes belong to "
                                "(the task ran from it: usually the put's parent)")
     task_id: str = Field(..., min_length=1, max_length=64)
-    task_path: str = Field("", max_length=200)
+    task_path: str = Field("", max_length=actions.MAX_PATH_LENGTH, json_schema_extra=PATH)
     writes: list[GraphWriteIn] = Field(..., max_length=200)
 
 
@@ -169,11 +172,11 @@ GraphPutIn.model_rebuild()
 
 
 class GraphWritesIn(Strict):
-    thread_id: str = Field(..., min_length=1, max_length=200)
-    checkpoint_ns: str = Field("", max_length=200)
+    thread_id: str = Field(..., min_length=1, max_length=actions.MAX_PATH_LENGTH, json_schema_extra=PATH)
+    checkpoint_ns: str = Field("", max_length=actions.MAX_PATH_LENGTH, description=PATH_DOC, json_schema_extra=PATH)
     checkpoint_id: str = Field(..., min_length=1, max_length=64)
     task_id: str = Field(..., min_length=1, max_length=64)
-    task_path: str = Field("", max_length=200)
+    task_path: str = Field("", max_length=actions.MAX_PATH_LENGTH, json_schema_extra=PATH)
     writes: list[GraphWriteIn] = Field(..., max_length=200)
     open: GraphThreadSpecIn | None = Field(
         None, description="open the thread's session if the thread is new (as for a put; a token bound to a session "
@@ -260,8 +263,9 @@ class GraphDeleteOut(Schema):
 
 
 class GraphCopyIn(Strict):
-    source_thread_id: str = Field(..., min_length=1, max_length=200, description="the thread whose history is copied")
-    target_thread_id: str = Field(..., min_length=1, max_length=200,
+    source_thread_id: str = Field(..., min_length=1, max_length=actions.MAX_PATH_LENGTH, json_schema_extra=PATH,
+                                  description="the thread whose history is copied")
+    target_thread_id: str = Field(..., min_length=1, max_length=actions.MAX_PATH_LENGTH, json_schema_extra=PATH,
                                   description="the new thread's id (a thread of the project already: 409 `graph_thread_exists`)")
 
 
@@ -277,8 +281,8 @@ class GraphCopyOut(Schema):
 
 
 class GraphPruneIn(Strict):
-    thread_ids: list[str] = Field(..., max_length=actions.MAX_THREADS_PER_CALL,
-                                  json_schema_extra={"items": {"type": "string", "minLength": 1, "maxLength": 200}},
+    thread_ids: list[str] = Field(..., max_length=actions.MAX_THREADS_PER_CALL, json_schema_extra={"items": {
+                                      "type": "string", "minLength": 1, "maxLength": actions.MAX_PATH_LENGTH, **PATH}},
                                   description="the threads to prune; an id the token does not reach is left alone")
     strategy: Literal[actions.PRUNE_STRATEGIES] = Field(  # type: ignore[valid-type]
         "keep_latest", description="`keep_latest`: each namespace keeps its latest checkpoint and that checkpoint's "
@@ -444,7 +448,7 @@ def list_checkpoints(
 
 
 @router.get("/graph-threads", response={200: GraphThreadOut, **errors(403, 404)}, summary="The session of a graph thread")
-def get_thread(request: HttpRequest, thread_id: str = Query(..., min_length=1, max_length=200)):
+def get_thread(request: HttpRequest, thread_id: str = Query(..., min_length=1, max_length=actions.MAX_PATH_LENGTH)):
     who = caller(request)
     who.require("read")
     refuse_unstorable_text({"thread_id": thread_id}, where="query")
@@ -458,7 +462,7 @@ def get_thread(request: HttpRequest, thread_id: str = Query(..., min_length=1, m
     "/graph-threads", response={200: GraphDeleteOut, **errors(403, 409)},
     summary="Delete a graph thread: close its session's runtime and forget the session (no thread: deleted=false)",
 )
-def delete_thread(request: HttpRequest, thread_id: str = Query(..., min_length=1, max_length=200)):
+def delete_thread(request: HttpRequest, thread_id: str = Query(..., min_length=1, max_length=actions.MAX_PATH_LENGTH)):
     refuse_unstorable_text({"thread_id": thread_id}, where="query")
     session_id = actions.delete_thread(caller(request), thread_id)
     return {"deleted": session_id is not None, "session_id": session_id}

@@ -75,6 +75,12 @@ BLOB_PREFIX = "blob:"
 MAX_METADATA_BYTES = 16 * 1024
 MAX_ID_LENGTH = 64
 MAX_NAME_LENGTH = 200
+#: A thread id, a checkpoint namespace or a task path: at most this many characters, and as many
+#: bytes as UTF-8. LangGraph builds a subgraph's namespace from its parents' node names and task
+#: ids (``outer_node:<task id>|inner_node:<task id>``), 37 characters more than the node's name
+#: per level of nesting: a graph four subgraphs deep with descriptive node names passes 200. In
+#: bytes so that a row's unique key stays well within what a PostgreSQL index entry holds.
+MAX_PATH_LENGTH = 1000
 #: A channel version (LangGraph's ``new_versions``) is stored as its JSON text in 100 characters
 #: (``GraphBlob.version``). Declared in the API schema from these, and measured as declared: a
 #: number (integer or not) within a bigint's range, whose JSON text is at most 24 characters; or
@@ -273,6 +279,16 @@ def _name(value: Any, field_name: str, *, max_length: int = MAX_NAME_LENGTH, emp
     if not isinstance(value, str) or len(value) > max_length or (not value and not empty):
         raise ValidationFailed(f"{field_name} must be a string of {0 if empty else 1}–{max_length} characters",
                                field=field_name)
+    return value
+
+
+def _path(value: Any, field_name: str, *, empty: bool = False) -> str:
+    """A thread id, a namespace or a task path (``MAX_PATH_LENGTH``), as the API schema declares it."""
+    _name(value, field_name, max_length=MAX_PATH_LENGTH, empty=empty)
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_PATH_LENGTH:
+        raise ValidationFailed(f"{field_name} is {size} bytes as UTF-8; at most {MAX_PATH_LENGTH}",
+                               field=field_name, limit=MAX_PATH_LENGTH)
     return value
 
 
@@ -578,7 +594,7 @@ def open_thread(caller: Caller, thread_id: str, spec: ThreadSpec) -> tuple[Graph
     """Open (or find) a thread's session without writing a checkpoint. Returns the runtime id
     when this call opened it."""
     caller.require("write")
-    _name(thread_id, "thread_id")
+    _path(thread_id, "thread_id")
     _check_open(spec)
     with transaction.atomic():
         return _open_thread(caller, thread_id, spec)
@@ -670,8 +686,8 @@ def put_checkpoint(
     version ``channel_versions`` names, as before.
     """
     caller.require("write")
-    _name(thread_id, "thread_id")
-    _name(checkpoint_ns, "checkpoint_ns", empty=True)
+    _path(thread_id, "thread_id")
+    _path(checkpoint_ns, "checkpoint_ns", empty=True)
     _name(checkpoint_id, "checkpoint_id", max_length=MAX_ID_LENGTH)
     parent = _name(parent_checkpoint_id or "", "parent_checkpoint_id", max_length=MAX_ID_LENGTH, empty=True)
     put: dict[tuple[str, str], str] = {}  # (channel, version key) → fingerprint; the last one sent stands
@@ -876,7 +892,7 @@ def _writes_params(caller: Caller, *, thread_id: str, checkpoint_ns: str, checkp
     """A task's writes checked (422 naming ``where`` + the field) and made the statement's parameters."""
     _name(checkpoint_id, f"{where}checkpoint_id", max_length=MAX_ID_LENGTH)
     _name(task_id, f"{where}task_id", max_length=MAX_ID_LENGTH)
-    _name(task_path, f"{where}task_path", empty=True)
+    _path(task_path, f"{where}task_path", empty=True)
     rows: dict[int, tuple[str, str | None, str | None]] = {}  # idx → (channel, fingerprint, scalar's JSON)
     inline: dict[str, str] = {}
     for i, w in enumerate(writes):
@@ -943,8 +959,8 @@ def put_writes(
     round trip. A thread this caller does not reach yet is opened first (its own transaction),
     then the statement runs again."""
     caller.require("write")
-    _name(thread_id, "thread_id")
-    _name(checkpoint_ns, "checkpoint_ns", empty=True)
+    _path(thread_id, "thread_id")
+    _path(checkpoint_ns, "checkpoint_ns", empty=True)
     params = _writes_params(caller, thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id,
                             task_id=task_id, task_path=task_path, writes=writes)
     _check_open(open_spec)
@@ -1000,7 +1016,7 @@ def delete_thread(caller: Caller, thread_id: str) -> int | None:
     thread's blobs that nothing else cites are removed by the next garbage collection
     (``control/graph_gc.py``)."""
     caller.require("write")
-    _name(thread_id, "thread_id")
+    _path(thread_id, "thread_id")
     with transaction.atomic():
         thread = find_thread(caller, thread_id)
         if thread is None:
@@ -1108,8 +1124,8 @@ def copy_thread(caller: Caller, source_thread_id: str, target_thread_id: str) ->
     thread opens a session) → the source is not a thread in the caller's reach (404) → the
     target id is a thread of the project already (409 ``graph_thread_exists``)."""
     caller.require("write")
-    _name(source_thread_id, "source_thread_id")
-    _name(target_thread_id, "target_thread_id")
+    _path(source_thread_id, "source_thread_id")
+    _path(target_thread_id, "target_thread_id")
     with transaction.atomic():
         source = find_thread(caller, source_thread_id)
         if source is None:
@@ -1263,7 +1279,7 @@ def prune(caller: Caller, thread_ids: list[str], strategy: str = "keep_latest") 
     caller.require("write")
     if strategy not in PRUNE_STRATEGIES:
         raise ValidationFailed(f"strategy is one of {', '.join(PRUNE_STRATEGIES)}", field="strategy")
-    ids = _ids(thread_ids, "thread_ids", MAX_THREADS_PER_CALL)
+    ids = _ids(thread_ids, "thread_ids", MAX_THREADS_PER_CALL, _path)
     if not ids:
         return []
     with transaction.atomic():
@@ -1301,7 +1317,7 @@ def delete_for_runs(caller: Caller, run_ids: list[str]) -> list[Removed]:
     return [item for item, _ in removed]
 
 
-def _ids(values: list[str], field_name: str, limit: int) -> list[str]:
+def _ids(values: list[str], field_name: str, limit: int, each: Callable[[Any, str], str] = _name) -> list[str]:
     if not isinstance(values, list) or len(values) > limit:
         raise ValidationFailed(f"{field_name} is a list of at most {limit} ids", field=field_name, limit=limit)
-    return sorted({_name(v, f"{field_name}[{i}]") for i, v in enumerate(values)})
+    return sorted({each(v, f"{field_name}[{i}]") for i, v in enumerate(values)})

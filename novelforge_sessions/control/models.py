@@ -363,7 +363,8 @@ class GraphThread(models.Model):
     # No index of its own: ``graph_thread_unique_per_project`` (project, thread_id) serves it.
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="graph_threads", db_index=False)
     session = models.OneToOneField(Session, on_delete=models.CASCADE, related_name="graph_thread")
-    thread_id = models.CharField(max_length=200)
+    #: ``control/graphs.MAX_PATH_LENGTH`` (so are the namespaces and task paths below)
+    thread_id = models.CharField(max_length=1000)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -384,7 +385,7 @@ class GraphCheckpoint(models.Model):
     # No index of its own: ``graph_cp_unique_id`` (thread, …) serves it.
     thread = models.ForeignKey(GraphThread, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
     record = models.OneToOneField(Checkpoint, on_delete=models.CASCADE, related_name="graph")
-    checkpoint_ns = models.CharField(max_length=200, blank=True, default="")
+    checkpoint_ns = models.CharField(max_length=1000, blank=True, default="")
     checkpoint_id = models.CharField(max_length=64)
     parent_checkpoint_id = models.CharField(max_length=64, blank=True, default="")
     metadata = models.JSONField(default=dict, blank=True)
@@ -411,7 +412,7 @@ class GraphBlob(models.Model):
 
     # No index of its own: ``graph_blob_unique_version`` (thread, …) serves it.
     thread = models.ForeignKey(GraphThread, on_delete=models.CASCADE, related_name="blobs", db_index=False)
-    checkpoint_ns = models.CharField(max_length=200, blank=True, default="")
+    checkpoint_ns = models.CharField(max_length=1000, blank=True, default="")
     channel = models.CharField(max_length=200)
     version = models.CharField(max_length=100, help_text="the channel version, as JSON")
     fingerprint = models.CharField(max_length=71)
@@ -438,10 +439,10 @@ class GraphWrite(models.Model):
 
     # No index of its own: ``graph_write_unique_idx`` (thread, …) serves it.
     thread = models.ForeignKey(GraphThread, on_delete=models.CASCADE, related_name="writes", db_index=False)
-    checkpoint_ns = models.CharField(max_length=200, blank=True, default="")
+    checkpoint_ns = models.CharField(max_length=1000, blank=True, default="")
     checkpoint_id = models.CharField(max_length=64)
     task_id = models.CharField(max_length=64)
-    task_path = models.CharField(max_length=200, blank=True, default="")
+    task_path = models.CharField(max_length=1000, blank=True, default="")
     idx = models.IntegerField()
     channel = models.CharField(max_length=200)
     value = models.ForeignKey(ArtifactVersion, on_delete=models.PROTECT, related_name="+", null=True)

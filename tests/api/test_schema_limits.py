@@ -128,6 +128,11 @@ def test_byte_bounds_are_declared_from_their_constants_and_in_words(schema):
         "GraphPutIn.checkpoint": settings.CHECKPOINT_MAX_BYTES,
         "GraphPutIn.metadata": graphs.MAX_METADATA_BYTES,
         "GraphPutIn.values": graphs.MAX_INLINE_VALUES_BYTES,
+        **{f"{component}.{field}": graphs.MAX_PATH_LENGTH for component, field in [
+            ("GraphPutIn", "thread_id"), ("GraphPutIn", "checkpoint_ns"), ("GraphTaskWritesIn", "task_path"),
+            ("GraphWritesIn", "thread_id"), ("GraphWritesIn", "checkpoint_ns"), ("GraphWritesIn", "task_path"),
+            ("GraphCopyIn", "source_thread_id"), ("GraphCopyIn", "target_thread_id"),
+        ]},
         "EvidenceIn.content": packets.MAX_EVIDENCE_BYTES,
     }
     assert dict(byte_bounds()) == expected

@@ -706,6 +706,50 @@ def test_long_config_values_past_the_metadata_limit_are_left_out_of_the_checkpoi
     saver.close()
 
 
+def test_a_graph_nested_five_subgraphs_deep_with_descriptive_names_pauses_and_resumes(graph_server, graph_token):
+    """LangGraph names a subgraph's namespace after its parents' nodes and task ids (37 characters
+    more than the node's name per level): a few levels of names like these pass 200 characters,
+    where the server stopped. The deepest subgraph asks, a fresh saver resumes, and every level's
+    checkpoints are stored under their own namespace."""
+    class Notes(TypedDict):
+        notes: Annotated[list[str], operator.add]
+
+    def level(depth: int):
+        builder = StateGraph(Notes)
+        if depth == 0:
+            builder.add_node("ask_the_editor_which_ending_to_keep",
+                             lambda state: {"notes": [interrupt("Which ending?")]})
+            builder.add_edge(START, "ask_the_editor_which_ending_to_keep")
+            builder.add_edge("ask_the_editor_which_ending_to_keep", END)
+        else:
+            name = f"chapter_review_assistant_level_{depth}"
+            builder.add_node(name, level(depth - 1))
+            builder.add_edge(START, name)
+            builder.add_edge(name, END)
+        return builder.compile()
+
+    config = {"configurable": {"thread_id": "four-deep"}}
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, heartbeat=False)
+    builder = StateGraph(Notes)
+    builder.add_node("plan_the_novel_outline", level(4))
+    builder.add_edge(START, "plan_the_novel_outline")
+    builder.add_edge("plan_the_novel_outline", END)
+    asked = builder.compile(checkpointer=saver).invoke({"notes": []}, config, durability="sync")
+    assert asked["__interrupt__"][0].value == "Which ending?"
+    saver.close()
+    namespaces = set(GraphCheckpoint.objects.filter(thread__thread_id="four-deep")
+                     .values_list("checkpoint_ns", flat=True))
+    assert len(namespaces) == 6 and max(map(len, namespaces)) > 200  # the graph and its five subgraphs
+
+    fresh = NovelForgeSaver(url=graph_server.url, token=graph_token, heartbeat=False)
+    graph = builder.compile(checkpointer=fresh)
+    assert graph.invoke(Command(resume="the lamp stays lit"), config, durability="sync") == {
+        "notes": ["the lamp stays lit"]}
+    deepest = graph.get_state(config, subgraphs=True)
+    assert deepest.values == {"notes": ["the lamp stays lit"]} and not deepest.next
+    fresh.close()
+
+
 def test_a_refused_put_still_stores_the_writes_it_carried(graph_server, graph_token):
     """The put carrying held writes is refused (the thread's run ended): the writes are sent on
     their own (stored, as they would have been without holding), and the put's refusal stands."""

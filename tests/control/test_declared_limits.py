@@ -7,7 +7,7 @@ import pytest
 from django.conf import settings
 
 from novelforge_sessions import session_runtime as rt
-from novelforge_sessions.control import bindings, handoffs
+from novelforge_sessions.control import bindings, graphs, handoffs
 from novelforge_sessions.control.models import Handoff, ResultDelivery
 from novelforge_sessions.models import Checkpoint, Event, TranscriptEntry
 from tests.support.factories import SESSION
@@ -236,6 +236,38 @@ def _case_graph_values(owner, new_session, limit):
 
 
 GRAPH_PUT = {"thread_id": "t-1", "checkpoint_id": "0001", "checkpoint": {"v": 1}, "open": {"task_mode": "drafting"}}
+GRAPH_WRITES = {"thread_id": "t-1", "checkpoint_id": "0001", "task_id": "task-1",
+                "writes": [{"idx": 0, "channel": "c", "scalar": 1}], "open": {"task_mode": "drafting"}}
+
+
+def path_of(limit: int) -> str:
+    """A thread id, namespace or task path of exactly ``limit`` bytes as UTF-8, in fewer characters
+    (two bytes each): the byte bound, not the character one, is what refuses it."""
+    return "é" * (limit // 2) + "x" * (limit % 2)
+
+
+def _case_graph_path(component: str, field: str):
+    def case(owner, new_session, limit):
+        body = GRAPH_PUT if component == "GraphPutIn" else GRAPH_WRITES
+        path = "/graph-threads/checkpoints" if component == "GraphPutIn" else "/graph-threads/writes"
+        return component, path, {**body, field: path_of(limit)}, field
+    return case
+
+
+def _case_graph_carried_task_path(owner, new_session, limit):
+    task = {"checkpoint_id": "0000", "task_id": "task-1", "task_path": path_of(limit),
+            "writes": [{"idx": 0, "channel": "c", "scalar": 1}]}
+    return "GraphTaskWritesIn", "/graph-threads/checkpoints", {**GRAPH_PUT, "writes": [task]}, "writes[0].task_path"
+
+
+def _case_graph_copy(field: str):
+    def case(owner, new_session, limit):
+        source = path_of(limit) if field == "source_thread_id" else "t-1"
+        if len(source.encode()) <= graphs.MAX_PATH_LENGTH:  # the source exists (an id over the bound names none)
+            ok(owner.post("/graph-threads/checkpoints", {**GRAPH_PUT, "thread_id": source}), 201)
+        body = {"source_thread_id": source, "target_thread_id": "t-2", field: path_of(limit)}
+        return "GraphCopyIn", "/graph-threads/copy", body, field
+    return case
 
 #: x-max-bytes bound → how to send a value of exactly n bytes there (component, path, body, field named).
 BYTE_CASES = {
@@ -254,6 +286,14 @@ BYTE_CASES = {
     "GraphPutIn.metadata": _case_graph_metadata,
     "GraphPutIn.checkpoint": _case_graph_checkpoint,
     "GraphPutIn.values": _case_graph_values,
+    "GraphPutIn.thread_id": _case_graph_path("GraphPutIn", "thread_id"),
+    "GraphPutIn.checkpoint_ns": _case_graph_path("GraphPutIn", "checkpoint_ns"),
+    "GraphTaskWritesIn.task_path": _case_graph_carried_task_path,
+    "GraphWritesIn.thread_id": _case_graph_path("GraphWritesIn", "thread_id"),
+    "GraphWritesIn.checkpoint_ns": _case_graph_path("GraphWritesIn", "checkpoint_ns"),
+    "GraphWritesIn.task_path": _case_graph_path("GraphWritesIn", "task_path"),
+    "GraphCopyIn.source_thread_id": _case_graph_copy("source_thread_id"),
+    "GraphCopyIn.target_thread_id": _case_graph_copy("target_thread_id"),
 }
 #: Bounds proven elsewhere, each at and over its limit.
 BYTE_BOUNDS_TESTED_ELSEWHERE = {

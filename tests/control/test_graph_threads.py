@@ -108,6 +108,25 @@ def test_invalid_puts_are_422_naming_the_field_and_write_nothing(writer, change,
     assert snapshot() == before
 
 
+def test_the_longest_ids_namespaces_channels_and_versions_in_four_byte_characters_are_stored_and_read_back(writer):
+    """Every unique key of the graph's rows holds its longest values (a namespace of
+    ``MAX_PATH_LENGTH`` bytes, a channel of 200 characters of four bytes each, the longest
+    version and ids) within what a PostgreSQL index entry holds: stored, and read back as sent."""
+    wide = "\U0001F600"  # four bytes as UTF-8
+    thread, ns = wide * (graphs.MAX_PATH_LENGTH // 4), wide * (graphs.MAX_PATH_LENGTH // 4)
+    channel, version = wide * graphs.MAX_NAME_LENGTH, "v" * graphs.MAX_VERSION_LENGTH
+    cp, task = wide * graphs.MAX_ID_LENGTH, wide * graphs.MAX_ID_LENGTH
+    body = put_body(thread, cp, versions={channel: version}, checkpoint_ns=ns)
+    body["blobs"] = [{"channel": channel, "version": version, "value": blob("a value")}]
+    body["writes"] = [{"checkpoint_id": cp, "task_id": task, "task_path": ns,
+                       "writes": [{"idx": 0, "channel": channel, "value": blob("a write")}]}]
+    ok(writer.post("/graph-threads/checkpoints", body), 201)
+    [item] = get(writer, thread_id=thread, checkpoint_ns=ns)
+    assert item["checkpoint_id"] == cp and list(item["checkpoint"]["channel_versions"]) == [channel]
+    [write] = item["pending_writes"]
+    assert (write["task_id"], write["task_path"], write["channel"]) == (task, ns, channel)
+
+
 def test_small_scalars_put_inline_live_in_the_checkpoint_with_no_blob_version_row_or_ref(writer):
     from novelforge_sessions.control.models import GraphBlob
 
