@@ -85,6 +85,7 @@ try:
         writes_sort_key,
     )
     from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.checkpoint.serde.types import INTERRUPT
     from langgraph.types import interrupt
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -423,6 +424,11 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
         hold_writes: bool = True, hold_seconds: float = HOLD_WRITES_SECONDS, heartbeat: bool = True,
     ) -> None:
         super().__init__(serde=serde)
+        # A task's small scalar writes are kept in their rows as JSON only with LangGraph's own
+        # serializer: a serializer of the caller's (an EncryptedSerializer, say) sees every write,
+        # as PostgresSaver passes every write through it. (Small channel values ride inline in a
+        # checkpoint whatever the serializer, as PostgresSaver keeps them in its checkpoint row.)
+        self._scalar_writes = serde is None or type(serde) is JsonPlusSerializer
         self.url = (url or os.environ.get("NOVELFORGE_URL") or "http://127.0.0.1:8000").rstrip("/")
         token = token or os.environ.get("NOVELFORGE_TOKEN")
         if not token:
@@ -772,12 +778,13 @@ class NovelForgeSaver(BaseCheckpointSaver[int]):
 
     def _write_entries(self, writes: Sequence[tuple[str, Any]]) -> list[tuple[dict[str, Any], _Value | None]]:
         """A task's writes as entries: a small scalar in the entry itself (``scalar``, up to
-        :data:`_WRITE_SCALAR_SHARE` of the body limit), any other value serialized, to be planned."""
+        :data:`_WRITE_SCALAR_SHARE` of the body limit; with LangGraph's own serializer only), any
+        other value serialized, to be planned."""
         entries: list[tuple[dict[str, Any], _Value | None]] = []
         size, room = 0, self.max_body_bytes // _WRITE_SCALAR_SHARE
         for i, (channel, value) in enumerate(writes):
             entry = {"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel}
-            if _kept_inline(channel, value):
+            if self._scalar_writes and _kept_inline(channel, value):
                 more = _json_bytes(value)
                 if size + more <= room:
                     size += more

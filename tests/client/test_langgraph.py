@@ -583,6 +583,57 @@ def test_a_task_s_small_scalar_writes_are_kept_in_their_rows_and_come_back_as_th
     saver.close()
 
 
+class XorCipher:
+    """A toy ``CipherProtocol`` (``EncryptedSerializer``'s), to see what goes through the serializer."""
+
+    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
+        return "xor", bytes(b ^ 0x5A for b in plaintext)
+
+    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
+        assert ciphername == "xor"
+        return bytes(b ^ 0x5A for b in ciphertext)
+
+
+def test_with_a_serializer_of_its_own_every_write_goes_through_it(graph_server, graph_token):
+    """A task's small scalar writes are kept as JSON in their rows only with LangGraph's own
+    serializer. With an ``EncryptedSerializer`` every write goes through it, as PostgresSaver passes
+    every write through its serializer: a node's route and the answer to an interrupt are stored
+    encrypted, never as plain text, and the graph resumes from them."""
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    class Plan(TypedDict):
+        route: str
+        answer: str
+
+    builder = StateGraph(Plan)
+    builder.add_node("choose", lambda state: {"route": "the secret plan"})
+    builder.add_node("ask", lambda state: {"answer": interrupt("Which ending?")})
+    builder.add_edge(START, "choose")
+    builder.add_edge("choose", "ask")
+    builder.add_edge("ask", END)
+    config = {"configurable": {"thread_id": "encrypted-writes"}}
+    saver = NovelForgeSaver(url=graph_server.url, token=graph_token, heartbeat=False,
+                            serde=EncryptedSerializer(XorCipher()))
+    graph = builder.compile(checkpointer=saver)
+    assert graph.invoke({}, config, durability="sync")["__interrupt__"][0].value == "Which ending?"
+    assert graph.invoke(Command(resume="the lamp stays lit"), config, durability="sync") == {
+        "route": "the secret plan", "answer": "the lamp stays lit"}
+    saver.close()
+    writes = GraphWrite.objects.filter(thread__thread_id="encrypted-writes")
+    assert writes.filter(channel="route").exists() and writes.filter(channel="__resume__").exists()
+    assert not writes.filter(scalar__isnull=False).exists()  # every write a blob, through the serializer
+    values = [json.loads(v) for v in writes.values_list("value__content", flat=True)]
+    assert values and all(v["serde"].endswith("+xor") for v in values)
+    for plain in ("the secret plan", "the lamp stays lit"):
+        assert not writes.filter(value__content__contains=plain).exists()
+    # with LangGraph's own serializer the same route is a scalar in its row
+    plain_saver = NovelForgeSaver(url=graph_server.url, token=graph_token, heartbeat=False)
+    builder.compile(checkpointer=plain_saver).invoke({}, {"configurable": {"thread_id": "plain-writes"}},
+                                                     durability="sync")
+    plain_saver.close()
+    assert GraphWrite.objects.get(thread__thread_id="plain-writes", channel="route").scalar == '"the secret plan"'
+
+
 def _run_to_its_end(builder: StateGraph, server: Any, token: str, thread_id: str,
                     mode: str) -> tuple[Any, Recording | AsyncRecording]:
     """The graph run from an empty input with ``invoke`` (``mode`` sync) or ``ainvoke`` (async) on
