@@ -257,7 +257,7 @@ def _case_graph_path(component: str, field: str):
 def _case_graph_carried_task_path(owner, new_session, limit):
     task = {"checkpoint_id": "0000", "task_id": "task-1", "task_path": path_of(limit),
             "writes": [{"idx": 0, "channel": "c", "scalar": 1}]}
-    return "GraphTaskWritesIn", "/graph-threads/checkpoints", {**GRAPH_PUT, "writes": [task]}, "writes[0].task_path"
+    return "GraphPutIn", "/graph-threads/checkpoints", {**GRAPH_PUT, "writes": [task]}, "writes[0].task_path"
 
 
 def _case_graph_copy(field: str):
@@ -320,7 +320,7 @@ def test_a_value_is_accepted_at_its_declared_byte_bound_and_refused_one_byte_ove
 
     limit = dict(byte_bounds())[where]
     component, path, body, field = BYTE_CASES[where](owner, new_session, limit + over)
-    assert declared_valid(component, body) is not over
+    assert declared_valid(component, body) is (over == 0)
     before = snapshot()
     resp = owner.post(path, body)
     if not over:
