@@ -34,7 +34,7 @@ BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=
 FINGERPRINT = {"pattern": rt.FINGERPRINT_PATTERN}
 #: A thread id, a checkpoint namespace or a task path: as many characters as bytes (``actions.MAX_PATH_LENGTH``).
 PATH = max_bytes(actions.MAX_PATH_LENGTH)
-PATH_DOC = "LangGraph's namespace of a subgraph (its parents' node names and task ids); empty at the top"
+NAMESPACE_DOC = "LangGraph's namespace of a subgraph (its parents' node names and task ids); empty at the top"
 
 
 class GraphBlobIn(Strict):
@@ -92,7 +92,7 @@ class GraphThreadSpecIn(Strict):
 
 class GraphPutIn(Strict):
     thread_id: str = Field(..., min_length=1, max_length=actions.MAX_PATH_LENGTH, json_schema_extra=PATH)
-    checkpoint_ns: str = Field("", max_length=actions.MAX_PATH_LENGTH, description=PATH_DOC, json_schema_extra=PATH)
+    checkpoint_ns: str = Field("", max_length=actions.MAX_PATH_LENGTH, description=NAMESPACE_DOC, json_schema_extra=PATH)
     checkpoint_id: str = Field(..., min_length=1, max_length=64)
     parent_checkpoint_id: str | None = Field(None, max_length=64)
     checkpoint: dict[str, Any] = Field(
@@ -173,7 +173,7 @@ GraphPutIn.model_rebuild()
 
 class GraphWritesIn(Strict):
     thread_id: str = Field(..., min_length=1, max_length=actions.MAX_PATH_LENGTH, json_schema_extra=PATH)
-    checkpoint_ns: str = Field("", max_length=actions.MAX_PATH_LENGTH, description=PATH_DOC, json_schema_extra=PATH)
+    checkpoint_ns: str = Field("", max_length=actions.MAX_PATH_LENGTH, description=NAMESPACE_DOC, json_schema_extra=PATH)
     checkpoint_id: str = Field(..., min_length=1, max_length=64)
     task_id: str = Field(..., min_length=1, max_length=64)
     task_path: str = Field("", max_length=actions.MAX_PATH_LENGTH, json_schema_extra=PATH)

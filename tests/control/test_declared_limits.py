@@ -246,10 +246,14 @@ def path_of(limit: int) -> str:
     return "é" * (limit // 2) + "x" * (limit % 2)
 
 
+#: The graph write routes by their body's component: (path, a body they accept).
+GRAPH_ROUTES = {"GraphPutIn": ("/graph-threads/checkpoints", GRAPH_PUT),
+                "GraphWritesIn": ("/graph-threads/writes", GRAPH_WRITES)}
+
+
 def _case_graph_path(component: str, field: str):
     def case(owner, new_session, limit):
-        body = GRAPH_PUT if component == "GraphPutIn" else GRAPH_WRITES
-        path = "/graph-threads/checkpoints" if component == "GraphPutIn" else "/graph-threads/writes"
+        path, body = GRAPH_ROUTES[component]
         return component, path, {**body, field: path_of(limit)}, field
     return case
 
