@@ -16,6 +16,7 @@ caller's reach); checkpoints are numbered consecutively in item order.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +30,12 @@ from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import Caller, token_confirmed
 from novelforge_sessions.actions import idempotency
+from novelforge_sessions.actions.artifacts import gone_blobs
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.checkpoints import (
-    Locked, current_authority_sql, _resolve_approvals, artifact_refs, decided_lock_sql, lock_params, refusal, run_scope,
+    ALL_HELD, HOLD_CTE, Locked, current_authority_sql, _resolve_approvals, artifact_refs, blobs_gone, decided_lock_sql,
+    lock_params, refusal, run_scope,
 )
 from novelforge_sessions.errors import NotFound, ServiceError, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Event, KeyedOperation, Run
@@ -42,11 +45,16 @@ MAX_BATCH_ITEMS = rt.MAX_BATCH_ITEMS  # declared in the OpenAPI schema as maxIte
 # The items in order (``t``, numbered ``ord``; ``n``: a checkpoint's number within the batch),
 # written from ``w`` (the run when nothing refuses and every ref resolved): the checkpoints
 # numbered after the locked row's count, the run's count and cursor, and one event per item with
-# ids reserved as one consecutive range in item order (``nf_event_ids``). Sent compacted: it
-# fits ``commit.PARSE_CACHED_BYTES``, so psycopg parses its text once, not on every batch.
-_WRITE_SQL = commit.compact(f"""
-WITH l AS ({decided_lock_sql("r.seq")}),
-w AS (SELECT * FROM l WHERE l.refusal IS NULL AND %(write)s),
+# ids reserved as one consecutive range in item order (``nf_event_ids``). ``holds``: the items
+# cite graph blobs, held until the batch commits (``h``, ``checkpoints.HOLD_CTE``) and every one
+# still there, or nothing is written. Sent compacted: without ``h`` it fits
+# ``commit.PARSE_CACHED_BYTES``, so psycopg parses its text once, not on every batch (with ``h``
+# it is a little longer and parsed each time: a batch citing a graph blob is a rare write).
+@functools.cache
+def _write_sql(holds: bool) -> str:
+    return commit.compact(f"""
+WITH l AS ({decided_lock_sql("r.seq")}),{f" {HOLD_CTE}," if holds else ""}
+w AS (SELECT * FROM l WHERE l.refusal IS NULL AND %(write)s{f" AND {ALL_HELD}" if holds else ""}),
 t AS (
   SELECT i.*, count(*) FILTER (WHERE i.kind = 'checkpoint') OVER (ORDER BY i.ord) AS n
     FROM ROWS FROM (jsonb_to_recordset(%(items)s::jsonb) AS (kind text, boundary text, cursor jsonb, artifacts jsonb,
@@ -84,6 +92,10 @@ SELECT l.*, (SELECT array_agg(ARRAY[c.id, c.seq] ORDER BY c.seq) FROM c),
        (SELECT array_agg(c.created_at ORDER BY c.seq) FROM c), (SELECT array_agg(id ORDER BY id) FROM e)
   FROM l
 """)
+
+
+_WRITE_SQL = _write_sql(False)  # the batch that cites no graph blob: nearly every one
+
 #: What the statement fills in each event's payload (ids it draws, numbers it counts).
 _CHECKPOINT_FILLED = frozenset({"checkpoint_id", "seq"})
 _CURSOR_FILLED = frozenset({"seq"})
@@ -196,6 +208,8 @@ def _record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> t
     # The items go as ONE jsonb document (``t`` unpacks it with ``jsonb_to_recordset``): one JSON
     # encoding of the whole batch instead of one per value and ten array parameters to escape.
     rows: list[dict[str, Any]] = []
+    blobs: set[int] = set()
+    cited: list[tuple[int, list[dict[str, Any]]]] = []  # (item index, its artifact refs) for blobs_gone
     refs_error: ServiceError | None = None
     run_cursor: dict[str, Any] | None = None
     for index, (kind, spec, body) in enumerate(specs):
@@ -210,7 +224,9 @@ def _record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> t
             pending: dict[str, Any] = {}
             if refs_error is None:
                 try:
-                    artifacts = artifact_refs(caller, project_id, spec.artifacts)
+                    artifacts, item_blobs = artifact_refs(caller, project_id, spec.artifacts)
+                    blobs.update(item_blobs)
+                    cited.append((index, artifacts))
                     approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
                     pending = (waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending)
                                if spec.pending else {})
@@ -226,8 +242,9 @@ def _record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> t
                 "ev_payload": ev.CHECKPOINT_RECORDED.filled_by_statement(
                     _CHECKPOINT_FILLED, boundary=spec.boundary.value, cursor=spec.cursor),
             })
-    row = commit.execute_write(_WRITE_SQL, {
+    row = commit.execute_write(_write_sql(bool(blobs)), {
         **lock_params(caller, run_id, stated), "items": _dumps(rows), "write": refs_error is None,
+        "blobs": sorted(blobs),
         "checkpoints": len(stated_by), "run_cursor": _dumps(run_cursor), "events": len(specs), "actor": caller.label,
         "schema_version": rt.CHECKPOINT_SCHEMA_VERSION, "checkpoint_event": ev.CHECKPOINT_RECORDED.name,
         "cursor_event": ev.RUN_CURSOR_ADVANCED.name,
@@ -242,6 +259,13 @@ def _record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> t
     token_confirmed(caller, True)  # a recalled caller's token: the statement found it unchanged
     if refs_error is not None:
         raise refs_error
+    if event_ids is None:  # every batch appends an event: none, so a cited graph blob was collected since resolved
+        gone = gone_blobs(sorted(blobs))
+        for index, artifacts in cited:
+            refused = blobs_gone("artifact refs", artifacts, gone)
+            if refused is not None:
+                raise _at(index, refused)
+        raise NotFound("run not found", run_id=run_id)
     count = locked.checkpoint_count + len(stated_by)
     results: list[ItemResult] = []
     made = iter(zip(written or [], created or []))

@@ -17,7 +17,7 @@ from novelforge_sessions import commit, events
 from novelforge_sessions import event_types as ev
 from novelforge_sessions import session_runtime as rt
 from novelforge_sessions.access import TOKEN_STILL_VALID_SQL, Caller, recheck_params, token_confirmed
-from novelforge_sessions.actions.artifacts import require_versions
+from novelforge_sessions.actions.artifacts import HOLD_BLOBS_SQL, gone_blobs, require_versions, unknown_versions
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, acts_for_runtime, check, runtime_gone
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.models import ApprovalDecision, WriteIntent
@@ -147,11 +147,20 @@ def lock_params(caller: Caller, run_id: int, stated: list[dict[str, Any] | None]
             **LIVE_RUNTIME_PARAMS, **recheck_params(caller)}
 
 
+#: A write statement's CTE ``h`` holding the graph blobs it cites (``%(blobs)s``) until it
+#: commits (``actions.artifacts.HOLD_BLOBS_SQL``), and the condition that every one of them is
+#: still there: its ``w`` writes nothing otherwise, and the action names the blobs that went
+#: (``blobs_gone``). Only a statement that cites a graph blob carries them.
+HOLD_CTE = f"h AS MATERIALIZED ({HOLD_BLOBS_SQL})"
+ALL_HELD = "(SELECT count(*) FROM h) = cardinality(%(blobs)s::bigint[])"
+
 # Every single checkpoint, keyed or not, with refs or without, is ONE statement run as its own
 # transaction (``commit.execute_write``): one round trip. In order:
 #   l  the run lock and the decision (``decided_lock_sql``), the checkpoint's id drawn;
 #   k  the checkpoint this idempotency key already names, as the statement's snapshot sees it;
-#   w  the run, when nothing refuses, the caller's refs resolved (``%(write)s``) and no replay;
+#   h  (``holds``: the checkpoint cites graph blobs) those blobs, held until it commits;
+#   w  the run, when nothing refuses, the caller's refs resolved (``%(write)s``), no replay and
+#      (``holds``) every cited graph blob still there;
 #   c  the checkpoint, numbered from the locked row (READ COMMITTED re-reads a row it waited
 #      for, so the count is the committed one); a same-key writer that committed while this
 #      statement waited for the lock is not in k's snapshot, but its row is in the unique
@@ -160,18 +169,20 @@ def lock_params(caller: Caller, run_id: int, stated: list[dict[str, Any] | None]
 #   b  (``Beside``, a caller's) a row that goes with the checkpoint, from c.
 # A refusal writes nothing: every write selects from w.
 @functools.cache
-def _write_sql(beside: str | None) -> str:
-    """The single checkpoint's statement; with ``beside``, its ``b`` CTE too and b's id last
-    (built once per text: a handful of constants)."""
+def _write_sql(beside: str | None, holds: bool = False) -> str:
+    """The single checkpoint's statement; with ``beside``, its ``b`` CTE too and b's id last;
+    ``holds``: its ``h`` CTE (``%(blobs)s``) (built once per text: a handful of constants)."""
     b_cte = f", b AS (\n  {beside}\n)" if beside else ""
     b_column = ", (SELECT id FROM b)" if beside else ""
+    h_cte = f"\n{HOLD_CTE}," if holds else ""
+    all_held = f" AND {ALL_HELD}" if holds else ""
     return f"""
 WITH l AS ({decided_lock_sql(f"nextval(pg_get_serial_sequence('{Checkpoint._meta.db_table}', 'id'))")}),
 k AS (
   SELECT x.id, x.request_digest FROM {Checkpoint._meta.db_table} AS x
    WHERE %(key)s::text IS NOT NULL AND x.run_id = %(id)s AND x.idempotency_key = %(key)s
-), w AS (
-  SELECT * FROM l WHERE l.refusal IS NULL AND %(write)s AND NOT EXISTS (SELECT FROM k)
+),{h_cte} w AS (
+  SELECT * FROM l WHERE l.refusal IS NULL AND %(write)s AND NOT EXISTS (SELECT FROM k){all_held}
 ), c AS (
   INSERT INTO {Checkpoint._meta.db_table}
     (id, session_id, run_id, seq, boundary, cursor, artifacts, authority, pending, approvals, resume_policy,
@@ -291,6 +302,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
     artifacts: list[dict[str, Any]] = []
     approvals: list[Any] = []
     pending: dict[str, Any] = {}
+    blobs: list[int] = []
     refs_error: ServiceError | None = None
     session_id = project_id = None
     if resolved is not None:
@@ -305,7 +317,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
             artifacts = [{"artifact_id": r.artifact_id, "fingerprint": r.fingerprint,
                           "head_version_id": resolved.heads[(r.artifact_id, r.fingerprint)]} for r in spec.artifacts]
         else:
-            artifacts = artifact_refs(caller, project_id, spec.artifacts)
+            artifacts, blobs = artifact_refs(caller, project_id, spec.artifacts)
         approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
         pending = (waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending)
                    if spec.pending else {})
@@ -318,8 +330,9 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
         type=ev.CHECKPOINT_RECORDED, filled=_FILLED, actor=caller.label,
         payload={"boundary": spec.boundary.value, "cursor": spec.cursor},
     )
-    row = commit.execute_write(_write_sql(beside.insert if beside is not None else None), {
+    row = commit.execute_write(_write_sql(beside.insert if beside is not None else None, bool(blobs)), {
         **lock_params(caller, run_id, [spec.authority]), "key": key, "digest": digest, "write": refs_error is None,
+        "blobs": blobs,
         "boundary": spec.boundary.value, "cursor": _dumps(spec.cursor), "artifacts": _dumps(artifacts),
         "pending": _dumps(pending), "approvals": _dumps(approvals), "resume_policy": spec.resume_policy,
         "schema_version": rt.CHECKPOINT_SCHEMA_VERSION, "size_bytes": spec.size_bytes, "created_at": created_at,
@@ -348,8 +361,10 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
         raise refused
     if refs_error is not None:
         raise refs_error
-    if event_id is None:  # the key's checkpoint vanished between the statement and its read: its session was forgotten
-        raise NotFound("run not found", run_id=run_id)
+    if event_id is None:
+        # A cited graph blob was collected after it was resolved (nothing written), or the key's
+        # checkpoint vanished between the statement and its read (its session was forgotten).
+        raise blobs_gone("artifact refs", artifacts, gone_blobs(blobs)) or NotFound("run not found", run_id=run_id)
     events.recorded(events.Staged({}, locked.project_id, locked.session_id, run_id, ev.CHECKPOINT_RECORDED.name,
                                   caller.label), event_id)
     checkpoint = Checkpoint(
@@ -382,17 +397,28 @@ def _replay(run_id: int, key: str, digest: str | None, checkpoint_id: int, first
     return first
 
 
-def artifact_refs(reach: Caller | None, project_id: int, refs: tuple[rt.ArtifactRef, ...]) -> list[dict[str, Any]]:
+def artifact_refs(reach: Caller | None, project_id: int,
+                  refs: tuple[rt.ArtifactRef, ...]) -> tuple[list[dict[str, Any]], list[int]]:
     """Resolve a checkpoint's artifact refs (``require_versions``: within ``reach``, one
     statement; none without refs) and store each as ``{"artifact_id", "fingerprint",
     "head_version_id"}``: the version the checkpoint froze, and its artifact's head (current
     version) when it froze it. A frozen candidate is often not its artifact's head (making it
-    current is a write intent): resume fails the ref only when the head moved since."""
+    current is a write intent): resume fails the ref only when the head moved since. With them,
+    the cited graph blobs, which the write statement holds (``hold_sql``)."""
     if not refs:
-        return []
-    heads = require_versions(reach, project_id, ((r.artifact_id, r.fingerprint) for r in refs), what="artifact refs")
+        return [], []
+    heads = require_versions(reach, project_id, ((r.artifact_id, r.fingerprint) for r in refs), what="artifact refs",
+                             hold=False)
     return [{"artifact_id": r.artifact_id, "fingerprint": r.fingerprint,
-             "head_version_id": heads[(r.artifact_id, r.fingerprint)]} for r in refs]
+             "head_version_id": heads[(r.artifact_id, r.fingerprint)]} for r in refs], heads.blobs
+
+
+def blobs_gone(what: str, artifacts: list[dict[str, Any]], gone: set[int]) -> ServiceError | None:
+    """The refusal of the refs among ``artifacts`` whose graph blob is in ``gone``
+    (``gone_blobs``: collected after they were resolved, so the statement holding them wrote
+    nothing); the same answer as a ref that was never there. None if no ref's blob went."""
+    missing = sorted({(r["artifact_id"], r["fingerprint"]) for r in artifacts if r["artifact_id"] in gone})
+    return unknown_versions(what, missing) if missing else None
 
 
 def _resolve_approvals(caller: Caller, project_id: int, refs: tuple[rt.ApprovalRef, ...]) -> list[dict[str, Any]]:

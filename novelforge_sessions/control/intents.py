@@ -147,7 +147,8 @@ def _params(project: Project, kind: str, artifact: Artifact | None, params: Any)
             if not isinstance(ref, dict) or not isinstance(ref.get("artifact_id"), int) or set(ref) - {"artifact_id", "fingerprint"}:
                 raise ValidationFailed("each ref is {artifact_id, fingerprint}", field=f"params.artifacts[{index}]")
             refs.add((ref["artifact_id"], check(rt.validate_fingerprint, ref.get("fingerprint"), f"params.artifacts[{index}].fingerprint")))
-        require_versions(None, project.id, refs, what="a settlement")  # reach: create_intent checked it first
+        # reach: create_intent checked it first; nothing to hold (garbage collection reads no settlement)
+        require_versions(None, project.id, refs, what="a settlement", hold=False)
         note = params.get("note", "")
         if not isinstance(note, str) or len(note) > 500:
             raise ValidationFailed("note is a string of at most 500 characters", field="params.note")

@@ -6,23 +6,28 @@ removed blob; retention thins sessions at rest.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
-from novelforge_sessions.control import graph_gc, graphs
-from novelforge_sessions.control.models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
+from novelforge_sessions.actions import artifacts
+from novelforge_sessions.control import batch, checkpoints, graph_gc, graphs
+from novelforge_sessions.control.models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite, Handoff
 from novelforge_sessions.metrics import GRAPH_BLOBS_COLLECTED
-from novelforge_sessions.models import Artifact, ArtifactVersion, Checkpoint, Session
+from novelforge_sessions.models import Artifact, ArtifactVersion, Checkpoint, Run, Session
 from tests.control.conftest import make_artifact, token_api
 from tests.control.test_graph_threads import blob, fingerprint_of, get, put_body
 from tests.support.factories import Api, api_session
 from tests.support.races import race
 from tests.support.responses import ok, refused
+from tests.support.snapshots import snapshot
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.django_db
@@ -42,11 +47,78 @@ def collect(**kw: Any) -> graph_gc.Collected:
     return graph_gc.collect_blobs(graph_gc.Cursor(), grace_seconds=kw.pop("grace_seconds", 0), **kw)
 
 
-def dangling_refs() -> list[tuple[int, int]]:
-    """(checkpoint, artifact) pairs where a checkpoint cites an artifact that is gone."""
+def dangling_refs() -> list[tuple[str, int, int]]:
+    """(what, its id, artifact) where a checkpoint's refs, a run's frozen inputs or a handoff's
+    inputs cite an artifact that is gone."""
     existing = set(Artifact.objects.values_list("id", flat=True))
-    return [(c.id, r["artifact_id"]) for c in Checkpoint.objects.all() for r in c.artifacts
-            if r["artifact_id"] not in existing]
+    cited = [("checkpoint", c.id, r) for c in Checkpoint.objects.all() for r in c.artifacts]
+    cited += [("run", r.id, i) for r in Run.objects.all() for i in r.frozen_inputs or [] if isinstance(i, dict)]
+    cited += [("handoff", h.id, i) for h in Handoff.objects.all() for i in h.inputs]
+    return [(what, row, ref["artifact_id"]) for what, row, ref in cited
+            if "artifact_id" in ref and ref["artifact_id"] not in existing]
+
+
+@dataclass
+class Paused:
+    """A pass paused with its candidates locked (``paused_pass``): set ``delete_now`` to let it
+    go on; ``outcome`` holds its result once it ended."""
+
+    delete_now: threading.Event = field(default_factory=threading.Event)
+    outcome: list[graph_gc.Collected] = field(default_factory=list)
+    pid: int | None = None
+
+    def blocked(self) -> int:
+        """How many statements wait for a lock the pass holds (a write waiting for a blob)."""
+        with connection.cursor() as c:
+            c.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [self.pid])
+            return c.fetchone()[0]
+
+
+@contextmanager
+def paused_pass(monkeypatch: pytest.MonkeyPatch) -> Iterator[Paused]:
+    """A whole pass in a thread that pauses with its candidates locked, before it deletes them;
+    the block starts once it paused, and the pass is let go on and waited for after the block."""
+    paused, locked = Paused(), threading.Event()
+    real_delete = graph_gc._DELETE_SQL
+
+    class Pausing:
+        def __init__(self, cursor):
+            self.cursor = cursor
+
+        def execute(self, sql, params=None):
+            if sql is real_delete:
+                self.cursor.execute("SELECT pg_backend_pid()")
+                paused.pid = self.cursor.fetchone()[0]
+                locked.set()
+                assert paused.delete_now.wait(30)
+            return self.cursor.execute(sql, params)
+
+        def __getattr__(self, attr):
+            return getattr(self.cursor, attr)
+
+        def __enter__(self):
+            self.cursor.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.cursor.__exit__(*exc)
+
+    def gc_pass() -> None:
+        try:
+            with monkeypatch.context() as m:
+                m.setattr(graph_gc.connection, "cursor", lambda real=connection.cursor: Pausing(real()))
+                paused.outcome.append(collect())
+        finally:
+            connection.close()
+
+    collector = threading.Thread(target=gc_pass)
+    collector.start()
+    assert locked.wait(30)
+    try:
+        yield paused
+    finally:
+        paused.delete_now.set()
+        collector.join(30)
 
 
 def test_after_delete_thread_a_pass_removes_its_blobs_and_keeps_the_one_another_thread_shares(writer):
@@ -216,61 +288,18 @@ def test_a_put_holding_a_blob_makes_the_pass_skip_it_and_a_pass_holding_it_makes
     ok(api.post("/graph-threads/checkpoints", put_body("gone-2", blobs={"w": "contested too"})), 201)
     ok(api.delete("/graph-threads?thread_id=gone-2"))
     old = Artifact.objects.get(name=name("contested too")).id
-    locked, delete_now = threading.Event(), threading.Event()
-    real_delete = graph_gc._DELETE_SQL
-
-    class Pausing:
-        def __init__(self, cursor):
-            self.cursor = cursor
-
-        def execute(self, sql, params=None):
-            if sql is real_delete:
-                locked.set()
-                assert delete_now.wait(30)
-            return self.cursor.execute(sql, params)
-
-        def __getattr__(self, attr):
-            return getattr(self.cursor, attr)
-
-        def __enter__(self):
-            self.cursor.__enter__()
-            return self
-
-        def __exit__(self, *exc):
-            return self.cursor.__exit__(*exc)
-
-    outcome: list[graph_gc.Collected] = []
-
-    def gc_pass() -> None:
-        try:
-            with monkeypatch.context() as m:
-                m.setattr(graph_gc.connection, "cursor", lambda real=connection.cursor: Pausing(real()))
-                outcome.append(collect())
-        finally:
-            connection.close()
-
-    collector = threading.Thread(target=gc_pass)
-    collector.start()
-    assert locked.wait(30)
     body2 = put_body("keeper", "0003", "0002", versions={"k": 1, "v": 1, "w": 1}, blobs={"w": "contested too"},
                      open_=False)
     answers.clear()
-    putter = threading.Thread(target=lambda: (answers.append(Api(api_token).post("/graph-threads/checkpoints",
-                                                                                 body2).status_code),
-                                              connection.close()))
-    putter.start()
-
-    def put_waits_for_the_lock() -> bool:
-        with connection.cursor() as c:
-            c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                      "AND wait_event_type = 'Lock' AND query LIKE %s", ["%FOR KEY SHARE%"])
-            return c.fetchone()[0] == 1
-
-    wait_until(put_waits_for_the_lock, "the put waiting for the blob the pass locked", timeout=30)
-    delete_now.set()
-    collector.join(30)
+    with paused_pass(monkeypatch) as paused:
+        putter = threading.Thread(target=lambda: (answers.append(Api(api_token).post("/graph-threads/checkpoints",
+                                                                                     body2).status_code),
+                                                  connection.close()))
+        putter.start()
+        wait_until(lambda: paused.blocked() == 1, "the put waiting for the blob the pass locked", timeout=30)
+        paused.delete_now.set()
     putter.join(30)
-    assert [len(o.removed) for o in outcome] == [1] and answers == [201]
+    assert [len(o.removed) for o in paused.outcome] == [1] and answers == [201]
     new = Artifact.objects.get(name=name("contested too")).id
     assert new != old
     assert dangling_refs() == []
@@ -319,3 +348,152 @@ def test_retention_leaves_a_session_that_was_resumed_or_is_running(writer):
     assert Session.objects.get(id=out["session_id"]).status == "running"
     assert graph_gc.apply_retention(graph_gc.Cursor(), days=1) == graph_gc.Thinned()
     assert GraphCheckpoint.objects.count() == 2
+
+
+# ---- A plain citation of a graph blob (a checkpoint's refs, a batch's, a run's frozen inputs, a
+# handoff's inputs) holds the blob as a graph put does: a pass between its resolution and its
+# commit can no longer leave it citing a removed blob.
+
+#: How each plain citation is written: (the path, its body) for the session ``s`` and its run ``r``.
+CITES: dict[str, Any] = {
+    "checkpoint": lambda s, r, ref: (f"/runs/{r}/checkpoints", {"boundary": "context_freeze", "cursor": {"step": 1},
+                                                                 "artifacts": ref}),
+    "keyed checkpoint": lambda s, r, ref: (f"/runs/{r}/checkpoints", {
+        "boundary": "context_freeze", "cursor": {"step": 1}, "artifacts": ref, "idempotency_key": "cites-a-blob"}),
+    "batch": lambda s, r, ref: (f"/runs/{r}/batch", {"items": [
+        {"kind": "cursor", "cursor": {"step": 1}},
+        {"kind": "checkpoint", "checkpoint": {"boundary": "context_freeze", "cursor": {"step": 2}, "artifacts": ref}}]}),
+    "run": lambda s, r, ref: (f"/sessions/{s}/runs", {"frozen_inputs": ref}),
+    "handoff": lambda s, r, ref: (f"/runs/{r}/handoffs", {"logical_id": "job", "inputs": ref}),
+}
+#: Where each resolves its refs before its write: the single statements resolve them, then hold
+#: the blobs in the statement that writes; the ORM writes hold them in their transaction.
+RESOLVED = {"checkpoint": (checkpoints, "artifact_refs"), "keyed checkpoint": (checkpoints, "artifact_refs"),
+            "batch": (batch, "artifact_refs"), "run": (artifacts, "hold_blobs"), "handoff": (artifacts, "hold_blobs")}
+
+
+def an_uncited_blob(api: Api) -> tuple[Artifact, list[dict[str, Any]]]:
+    """A graph blob nothing cites any more (its thread deleted), and a ref to it."""
+    ok(api.post("/graph-threads/checkpoints", put_body("gone", blobs={"v": "an old value"})), 201)
+    ok(api.delete("/graph-threads?thread_id=gone"))
+    blob_artifact = Artifact.objects.get(name=name("an old value"))
+    return blob_artifact, [{"artifact_id": blob_artifact.id, "fingerprint": blob_artifact.current_version.fingerprint}]
+
+
+def citing(api: Api, kind: str, ref: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """A session of its own for the citation ``kind`` (a run open but for the run's own), its path and body."""
+    session = api_session(api, run=kind != "run")
+    return CITES[kind](session["id"], session.get("run", {}).get("id"), ref)
+
+
+def in_a_thread(work: Any) -> Any:
+    """``work()`` run to its end in a thread of its own (its own connection and transaction)."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: (out.append(work()), connection.close()))
+    thread.start()
+    thread.join(60)
+    assert out, "the thread did not finish"
+    return out[0]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", list(CITES))
+def test_a_citation_of_a_blob_a_pass_removed_after_it_was_resolved_is_refused_and_writes_nothing(
+        project, monkeypatch, kind):
+    """Forced: the refs resolve (the blob is there), then a whole pass removes the blob (nothing
+    cited it yet), then the write. Before, the write stored a citation of the removed blob; now
+    it finds the blob gone where it holds it, and is refused as a ref that names nothing:
+    ``422 unknown_artifact_version`` naming the ref, nothing written."""
+    api = Api(token_api(project, "writer", ["read", "write"]).token)
+    blob_artifact, ref = an_uncited_blob(api)
+    path, body = citing(api, kind, ref)
+    module, attr = RESOLVED[kind]
+    real, passes = getattr(module, attr), []
+    if module is artifacts:  # an ORM write: the pass between the refs' read and their hold
+        def then_a_pass(blobs: list[int]) -> set[int]:
+            passes.append(in_a_thread(collect))
+            return real(blobs)
+    else:  # a single statement: the pass between the refs' resolution and the statement holding them
+        def then_a_pass(*args: Any, **kw: Any) -> Any:
+            resolved = real(*args, **kw)
+            passes.append(in_a_thread(collect))
+            return resolved
+
+    monkeypatch.setattr(module, attr, then_a_pass)
+    before = snapshot(exclude=("Artifact", "ArtifactVersion"))
+    err = refused(api.post(path, body), 422, "unknown_artifact_version", unchanged=before)
+    assert err["details"]["missing"] == ref
+    if kind == "batch":
+        assert err["details"]["item"] == 1
+    assert [p.removed for p in passes] == [[blob_artifact.id]]
+    assert not Artifact.objects.filter(id=blob_artifact.id).exists()
+    assert dangling_refs() == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", list(CITES))
+def test_a_pass_that_locked_a_blob_first_makes_a_citation_wait_then_refuse(project, monkeypatch, kind):
+    """Forced: a pass locks the blob and waits before it deletes; the write waits for that lock
+    (where it holds the blob: in its statement, or in its transaction), then finds the blob gone:
+    ``422 unknown_artifact_version``, nothing written. Before, the write did not wait and its
+    citation was there when the pass deleted the blob."""
+    api = Api(token_api(project, "writer", ["read", "write"]).token)
+    blob_artifact, ref = an_uncited_blob(api)
+    path, body = citing(api, kind, ref)
+    before = snapshot(exclude=("Artifact", "ArtifactVersion"))
+    with paused_pass(monkeypatch) as paused:
+        answers: list[Any] = []
+        writer = threading.Thread(target=lambda: (answers.append(Api(api.token).post(path, body)), connection.close()))
+        writer.start()
+        wait_until(lambda: paused.blocked() == 1, "the write waiting for the blob the pass locked", timeout=30)
+        paused.delete_now.set()
+        writer.join(30)
+    assert [o.removed for o in paused.outcome] == [[blob_artifact.id]]
+    err = refused(answers[0], 422, "unknown_artifact_version", unchanged=before)
+    assert err["details"]["missing"] == ref
+    assert dangling_refs() == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["run", "handoff"])
+def test_a_citation_in_its_transaction_holds_the_blob_and_a_pass_skips_it(project, monkeypatch, kind):
+    """Forced: the write has resolved and holds the blob, and waits before it commits; a pass
+    skips the blob (before, it removed it: the citation was not committed yet, and then was,
+    naming a removed blob). The write commits; the blob stays, cited."""
+    api = Api(token_api(project, "writer", ["read", "write"]).token)
+    blob_artifact, ref = an_uncited_blob(api)
+    path, body = citing(api, kind, ref)
+    held, go_on = threading.Event(), threading.Event()
+    real = artifacts.hold_blobs
+
+    def holding(blobs: list[int]) -> set[int]:
+        out = real(blobs)
+        held.set()
+        assert go_on.wait(30)
+        return out
+
+    monkeypatch.setattr(artifacts, "hold_blobs", holding)
+    answers: list[Any] = []
+    writer = threading.Thread(target=lambda: (answers.append(Api(api.token).post(path, body)), connection.close()))
+    writer.start()
+    assert held.wait(30)
+    assert collect().removed == []  # held by the write in flight: skipped
+    go_on.set()
+    writer.join(30)
+    ok(answers[0], 201)
+    assert collect().removed == []  # now cited
+    assert Artifact.objects.filter(id=blob_artifact.id).exists() and dangling_refs() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_holding_blobs_outside_a_transaction_is_refused_and_inside_one_finds_the_blobs_there(project):
+    """``hold_blobs`` refuses to run where its lock would end with its own statement; in a
+    transaction it answers the graph blobs still there (an artifact of another kind is never held)."""
+    api = Api(token_api(project, "writer", ["read", "write"]).token)
+    blob_artifact, _ref = an_uncited_blob(api)
+    user = make_artifact(api, "notes", "a user's artifact")
+    with pytest.raises(RuntimeError, match="outside a transaction"):
+        artifacts.hold_blobs([blob_artifact.id])
+    with transaction.atomic():
+        assert artifacts.hold_blobs([blob_artifact.id, user["id"], 0]) == {blob_artifact.id}
+
