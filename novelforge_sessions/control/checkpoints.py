@@ -404,7 +404,7 @@ def artifact_refs(reach: Caller | None, project_id: int,
     "head_version_id"}``: the version the checkpoint froze, and its artifact's head (current
     version) when it froze it. A frozen candidate is often not its artifact's head (making it
     current is a write intent): resume fails the ref only when the head moved since. With them,
-    the cited graph blobs, which the write statement holds (``hold_sql``)."""
+    the cited graph blobs, which the write statement holds (``HOLD_CTE``)."""
     if not refs:
         return [], []
     heads = require_versions(reach, project_id, ((r.artifact_id, r.fingerprint) for r in refs), what="artifact refs",
