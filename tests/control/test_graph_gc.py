@@ -1,7 +1,8 @@
 """Garbage collection of graph state (``control/graph_gc.py``): after ``delete_thread`` and
 ``forget`` the blobs nothing cites go, the ones anything cites stay; a pass is bounded; a pass
 racing a put that names a blob by fingerprint never leaves a committed checkpoint citing a
-removed blob; retention thins sessions at rest.
+removed blob, nor does a pass racing a plain citation (a checkpoint's refs, a batch's, a run's
+frozen inputs, a handoff's inputs), in either order; retention thins sessions at rest.
 """
 from __future__ import annotations
 
