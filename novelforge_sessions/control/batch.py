@@ -34,8 +34,8 @@ from novelforge_sessions.actions.artifacts import gone_blobs
 from novelforge_sessions.actions.lifecycle import BIGINT_MAX, check
 from novelforge_sessions.control import waits
 from novelforge_sessions.control.checkpoints import (
-    ALL_HELD, HOLD_CTE, Locked, current_authority_sql, _resolve_approvals, artifact_refs, blobs_gone, decided_lock_sql,
-    lock_params, refusal, run_scope,
+    ALL_HELD, HOLD_CTE, Locked, current_authority_sql, _resolve_approvals, artifact_refs, collected_refs_error,
+    decided_lock_sql, lock_params, refusal, run_scope,
 )
 from novelforge_sessions.errors import NotFound, ServiceError, ValidationFailed
 from novelforge_sessions.models import Checkpoint, Event, KeyedOperation, Run
@@ -209,7 +209,6 @@ def _record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> t
     # encoding of the whole batch instead of one per value and ten array parameters to escape.
     rows: list[dict[str, Any]] = []
     blobs: set[int] = set()
-    cited: list[tuple[int, list[dict[str, Any]]]] = []  # (item index, its artifact refs) for blobs_gone
     refs_error: ServiceError | None = None
     run_cursor: dict[str, Any] | None = None
     for index, (kind, spec, body) in enumerate(specs):
@@ -226,7 +225,6 @@ def _record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> t
                 try:
                     artifacts, item_blobs = artifact_refs(caller, project_id, spec.artifacts)
                     blobs.update(item_blobs)
-                    cited.append((index, artifacts))
                     approvals = _resolve_approvals(caller, project_id, spec.approvals) if spec.approvals else []
                     pending = (waits.resolve_pending(waits.WriteScope(project_id, session_id, run_id), spec.pending)
                                if spec.pending else {})
@@ -261,8 +259,8 @@ def _record_batch(caller: Caller, run_id: int, items: list[dict[str, Any]]) -> t
         raise refs_error
     if event_ids is None:  # every batch appends an event: none, so a cited graph blob was collected since resolved
         gone = gone_blobs(sorted(blobs))
-        for index, artifacts in cited:
-            refused = blobs_gone("artifact refs", artifacts, gone)
+        for index, item in enumerate(rows):
+            refused = collected_refs_error("artifact refs", item["artifacts"], gone)
             if refused is not None:
                 raise _at(index, refused)
         raise NotFound("run not found", run_id=run_id)

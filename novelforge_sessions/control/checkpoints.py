@@ -150,7 +150,7 @@ def lock_params(caller: Caller, run_id: int, stated: list[dict[str, Any] | None]
 #: A write statement's CTE ``h`` holding the graph blobs it cites (``%(blobs)s``) until it
 #: commits (``actions.artifacts.HOLD_BLOBS_SQL``), and the condition that every one of them is
 #: still there: its ``w`` writes nothing otherwise, and the action names the blobs that went
-#: (``blobs_gone``). Only a statement that cites a graph blob carries them.
+#: (``collected_refs_error``). Only a statement that cites a graph blob carries them.
 HOLD_CTE = f"h AS MATERIALIZED ({HOLD_BLOBS_SQL})"
 ALL_HELD = "(SELECT count(*) FROM h) = cardinality(%(blobs)s::bigint[])"
 
@@ -364,7 +364,7 @@ def record_checkpoint(caller: Caller, run_id: int, payload: dict[str, Any], *,
     if event_id is None:
         # A cited graph blob was collected after it was resolved (nothing written), or the key's
         # checkpoint vanished between the statement and its read (its session was forgotten).
-        raise blobs_gone("artifact refs", artifacts, gone_blobs(blobs)) or NotFound("run not found", run_id=run_id)
+        raise collected_refs_error("artifact refs", artifacts, gone_blobs(blobs)) or NotFound("run not found", run_id=run_id)
     events.recorded(events.Staged({}, locked.project_id, locked.session_id, run_id, ev.CHECKPOINT_RECORDED.name,
                                   caller.label), event_id)
     checkpoint = Checkpoint(
@@ -413,7 +413,7 @@ def artifact_refs(reach: Caller | None, project_id: int,
              "head_version_id": heads[(r.artifact_id, r.fingerprint)]} for r in refs], heads.blobs
 
 
-def blobs_gone(what: str, artifacts: list[dict[str, Any]], gone: set[int]) -> ServiceError | None:
+def collected_refs_error(what: str, artifacts: list[dict[str, Any]], gone: set[int]) -> ServiceError | None:
     """The refusal of the refs among ``artifacts`` whose graph blob is in ``gone``
     (``gone_blobs``: collected after they were resolved, so the statement holding them wrote
     nothing); the same answer as a ref that was never there. None if no ref's blob went."""

@@ -18,11 +18,11 @@ checkpoints removes only the citations. A **pass** then removes the blobs no row
 * **Safe against writers.** Each batch is its own transaction: it locks its candidates ``FOR
   UPDATE SKIP LOCKED`` (a writer that resolved a blob holds it ``FOR KEY SHARE`` until its
   citation commits: skipped; a graph put or task's writes in its statement, any other citation
-  through ``actions.artifacts.HOLD_BLOBS_SQL``), then deletes, in a second statement and so a snapshot taken after
-  the locks, only those that nothing cites. A writer that comes to a blob after it was locked
-  waits, then finds it gone: stored again when it carries the value, ``409 graph_blob_missing``
-  when it named it by fingerprint (the saver sends it again), ``422 unknown_artifact_version``
-  when it cited it as an artifact ref.
+  through ``actions.artifacts.HOLD_BLOBS_SQL``), then deletes, in a second statement and so a
+  snapshot taken after the locks, only those that nothing cites. A writer that comes to a blob
+  after it was locked waits, then finds it gone: stored again when it carries the value, ``409
+  graph_blob_missing`` when it named it by fingerprint (the saver sends it again), ``422
+  unknown_artifact_version`` when it cited it as an artifact ref.
 * **Bounded.** A pass removes at most ``GRAPH_GC_MAX_PER_PASS`` blobs, examining them in id
   order ``GRAPH_GC_BATCH`` at a time from where the previous pass stopped (``Cursor``; the end
   wraps to the start), so each pass costs about the same however many blobs the database holds.
